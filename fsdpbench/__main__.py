@@ -1,0 +1,3 @@
+from fsdpbench.cli import main
+
+main()

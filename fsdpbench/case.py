@@ -1,0 +1,95 @@
+"""One fully specified configuration — the unit that fsdpbench runs, measures and predicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-lowreduce", "fp16-lowreduce")
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
+WRAPS = ("none", "whole", "block", "size", "classes")
+BACKWARD_PREFETCH = ("pre", "post", "none")
+# fields that do not change what is measured, so not part of a case id (resume finds the case again)
+_NOT_IN_ID = ("scenario", "timeout_s")
+
+
+@dataclass(kw_only=True, slots=True)
+class Case:
+    """Everything one run of one configuration needs; plain data, JSON-serialisable."""
+
+    scenario: str = "adhoc"
+    model: str = "decoder-tiny"
+    model_args: dict[str, Any] = field(default_factory=dict)
+    strategy: str = "ddp"
+    strategy_args: dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    shard_size: int | None = None  # HSDP: ranks per shard group (replicas = world_size / shard_size)
+    wrap: str = "block"
+    wrap_min_params: int = 100_000
+    wrap_classes: tuple[str, ...] = ()
+    prefetch: int = 0
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    lr: float = 1e-3
+    batch_size: int = 4
+    seq_len: int = 64
+    warmup_steps: int = 2
+    steps: int = 5
+    memory_steps: int = 1
+    profile_steps: int = 1
+    seed: int = 0
+    backend: str = "gloo"
+    device: str = "cpu"
+    timeout_s: float = 120.0
+    activation_checkpointing: bool = False
+    compile: bool = False
+    cpu_offload: bool = False
+    backward_prefetch: str = "pre"  # FSDP1 BackwardPrefetch
+    forward_prefetch: bool = False  # FSDP1
+    limit_all_gathers: bool = True  # FSDP1
+    nvml_interval_s: float = 0.01
+
+    @property
+    def global_batch_size(self) -> int:
+        return self.batch_size * self.world_size
+
+    @property
+    def case_id(self) -> str:
+        """Readable, stable id: key axes plus a short hash of every field."""
+        fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_ID}
+        digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:6]
+        model = self.model + "".join(f"-{k}{v}" for k, v in sorted(self.model_args.items()))
+        parts = [self.strategy.replace(":", ".").replace("/", "."), f"n{self.world_size}", model]
+        if self.shard_size:
+            parts.append(f"s{self.shard_size}")
+        parts += [self.wrap, f"pf{self.prefetch}", self.precision, f"b{self.batch_size}"]
+        return "_".join(parts) + "_" + digest
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_json(self, **kw: Any) -> str:
+        return json.dumps(self.to_dict(), **kw)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Case":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown Case fields: {sorted(unknown)}")
+        data = dict(data)
+        if "wrap_classes" in data:
+            data["wrap_classes"] = tuple(data["wrap_classes"])
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "Case":
+        return dataclasses.replace(self, **changes)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    return value

@@ -1,0 +1,50 @@
+"""The ``fsdpbench`` command: one sub-command per verb, each in ``fsdpbench/commands/<verb>.py``.
+
+    fsdpbench run scenarios/quickstart.yaml      # run a scenario, store results, write the report
+    fsdpbench env                                # versions, backends, devices; why CUDA/NVML are unusable
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# verb -> module in fsdpbench.commands; each module has add_arguments(parser) and main(args) -> int
+COMMANDS = {
+    "run": "Run a scenario: every case in fresh rank processes; results, then the report.",
+    "env": "Show versions, distributed backends and devices, and why CUDA or NVML is not usable.",
+    "predict": "Predict per-rank memory (analytic and traced) for any model size and world size.",
+    "compare": "Run strategies side by side for one model and world size, without a YAML file.",
+    "report": "Write the HTML report of one or more run directories.",
+    "regress": "Compare a run against a baseline; exit non-zero on a regression (for CI).",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from fsdpbench import __version__
+
+    parser = argparse.ArgumentParser(prog="fsdpbench", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"fsdpbench {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for verb, help_text in COMMANDS.items():
+        try:
+            module = importlib.import_module(f"fsdpbench.commands.{verb}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"fsdpbench.commands.{verb}":
+                raise
+            continue  # a verb whose module is not there yet
+        p = sub.add_parser(verb, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_main=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        code = args._main(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        code = 130
+    sys.exit(code or 0)

@@ -1,0 +1,154 @@
+"""``fsdpbench run SCENARIO``: run every case of a scenario and write results and the report."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fsdpbench.scenario import ScenarioError, load_scenario
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("scenario", help="scenario YAML file (see scenarios/)")
+    parser.add_argument("--out", help="run directory (default: reports/<scenario>/<timestamp>)")
+    parser.add_argument("--resume", action="store_true",
+                        help="run only the cases missing from --out (default: the latest run of this scenario)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="override a case field for every case, e.g. --set steps=10 (repeatable)")
+    parser.add_argument("--dry-run", action="store_true", help="list the cases (and skipped ones), run nothing")
+    parser.add_argument("--no-report", action="store_true", help="do not write report.html")
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ScenarioError(f"--set {item!r}: expected FIELD=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    from fsdpbench.env import collect_env
+    from fsdpbench.results import RunStore
+    from fsdpbench.runner import default_run_dir, latest_run_dir, now_iso, run_cases
+
+    console = Console(stderr=True)
+    try:
+        overrides = parse_overrides(args.set)
+        if overrides:
+            from fsdpbench.scenario import CaseFields
+
+            _validate_overrides(overrides, CaseFields)
+        scenario = load_scenario(args.scenario, overrides=overrides)
+    except ScenarioError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+
+    if args.dry_run:
+        return _print_dry_run(scenario)
+
+    if args.out:
+        run_dir = Path(args.out)
+    elif args.resume:
+        run_dir = latest_run_dir(scenario.name) or default_run_dir(scenario.name)
+    else:
+        run_dir = default_run_dir(scenario.name)
+    store = RunStore(run_dir)
+    meta = store.read_run_json() if args.resume else {}
+    meta.update(
+        scenario={"name": scenario.name, "description": scenario.description,
+                  "path": str(scenario.path), "text": scenario.text, "overrides": overrides},
+        command=" ".join(shlex.quote(a) for a in sys.argv),
+        env=collect_env(),
+        started=meta.get("started") or now_iso(),
+        skipped=[{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
+    )  # fmt: skip
+    n_todo = len(scenario.cases) - (len(store.completed_ids() & {c.case_id for c in scenario.cases}) if args.resume else 0)
+    console.print(
+        f"[bold]{scenario.name}[/]: {len(scenario.cases)} cases ({n_todo} to run), "
+        f"{len(scenario.skipped)} skipped → {run_dir}", highlight=False,
+    )  # fmt: skip
+    for s in scenario.skipped:
+        console.print(f"  skipped {s.case.case_id}: {s.reason}", style="yellow", highlight=False)
+
+    progress = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=console, transient=False,
+    )  # fmt: skip
+    with progress:
+        task = progress.add_task("cases", total=n_todo)
+
+        def on_start(case, i):
+            progress.update(task, description=f"{case.case_id} ({case.world_size} {case.device} ranks)")
+
+        def on_done(case, outcome, rows):
+            colour = "green" if outcome.status == "ok" else "red"
+            ms = rows["case_step_time_ms"].iloc[0]
+            progress.console.print(
+                f"  [{colour}]{outcome.status:7}[/] {case.case_id}"
+                + (f"  {ms:.1f} ms/step" if ms == ms and ms is not None else "")
+                + (f"  — {outcome.error.splitlines()[0][:160]}" if outcome.error else ""),
+                highlight=False,
+            )
+            progress.advance(task)
+
+        try:
+            frame = run_cases(scenario.cases, scenario.skipped, store, meta, resume=args.resume,
+                              on_start=on_start, on_done=on_done)  # fmt: skip
+        except KeyboardInterrupt:
+            console.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}; "
+                          f"continue with: fsdpbench run {args.scenario} --out {run_dir} --resume")  # fmt: skip
+            return 130
+
+    from fsdpbench.summary import print_summary
+
+    print_summary(frame, Console())
+    if not args.no_report:
+        _write_report(run_dir, console)
+    print(f"results: {run_dir / 'results.parquet'}")
+    failed = frame[frame["status"].isin(["failed", "timeout", "oom"])]["case_id"].nunique()
+    return 1 if failed else 0
+
+
+def _validate_overrides(overrides: dict[str, Any], fields_model: Any) -> None:
+    from pydantic import ValidationError
+
+    for key, value in overrides.items():
+        if key not in fields_model.model_fields:
+            raise ScenarioError(f"--set {key}: unknown field; allowed: {', '.join(fields_model.model_fields)}")
+        try:
+            fields_model.model_validate({key: value})
+        except ValidationError as exc:
+            raise ScenarioError(f"--set {key}: {exc.errors()[0]['msg']}") from None
+
+
+def _print_dry_run(scenario: Any) -> int:
+    console = Console()
+    console.print(f"[bold]{scenario.name}[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped")
+    for case in scenario.cases:
+        console.print(f"  {case.case_id}", highlight=False)
+    for s in scenario.skipped:
+        console.print(f"  skipped {s.case.case_id}: {s.reason}", style="yellow", highlight=False)
+    return 0
+
+
+def _write_report(run_dir: Path, console: Console) -> None:
+    try:
+        from fsdpbench.report import write_report
+    except ImportError:
+        return
+    try:
+        path = write_report([run_dir])
+    except Exception as exc:  # noqa: BLE001 — the results are stored; a report bug must not hide them
+        console.print(f"[red]report failed[/]: {exc} (results are in {run_dir})")
+        return
+    print(f"report:  {path}")

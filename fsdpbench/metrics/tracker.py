@@ -1,0 +1,96 @@
+"""Live tensor bytes by category, from PyTorch's own trackers (``torch.distributed._tools``).
+
+FSDP2 models get ``FSDPMemTracker`` (sharded/unsharded params and grads, all-gather and
+reduce-scatter buffers); everything else gets ``MemTracker``. Works on CPU and GPU; on CPU these
+are the only deterministic memory figures, so tests assert them exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+# our category name for each tracker category (by the enum's value string)
+CATEGORY_NAMES = {
+    "Sharded Param": "params",
+    "Parameter": "params",
+    "Unsharded Param": "params_unsharded",
+    "Buffer": "buffers",
+    "Sharded Grad": "grads",
+    "Gradient": "grads",
+    "Unsharded Grad": "grads_unsharded",
+    "Activation": "activations",
+    "Temp": "temp",
+    "All Gather": "all_gather",
+    "Reduce Scatter": "reduce_scatter",
+    "OptState": "optim",
+    "Optstate": "optim",
+    "Inputs": "inputs",
+    "Other": "other",
+}
+CATEGORIES = (
+    "params", "params_unsharded", "grads", "grads_unsharded", "optim", "activations",
+    "temp", "all_gather", "reduce_scatter", "inputs", "buffers", "other",
+)  # fmt: skip
+
+
+def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp_root: nn.Module | None) -> Any:
+    """The right PyTorch tracker for this model, already told about the model and optimizer."""
+    if fsdp_root is not None:
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+        return FSDPMemTracker(fsdp_root, optimizer)
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    tracker = MemTracker()
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
+    tracker.track_external(model, inner)
+    return tracker
+
+
+def snapshot_by_category(tracker: Any, kind: str, device: torch.device) -> dict[str, int]:
+    """Bytes per category ('peak' = at the moment of the total peak, or 'current'); plus 'total'."""
+    snap = tracker.get_tracker_snapshot(kind)
+    out = dict.fromkeys(CATEGORIES, 0)
+    total = 0
+    for dev, by_type in snap.items():
+        if torch.device(dev).type != device.type:
+            continue
+        for key, nbytes in by_type.items():
+            if key == "Total":
+                total += int(nbytes)
+                continue
+            name = CATEGORY_NAMES.get(getattr(key, "value", str(key)), "other")
+            out[name] += int(nbytes)
+    out["total"] = total
+    return out
+
+
+def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Exact bytes of this rank's own params, grads and optimizer state, counted tensor by tensor."""
+
+    seen: set[int] = set()
+
+    def nbytes(t: torch.Tensor) -> int:
+        # storage bytes (FSDP padding included), each storage once (FSDP1 flat params share one)
+        local = t.to_local() if hasattr(t, "to_local") else t
+        storage = local.untyped_storage()
+        if not local.numel() or storage.data_ptr() in seen:
+            return 0
+        seen.add(storage.data_ptr())
+        return storage.nbytes()
+
+    params = list(model.parameters())
+    inner = getattr(optimizer, "optim", optimizer)
+    optim = 0
+    for state in inner.state.values():
+        for value in state.values():
+            if isinstance(value, torch.Tensor):
+                optim += nbytes(value)
+    return {
+        "params": sum(nbytes(p) for p in params),
+        "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
+        "optim": optim,
+    }

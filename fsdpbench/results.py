@@ -1,0 +1,189 @@
+"""The results store: one directory per run, one Parquet file per case, written atomically.
+
+    RUN_DIR/
+      run.json              scenario, environment, start/end, per-case launch overhead
+      results.parquet       one row per case × rank (skipped cases: one row, rank -1)
+      cases/<case_id>.parquet
+      cases/<case_id>/      what the ranks wrote (rank{R}.json, rank{R}.log), traces
+
+A crash or Ctrl-C loses nothing already measured; ``--resume`` runs only the cases with no file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fsdpbench.case import Case
+from fsdpbench.metrics.tracker import CATEGORIES
+
+# the columns every results table has, in order (measurements follow)
+CORE_COLUMNS = [
+    "case_id", "scenario", "strategy", "world_size", "shard_size", "rank", "model", "model_args", "params",
+    "wrap", "n_units", "prefetch", "precision", "optimizer", "batch_size", "global_batch_size", "seq_len",
+    "warmup_steps", "timed_steps", "status", "error", "step_time_ms", "loss_final", "backend", "device",
+]  # fmt: skip
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, json.dumps(obj, indent=2, default=str).encode())
+
+
+def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def case_columns(case: Case) -> dict[str, Any]:
+    """The configuration columns of a case's rows."""
+    d = case.to_dict()
+    d["model_args"] = json.dumps(d["model_args"], sort_keys=True)
+    d["strategy_args"] = json.dumps(d["strategy_args"], sort_keys=True)
+    d["wrap_classes"] = ",".join(d["wrap_classes"])
+    d["case_id"] = case.case_id
+    d["global_batch_size"] = case.global_batch_size
+    d["timed_steps"] = d.pop("steps")
+    return d
+
+
+def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
+    """Flatten what one rank recorded into named columns (each memory column names its source)."""
+    row: dict[str, Any] = {
+        k: rank.get(k)
+        for k in (
+            "rank", "status", "error", "phase", "params", "n_units", "threads", "init_pg_s", "setup_s", "wall_s",
+            "step_time_ms", "step_time_p10_ms", "step_time_p90_ms", "step_time_mean_ms", "step_time_std_ms",
+        )
+    }  # fmt: skip
+    row["step_times_ms"] = rank.get("step_times_ms") or []
+    memory = rank.get("memory") or {}
+    for cat in (*CATEGORIES, "total"):
+        suffix = "" if cat == "total" else f"_{cat}"
+        row[f"mem_tracker_peak{suffix}_bytes"] = (memory.get("peak") or {}).get(cat)
+    states = memory.get("states_tracker") or {}
+    local = memory.get("states_local") or {}
+    for cat in ("params", "grads", "optim"):
+        row[f"mem_tracker_states_{cat}_bytes"] = states.get(cat)
+        row[f"mem_local_{cat}_bytes"] = local.get(cat)
+    if states:
+        row["mem_tracker_model_states_bytes"] = sum(states.get(c, 0) for c in ("params", "grads", "optim"))
+    for key, value in (rank.get("extra_columns") or {}).items():
+        row[key] = value
+    return row
+
+
+def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
+    """One row per rank for a case that ran (whatever its status)."""
+    base = case_columns(case)
+    ranks = outcome.ranks
+    losses = [r.get("losses") or [] for r in ranks]
+    n = min((len(x) for x in losses), default=0)
+    global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
+    medians = [r["step_time_ms"] for r in ranks if r.get("step_time_ms") is not None]
+    case_step = max(medians) if len(medians) == len(ranks) and medians else None
+    rows = []
+    for rank in ranks:
+        row = {**base, **rank_columns(rank)}
+        row["status"] = rank.get("status") or outcome.status
+        row["error"] = rank.get("error") or (outcome.error if outcome.status != "ok" else "")
+        row["case_status"], row["case_error"] = outcome.status, outcome.error
+        row["losses"] = global_losses
+        row["loss_first"] = global_losses[0] if global_losses else None
+        row["loss_final"] = global_losses[-1] if global_losses else None
+        row["case_step_time_ms"] = case_step
+        if case_step:
+            row["throughput_samples_s"] = case.global_batch_size / (case_step / 1e3)
+            row["throughput_tokens_s"] = row["throughput_samples_s"] * case.seq_len if _is_sequence(case) else None
+        row["case_wall_s"] = outcome.wall_s
+        row.update(_env_columns(env, case))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def skipped_rows(case: Case, reason: str, env: dict[str, Any]) -> pd.DataFrame:
+    row = {**case_columns(case), "rank": -1, "status": "skipped", "error": reason}
+    row.update(case_status="skipped", case_error=reason, **_env_columns(env, case))
+    return pd.DataFrame([row])
+
+
+def _is_sequence(case: Case) -> bool:
+    from fsdpbench.models import resolve_model
+
+    return resolve_model(case.model, case.model_args)[0].is_sequence
+
+
+def _env_columns(env: dict[str, Any], case: Case) -> dict[str, Any]:
+    from fsdpbench.env import device_name
+
+    return {
+        "device_name": device_name(case.device),
+        "torch_version": env.get("torch_version"),
+        "commit": env.get("commit"),
+        "hostname": env.get("hostname"),
+    }
+
+
+class RunStore:
+    """Read and write one run directory."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.cases_dir = self.run_dir / "cases"
+
+    def create(self) -> None:
+        self.cases_dir.mkdir(parents=True, exist_ok=True)
+
+    def case_dir(self, case_id: str) -> Path:
+        return self.cases_dir / case_id
+
+    def write_case(self, case_id: str, rows: pd.DataFrame) -> None:
+        """Store one case's rows, then refresh results.parquet (both atomically)."""
+        atomic_write_parquet(self.cases_dir / f"{case_id}.parquet", rows)
+        self.consolidate()
+
+    def completed_ids(self) -> set[str]:
+        return {p.stem for p in self.cases_dir.glob("*.parquet")}
+
+    def consolidate(self) -> pd.DataFrame:
+        frame = self.load_cases()
+        if not frame.empty:
+            atomic_write_parquet(self.run_dir / "results.parquet", frame)
+        return frame
+
+    def load_cases(self) -> pd.DataFrame:
+        files = sorted(self.cases_dir.glob("*.parquet"), key=lambda p: p.stat().st_mtime)
+        frames = [pd.read_parquet(p) for p in files]
+        frames = [f for f in frames if not f.empty]
+        if not frames:
+            return pd.DataFrame(columns=CORE_COLUMNS)
+        frame = pd.concat(frames, ignore_index=True)
+        ordered = [c for c in CORE_COLUMNS if c in frame.columns]
+        return frame[ordered + [c for c in frame.columns if c not in ordered]]
+
+    def write_run_json(self, meta: dict[str, Any]) -> None:
+        atomic_write_json(self.run_dir / "run.json", meta)
+
+    def read_run_json(self) -> dict[str, Any]:
+        path = self.run_dir / "run.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+def load_results(run_dir: str | Path) -> pd.DataFrame:
+    """The results table of a run directory (pandas)."""
+    run_dir = Path(run_dir)
+    path = run_dir / "results.parquet"
+    if path.exists():
+        return pd.read_parquet(path)
+    return RunStore(run_dir).load_cases()

@@ -1,0 +1,100 @@
+"""Run a list of cases one after another, each in fresh processes, storing each as it finishes."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from fsdpbench.case import Case
+from fsdpbench.launch import CaseOutcome, launch_case
+from fsdpbench.results import RunStore, build_rows, skipped_rows
+from fsdpbench.scenario import Skipped
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def default_run_dir(scenario: str, root: str | Path = "reports") -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(root) / scenario / stamp
+
+
+def latest_run_dir(scenario: str, root: str | Path = "reports") -> Path | None:
+    runs = sorted(p for p in (Path(root) / scenario).glob("*") if (p / "run.json").exists())
+    return runs[-1] if runs else None
+
+
+def case_overhead(outcome: CaseOutcome) -> dict[str, Any]:
+    """Launch overhead of a case: its wall time minus the slowest rank's time inside training steps."""
+    steps_s = max((r.get("steps_wall_s") or 0.0 for r in outcome.ranks), default=0.0)
+    return {
+        "status": outcome.status,
+        "wall_s": round(outcome.wall_s, 3),
+        "spawn_s": round(outcome.spawn_s, 3),
+        "steps_s": round(steps_s, 3),
+        "overhead_s": round(outcome.wall_s - steps_s, 3),
+    }
+
+
+def run_cases(
+    cases: list[Case],
+    skipped: list[Skipped],
+    store: RunStore,
+    meta: dict[str, Any],
+    *,
+    resume: bool = False,
+    on_start: Callable[[Case, int], None] | None = None,
+    on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None = None,
+) -> pd.DataFrame:
+    """Run every case not already stored (with resume); write rows and run.json after each."""
+    store.create()
+    env = meta["env"]
+    done = store.completed_ids() if resume else set()
+    meta.setdefault("cases", {})
+    meta["status"] = "running"
+    for item in skipped:
+        store.write_case(item.case.case_id, skipped_rows(item.case, item.reason, env))
+    store.write_run_json(meta)
+    try:
+        for i, case in enumerate(cases):
+            if case.case_id in done:
+                continue
+            if on_start:
+                on_start(case, i)
+            outcome = launch_case(case, store.case_dir(case.case_id))
+            rows = build_rows(case, outcome, env)
+            rows = add_predictions(case, rows)
+            store.write_case(case.case_id, rows)
+            meta["cases"][case.case_id] = case_overhead(outcome)
+            store.write_run_json(meta)
+            if on_done:
+                on_done(case, outcome, rows)
+        meta["status"] = "complete"
+    except KeyboardInterrupt:
+        meta["status"] = "interrupted"
+        raise
+    finally:
+        meta["ended"] = now_iso()
+        store.write_run_json(meta)
+    return store.consolidate()
+
+
+def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
+    """The analytic prediction for the same case, beside the measurement (pred_* columns)."""
+    try:
+        from fsdpbench.memory_model import prediction_columns
+    except ImportError:  # the memory model is optional at this layer
+        return rows
+    try:
+        pred = prediction_columns(case, rows)
+    except Exception as exc:  # noqa: BLE001 — a prediction bug must not lose a measurement
+        print(f"warning: prediction failed for {case.case_id}: {exc}", file=sys.stderr)
+        return rows
+    for key, value in pred.items():
+        rows[key] = value
+    return rows

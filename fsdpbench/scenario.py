@@ -1,0 +1,307 @@
+"""Scenario YAML → validated ``Scenario`` → ``Case`` list (the sweep), with skipped cases and reasons.
+
+A scenario file::
+
+    name: quickstart
+    description: What this study answers, in a sentence.
+    defaults: {model: decoder-tiny, batch_size: 4, steps: 5}   # any case field
+    sweep:                          # any case field may be a list; the sweep is the product
+      world_size: [1, 2, 4]
+      strategy: [ddp, zero1, zero2, zero3]
+      model_args.n_layers: [2, 4]   # a model argument as an axis
+    cases:                          # extra cases, each a partial case on top of defaults
+      - {strategy: hsdp, world_size: 4, shard_size: 2}
+    exclude:                        # drop combinations matching every key (a list matches any)
+      - {strategy: ddp, world_size: 1}
+
+Every error names the file, the field and the allowed values; nothing runs on a bad file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator
+
+from fsdpbench.case import BACKWARD_PREFETCH, OPTIMIZERS, PRECISIONS, WRAPS, Case
+
+_DEFAULT = Case()
+
+
+class CaseFields(BaseModel):
+    """Every field a scenario may set for a case (defaults, sweep values, extra cases)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str | None = None
+    model_args: dict[str, Any] | None = None
+    strategy: str | None = None
+    strategy_args: dict[str, Any] | None = None
+    world_size: PositiveInt | None = None
+    shard_size: PositiveInt | None = None
+    wrap: Literal[WRAPS] | None = None  # type: ignore[valid-type]
+    wrap_min_params: PositiveInt | None = None
+    wrap_classes: list[str] | None = None
+    prefetch: int | None = Field(default=None, ge=0)
+    precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
+    optimizer: Literal[OPTIMIZERS] | None = None  # type: ignore[valid-type]
+    lr: PositiveFloat | None = None
+    batch_size: PositiveInt | None = None
+    seq_len: PositiveInt | None = None
+    warmup_steps: int | None = Field(default=None, ge=0)
+    steps: PositiveInt | None = None
+    memory_steps: int | None = Field(default=None, ge=0)
+    profile_steps: int | None = Field(default=None, ge=0)
+    seed: int | None = None
+    backend: Literal["auto", "gloo", "nccl"] | None = None
+    device: Literal["auto", "cpu", "cuda"] | None = None
+    timeout_s: PositiveFloat | None = None
+    activation_checkpointing: bool | None = None
+    compile: bool | None = None
+    cpu_offload: bool | None = None
+    backward_prefetch: Literal[BACKWARD_PREFETCH] | None = None  # type: ignore[valid-type]
+    forward_prefetch: bool | None = None
+    limit_all_gathers: bool | None = None
+    nvml_interval_s: PositiveFloat | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str | None) -> str | None:
+        from fsdpbench.models import model_names
+
+        if value is not None and value not in model_names():
+            raise ValueError(f"unknown model {value!r}; allowed: {', '.join(model_names())}")
+        return value
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str | None) -> str | None:
+        from fsdpbench.strategies import strategy_names
+
+        if value is not None and ":" not in value and value not in strategy_names():
+            raise ValueError(
+                f"unknown strategy {value!r}; allowed: {', '.join(strategy_names())}, or module:Class"
+            )
+        return value
+
+
+CASE_FIELDS = tuple(CaseFields.model_fields)
+_ARG_AXES = ("model_args.", "strategy_args.")
+
+
+class ScenarioFile(BaseModel):
+    """The top level of a scenario YAML."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    defaults: CaseFields = CaseFields()
+    sweep: dict[str, Any] = {}
+    cases: list[CaseFields] = []
+    exclude: list[dict[str, Any]] = []
+
+
+@dataclass(kw_only=True)
+class Skipped:
+    case: Case
+    reason: str
+
+
+@dataclass(kw_only=True)
+class Scenario:
+    """A validated scenario: its name, source text and the expanded cases."""
+
+    name: str
+    description: str
+    path: Path | None
+    text: str
+    cases: list[Case] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+class ScenarioError(ValueError):
+    """A scenario file is malformed; the message names the file and field."""
+
+
+def load_scenario(path: str | Path, *, overrides: dict[str, Any] | None = None) -> Scenario:
+    """Read, validate and expand a scenario file; raise ScenarioError naming the field on bad input."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
+    return parse_scenario(text, source=str(path), path=path, overrides=overrides)
+
+
+def parse_scenario(
+    text: str, *, source: str = "<scenario>", path: Path | None = None, overrides: dict[str, Any] | None = None
+) -> Scenario:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{source}: not valid YAML: {exc}".replace("\n", " ")) from None
+    if not isinstance(raw, dict):
+        raise ScenarioError(f"{source}: a scenario is a mapping with at least 'name' and 'sweep'")
+    try:
+        spec = ScenarioFile.model_validate(raw)
+    except ValidationError as exc:
+        raise ScenarioError(_format_validation(source, exc)) from None
+    _check_sweep(source, spec)
+    cases, skipped = expand(spec, source=source, overrides=overrides or {})
+    return Scenario(
+        name=spec.name, description=spec.description, path=path, text=text, cases=cases, skipped=skipped
+    )
+
+
+def _format_validation(source: str, exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        parent = err["loc"][0] if len(err["loc"]) > 1 else None
+        allowed = CASE_FIELDS if parent in ("defaults", "cases", "sweep") else tuple(ScenarioFile.model_fields)
+        msg = f"unknown field; allowed: {', '.join(allowed)}"
+    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+    return f"{source}: {loc}: {msg}{more}"
+
+
+def _check_sweep(source: str, spec: ScenarioFile) -> None:
+    """Each sweep value is validated as the case field it sets; errors name sweep.FIELD[i]."""
+    for key, value in spec.sweep.items():
+        if key not in CASE_FIELDS and not key.startswith(_ARG_AXES):
+            raise ScenarioError(
+                f"{source}: sweep.{key}: unknown field; allowed: {', '.join(CASE_FIELDS)}, "
+                "or model_args.NAME / strategy_args.NAME"
+            )
+        values = _axis_values(key, value)
+        if not values:
+            raise ScenarioError(f"{source}: sweep.{key}: empty list; give at least one value")
+        if key.startswith(_ARG_AXES):
+            continue
+        for i, item in enumerate(values):
+            try:
+                CaseFields.model_validate({key: item})
+            except ValidationError as exc:
+                msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise ScenarioError(f"{source}: sweep.{key}[{i}]: {msg} (got {item!r})") from None
+    for i, rule in enumerate(spec.exclude):
+        bad = [k for k in rule if k not in CASE_FIELDS and not k.startswith(_ARG_AXES)]
+        if bad:
+            raise ScenarioError(f"{source}: exclude[{i}].{bad[0]}: unknown field; allowed: {', '.join(CASE_FIELDS)}")
+    if not spec.sweep and not spec.cases:
+        raise ScenarioError(f"{source}: sweep: empty; give at least one axis (e.g. strategy: [ddp, zero3]) or 'cases'")
+
+
+def _axis_values(key: str, value: Any) -> list[Any]:
+    """A sweep entry as a list of values (a scalar is one value; list-valued fields need a list of lists)."""
+    if key == "wrap_classes":
+        return value if isinstance(value, list) and value and isinstance(value[0], list) else [value]
+    return value if isinstance(value, list) else [value]
+
+
+def _axes(spec: ScenarioFile) -> dict[str, list[Any]]:
+    return {key: _axis_values(key, value) for key, value in spec.sweep.items()}
+
+
+def _combine(base: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in point.items():
+        if key.startswith(_ARG_AXES):
+            group, _, arg = key.partition(".")
+            out[group] = {**out.get(group, {}), arg: value}
+        else:
+            out[key] = value
+    return out
+
+
+def _matches(rule: dict[str, Any], fields: dict[str, Any]) -> bool:
+    for key, want in rule.items():
+        if key.startswith(_ARG_AXES):
+            group, _, arg = key.partition(".")
+            have = fields.get(group, {}).get(arg)
+        else:
+            have = fields.get(key)
+        options = want if isinstance(want, list) else [want]
+        if have not in options:
+            return False
+    return True
+
+
+def expand(spec: ScenarioFile, *, source: str, overrides: dict[str, Any]) -> tuple[list[Case], list[Skipped]]:
+    """The sweep's product plus extra cases, checked; impossible ones are Skipped with their reason."""
+    base = _combine(spec.defaults.model_dump(exclude_none=True), {})
+    axes = _axes(spec)
+    points = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] if axes else []
+    points += [c.model_dump(exclude_none=True) for c in spec.cases]
+    cases: list[Case] = []
+    skipped: list[Skipped] = []
+    seen: dict[str, Case] = {}
+    for point in points:
+        fields = _combine(_combine(base, point), overrides)
+        fields.setdefault("scenario", spec.name)
+        fields["scenario"] = spec.name
+        if any(_matches(rule, fields) for rule in spec.exclude):
+            continue
+        case, reason = build_case(fields, source=source)
+        if reason:
+            skipped.append(Skipped(case=case, reason=reason))
+            continue
+        if case.case_id in seen:
+            continue  # the same case reached twice (e.g. a wrap axis on DDP, which has no wrap)
+        seen[case.case_id] = case
+        cases.append(case)
+    return cases, skipped
+
+
+def build_case(fields: dict[str, Any], *, source: str = "<scenario>") -> tuple[Case, str | None]:
+    """A normalised Case from merged fields, and why it cannot run (or None)."""
+    from fsdpbench.models import resolve_model
+    from fsdpbench.strategies import get_strategy
+
+    fields = dict(fields)
+    if "wrap_classes" in fields:
+        fields["wrap_classes"] = tuple(fields["wrap_classes"])
+    try:
+        strategy = get_strategy(fields.get("strategy", _DEFAULT.strategy))
+        resolve_model(fields.get("model", _DEFAULT.model), fields.get("model_args"))
+    except KeyError as exc:
+        raise ScenarioError(f"{source}: {'model_args' if 'argument' in exc.args[0] else 'strategy'}: {exc.args[0]}") from None
+    device, backend = resolve_backend(fields.get("device", "auto"), fields.get("backend", "auto"))
+    fields["device"], fields["backend"] = device, backend
+    case = Case(**{k: v for k, v in fields.items() if k in {f.name for f in dataclasses.fields(Case)}})
+    # axes a strategy does not use are normalised so equal cases get equal ids
+    if not strategy.uses_wrap:
+        case = case.replace(wrap="none", wrap_min_params=_DEFAULT.wrap_min_params, wrap_classes=())
+    if strategy.sharding.group != "shard_group":
+        case = case.replace(shard_size=None)
+    reason = strategy.check(case) or _check_devices(case)
+    return case, reason
+
+
+def resolve_backend(device: str, backend: str) -> tuple[str, str]:
+    """'auto' picks CUDA+NCCL where usable, else CPU+gloo."""
+    if device == "auto":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    return device, backend
+
+
+def _check_devices(case: Case) -> str | None:
+    if case.device == "cuda":
+        import torch
+
+        have = torch.cuda.device_count()
+        if case.world_size > have:
+            return f"needs {case.world_size} GPUs, {have} visible"
+    if case.backend == "nccl" and case.device != "cuda":
+        return "backend nccl needs device cuda"
+    return None

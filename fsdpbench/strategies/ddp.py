@@ -1,0 +1,35 @@
+"""DDP: everything replicated; gradients all-reduced in buckets during backward."""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from fsdpbench.strategies import register_strategy
+from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
+
+
+def wrap_ddp(model: nn.Module, ctx: ApplyContext) -> DistributedDataParallel:
+    """DistributedDataParallel on this rank's device, with low-precision gradient compression if asked."""
+    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    ddp = DistributedDataParallel(model, device_ids=device_ids)
+    if ctx.case.precision.endswith("-lowreduce"):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        hook = (
+            default_hooks.bf16_compress_hook
+            if ctx.case.precision.startswith("bf16")
+            else default_hooks.fp16_compress_hook
+        )
+        ddp.register_comm_hook(None, hook)
+    return ddp
+
+
+@register_strategy
+class DDP(Strategy):
+    name = "ddp"
+    description = "DistributedDataParallel: params, grads and optimizer state replicated (16Ψ)"
+    sharding = Sharding(params=False, grads=False, optim=False)
+
+    def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
+        return wrap_ddp(model, ctx)

@@ -1,0 +1,109 @@
+"""FSDP2 (`fully_shard`): ZeRO-2, ZeRO-3 and HSDP, with the case's wrap, prefetch and precision."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+from fsdpbench.case import Case
+from fsdpbench.strategies import register_strategy
+from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def mp_policy_for(precision: str) -> MixedPrecisionPolicy:
+    """fp32 → no casting; bf16/fp16 → 16-bit unsharded params, fp32 reduction; '-lowreduce' → 16-bit reduction."""
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    low = _DTYPES[precision.split("-")[0]]
+    reduce = low if precision.endswith("-lowreduce") else torch.float32
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce)
+
+
+def apply_fsdp2(
+    model: nn.Module, ctx: ApplyContext, *, reshard_after_forward: bool, mesh: DeviceMesh | None = None
+) -> nn.Module:
+    """fully_shard every wrap unit, then the root; set explicit prefetch of depth ``case.prefetch``."""
+    case = ctx.case
+    kwargs = dict(
+        mesh=mesh,
+        reshard_after_forward=reshard_after_forward,
+        mp_policy=mp_policy_for(case.precision),
+        offload_policy=CPUOffloadPolicy() if case.cpu_offload else OffloadPolicy(),
+    )
+    for unit in ctx.units:
+        fully_shard(unit, **kwargs)
+    fully_shard(model, **kwargs)
+    apply_prefetch(ctx.units, case.prefetch)
+    return model
+
+
+def apply_prefetch(units: list[nn.Module], depth: int) -> None:
+    """Explicit prefetch: each unit prefetches the next ``depth`` in forward and the previous in backward."""
+    if depth <= 0 or len(units) < 2:
+        return
+    for i, unit in enumerate(units):
+        assert isinstance(unit, FSDPModule)
+        following = units[i + 1 : i + 1 + depth]
+        preceding = list(reversed(units[max(0, i - depth) : i]))
+        if following:
+            unit.set_modules_to_forward_prefetch(following)
+        if preceding:
+            unit.set_modules_to_backward_prefetch(preceding)
+
+
+class _FSDP2(Strategy):
+    uses_wrap = True
+    uses_prefetch = True
+    native_mixed_precision = True
+    reshard_after_forward: bool = True
+
+    def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
+        return apply_fsdp2(model, ctx, reshard_after_forward=self.reshard_after_forward)
+
+    def fsdp_root(self, model: nn.Module) -> nn.Module | None:
+        return model
+
+
+@register_strategy
+class Zero2(_FSDP2):
+    name = "zero2"
+    description = "FSDP2 reshard_after_forward=False: grads+optimizer sharded, params unsharded fwd→bwd"
+    sharding = Sharding(params=True, grads=True, optim=True, params_unsharded_fwd_to_bwd=True, per_unit_gather=True)
+    reshard_after_forward = False
+
+
+@register_strategy
+class Zero3(_FSDP2):
+    name = "zero3"
+    description = "FSDP2 fully_shard (FULL_SHARD): params, grads, optimizer state sharded (16Ψ/N)"
+    sharding = Sharding(params=True, grads=True, optim=True, per_unit_gather=True)
+    reshard_after_forward = True
+
+
+def hsdp_shard_size(case: Case) -> int:
+    """Ranks per shard group; default 2 (so 4 ranks are 2 replicas × 2 shards)."""
+    return case.shard_size or min(2, case.world_size)
+
+
+@register_strategy
+class HSDP(_FSDP2):
+    name = "hsdp"
+    description = "FSDP2 on a 2-D mesh: sharded within a shard group, replicated across groups"
+    sharding = Sharding(params=True, grads=True, optim=True, group="shard_group", per_unit_gather=True)
+
+    def check(self, case: Case) -> str | None:
+        shard = hsdp_shard_size(case)
+        if case.world_size % shard:
+            return f"hsdp shard_size={shard} does not divide world_size={case.world_size}"
+        return super().check(case)
+
+    def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
+        shard = hsdp_shard_size(ctx.case)
+        mesh = init_device_mesh(
+            ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
+        return apply_fsdp2(model, ctx, reshard_after_forward=True, mesh=mesh)

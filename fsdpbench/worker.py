@@ -1,0 +1,213 @@
+"""What every rank does for one case: set up, train, and measure in separate phases.
+
+Run by ``fsdpbench run`` (one fresh set of processes per case), or by hand on any launcher that
+sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, e.g. across two nodes:
+
+    torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \\
+        -m fsdpbench.worker --case case.json --out results/case_dir
+    srun --ntasks-per-node 8 python -m fsdpbench.worker --case case.json --out results/case_dir
+
+Phases, in order, so instruments never disturb what they measure:
+warm-up → timed steps (bare) → memory-tracked steps → one profiled step.
+Each rank writes ``rank{R}.json`` into the case directory after every phase, so a crash or a
+hang loses nothing already measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from fsdpbench.case import Case
+from fsdpbench.metrics.tracker import build_tracker, local_state_bytes, snapshot_by_category
+from fsdpbench.models import make_global_batch, resolve_model
+from fsdpbench.strategies import ApplyContext, get_strategy
+from fsdpbench.wrap import get_wrap_units
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class RankRecorder:
+    """This rank's result dict, written atomically to disk after every phase."""
+
+    def __init__(self, out_dir: Path, rank: int) -> None:
+        self.path = out_dir / f"rank{rank}.json"
+        self.data: dict[str, Any] = {"rank": rank, "status": "running", "phase": "setup", "error": ""}
+
+    def update(self, **fields: Any) -> None:
+        self.data.update(fields)
+        self.flush()
+
+    def flush(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, default=str))
+        os.replace(tmp, self.path)
+
+
+def resolve_device(case: Case, local_rank: int) -> torch.device:
+    if case.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
+    """Set up this rank, run every phase of the case, return (and write) its results."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    rec = RankRecorder(out_dir, rank)
+    t_start = time.perf_counter()
+    try:
+        _run_phases(case, rank, world, local_rank, rec, t_start)
+        rec.update(status="ok", phase="done")
+    except BaseException as exc:  # noqa: BLE001 — every failure is recorded, then re-raised
+        status = "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
+        rec.update(status=status, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return rec.data
+
+
+def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRecorder, t_start: float) -> None:
+    # ---- setup: process group, model, strategy, optimizer --------------------------------
+    device = resolve_device(case, local_rank)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))))
+    dist.init_process_group(case.backend, device_id=device if device.type == "cuda" else None)
+    assert dist.get_world_size() == case.world_size, "launcher world size differs from the case's"
+    t_pg = time.perf_counter()
+
+    mdef, margs = resolve_model(case.model, case.model_args)
+    torch.manual_seed(case.seed)  # same initial weights on every rank
+    with torch.device(device):
+        model = mdef.build(**margs)
+    n_params = sum(p.numel() for p in model.parameters())
+    strategy = get_strategy(case.strategy)
+    ctx = ApplyContext(
+        case=case, device=device, rank=rank, world_size=world,
+        units=get_wrap_units(model, case) if strategy.uses_wrap else [],
+    )  # fmt: skip
+    model = strategy.apply(model, ctx)
+    optimizer = strategy.build_optimizer(model, case)
+    rec.update(
+        phase="warmup", params=n_params, n_units=len(ctx.units) + 1 if strategy.uses_wrap else 1,
+        threads=torch.get_num_threads(), init_pg_s=t_pg - t_start, setup_s=time.perf_counter() - t_start,
+    )  # fmt: skip
+
+    autocast = (
+        torch.autocast(device.type, dtype=_AUTOCAST_DTYPES[case.precision.split("-")[0]])
+        if case.precision != "fp32" and not strategy.native_mixed_precision
+        else contextlib.nullcontext()
+    )
+    losses: list[float] = []
+    steps_wall_s = [0.0]  # time inside training steps, all phases: the rest of a case is overhead
+
+    def train_step(step: int, after_optim: Callable[[], None] | None = None) -> None:
+        t0 = time.perf_counter()
+        x, y = make_global_batch(case.model, case.model_args, case.global_batch_size, case.seq_len, case.seed, step)
+        lo, hi = rank * case.batch_size, (rank + 1) * case.batch_size
+        x, y = x[lo:hi].to(device), y[lo:hi].to(device)
+        with autocast:
+            loss = mdef.loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if after_optim is not None:
+            after_optim()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        steps_wall_s[0] += time.perf_counter() - t0
+
+    step = 0
+    # ---- warm-up: compile, lazy init, optimizer state creation ---------------------------
+    for _ in range(case.warmup_steps):
+        train_step(step)
+        step += 1
+
+    # ---- phase 1: timed steps, bare --------------------------------------------------------
+    dist.barrier()
+    step_times_ms = []
+    for _ in range(case.steps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        train_step(step)
+        synchronize(device)
+        step_times_ms.append((time.perf_counter() - t0) * 1e3)
+        step += 1
+    rec.update(phase="memory", step_times_ms=step_times_ms, losses=list(losses), **_time_stats(step_times_ms))
+
+    # ---- phase 2: memory-tracked steps ---------------------------------------------------
+    mem: dict[str, Any] = {}
+    for _ in range(case.memory_steps):
+        tracker = build_tracker(model, optimizer, strategy.fsdp_root(model))
+
+        def record_states() -> None:
+            mem["states_tracker"] = snapshot_by_category(tracker, "current", device)
+            mem["states_local"] = local_state_bytes(model, optimizer)
+
+        with tracker:
+            train_step(step, after_optim=record_states)
+        mem["peak"] = snapshot_by_category(tracker, "peak", device)
+        step += 1
+    rec.update(phase="profile", memory=mem, losses=list(losses))
+
+    # ---- done ------------------------------------------------------------------------------
+    rec.update(losses=list(losses), steps_total=step, steps_wall_s=steps_wall_s[0], wall_s=time.perf_counter() - t_start)
+
+
+def _time_stats(times_ms: list[float]) -> dict[str, float]:
+    if not times_ms:
+        return {}
+    q = statistics.quantiles(times_ms, n=10, method="inclusive") if len(times_ms) > 1 else [times_ms[0]] * 9
+    return {
+        "step_time_ms": statistics.median(times_ms),
+        "step_time_p10_ms": q[0],
+        "step_time_p90_ms": q[-1],
+        "step_time_mean_ms": statistics.fmean(times_ms),
+        "step_time_std_ms": statistics.stdev(times_ms) if len(times_ms) > 1 else 0.0,
+    }
+
+
+def rank_entry(case_json: str, out_dir: str) -> None:
+    """Entry point for launch.py: stdout/stderr go to the case directory, results to rank{R}.json."""
+    rank = int(os.environ["RANK"])
+    log = open(Path(out_dir) / f"rank{rank}.log", "w")  # noqa: SIM115 — lives as long as the process
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
+    run_rank(Case.from_dict(json.loads(case_json)), Path(out_dir))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one case on an external launcher (torchrun, srun): every rank calls this."""
+    parser = argparse.ArgumentParser(prog="python -m fsdpbench.worker", description=main.__doc__)
+    parser.add_argument("--case", required=True, help="case JSON file (fsdpbench run --dry-run writes them)")
+    parser.add_argument("--out", required=True, help="directory for rank{R}.json")
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun without torchrun
+        os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
+        os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
+        os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_rank(Case.from_dict(json.loads(Path(args.case).read_text())), out)
+
+
+if __name__ == "__main__":
+    main()
