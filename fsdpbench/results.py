@@ -65,9 +65,11 @@ def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
         for k in (
             "rank", "status", "error", "phase", "params", "n_units", "threads", "init_pg_s", "setup_s", "wall_s",
             "step_time_ms", "step_time_p10_ms", "step_time_p90_ms", "step_time_mean_ms", "step_time_std_ms",
+            "first_step_ms", "steps_wall_s",
         )
     }  # fmt: skip
     row["step_times_ms"] = rank.get("step_times_ms") or []
+    row["warmup_times_ms"] = rank.get("warmup_times_ms") or []
     memory = rank.get("memory") or {}
     for cat in (*CATEGORIES, "total"):
         suffix = "" if cat == "total" else f"_{cat}"

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
+from fsdpbench.knobs import apply_activation_checkpointing, apply_compile
 from fsdpbench.metrics.tracker import build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import make_global_batch, resolve_model
 from fsdpbench.strategies import ApplyContext, get_strategy
@@ -104,6 +105,8 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
         case=case, device=device, rank=rank, world_size=world,
         units=get_wrap_units(model, case) if strategy.uses_wrap else [],
     )  # fmt: skip
+    model = apply_activation_checkpointing(model, case)
+    model = apply_compile(model, case)
     model = strategy.apply(model, ctx)
     optimizer = strategy.build_optimizer(model, case)
     rec.update(
@@ -136,9 +139,15 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
 
     step = 0
     # ---- warm-up: compile, lazy init, optimizer state creation ---------------------------
+    warmup_ms = []
     for _ in range(case.warmup_steps):
+        synchronize(device)
+        t0 = time.perf_counter()
         train_step(step)
+        synchronize(device)
+        warmup_ms.append((time.perf_counter() - t0) * 1e3)
         step += 1
+    rec.update(warmup_times_ms=warmup_ms, first_step_ms=warmup_ms[0] if warmup_ms else None)
 
     # ---- phase 1: timed steps, bare --------------------------------------------------------
     dist.barrier()
