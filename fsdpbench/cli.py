@@ -41,6 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import os
+
+    # like `python -m`: a plugin strategy given as module:Class may live in the current directory
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     args = build_parser().parse_args(argv)
     try:
         code = args._main(args)

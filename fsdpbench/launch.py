@@ -8,8 +8,10 @@ The orchestrating process never joins a process group.
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import shutil
+import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ class CaseOutcome:
     ranks: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     spawn_s: float = 0.0  # from launch to the last rank's process group being ready
+    pids: list[int] = field(default_factory=list)  # the rank processes (all gone when launch_case returns)
 
 
 def free_port() -> int:
@@ -48,6 +51,8 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     global _preload_set
     if not _preload_set:
         multiprocessing.set_forkserver_preload(_PRELOAD)
+        # a failed rank is reported once, by us, with its error; the launcher's own log would repeat it
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
         _preload_set = True
 
     if case_dir.exists():
@@ -69,25 +74,27 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
         logs_specs=DefaultLogsSpecs(log_dir=str(case_dir / "elastic")), start_method="forkserver",
     )  # fmt: skip
     result = None
+    pids = sorted(pc.pids().values())
     try:
         result = pc.wait(timeout=case.timeout_s, period=0.05)
     finally:
         if result is None:
             pc.close(timeout=5)
     wall = time.perf_counter() - t0
+    exitcodes = _exitcodes(pc)
 
     ranks = [_read_rank(case_dir, r) for r in range(n)]
     if result is None:
         status = "timeout"
         error = f"timed out after {case.timeout_s:g} s; " + _phase_summary(ranks)
     elif result.is_failed():
-        status, error = _failure(ranks, result)
+        status, error = _failure(ranks, result, exitcodes)
     else:
         status, error = "ok", ""
     for rank in ranks:
         if rank.get("status") in (None, "running"):
             rank["status"] = status
-    return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks))
+    return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks), pids=pids)
 
 
 def _read_rank(case_dir: Path, rank: int) -> dict[str, Any]:
@@ -102,13 +109,31 @@ def _phase_summary(ranks: list[dict[str, Any]]) -> str:
     return "ranks stopped in phase: " + ", ".join(f"{r['rank']}:{r.get('phase', '?')}" for r in ranks)
 
 
-def _failure(ranks: list[dict[str, Any]], result: Any) -> tuple[str, str]:
-    """The first rank that recorded an error names the failure; else the launcher's exit codes."""
-    for rank in ranks:
-        if rank.get("status") in ("failed", "oom"):
-            return rank["status"], f"rank {rank['rank']} in {rank.get('phase')}: {rank['error']}"
-    codes = ", ".join(f"rank {r}: exit {f.exitcode}" for r, f in sorted(result.failures.items()))
-    return "failed", f"rank process died ({codes}); " + _phase_summary(ranks)
+def _exitcodes(pc: Any) -> dict[int, int | None]:
+    """Every rank process's exit code (negative: killed by that signal)."""
+    procs = getattr(getattr(pc, "_pc", None), "processes", None) or []
+    return {i: p.exitcode for i, p in enumerate(procs)}
+
+
+def _failure(ranks: list[dict[str, Any]], result: Any, exitcodes: dict[int, int | None]) -> tuple[str, str]:
+    """Name the root cause: a rank that died without a Python error (signal, os._exit, OOM killer),
+    else the rank whose error came first (the others usually fail because it left)."""
+    killed_by_launcher = (-signal.SIGTERM, -signal.SIGKILL)
+    codes = {**{r: f.exitcode for r, f in result.failures.items()}, **exitcodes}
+    silent = [
+        f"rank {r} died in phase {ranks[r].get('phase')} (exit {code}) without a Python exception"
+        for r, code in sorted(codes.items())
+        if ranks[r].get("status") in (None, "running") and code not in (0, None, *killed_by_launcher)
+    ]
+    failed = sorted((r for r in ranks if r.get("status") in ("failed", "oom")), key=lambda r: r.get("failed_at", 0))
+    recorded = [f"rank {r['rank']} in {r.get('phase')}: {r['error']}" for r in failed]
+    if silent:
+        return "failed", "; ".join(silent + [f"then {m}" for m in recorded[:1]])
+    if failed:
+        others = f" (then {len(failed) - 1} more rank(s) failed)" if len(failed) > 1 else ""
+        return failed[0]["status"], recorded[0] + others
+    text = ", ".join(f"rank {r}: exit {c}" for r, c in sorted(codes.items()))
+    return "failed", f"rank process died ({text}); " + _phase_summary(ranks)
 
 
 def _spawn_s(ranks: list[dict[str, Any]]) -> float:

@@ -44,7 +44,10 @@ class RankRecorder:
 
     def __init__(self, out_dir: Path, rank: int) -> None:
         self.path = out_dir / f"rank{rank}.json"
-        self.data: dict[str, Any] = {"rank": rank, "status": "running", "phase": "setup", "error": ""}
+        self.data: dict[str, Any] = {
+            "rank": rank, "pid": os.getpid(), "status": "running", "phase": "setup", "error": "",
+        }  # fmt: skip
+        self.flush()
 
     def update(self, **fields: Any) -> None:
         self.data.update(fields)
@@ -79,7 +82,10 @@ def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
         rec.update(status="ok", phase="done")
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded, then re-raised
         status = "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
-        rec.update(status=status, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        rec.update(
+            status=status, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
+            failed_at=time.time(),
+        )  # fmt: skip
         raise
     finally:
         if dist.is_initialized():

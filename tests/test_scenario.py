@@ -1,0 +1,110 @@
+"""Scenario files: validation errors name the field; the sweep expands to the right cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fsdpbench.scenario import ScenarioError, load_scenario, parse_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def expand(text: str):
+    return parse_scenario(text, source="s.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("name: x\nsweep: {wrld_size: [1]}", "s.yaml: sweep.wrld_size: unknown field; allowed: model,"),
+        ("name: x\nsweep: {world_size: [2, 0]}", "s.yaml: sweep.world_size[1]: Input should be greater than 0"),
+        ("name: x\nsweep: {world_size: two}", "s.yaml: sweep.world_size[0]: Input should be a valid integer"),
+        ("name: x\nsweep: {}", "s.yaml: sweep: empty"),
+        ("name: x\nsweep: {strategy: []}", "s.yaml: sweep.strategy: empty list"),
+        ("name: x\nsweep: {strategy: [ddp, zero9]}", "s.yaml: sweep.strategy[1]: unknown strategy 'zero9'; allowed: ddp"),
+        ("name: x\nsweep: {model: [gpt9]}", "s.yaml: sweep.model[0]: unknown model 'gpt9'; allowed:"),
+        ("name: x\ndefaults: {precision: fp8}\nsweep: {world_size: 1}", "s.yaml: defaults.precision: Input should be 'fp32'"),
+        ("name: x\ndefaults: {batch_size: 0}\nsweep: {world_size: 1}", "s.yaml: defaults.batch_size: Input should be greater than 0"),
+        ("name: x\nfoo: 1\nsweep: {world_size: [1]}", "s.yaml: foo: unknown field; allowed: name, description"),
+        ("sweep: {world_size: [1]}", "s.yaml: name: Field required"),
+        ("name: x\nsweep: {world_size: 1}\nexclude: [{wrld: 1}]", "s.yaml: exclude[0].wrld: unknown field"),
+        ("name: x\nsweep: {model_args.d_modl: [8]}", "s.yaml: model_args: model 'decoder-tiny' has no argument(s) ['d_modl']"),
+        ("name: x\ncases: [{strategy: ddp, world_sise: 2}]", "s.yaml: cases[0].world_sise: unknown field"),
+        ("name: [x", "s.yaml: not valid YAML"),
+        ("- a\n- b", "s.yaml: a scenario is a mapping"),
+    ],
+)
+def test_malformed_scenario_names_the_field(text: str, expected: str) -> None:
+    with pytest.raises(ScenarioError) as info:
+        expand(text)
+    message = str(info.value)
+    assert message.startswith(expected), message
+    assert "\n" not in message
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError, match="cannot read scenario file"):
+        load_scenario(tmp_path / "nope.yaml")
+
+
+def test_sweep_is_the_product_plus_extra_cases() -> None:
+    s = expand(
+        "name: q\nsweep: {world_size: [1, 2, 4], strategy: [ddp, zero1, zero2, zero3]}\n"
+        "cases: [{strategy: hsdp, world_size: 4, shard_size: 2}]"
+    )
+    assert len(s.cases) == 13
+    assert {(c.strategy, c.world_size) for c in s.cases} >= {("ddp", 1), ("zero3", 4), ("hsdp", 4)}
+    assert len({c.case_id for c in s.cases}) == 13
+    assert all(c.scenario == "q" for c in s.cases)
+
+
+def test_quickstart_has_at_least_13_cases() -> None:
+    s = load_scenario(ROOT / "scenarios" / "quickstart.yaml")
+    assert len(s.cases) >= 13 and not s.skipped
+    assert {c.strategy for c in s.cases} == {"ddp", "zero1", "zero2", "zero3", "hsdp"}
+    assert {c.world_size for c in s.cases} == {1, 2, 4}
+
+
+def test_impossible_combinations_are_skipped_with_a_reason() -> None:
+    s = expand(
+        "name: q\nsweep: {strategy: [ddp, zero3, hsdp], world_size: [4], prefetch: [0, 1], shard_size: [3]}"
+    )
+    reasons = {(k.case.strategy, k.case.prefetch): k.reason for k in s.skipped}
+    assert reasons[("ddp", 1)] == "prefetch=1 applies to FSDP strategies; ddp has no prefetch"
+    assert reasons[("hsdp", 0)] == "hsdp shard_size=3 does not divide world_size=4"
+    assert {(c.strategy, c.prefetch) for c in s.cases} == {("ddp", 0), ("zero3", 0), ("zero3", 1)}
+
+
+def test_axes_a_strategy_ignores_collapse_to_one_case() -> None:
+    s = expand("name: q\nsweep: {strategy: [ddp, zero3], wrap: [block, whole], world_size: 2}")
+    assert sorted((c.strategy, c.wrap) for c in s.cases) == [("ddp", "none"), ("zero3", "block"), ("zero3", "whole")]
+
+
+def test_exclude_drops_matching_combinations() -> None:
+    s = expand(
+        "name: q\nsweep: {strategy: [ddp, zero3], world_size: [1, 2]}\n"
+        "exclude: [{strategy: ddp, world_size: [1, 2]}, {world_size: 1}]"
+    )
+    assert [(c.strategy, c.world_size) for c in s.cases] == [("zero3", 2)]
+
+
+def test_model_argument_axis_and_defaults() -> None:
+    s = expand("name: q\ndefaults: {model: decoder-tiny, steps: 3}\nsweep: {model_args.n_layers: [2, 4]}")
+    assert [c.model_args for c in s.cases] == [{"n_layers": 2}, {"n_layers": 4}]
+    assert all(c.steps == 3 for c in s.cases)
+    assert "n_layers4" in s.cases[1].case_id
+
+
+def test_auto_backend_is_gloo_on_a_cpu_machine() -> None:
+    import torch
+
+    s = expand("name: q\nsweep: {world_size: 1}")
+    expected = ("cuda", "nccl") if torch.cuda.is_available() else ("cpu", "gloo")
+    assert (s.cases[0].device, s.cases[0].backend) == expected
+
+
+def test_overrides_apply_to_every_case() -> None:
+    s = parse_scenario("name: q\nsweep: {world_size: [1, 2]}", overrides={"steps": 7})
+    assert [c.steps for c in s.cases] == [7, 7]
