@@ -1,0 +1,36 @@
+"""Peaks of PyTorch's CUDA caching allocator; empty on CPU devices."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _cuda_device(device: torch.device | str | int) -> torch.device | None:
+    """The CUDA device ``device`` names, or None when it is not a usable CUDA device."""
+    dev = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return dev
+
+
+def cuda_allocator_stats(device: torch.device | str | int) -> dict[str, int]:
+    """Allocated/reserved peaks, retries and OOMs since reset_cuda_peaks; {} on a CPU device."""
+    dev = _cuda_device(device)
+    if dev is None:
+        return {}
+    stats = torch.cuda.memory_stats(dev)
+    return {
+        "alloc_peak_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)),
+        "alloc_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)),
+        "alloc_num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
+        "alloc_num_ooms": int(stats.get("num_ooms", 0)),
+    }
+
+
+def reset_cuda_peaks(device: torch.device | str | int) -> None:
+    """Start a new window on a CUDA device (peaks and retry/OOM counters); no-op on CPU."""
+    dev = _cuda_device(device)
+    if dev is not None:
+        torch.cuda.reset_peak_memory_stats(dev)
+        # num_alloc_retries / num_ooms are "accumulated" stats, not peaks.
+        torch.cuda.reset_accumulated_memory_stats(dev)

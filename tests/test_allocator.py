@@ -1,0 +1,23 @@
+"""CUDA allocator statistics."""
+
+import torch
+
+from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
+
+
+def test_cpu_device_gives_empty_dict():
+    assert cuda_allocator_stats(torch.device("cpu")) == {}
+    assert cuda_allocator_stats("cpu") == {}
+    reset_cuda_peaks("cpu")  # no-op, must not raise
+
+
+def test_cuda_stats_keys_when_available():
+    if not torch.cuda.is_available():
+        assert cuda_allocator_stats("cuda:0") == {}  # no CUDA: nothing to report
+        return
+    reset_cuda_peaks(0)
+    x = torch.empty(1 << 20, device="cuda:0")
+    stats = cuda_allocator_stats(0)
+    assert stats["alloc_peak_allocated_bytes"] >= x.numel() * 4
+    assert stats["alloc_peak_reserved_bytes"] >= stats["alloc_peak_allocated_bytes"]
+    assert stats["alloc_num_ooms"] == 0
