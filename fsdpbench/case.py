@@ -51,6 +51,7 @@ class Case:
     forward_prefetch: bool = False  # FSDP1
     limit_all_gathers: bool = True  # FSDP1
     nvml_interval_s: float = 0.01
+    bare_steps: int = 0  # >0: also time a bare loop of this many steps (the harness-overhead check)
 
     @property
     def global_batch_size(self) -> int:
@@ -59,7 +60,8 @@ class Case:
     @property
     def case_id(self) -> str:
         """Readable, stable id: key axes plus a short hash of every field."""
-        fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_ID}
+        # only fields that differ from the defaults: a new field (with a default) keeps old ids valid
+        fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_ID and v != _DEFAULTS.get(k)}
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:6]
         model = self.model + "".join(f"-{k}{v}" for k, v in sorted(self.model_args.items()))
         parts = [self.strategy.replace(":", ".").replace("/", "."), f"n{self.world_size}", model]
@@ -93,3 +95,6 @@ def _plain(value: Any) -> Any:
     if isinstance(value, tuple):
         return list(value)
     return value
+
+
+_DEFAULTS = Case().to_dict()

@@ -110,8 +110,27 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
             row["throughput_tokens_s"] = row["throughput_samples_s"] * case.seq_len if _is_sequence(case) else None
         row["case_wall_s"] = outcome.wall_s
         row.update(_env_columns(env, case))
+        row.update(_flops_columns(case, row))
+        if row.get("bare_step_time_ms") and row.get("step_time_mean_ms"):
+            row["harness_overhead_ratio"] = row["step_time_mean_ms"] / row["bare_step_time_ms"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
+    """Counted FLOPs of a rank's step; achieved TFLOP/s; MFU on GPUs with a known peak."""
+    from fsdpbench.metrics.flops import achieved_tflops, mfu, step_flops
+
+    try:
+        flops = step_flops(case.model, json.dumps(case.model_args, sort_keys=True), case.batch_size, case.seq_len)
+    except Exception:  # noqa: BLE001 — a model FlopCounterMode cannot run on meta: no FLOPs, no crash
+        return {}
+    ms = row.get("step_time_ms")
+    return {
+        "flops_per_step": flops,
+        "achieved_tflops": achieved_tflops(flops, ms) if ms else None,
+        "mfu": mfu(flops, ms, row.get("device_name") or "", case.precision) if ms else None,
+    }
 
 
 def skipped_rows(case: Case, reason: str, env: dict[str, Any]) -> pd.DataFrame:
@@ -154,6 +173,15 @@ class RunStore:
         """Store one case's rows, then refresh results.parquet (both atomically)."""
         atomic_write_parquet(self.cases_dir / f"{case_id}.parquet", rows)
         self.consolidate()
+
+    def merge_timelines(self, case_id: str) -> None:
+        """The ranks' memory timelines (timeline_rank{R}.parquet) as one cases/<id>/timeline.parquet."""
+        case_dir = self.case_dir(case_id)
+        parts = sorted(case_dir.glob("timeline_rank*.parquet"))
+        if parts:
+            atomic_write_parquet(case_dir / "timeline.parquet", pd.concat([pd.read_parquet(p) for p in parts]))
+            for part in parts:
+                part.unlink()
 
     def completed_ids(self) -> set[str]:
         return {p.stem for p in self.cases_dir.glob("*.parquet")}

@@ -69,6 +69,7 @@ def run_cases(
             outcome = launch_case(case, store.case_dir(case.case_id))
             rows = build_rows(case, outcome, env)
             rows = add_predictions(case, rows)
+            store.merge_timelines(case.case_id)
             store.write_case(case.case_id, rows)
             meta["cases"][case.case_id] = case_overhead(outcome)
             store.write_run_json(meta)

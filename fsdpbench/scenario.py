@@ -68,6 +68,7 @@ class CaseFields(BaseModel):
     forward_prefetch: bool | None = None
     limit_all_gathers: bool | None = None
     nvml_interval_s: PositiveFloat | None = None
+    bare_steps: int | None = Field(default=None, ge=0)
 
     @field_validator("model")
     @classmethod

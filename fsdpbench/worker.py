@@ -8,7 +8,8 @@ sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, e.g. across two nodes:
     srun --ntasks-per-node 8 python -m fsdpbench.worker --case case.json --out results/case_dir
 
 Phases, in order, so instruments never disturb what they measure:
-warm-up → timed steps (bare) → memory-tracked steps → one profiled step.
+warm-up → timed steps (bare) → memory-tracked steps → one profiled step (→ optional bare loop).
+RSS (and on GPUs NVML) is sampled in a background thread across the whole case, tagged by phase.
 Each rank writes ``rank{R}.json`` into the case directory after every phase, so a crash or a
 hang loses nothing already measured.
 """
@@ -31,6 +32,8 @@ import torch.distributed as dist
 
 from fsdpbench.case import Case
 from fsdpbench.knobs import apply_activation_checkpointing, apply_compile
+from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
+from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
 from fsdpbench.metrics.tracker import build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import make_global_batch, resolve_model
 from fsdpbench.strategies import ApplyContext, get_strategy
@@ -94,12 +97,14 @@ def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
 
 
 def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRecorder, t_start: float) -> None:
-    # ---- setup: process group, model, strategy, optimizer --------------------------------
+    # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))))
     dist.init_process_group(case.backend, device_id=device if device.type == "cuda" else None)
     assert dist.get_world_size() == case.world_size, "launcher world size differs from the case's"
     t_pg = time.perf_counter()
+    samplers = Samplers(case, device, local_rank)
+    samplers.set_phase("setup")
 
     mdef, margs = resolve_model(case.model, case.model_args)
     torch.manual_seed(case.seed)  # same initial weights on every rank
@@ -118,6 +123,7 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
     rec.update(
         phase="warmup", params=n_params, n_units=len(ctx.units) + 1 if strategy.uses_wrap else 1,
         threads=torch.get_num_threads(), init_pg_s=t_pg - t_start, setup_s=time.perf_counter() - t_start,
+        samplers=samplers.status,
     )  # fmt: skip
 
     autocast = (
@@ -128,7 +134,7 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
     losses: list[float] = []
     steps_wall_s = [0.0]  # time inside training steps, all phases: the rest of a case is overhead
 
-    def train_step(step: int, after_optim: Callable[[], None] | None = None) -> None:
+    def train_step(step: int, after_optim: Callable[[], None] | None = None, record: bool = True) -> None:
         t0 = time.perf_counter()
         x, y = make_global_batch(case.model, case.model_args, case.global_batch_size, case.seq_len, case.seed, step)
         lo, hi = rank * case.batch_size, (rank + 1) * case.batch_size
@@ -140,34 +146,37 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
         if after_optim is not None:
             after_optim()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        steps_wall_s[0] += time.perf_counter() - t0
+        if record:
+            losses.append(loss.item())
+            steps_wall_s[0] += time.perf_counter() - t0
+
+    def timed_steps(first: int, n: int) -> list[float]:
+        times = []
+        for i in range(n):
+            synchronize(device)
+            t0 = time.perf_counter()
+            train_step(first + i)
+            synchronize(device)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times
 
     step = 0
     # ---- warm-up: compile, lazy init, optimizer state creation ---------------------------
-    warmup_ms = []
-    for _ in range(case.warmup_steps):
-        synchronize(device)
-        t0 = time.perf_counter()
-        train_step(step)
-        synchronize(device)
-        warmup_ms.append((time.perf_counter() - t0) * 1e3)
-        step += 1
+    samplers.set_phase("warmup")
+    warmup_ms = timed_steps(step, case.warmup_steps)
+    step += case.warmup_steps
     rec.update(warmup_times_ms=warmup_ms, first_step_ms=warmup_ms[0] if warmup_ms else None)
 
     # ---- phase 1: timed steps, bare --------------------------------------------------------
     dist.barrier()
-    step_times_ms = []
-    for _ in range(case.steps):
-        synchronize(device)
-        t0 = time.perf_counter()
-        train_step(step)
-        synchronize(device)
-        step_times_ms.append((time.perf_counter() - t0) * 1e3)
-        step += 1
+    reset_cuda_peaks(device)
+    samplers.set_phase("timed")
+    step_times_ms = timed_steps(step, case.steps)
+    step += case.steps
     rec.update(phase="memory", step_times_ms=step_times_ms, losses=list(losses), **_time_stats(step_times_ms))
 
     # ---- phase 2: memory-tracked steps ---------------------------------------------------
+    samplers.set_phase("memory")
     mem: dict[str, Any] = {}
     for _ in range(case.memory_steps):
         tracker = build_tracker(model, optimizer, strategy.fsdp_root(model))
@@ -180,10 +189,39 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
             train_step(step, after_optim=record_states)
         mem["peak"] = snapshot_by_category(tracker, "peak", device)
         step += 1
-    rec.update(phase="profile", memory=mem, losses=list(losses))
+    extra = {f"mem_{k}": v for k, v in cuda_allocator_stats(device).items()}
+    rec.update(phase="profile", memory=mem, losses=list(losses), extra_columns=extra)
+
+    # ---- phase 3: one profiled step: communication volume and overlap ----------------------
+    samplers.set_phase("profile")
+    if case.profile_steps:
+        trace_path = rec.path.parent / f"trace_rank{rank}.json.gz"
+        with profile_steps(device, trace_path):
+            for _ in range(case.profile_steps):
+                train_step(step)
+                step += 1
+        extra.update(analyze_profile(trace_path, case, strategy.sharding, n_params))
+        rec.update(extra_columns=extra)
+
+    # ---- optional: a bare loop of the same steps, to measure the harness's own overhead ------
+    samplers.stop()
+    if case.bare_steps:
+        dist.barrier()
+        synchronize(device)
+        t0 = time.perf_counter()
+        for i in range(case.bare_steps):
+            train_step(step + i, record=False)
+        synchronize(device)
+        extra["bare_step_time_ms"] = (time.perf_counter() - t0) * 1e3 / case.bare_steps
+        step += case.bare_steps
 
     # ---- done ------------------------------------------------------------------------------
-    rec.update(losses=list(losses), steps_total=step, steps_wall_s=steps_wall_s[0], wall_s=time.perf_counter() - t_start)
+    extra.update(samplers.columns())
+    samplers.write_timeline(rec.path.parent / f"timeline_rank{rank}.parquet", case.case_id, rank)
+    rec.update(
+        losses=list(losses), steps_total=step, steps_wall_s=steps_wall_s[0],
+        wall_s=time.perf_counter() - t_start, extra_columns=extra,
+    )  # fmt: skip
 
 
 def _time_stats(times_ms: list[float]) -> dict[str, float]:

@@ -28,6 +28,16 @@ class Sharding:
     # params are all-gathered unit by unit (FSDP); DDP/ZeRO-1 keep them whole.
     per_unit_gather: bool = False
 
+    def comm_pattern(self) -> str:
+        """Which textbook communication pattern this sharding implies (for the analytic volume)."""
+        if self.params and self.group == "shard_group":
+            return "hsdp"
+        if self.params:
+            return "zero2" if self.params_unsharded_fwd_to_bwd else "zero3"
+        if self.optim:
+            return "zero1"
+        return "ddp"
+
     def degrees(self, world_size: int, shard_size: int | None = None) -> tuple[int, int, int]:
         """(d_p, d_g, d_o): 1 for a replicated state, the shard-group size for a sharded one."""
         n = (shard_size or world_size) if self.group == "shard_group" else world_size

@@ -38,6 +38,11 @@ def apply_fsdp2(
         fully_shard(unit, **kwargs)
     fully_shard(model, **kwargs)
     apply_prefetch(ctx.units, case.prefetch)
+    if ctx.device.type == "cpu" and case.prefetch > 0:
+        # CPU has no streams, so FSDP2's all-gathers block the compute thread. With async unshard,
+        # an explicitly prefetched all-gather runs on gloo's thread while compute goes on: the CPU
+        # analogue of FSDP2's all-gather stream. (Private API; see docs/measurements.md.)
+        model._set_unshard_async_op(True)
     return model
 
 

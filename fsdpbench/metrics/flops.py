@@ -1,0 +1,67 @@
+"""FLOPs of one training step (counted, not estimated) and model FLOPs utilisation on GPUs.
+
+The count runs the model's forward and backward once on the meta device under PyTorch's
+``FlopCounterMode``: exact matmul/conv/attention FLOPs of *this* implementation, no memory used.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+# dense peak TFLOP/s per GPU by compute dtype (vendor datasheets; SXM unless named). fp32 is
+# the non-tensor-core rate, which is what fp32 matmuls get with PyTorch's default precision.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0},
+    "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0},
+    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
+    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
+    "A10G": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
+}
+
+
+def peak_tflops(device_name: str, precision: str) -> float | None:
+    """The datasheet peak for this GPU and compute dtype, or None (CPU, unknown GPU)."""
+    dtype = precision.split("-")[0]
+    for key, table in PEAK_TFLOPS.items():  # most specific names first
+        if key in device_name:
+            return table.get(dtype)
+    return None
+
+
+@lru_cache(maxsize=64)
+def step_flops(model: str, model_args_json: str, batch_size: int, seq_len: int) -> int:
+    """FLOPs of forward + backward of one rank's batch (the optimizer step is not counted)."""
+    import json
+
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from fsdpbench.models import build_model, make_global_batch, resolve_model
+
+    args = json.loads(model_args_json)
+    mdef, _ = resolve_model(model, args)
+    net = build_model(model, args, device="meta")
+    x, y = make_global_batch(model, args, batch_size, seq_len, seed=0, step=0)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss = mdef.loss(net(x.to("meta")), y.to("meta"))
+        loss.backward()
+    return int(counter.get_total_flops())
+
+
+def mfu(flops_per_step: float, step_time_ms: float, device_name: str, precision: str) -> float | None:
+    """Model FLOPs utilisation of one rank: achieved / peak; None where the peak is unknown (CPU)."""
+    peak = peak_tflops(device_name, precision)
+    if not peak or not step_time_ms:
+        return None
+    return flops_per_step / (step_time_ms / 1e3) / (peak * 1e12)
+
+
+def achieved_tflops(flops_per_step: float, step_time_ms: float) -> float | None:
+    return flops_per_step / (step_time_ms / 1e3) / 1e12 if step_time_ms else None
+
+
+__all__ = ["PEAK_TFLOPS", "achieved_tflops", "mfu", "peak_tflops", "step_flops", "torch"]

@@ -1,0 +1,127 @@
+"""The worker's instruments: background memory samplers across a case, and the profiled step
+(Chrome trace → communication volume per collective and communication/computation overlap)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fsdpbench.case import Case
+from fsdpbench.metrics.sampler import BackgroundSampler
+from fsdpbench.strategies.base import Sharding
+
+# phases that are steady-state steps (the optimizer state exists, no profiler running)
+STEADY_PHASES = ("timed", "memory")
+
+
+class Samplers:
+    """RSS always (host memory of this rank); NVML on CUDA devices. Never raises."""
+
+    def __init__(self, case: Case, device: torch.device, local_rank: int) -> None:
+        from fsdpbench.metrics.nvml import nvml_sampler
+        from fsdpbench.metrics.rss import rss_sampler
+
+        self.status: dict[str, str] = {}
+        self.samplers: dict[str, BackgroundSampler] = {"rss": rss_sampler(case.nvml_interval_s)}
+        self.status["rss"] = "sampled /proc/self/statm"
+        if device.type == "cuda":
+            sampler, reason = nvml_sampler(local_rank, case.nvml_interval_s)
+            self.status["nvml"] = reason
+            if sampler is not None:
+                self.samplers["nvml"] = sampler
+        else:
+            self.status["nvml"] = "not sampled: CPU ranks have no GPU memory"
+        for sampler in self.samplers.values():
+            sampler.start()
+
+    def set_phase(self, phase: str) -> None:
+        for sampler in self.samplers.values():
+            sampler.set_phase(phase)
+
+    def stop(self) -> None:
+        for sampler in self.samplers.values():
+            sampler.stop()
+
+    def columns(self) -> dict[str, Any]:
+        """mem_<source>_peak_bytes (steady-state steps) and mem_<source>_peak_case_bytes (whole case)."""
+        out: dict[str, Any] = {}
+        for name, sampler in self.samplers.items():
+            by_phase = sampler.peak_bytes_by_phase()
+            steady = [by_phase[p] for p in STEADY_PHASES if p in by_phase]
+            out[f"mem_{name}_peak_bytes"] = max(steady) if steady else None
+            out[f"mem_{name}_peak_case_bytes"] = sampler.peak_bytes
+            out[f"mem_{name}_samples"] = len(sampler.samples)
+        return out
+
+    def write_timeline(self, path: Path, case_id: str, rank: int) -> None:
+        import pandas as pd
+
+        frames = [s.to_frame() for s in self.samplers.values()]
+        frames = [f for f in frames if not f.empty]
+        if not frames:
+            return
+        frame = pd.concat(frames, ignore_index=True)
+        frame.insert(0, "rank", rank)
+        frame.insert(0, "case_id", case_id)
+        frame.to_parquet(path, index=False)
+
+
+@contextlib.contextmanager
+def profile_steps(device: torch.device, trace_path: Path) -> Iterator[None]:
+    """torch.profiler over the enclosed steps, exported as a gzipped Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities, record_shapes=True) as prof:
+        yield
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    prof.export_chrome_trace(str(trace_path))
+
+
+def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: int) -> dict[str, Any]:
+    """comm_<kind>_{count,bytes} per step (measured and analytic) and overlap_* from the trace."""
+    from fsdpbench.metrics.comm import analytic_comm_bytes, collectives_from_trace
+    from fsdpbench.metrics.overlap import analyze_trace, load_trace
+
+    trace = load_trace(trace_path)
+    shard = (case.shard_size or min(2, case.world_size)) if sharding.group == "shard_group" else None
+    group = case.world_size // shard if shard else None  # subgroup all-reduces (HSDP replicas)
+    comm = collectives_from_trace(trace, steps=max(1, case.profile_steps), group_size=group)
+    out: dict[str, Any] = {}
+    for row in comm.itertuples():
+        out[f"comm_{row.kind}_count"] = row.count
+        out[f"comm_{row.kind}_bytes"] = row.sent_bytes
+        out[f"comm_{row.kind}_backend_bytes"] = row.backend_sent_bytes
+    out["comm_total_bytes"] = float(comm["sent_bytes"].sum())
+    p_bytes, g_bytes = _comm_dtype_bytes(case, sharding)
+    pattern = sharding.comm_pattern()
+    try:
+        pred = analytic_comm_bytes(
+            pattern, n_params * p_bytes, case.world_size, grad_bytes_total=n_params * g_bytes, shard_size=shard
+        )
+        out.update({f"comm_pred_{k}_bytes": v for k, v in pred.items()})
+        out["comm_pred_total_bytes"] = float(sum(pred.values()))
+    except ValueError as exc:
+        out["comm_pred_note"] = str(exc)
+    out["comm_pattern"] = pattern
+    stats = analyze_trace(trace_path, case.backend)
+    out["overlap_comm_ms"] = stats["comm_us"] / 1e3
+    out["overlap_compute_ms"] = stats["compute_us"] / 1e3
+    out["overlap_exposed_comm_ms"] = stats["exposed_comm_us"] / 1e3
+    out["overlap_ratio"] = stats["overlap_ratio"]
+    out["overlap_note"] = stats.get("note", "")
+    return out
+
+
+def _comm_dtype_bytes(case: Case, sharding: Sharding) -> tuple[int, int]:
+    """Bytes per element of communicated params and grads: FSDP gathers in param_dtype, reduces in
+    reduce_dtype; DDP (autocast) all-reduces fp32 grads unless compressed ('-lowreduce')."""
+    low = case.precision != "fp32"
+    p = 2 if (low and sharding.params) else 4
+    g = 2 if case.precision.endswith("-lowreduce") else 4
+    return p, g
