@@ -1,0 +1,230 @@
+"""``fsdpbench regress RUN_DIR --baseline B``: gate a run against a baseline; exit 1 on a regression.
+
+    fsdpbench regress RUN_DIR --write-baseline baselines/ci.json   # record (commit the file)
+    fsdpbench regress RUN_DIR --baseline baselines/ci.json         # gate: exit 0 pass, 1 regression
+        [--threshold step_time_ratio=50%:warn] [--time-gate warn] [--strict]
+        [--map-strategy mypkg.fsdp:MyZero3=zero3] [--markdown comment.md] [--json regress.json]
+
+Exit codes: 0 passed, 1 regression (each failing case and metric is named), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+_VERDICT_STYLE = {"ok": "green", "improved": "cyan", "new": "cyan", "warn": "yellow", "not compared": "dim"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="run directory written by fsdpbench run (results.parquet)")
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--baseline", metavar="PATH", help="baseline JSON to compare against")
+    mode.add_argument("--write-baseline", metavar="PATH", help="write the run as a baseline JSON, compare nothing")
+    parser.add_argument("--threshold", action="append", default=[], metavar="METRIC=TOL[:GATE]",
+                        help="tolerance (0.01 or 1%%) and gate (fail|warn|off) of a metric or a kind "
+                             "(memory, comm, time, loss); overrides the baseline's (repeatable)")
+    parser.add_argument("--time-gate", choices=("fail", "warn", "off"),
+                        help="make every time metric fail, only warn, or skip (noisy machines: warn)")
+    parser.add_argument("--strict", action="store_true",
+                        help="also fail when a deterministic metric (memory, comm, loss) improved beyond "
+                             "its tolerance: the baseline is stale and must be re-written")
+    parser.add_argument("--map-strategy", action="append", default=[], metavar="RUN=BASELINE",
+                        help="match the run's cases of strategy RUN with the baseline's cases of BASELINE, "
+                             "e.g. mypkg.fsdp:MyZero3=zero3 (repeatable)")
+    parser.add_argument("--time-reference", default="ddp", metavar="STRATEGY|CASE_ID",
+                        help="with --write-baseline: step times are stored as ratios to this strategy's case "
+                             "with the same model, batch and world size, or to this one calibration case "
+                             "(default: ddp)")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown ('-': stdout)")
+    parser.add_argument("--json", metavar="PATH", help="also write every compared metric as JSON ('-': stdout)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from fsdpbench.regress import BaselineError
+
+    err = Console(stderr=True)
+    try:
+        return _write(args, err) if args.write_baseline else _gate(args, err)
+    except BaselineError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+
+
+def _load_run(run_dir: str) -> tuple[Any, dict[str, Any]]:
+    from fsdpbench.regress import BaselineError
+    from fsdpbench.results import RunStore, load_results
+
+    frame = load_results(run_dir)
+    if frame.empty:
+        raise BaselineError(f"{run_dir}: no results (results.parquet or cases/*.parquet); run fsdpbench run first")
+    return frame, RunStore(run_dir).read_run_json()
+
+
+def _threshold_args(items: list[str]) -> dict[str, Any]:
+    from fsdpbench.regress import parse_threshold
+
+    return dict(parse_threshold(item) for item in items)
+
+
+def _write(args: argparse.Namespace, err: Console) -> int:
+    from fsdpbench.regress import build_baseline, write_baseline
+
+    frame, meta = _load_run(args.run_dir)
+    baseline = build_baseline(frame, meta, thresholds=_threshold_args(args.threshold),
+                              time_reference=args.time_reference)  # fmt: skip
+    write_baseline(args.write_baseline, baseline)
+    n_metrics = sum(len(c["metrics"]) for c in baseline["cases"].values())
+    prov = baseline["provenance"]
+    print(f"wrote {args.write_baseline}: {len(baseline['cases'])} cases, {n_metrics} metrics "
+          f"(commit {prov['commit']}, torch {prov['torch_version']}, {prov['device_name']}, host {prov['hostname']})")
+    no_ref = [cid for cid, c in baseline["cases"].items()
+              if c["status"] == "ok" and "step_time_ratio" not in c["metrics"] and "time_reference" not in c
+              and c["strategy"] != args.time_reference and cid != args.time_reference]  # fmt: skip
+    for cid in no_ref:
+        err.print(f"[yellow]note:[/] {cid}: no {args.time_reference} case with the same model, batch and world "
+                  "size in the run, so its step time is gated only on the same machine", highlight=False)
+    return 0
+
+
+def _gate(args: argparse.Namespace, err: Console) -> int:
+    from fsdpbench.regress import BaselineError, apply_strategy_map, compare, load_baseline
+
+    baseline = load_baseline(args.baseline)
+    frame, _ = _load_run(args.run_dir)
+    mapping = {}
+    for item in args.map_strategy:
+        run, sep, base = item.partition("=")
+        if not sep or not run or not base:
+            raise BaselineError(f"--map-strategy {item!r}: expected RUN_STRATEGY=BASELINE_STRATEGY")
+        mapping[run] = base
+    frame = apply_strategy_map(frame, mapping)
+    gates = {"time": args.time_gate} if args.time_gate else {}
+    result = compare(baseline, frame, thresholds=_threshold_args(args.threshold), gates=gates, strict=args.strict)
+
+    out = Console() if sys.stdout.isatty() else Console(width=250)  # CI logs: no folding
+    out.print(build_table(result, args.baseline, args.run_dir))
+    for note in result.notes:
+        out.print(f"note: {note}", highlight=False)
+    out.print(verdict_line(result), highlight=False)
+    if args.markdown:
+        _emit(args.markdown, render_markdown(result, baseline, args.baseline, args.run_dir))
+    if args.json:
+        _emit(args.json, json.dumps(to_json(result, args.baseline, args.run_dir), indent=1, default=str) + "\n")
+    return 0 if result.passed else 1
+
+
+def _emit(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text)
+
+
+# ---- formatting ------------------------------------------------------------------------------------
+
+
+def fmt_value(metric: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, str):
+        return value
+    if metric.endswith("_bytes"):
+        return f"{int(value):,} B"
+    if metric.endswith("_ms"):
+        return f"{value:.2f} ms"
+    if metric == "step_time_ratio":
+        return f"{value:.3f}×"
+    if metric == "losses":
+        return f"{value:.6f}"
+    return str(value)
+
+
+def fmt_change(metric: str, change: Any) -> str:
+    if change is None or (isinstance(change, float) and math.isnan(change)):
+        return ""
+    if math.isinf(change):
+        return "+∞ (was 0)"
+    if metric == "losses":
+        return f"{change:.1e}"
+    return f"{change:+.2%}"
+
+
+def _cells(row: Any) -> list[str]:
+    tol = "" if row.tolerance is None or row.tolerance != row.tolerance else (
+        f"{row.tolerance:.0e}" if row.metric == "losses" else f"{row.tolerance:.0%}")  # fmt: skip
+    verdict = row.verdict + (" ✗" if row.fails else "")
+    case = row.case_id if row.run_case_id == row.case_id else f"{row.case_id} (ran as {row.run_case_id})"
+    return [case, row.metric, fmt_value(row.metric, row.baseline), fmt_value(row.metric, row.now),
+            fmt_change(row.metric, row.change), f"{tol} {row.gate or ''}".strip(), verdict, row.note or ""]  # fmt: skip
+
+
+_HEADERS = ["case", "metric", "baseline", "now", "change", "tolerance", "verdict", "note"]
+
+
+def build_table(result: Any, baseline_path: str, run_dir: str) -> Table:
+    table = Table(title=f"regress {run_dir} against {baseline_path} (memory: largest rank)")
+    for h in _HEADERS:
+        table.add_column(h, overflow="fold", justify="right" if h in ("baseline", "now", "change") else "left")
+    previous = None
+    for row in result.records.itertuples():
+        cells = _cells(row)
+        if cells[0] == previous:
+            cells[0] = ""  # the case id once per group
+        else:
+            previous = cells[0]
+            if table.row_count:
+                table.add_section()
+        table.add_row(*cells, style="red" if row.fails else _VERDICT_STYLE.get(row.verdict))
+    return table
+
+
+def verdict_line(result: Any) -> str:
+    """One line per failure, naming the case and the metric, then PASS/FAIL."""
+    fails = result.failures
+    lines = [f"REGRESSION {r.case_id} {r.metric}: {r.verdict} ({fmt_value(r.metric, r.baseline)} → "
+             f"{fmt_value(r.metric, r.now)}{', ' + fmt_change(r.metric, r.change) if r.change is not None else ''}"
+             f"{', ' + r.note if r.note else ''})" for r in fails.itertuples()]  # fmt: skip
+    counts = result.records["verdict"].value_counts().to_dict()
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
+    lines.append(("FAIL" if not result.passed else "PASS") + f": {len(result.records)} compared ({summary})")
+    return "\n".join(lines)
+
+
+def render_markdown(result: Any, baseline: dict[str, Any], baseline_path: str, run_dir: str) -> str:
+    """A pull-request comment: the verdict, failures and warnings first, every metric folded below."""
+    prov = baseline.get("provenance", {})
+    head = "### ❌ fsdpbench regress: FAIL" if not result.passed else "### ✅ fsdpbench regress: PASS"
+    lines = [head, "",
+             f"Run `{run_dir}` against `{baseline_path}` (baseline commit {prov.get('commit')}, "
+             f"torch {prov.get('torch_version')}, {prov.get('device_name')}). Memory: largest rank of each case.", ""]  # fmt: skip
+    lines += [f"> {note}" for note in result.notes] + ([""] if result.notes else [])
+
+    def table(frame: Any) -> list[str]:
+        rows = ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
+        rows += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in frame.itertuples()]
+        return rows
+
+    notable = result.records[result.records["fails"] | result.records["verdict"].isin(["warn", "improved", "new"])]
+    if not notable.empty:
+        lines += table(notable) + [""]
+    lines += ["<details><summary>every compared metric "
+              f"({len(result.records)})</summary>", "", *table(result.records), "", "</details>", ""]  # fmt: skip
+    return "\n".join(lines)
+
+
+def to_json(result: Any, baseline_path: str, run_dir: str) -> dict[str, Any]:
+    records = result.records.astype(object).where(result.records.notna(), None).to_dict("records")
+    for r in records:
+        if isinstance(r.get("change"), float) and math.isinf(r["change"]):
+            r["change"] = "inf"
+    return {"passed": result.passed, "baseline": baseline_path, "run_dir": run_dir,
+            "machine_matches": result.machine_matches, "notes": result.notes, "records": records}  # fmt: skip

@@ -1,0 +1,468 @@
+"""Compare a run against a stored baseline, case by case and metric by metric (the CI gate).
+
+    baseline = build_baseline(load_results(run_a), run_meta)     # → small JSON, committed
+    result = compare(baseline, load_results(run_b))              # → one record per case × metric
+    result.passed                                                 # the exit code's contract
+
+What is compared, and how (docs/ci.md explains why):
+- memory / comm bytes (tracker live tensors, exact storage, comm volume): deterministic on CPU, so
+  a tight relative tolerance (1%), the largest rank of each case;
+- step time: noisy and machine-dependent, so as a *ratio within the same run* — a case's step time
+  over its reference case's (the DDP case with the same model, batch and world size, or a named
+  calibration case) — with a wide tolerance (25%); absolute step time only when the machine matches;
+- losses (global mean per step): a changed loss means the benchmark trains something else, so any
+  change beyond 1e-4 relative, in either direction, fails.
+A case missing from the run, failed, or skipped where it ran before is a regression; a case
+not in the baseline is reported as new.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+
+from fsdpbench.case import Case
+
+BASELINE_FORMAT = 1
+KINDS = ("memory", "comm", "time", "loss")
+GATES = ("fail", "warn", "off")
+FAILING = ("regressed", "changed", "missing", "failed")
+_TRACKER_CATEGORIES = (
+    "params", "params_unsharded", "grads", "grads_unsharded", "optim", "activations",
+    "temp", "all_gather", "reduce_scatter", "inputs", "buffers", "other",
+)  # fmt: skip  (fsdpbench.metrics.tracker.CATEGORIES, without importing torch)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MetricDef:
+    """How one metric is gated by default."""
+
+    kind: str  # memory | comm | time | loss
+    tolerance: float  # relative
+    deterministic: bool = True  # with --strict, an improvement beyond tolerance fails too
+    same_machine: bool = False  # compared only when the machine fingerprint matches
+
+
+_MEM = MetricDef(kind="memory", tolerance=0.01)
+METRICS: dict[str, MetricDef] = {
+    "mem_tracker_peak_bytes": _MEM,
+    "mem_tracker_model_states_bytes": _MEM,
+    **{f"mem_tracker_peak_{cat}_bytes": _MEM for cat in _TRACKER_CATEGORIES},
+    # CUDA caching allocator (GPU runs only): close to deterministic, not exactly
+    "mem_alloc_peak_allocated_bytes": MetricDef(kind="memory", tolerance=0.05, deterministic=False),
+    "comm_total_bytes": MetricDef(kind="comm", tolerance=0.01),
+    "step_time_ratio": MetricDef(kind="time", tolerance=0.25, deterministic=False),
+    "case_step_time_ms": MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
+    "losses": MetricDef(kind="loss", tolerance=1e-4),
+}
+MACHINE_KEYS = ("hostname", "device_name", "torch_version")
+PROVENANCE_KEYS = ("torch_version", "backend", "device", "device_name", "commit", "hostname")
+# a case's step-time reference (ddp by default) is the case that matches it on all of these
+PEER_COLUMNS = (
+    "world_size", "model", "model_args", "precision", "optimizer", "batch_size", "seq_len",
+    "activation_checkpointing", "compile", "cpu_offload", "backend", "device", "warmup_steps", "timed_steps",
+)  # fmt: skip
+
+
+class BaselineError(ValueError):
+    """A baseline file or a threshold is malformed; the message names the file/field."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Threshold:
+    tolerance: float
+    gate: str = "fail"
+
+
+@dataclass(kw_only=True)
+class Comparison:
+    """The outcome: one record per case × metric, and notes about the whole comparison."""
+
+    records: pd.DataFrame
+    machine_matches: bool
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> pd.DataFrame:
+        return self.records[self.records["fails"]]
+
+    @property
+    def passed(self) -> bool:
+        return not bool(self.records["fails"].any()) if not self.records.empty else True
+
+
+# ---- thresholds ---------------------------------------------------------------------------------
+
+
+def parse_threshold(text: str, *, where: str = "--threshold") -> tuple[str, Threshold]:
+    """'METRIC=TOL[:GATE]' (METRIC may be a kind: memory, comm, time, loss); TOL as 0.01 or 1%."""
+    name, sep, value = text.partition("=")
+    tol_text, _, gate = value.partition(":")
+    if not sep or not name:
+        raise BaselineError(f"{where} {text!r}: expected METRIC=TOLERANCE[:GATE], e.g. step_time_ratio=50%:warn")
+    check_metric_name(name.strip(), where=f"{where} {text!r}")
+    return name.strip(), make_threshold({"tolerance": tol_text.strip(), "gate": gate.strip() or "fail"}, where)
+
+
+def make_threshold(raw: Any, where: str) -> Threshold:
+    if not isinstance(raw, Mapping):
+        raise BaselineError(f"{where}: a threshold is {{'tolerance': 0.01, 'gate': 'fail'}}, got {raw!r}")
+    tol = raw.get("tolerance")
+    try:
+        tol = float(tol.rstrip("%")) / 100 if isinstance(tol, str) and tol.endswith("%") else float(tol)
+    except (TypeError, ValueError):
+        raise BaselineError(f"{where}: tolerance {tol!r} is not a number (0.01 or 1%)") from None
+    gate = raw.get("gate", "fail")
+    if gate not in GATES or not (tol >= 0):
+        raise BaselineError(f"{where}: gate must be one of {', '.join(GATES)} and tolerance >= 0 (got {raw!r})")
+    return Threshold(tolerance=tol, gate=gate)
+
+
+def check_metric_name(name: str, *, where: str) -> None:
+    if name not in METRICS and name not in KINDS:
+        raise BaselineError(f"{where}: unknown metric {name!r}; allowed: {', '.join([*KINDS, *METRICS])}")
+
+
+def default_thresholds() -> dict[str, Threshold]:
+    return {name: Threshold(tolerance=m.tolerance) for name, m in METRICS.items()}
+
+
+def resolve_threshold(metric: str, layers: list[Mapping[str, Threshold]]) -> Threshold:
+    """The first layer (highest priority first) naming the metric, or its kind, wins."""
+    for layer in layers:
+        for key in (metric, METRICS[metric].kind):
+            if key in layer:
+                return layer[key]
+    return Threshold(tolerance=METRICS[metric].tolerance)
+
+
+# ---- what a run measured, per case ----------------------------------------------------------------
+
+
+def case_from_row(row: Mapping[str, Any]) -> Case:
+    """Rebuild the Case of a results row (inverse of results.case_columns)."""
+    data: dict[str, Any] = {}
+    for f in dataclasses.fields(Case):
+        col = "timed_steps" if f.name == "steps" else f.name
+        if col not in row:
+            continue
+        value = row[col]
+        value = value.item() if hasattr(value, "item") else value
+        if f.name in ("model_args", "strategy_args") and isinstance(value, str):
+            value = json.loads(value or "{}")
+        elif f.name == "wrap_classes":
+            value = tuple(v for v in str(value or "").split(",") if v)
+        elif isinstance(value, float) and math.isnan(value):
+            value = None
+        data[f.name] = value
+    return Case(**data)
+
+
+def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.DataFrame:
+    """Rename strategies (run → baseline) and recompute case ids, so a plugin's cases match the
+    baseline cases of the strategy it stands in for; the original id stays in ``run_case_id``."""
+    frame = frame.copy()
+    frame["run_case_id"] = frame["case_id"]
+    if not mapping:
+        return frame
+    unknown = set(mapping) - set(frame["strategy"])
+    if unknown:
+        raise BaselineError(f"--map-strategy: {sorted(unknown)} not in the run; its strategies: "
+                            f"{', '.join(sorted(frame['strategy'].unique()))}")  # fmt: skip
+    for i, row in frame.iterrows():
+        if row["strategy"] not in mapping:
+            continue
+        case = case_from_row(row)
+        if case.case_id != row["case_id"]:
+            raise BaselineError(f"--map-strategy: case {row['case_id']}: its id cannot be rebuilt from the "
+                                "results columns (a run from another fsdpbench version?)")  # fmt: skip
+        frame.at[i, "strategy"] = mapping[row["strategy"]]
+        frame.at[i, "case_id"] = case.replace(strategy=mapping[row["strategy"]]).case_id
+    return frame
+
+
+def _num(value: Any) -> float | None:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def case_records(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Per case: status, error, config, memory/comm maxima over ranks, case step time, losses."""
+    out: dict[str, dict[str, Any]] = {}
+    for case_id, g in frame.groupby("case_id", sort=True):
+        first = g.iloc[0]
+        status = first.get("case_status", first.get("status"))
+        rec: dict[str, Any] = {
+            "status": status, "error": str(first.get("case_error", first.get("error")) or ""),
+            "strategy": first["strategy"], "world_size": int(first["world_size"]),
+            "run_case_id": first.get("run_case_id", case_id), "metrics": {},
+            "peers": tuple(str(first[c]) for c in PEER_COLUMNS if c in g.columns),
+        }  # fmt: skip
+        if status == "ok":
+            for name, m in METRICS.items():
+                if m.kind in ("memory", "comm") and name in g.columns and g[name].notna().any():
+                    rec["metrics"][name] = int(g[name].max())
+            step = _num(first.get("case_step_time_ms"))
+            if step is not None:
+                rec["metrics"]["case_step_time_ms"] = step
+            losses = first.get("losses")
+            if losses is not None and len(losses):
+                rec["metrics"]["losses"] = [float(x) for x in losses]
+        out[case_id] = rec
+    return out
+
+
+def pick_time_references(cases: Mapping[str, dict[str, Any]], reference: str = "ddp") -> dict[str, str]:
+    """case id → its step-time reference: a case id (calibration) or the ``reference`` strategy's peer."""
+    ok = {cid: c for cid, c in cases.items() if c["status"] == "ok" and "case_step_time_ms" in c["metrics"]}
+    if reference in cases:
+        return {cid: reference for cid in ok if cid != reference}
+    refs = {c["peers"]: cid for cid, c in sorted(ok.items()) if c["strategy"] == reference}
+    return {cid: refs[c["peers"]] for cid, c in ok.items() if c["peers"] in refs and refs[c["peers"]] != cid}
+
+
+def time_ratio(cases: Mapping[str, dict[str, Any]], case_id: str, ref_id: str) -> float | None:
+    ref = cases.get(ref_id)
+    if not ref or ref["status"] != "ok":
+        return None
+    num, den = cases[case_id]["metrics"].get("case_step_time_ms"), ref["metrics"].get("case_step_time_ms")
+    return num / den if num and den else None
+
+
+def machine_of(frame: pd.DataFrame) -> dict[str, str]:
+    ok = frame[frame.get("status", pd.Series("ok", index=frame.index)) != "skipped"]
+    row = (ok if not ok.empty else frame).iloc[0]
+    return {k: str(row.get(k)) for k in MACHINE_KEYS}
+
+
+# ---- the baseline file ----------------------------------------------------------------------------
+
+
+def build_baseline(
+    frame: pd.DataFrame,
+    run_meta: Mapping[str, Any] | None = None,
+    *,
+    thresholds: Mapping[str, Threshold] | None = None,
+    time_reference: str = "ddp",
+) -> dict[str, Any]:
+    """The baseline document for a run: provenance, thresholds, and one entry per case."""
+    run_meta = run_meta or {}
+    cases = case_records(frame)
+    bad = {cid: c["error"].splitlines()[0][:200] if c["error"] else c["status"]
+           for cid, c in cases.items() if c["status"] not in ("ok", "skipped")}  # fmt: skip
+    if bad:
+        raise BaselineError("cannot write a baseline from a run with failed cases: "
+                            + "; ".join(f"{k}: {v}" for k, v in bad.items()))  # fmt: skip
+    refs = pick_time_references(cases, time_reference)
+    entries: dict[str, Any] = {}
+    for cid, c in cases.items():
+        entry: dict[str, Any] = {"status": c["status"], "strategy": c["strategy"], "world_size": c["world_size"]}
+        if c["status"] == "skipped":
+            entry["reason"] = c["error"]
+        metrics = {k: (round(v, 3) if k == "case_step_time_ms" else v) for k, v in c["metrics"].items()}
+        if "losses" in metrics:
+            metrics["losses"] = [float(f"{x:.7g}") for x in metrics["losses"]]
+        if cid in refs:
+            entry["time_reference"] = refs[cid]
+            ratio = time_ratio(cases, cid, refs[cid])
+            if ratio is not None:
+                metrics["step_time_ratio"] = round(ratio, 4)
+        entry["metrics"] = metrics
+        entries[cid] = entry
+    first = frame.iloc[0]
+    env = run_meta.get("env") or {}
+    provenance = {k: (None if pd.isna(first.get(k)) else str(first.get(k))) for k in PROVENANCE_KEYS}
+    provenance.update(cpu=env.get("cpu"), python_version=env.get("python_version"),
+                      scenario=(run_meta.get("scenario") or {}).get("name") or str(first.get("scenario")),
+                      run_command=run_meta.get("command"), run_started=run_meta.get("started"))  # fmt: skip
+    merged = {**default_thresholds(), **(thresholds or {})}
+    return {
+        "fsdpbench_baseline": BASELINE_FORMAT,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "provenance": provenance,
+        "machine": machine_of(frame),
+        "time_reference": time_reference,
+        "thresholds": {k: dataclasses.asdict(v) for k, v in merged.items()},
+        "cases": entries,
+    }
+
+
+def write_baseline(path: str | Path, baseline: Mapping[str, Any]) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
+
+
+def load_baseline(path: str | Path) -> dict[str, Any]:
+    """Read and check a baseline file; errors name the file and the field."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise BaselineError(f"{path}: cannot read baseline: {exc.strerror}") from None
+    except ValueError as exc:
+        raise BaselineError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or data.get("fsdpbench_baseline") != BASELINE_FORMAT:
+        raise BaselineError(f"{path}: not a fsdpbench baseline (fsdpbench_baseline: {BASELINE_FORMAT} missing); "
+                            "write one with: fsdpbench regress RUN_DIR --write-baseline PATH")  # fmt: skip
+    if not isinstance(data.get("cases"), dict):
+        raise BaselineError(f"{path}: cases: expected a mapping case_id → entry")
+    data["thresholds"] = _thresholds_of(data.get("thresholds") or {}, f"{path}: thresholds")
+    for cid, entry in data["cases"].items():
+        where = f"{path}: cases.{cid}"
+        if not isinstance(entry, dict) or "status" not in entry or not isinstance(entry.get("metrics", {}), dict):
+            raise BaselineError(f"{where}: expected {{status, metrics: {{...}}}}")
+        for name in entry.get("metrics", {}):
+            check_metric_name(name, where=f"{where}.metrics")
+        entry["thresholds"] = _thresholds_of(entry.get("thresholds") or {}, f"{where}.thresholds")
+    return data
+
+
+def _as_thresholds(raw: Any, where: str) -> dict[str, Threshold]:
+    """Thresholds as loaded (Threshold) or as in the JSON (dicts)."""
+    raw = raw or {}
+    if all(isinstance(v, Threshold) for v in raw.values()):
+        return dict(raw)
+    return _thresholds_of(raw, where)
+
+
+def _thresholds_of(raw: Any, where: str) -> dict[str, Threshold]:
+    if not isinstance(raw, dict):
+        raise BaselineError(f"{where}: expected a mapping metric → {{tolerance, gate}}")
+    out = {}
+    for name, value in raw.items():
+        check_metric_name(name, where=where)
+        out[name] = make_threshold(value, f"{where}.{name}")
+    return out
+
+
+# ---- the comparison -------------------------------------------------------------------------------
+
+
+def compare(
+    baseline: Mapping[str, Any],
+    frame: pd.DataFrame,
+    *,
+    thresholds: Mapping[str, Threshold] | None = None,
+    gates: Mapping[str, str] | None = None,
+    strict: bool = False,
+) -> Comparison:
+    """Every baseline case × metric against the run in ``frame`` (after any strategy mapping).
+
+    ``thresholds`` (metric or kind → Threshold) override the baseline's; ``gates`` (metric or kind →
+    fail|warn|off) override only the gate, e.g. ``{"time": "warn"}``; ``strict`` fails a
+    deterministic metric that improved beyond its tolerance (the baseline is stale).
+    """
+    cases = case_records(frame)
+    machine_now = machine_of(frame)
+    machine_base = baseline.get("machine") or {}
+    differs = [k for k in MACHINE_KEYS if str(machine_base.get(k)) != machine_now[k]]
+    notes = [f"machine differs ({', '.join(f'{k}: {machine_base.get(k)} → {machine_now[k]}' for k in differs)}): "
+             "absolute step times not compared"] if differs else []  # fmt: skip
+    if "torch_version" in differs:
+        notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
+    rows: list[dict[str, Any]] = []
+    for cid, entry in sorted(baseline["cases"].items()):
+        layers = [thresholds or {}, _as_thresholds(entry.get("thresholds"), f"cases.{cid}.thresholds"),
+                  _as_thresholds(baseline.get("thresholds"), "thresholds")]  # fmt: skip
+        now = cases.get(cid)
+        rows += _compare_case(cid, entry, now, cases, layers, gates or {}, strict=strict,
+                              machine_differs=bool(differs))
+    for cid in sorted(set(cases) - set(baseline["cases"])):
+        rows.append(_row(cid, "case", None, None, None, None, "new", False,
+                         f"not in the baseline (status {cases[cid]['status']}); add it by re-writing the baseline",
+                         run_case_id=cases[cid]["run_case_id"]))  # fmt: skip
+    return Comparison(records=pd.DataFrame(rows, columns=_COLUMNS), machine_matches=not differs, notes=notes)
+
+
+_COLUMNS = ["case_id", "metric", "kind", "baseline", "now", "change", "tolerance", "gate", "verdict", "fails",
+            "note", "run_case_id"]  # fmt: skip
+
+
+def _row(cid, metric, base, now, change, threshold, verdict, fails, note="", *, run_case_id=None) -> dict:
+    kind = METRICS[metric].kind if metric in METRICS else "case"
+    return dict(case_id=cid, metric=metric, kind=kind, baseline=base, now=now, change=change,
+                tolerance=threshold.tolerance if threshold else None, gate=threshold.gate if threshold else None,
+                verdict=verdict, fails=fails, note=note, run_case_id=run_case_id or cid)  # fmt: skip
+
+
+def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_differs) -> list[dict]:
+    if now is None:
+        return [_row(cid, "case", entry["status"], None, None, None, "missing", True, "case not in the run")]
+    if entry["status"] == "skipped" or now["status"] != "ok":
+        error = now["error"].splitlines()[0][:200] if now["error"] else ""
+        if entry["status"] == now["status"]:
+            verdict, note = "ok", ""
+        elif now["status"] == "ok":  # skipped in the baseline, runs now
+            verdict, note = "new", "was skipped in the baseline; re-write the baseline to gate it"
+        else:
+            verdict, note = ("missing" if now["status"] == "skipped" else "failed"), f"{now['status']} in the run: {error}"
+        return [_row(cid, "case", entry["status"], now["status"], None, None, verdict, verdict in FAILING, note,
+                     run_case_id=now["run_case_id"])]  # fmt: skip
+    out = []
+    metrics_now = dict(now["metrics"])
+    ref = entry.get("time_reference")
+    if ref:
+        metrics_now["step_time_ratio"] = time_ratio(cases, cid, ref)
+    for metric, base in sorted(entry.get("metrics", {}).items(), key=lambda kv: (KINDS.index(METRICS[kv[0]].kind), kv[0])):
+        th = resolve_threshold(metric, layers)
+        gate = gates.get(metric, gates.get(METRICS[metric].kind))
+        th = dataclasses.replace(th, gate=gate) if gate else th
+        if th.gate == "off":
+            continue
+        row = _compare_metric(metric, base, metrics_now.get(metric), th, strict=strict,
+                              machine_differs=machine_differs, ref=ref)  # fmt: skip
+        out.append(_row(cid, metric, *row, run_case_id=now["run_case_id"]))
+    return out
+
+
+def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs, ref):
+    """(baseline, now, change, threshold, verdict, fails, note) for one metric of one case."""
+    m = METRICS[metric]
+    if metric == "losses":
+        return _compare_losses(base, now, th)
+    if now is None:
+        note = f"reference case {ref} not ok in the run" if metric == "step_time_ratio" else "not measured in the run"
+        return base, None, None, th, "missing", th.gate == "fail", note
+    if m.same_machine and machine_differs:
+        return base, now, _rel(base, now), th, "not compared", False, "machine differs"
+    change = _rel(base, now)
+    if change > th.tolerance:
+        verdict, fails = ("regressed", True) if th.gate == "fail" else ("warn", False)
+    elif change < -th.tolerance:
+        verdict = "improved"
+        fails = strict and m.deterministic and th.gate == "fail"
+    else:
+        verdict, fails = "ok", False
+    note = f"vs {ref}" if metric == "step_time_ratio" else ""
+    if verdict == "improved":
+        note = (note + "; " if note else "") + "update the baseline"
+    return base, now, change, th, verdict, fails, note
+
+
+def _compare_losses(base, now, th: Threshold):
+    if not now:
+        return base[-1], None, None, th, "missing", th.gate == "fail", "no losses in the run"
+    if len(now) != len(base):
+        return base[-1], now[-1], None, th, "changed", th.gate == "fail", f"{len(now)} steps vs {len(base)}"
+    change = max(abs(n - b) / max(abs(b), 1e-12) for n, b in zip(now, base))
+    bad = change > th.tolerance
+    verdict = ("changed" if th.gate == "fail" else "warn") if bad else "ok"
+    note = "max relative difference over steps; a changed loss means a different training run" if bad else ""
+    return base[-1], now[-1], change, th, verdict, bad and th.gate == "fail", note
+
+
+def _rel(base: float, now: float) -> float:
+    if base == 0:
+        return 0.0 if now == 0 else math.inf
+    return (now - base) / abs(base)
