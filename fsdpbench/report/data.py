@@ -1,0 +1,307 @@
+"""Load one or several run directories into frames for the report: rows, one row per case, timelines.
+
+Every frame carries a ``run`` label (the run directory's ``<parent>/<name>``), so several runs can
+be overlaid. Columns another part of fsdpbench has not written yet are simply absent; the figures
+check for them and say what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from fsdpbench.metrics.tracker import CATEGORIES
+
+STRATEGY_ORDER = ("ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp1")
+# configuration columns that may vary in a scenario (besides strategy and world size); a case's label
+# names those that do
+AXES = (
+    "model", "model_args", "shard_size", "wrap", "prefetch", "precision", "optimizer", "batch_size", "seq_len",
+    "activation_checkpointing", "compile", "cpu_offload", "backward_prefetch", "forward_prefetch",
+    "limit_all_gathers", "strategy_args",
+)  # fmt: skip
+FAILED_STATUSES = ("failed", "timeout", "oom")
+_FIRST = (
+    "scenario", "strategy", "world_size", "shard_size", "model", "model_args", "params", "wrap", "n_units",
+    "prefetch", "precision", "optimizer", "batch_size", "global_batch_size", "seq_len", "warmup_steps",
+    "timed_steps", "backend", "device", "device_name", "activation_checkpointing", "compile", "cpu_offload",
+    "backward_prefetch", "forward_prefetch", "limit_all_gathers", "strategy_args", "torch_version", "commit",
+    "case_step_time_ms", "throughput_samples_s", "throughput_tokens_s", "case_wall_s", "loss_first", "loss_final",
+)  # fmt: skip
+TRACKER_PEAK_COLUMNS = ("mem_tracker_peak_bytes", *(f"mem_tracker_peak_{c}_bytes" for c in CATEGORIES))
+
+
+@dataclass(kw_only=True)
+class RunData:
+    """One run directory as the report sees it."""
+
+    run: str
+    run_dir: Path
+    meta: dict[str, Any]
+    results: pd.DataFrame
+    timelines: pd.DataFrame
+
+
+@dataclass(kw_only=True)
+class ReportData:
+    """Every run of a report: all rows, one row per case, memory timelines."""
+
+    runs: list[RunData]
+    results: pd.DataFrame
+    cases: pd.DataFrame
+    timelines: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+def run_label(run_dir: Path) -> str:
+    run_dir = Path(run_dir).resolve()
+    return f"{run_dir.parent.name}/{run_dir.name}" if run_dir.parent.name else run_dir.name
+
+
+def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
+    """Rows, run.json and timelines of one run directory; raises FileNotFoundError naming it."""
+    from fsdpbench.results import RunStore, load_results
+
+    run_dir = Path(run_dir)
+    if not (run_dir / "run.json").exists() and not (run_dir / "results.parquet").exists():
+        raise FileNotFoundError(f"{run_dir}: not a run directory (no run.json or results.parquet)")
+    label = label or run_label(run_dir)
+    results = load_results(run_dir).copy()
+    results.insert(0, "run", label)
+    meta = RunStore(run_dir).read_run_json()
+    return RunData(run=label, run_dir=run_dir, meta=meta, results=results, timelines=load_timelines(run_dir, label))
+
+
+def load_timelines(run_dir: Path, label: str) -> pd.DataFrame:
+    """cases/<case_id>/timeline.parquet of every case (columns case_id, rank, t_s, bytes, phase, source)."""
+    frames = []
+    for path in sorted(Path(run_dir).glob("cases/*/timeline.parquet")):
+        try:
+            frame = pd.read_parquet(path)
+        except (OSError, ValueError):
+            continue
+        if frame.empty:
+            continue
+        if "case_id" not in frame:
+            frame["case_id"] = path.parent.name
+        frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=["run", "case_id", "rank", "t_s", "bytes", "phase", "source"])
+    out = pd.concat(frames, ignore_index=True)
+    out.insert(0, "run", label)
+    return out
+
+
+def load_runs(run_dirs: list[str | Path]) -> ReportData:
+    """Several run directories, labelled so that their cases can be told apart."""
+    labels = [run_label(Path(d)) for d in run_dirs]
+    if len(set(labels)) < len(labels):  # same parent/name twice: fall back to full paths
+        labels = [str(Path(d).resolve()) for d in run_dirs]
+    runs = [load_run(d, label) for d, label in zip(run_dirs, labels)]
+    results = pd.concat([r.results for r in runs], ignore_index=True) if runs else pd.DataFrame()
+    timelines = [r.timelines for r in runs if not r.timelines.empty]
+    return ReportData(
+        runs=runs,
+        results=results,
+        cases=build_case_frame(results),
+        timelines=pd.concat(timelines, ignore_index=True) if timelines else pd.DataFrame(),
+    )
+
+
+def build_case_frame(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per run × case: configuration, the slowest rank's time, the largest rank's memory.
+
+    Memory by category comes from the rank with the largest tracker peak (so the categories add up
+    to that peak); other memory sources take the maximum over ranks; communication and overlap the
+    mean over ranks. Prediction errors are (pred - measured) / measured, from the columns when the
+    memory model wrote them, else computed here from pred_* and the same measurement.
+    """
+    if results.empty:
+        return pd.DataFrame(columns=["run", "case_id", "status", "label"])
+    if "run" not in results:
+        results = results.assign(run="run")
+    rows = []
+    for (run, case_id), group in results.groupby(["run", "case_id"], sort=False):
+        rows.append(_case_row(run, case_id, group))
+    cases = pd.DataFrame(rows)
+    cases["strategy_rank"] = cases["strategy"].map(_strategy_rank)
+    sort = [c for c in ("run", "model", "world_size", "strategy_rank", "wrap", "prefetch", "precision") if c in cases]
+    cases = cases.sort_values(sort, kind="stable", na_position="last").reset_index(drop=True)
+    cases["ranks_label"] = [ranks_label(r.world_size, r.device, r.backend) for r in cases.itertuples()]
+    cases["label"] = case_labels(cases)
+    return cases
+
+
+def _case_row(run: str, case_id: str, group: pd.DataFrame) -> dict[str, Any]:
+    first = group.iloc[0]
+    row: dict[str, Any] = {"run": run, "case_id": case_id}
+    for col in _FIRST:
+        if col in group:
+            row[col] = first[col]
+    status = first.get("case_status") if "case_status" in group else None
+    row["status"] = status if isinstance(status, str) and status else first.get("status", "unknown")
+    error = first.get("case_error") if "case_error" in group else None
+    if not (isinstance(error, str) and error):
+        errors = [e for e in group.get("error", pd.Series(dtype=str)) if isinstance(e, str) and e]
+        error = errors[0] if errors else ""
+    row["error"] = error
+    ranks = group[group["rank"] >= 0] if "rank" in group else group
+    row["n_ranks_reported"] = len(ranks)
+    _add_time(row, ranks)
+    _add_memory(row, ranks)
+    # predictions of the rank whose measurement they are compared with (the largest peak)
+    pred_row = ranks.loc[ranks["rank"] == row["peak_rank"]].iloc[0] if "peak_rank" in row else first
+    for col in group.columns:
+        if col.startswith(("comm_", "overlap_")):
+            row[col] = _mean(ranks[col]) if len(ranks) else np.nan
+        elif col.startswith(("pred_", "traced_")):
+            row[col] = pred_row[col]
+    _add_errors(row)
+    return row
+
+
+def _add_time(row: dict[str, Any], ranks: pd.DataFrame) -> None:
+    """Step time of the slowest rank with its p10/p90 spread (the case's step time is that rank's median)."""
+    if "step_time_ms" not in ranks or ranks["step_time_ms"].isna().all():
+        return
+    slow = ranks.loc[ranks["step_time_ms"].idxmax()]
+    row["step_time_ms"] = row.get("case_step_time_ms") if _ok(row.get("case_step_time_ms")) else slow["step_time_ms"]
+    for col in ("step_time_p10_ms", "step_time_p90_ms", "step_time_mean_ms", "step_time_std_ms"):
+        if col in slow:
+            row[col] = slow[col]
+    row["slowest_rank"] = int(slow["rank"]) if "rank" in slow else 0
+
+
+def _add_memory(row: dict[str, Any], ranks: pd.DataFrame) -> None:
+    if "mem_tracker_peak_bytes" in ranks and ranks["mem_tracker_peak_bytes"].notna().any():
+        peak = ranks.loc[pd.to_numeric(ranks["mem_tracker_peak_bytes"], errors="coerce").idxmax()]
+        for col in TRACKER_PEAK_COLUMNS:
+            if col in peak:
+                row[col] = peak[col]
+        row["peak_rank"] = int(peak["rank"]) if "rank" in peak else 0
+    for col in ranks.columns:
+        if col.startswith("mem_") and col not in TRACKER_PEAK_COLUMNS:
+            values = pd.to_numeric(ranks[col], errors="coerce")
+            row[col] = values.max() if values.notna().any() else np.nan
+
+
+def _add_errors(row: dict[str, Any]) -> None:
+    pairs = {
+        "pred_peak_err": ("pred_peak_bytes", "mem_tracker_peak_bytes"),
+        "pred_model_states_err": ("pred_model_states_bytes", "mem_tracker_model_states_bytes"),
+        "traced_peak_err": ("traced_peak_bytes", "mem_tracker_peak_bytes"),
+    }
+    for err_col, (pred_col, meas_col) in pairs.items():
+        if _ok(row.get(err_col)):
+            continue
+        pred, meas = row.get(pred_col), row.get(meas_col)
+        if _ok(pred) and _ok(meas) and meas:
+            row[err_col] = (float(pred) - float(meas)) / float(meas)
+
+
+def _mean(values: pd.Series) -> float:
+    values = pd.to_numeric(values, errors="coerce")
+    return float(values.mean()) if values.notna().any() else np.nan
+
+
+def _ok(value: Any) -> bool:
+    """A number that is there (not None/NaN)."""
+    try:
+        return value is not None and not pd.isna(value)
+    except (TypeError, ValueError):
+        return False
+
+
+def has_values(frame: pd.DataFrame, column: str) -> bool:
+    return column in frame and pd.to_numeric(frame[column], errors="coerce").notna().any()
+
+
+def _strategy_rank(name: Any) -> int:
+    return STRATEGY_ORDER.index(name) if name in STRATEGY_ORDER else len(STRATEGY_ORDER)
+
+
+def ranks_label(world_size: Any, device: Any, backend: Any) -> str:
+    """'4 CPU ranks (gloo)' or '4 GPUs (NCCL)': a CPU rank is never called a GPU."""
+    n = int(world_size) if _ok(world_size) else 0
+    backend_name = str(backend) if _ok(backend) else "?"
+    if device == "cuda":
+        return f"{n} GPU{'s' if n != 1 else ''} ({backend_name.upper()})"
+    return f"{n} CPU rank{'s' if n != 1 else ''} ({backend_name})"
+
+
+# axes that a strategy normalises (DDP has no wrap, only HSDP a shard size): only variation within a strategy counts
+_PER_STRATEGY_AXES = ("wrap", "shard_size")
+
+
+def varying_axes(cases: pd.DataFrame, axes: tuple[str, ...] = AXES) -> list[str]:
+    """The configuration columns that take more than one value among these cases."""
+    out = []
+    for axis in axes:
+        if axis not in cases:
+            continue
+        if axis in _PER_STRATEGY_AXES and "strategy" in cases:
+            varies = any(sub[axis].astype(str).nunique() > 1 for _, sub in cases.groupby("strategy"))
+        else:
+            varies = cases[axis].astype(str).nunique(dropna=False) > 1
+        if varies:
+            out.append(axis)
+    return out
+
+
+def axis_text(axis: str, value: Any) -> str:
+    if axis == "model_args":
+        try:
+            args = json.loads(value) if isinstance(value, str) else dict(value)
+        except (TypeError, ValueError):
+            return str(value)
+        return ",".join(f"{k}={v}" for k, v in sorted(args.items())) or "default args"
+    if axis == "shard_size":
+        return f"shard={int(value)}" if _ok(value) else ""
+    if axis == "prefetch":
+        return f"prefetch={value}"
+    if axis in ("precision", "model"):
+        return str(value)
+    if isinstance(value, (bool, np.bool_)):
+        return axis if value else f"no {axis}"
+    return f"{axis}={value}"
+
+
+def case_labels(cases: pd.DataFrame) -> list[str]:
+    """Short unique labels: strategy, ranks and only the axes that vary (and the run when several)."""
+    axes = varying_axes(cases)
+    several_runs = "run" in cases and cases["run"].nunique() > 1
+    labels = []
+    for _, r in cases.iterrows():
+        parts = [str(r.get("strategy")), f"n{int(r['world_size'])}" if _ok(r.get("world_size")) else "n?"]
+        if r.get("strategy") == "hsdp" and "shard_size" not in axes and _ok(r.get("shard_size")):
+            parts.append(f"shard={int(r['shard_size'])}")
+        parts += [t for t in (axis_text(a, r.get(a)) for a in axes if not _unused(a, r.get("strategy"))) if t]
+        if several_runs:
+            parts.append(f"[{r['run']}]")
+        labels.append(" ".join(parts))
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):  # still equal (e.g. a field outside AXES): add the id's hash
+        if label in seen:
+            labels[i] = f"{label} ({cases.iloc[i]['case_id'].rsplit('_', 1)[-1]})"
+        seen[label] = i
+    return labels
+
+
+def _unused(axis: str, strategy: Any) -> bool:
+    """An axis that this strategy does not use (DDP/ZeRO-1 have no wrap), so its label leaves it out."""
+    if axis != "wrap":
+        return False
+    from fsdpbench.strategies import get_strategy
+
+    try:
+        return not get_strategy(str(strategy)).uses_wrap
+    except (KeyError, ValueError, ImportError):
+        return False
+
+
+def ok_cases(cases: pd.DataFrame) -> pd.DataFrame:
+    return cases[cases["status"] == "ok"] if "status" in cases else cases

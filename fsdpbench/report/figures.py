@@ -1,0 +1,268 @@
+"""Memory figures of the report, built from the case frame (``data.build_case_frame``) and timelines.
+
+Each ``build_*_panel`` returns a ``Panel``: a plotly figure and its caption, or, when the data for
+it is absent, no figure and the reason. Nothing here needs a browser. Time and communication
+figures are in ``figures_perf.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from fsdpbench.report.data import axis_text, has_values, ok_cases, varying_axes
+from fsdpbench.report.panel import (
+    MEMORY_SOURCES, TRACKER_SOURCE, Panel, base_layout, byte_unit, describe_ranks, fmt_pct, strategy_color,
+)  # fmt: skip
+
+# measured tracker categories (at the peak) and predicted terms, grouped the same way
+BREAKDOWN_MEASURED = {
+    "params": ("params",),
+    "grads": ("grads",),
+    "optimizer state": ("optim",),
+    "activations": ("activations",),
+    "unsharded params/grads + comm buffers": ("params_unsharded", "grads_unsharded", "all_gather", "reduce_scatter"),
+    "other": ("temp", "inputs", "buffers", "other"),
+}
+BREAKDOWN_PREDICTED = {
+    "params": ("pred_params_bytes",),
+    "grads": ("pred_grads_bytes",),
+    "optimizer state": ("pred_optim_bytes",),
+    "activations": ("pred_activations_bytes",),
+    "unsharded params/grads + comm buffers": ("pred_unsharded_bytes", "pred_comm_buffers_bytes"),
+    "other": ("pred_padding_bytes",),
+}
+BREAKDOWN_COLORS = {
+    "params": "#4C78A8", "grads": "#F58518", "optimizer state": "#54A24B", "activations": "#B279A2",
+    "unsharded params/grads + comm buffers": "#E45756", "other": "#BAB0AC",
+}  # fmt: skip
+_SCALING_LINES = (  # (column, what, dash)
+    ("pred_peak_bytes", "analytic peak", "solid"),
+    ("pred_model_states_bytes", "analytic model states", "dash"),
+    ("traced_peak_bytes", "traced peak", "dot"),
+    ("traced_model_states_bytes", "traced model states", "dashdot"),
+)
+
+
+def series_key_axes(cases: pd.DataFrame) -> list[str]:
+    """Axes besides strategy and world size that split the cases into separate lines."""
+    return [a for a in varying_axes(cases) if a != "shard_size"]
+
+
+def series_name(row: Any, axes: list[str], several_runs: bool) -> str:
+    parts = [str(row["strategy"])]
+    if row.get("strategy") == "hsdp" and pd.notna(row.get("shard_size")):
+        parts.append(f"shard={int(row['shard_size'])}")
+    parts += [axis_text(a, row.get(a)) for a in axes]
+    if several_runs:
+        parts.append(f"[{row['run']}]")
+    return " ".join(p for p in parts if p)
+
+
+def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
+    """Per-rank memory vs world size: measured tracker peaks/model states as markers, predictions as lines."""
+    title = "Memory per rank vs world size — the (P+G+K)·Ψ/N check"
+    ok = ok_cases(cases)
+    ok = ok[pd.to_numeric(ok.get("mem_tracker_peak_bytes"), errors="coerce").notna()] if len(ok) else ok
+    if ok.empty or "mem_tracker_peak_bytes" not in ok:
+        return Panel(key="memory_scaling", title=title, caption="",
+                     missing="not measured in this run: no case finished with a tracker peak (mem_tracker_peak_bytes)")
+    value_cols = ["mem_tracker_peak_bytes", "mem_tracker_model_states_bytes"] + [c for c, _, _ in _SCALING_LINES]
+    unit, div = byte_unit([v for c in value_cols if c in ok for v in ok[c]])
+    axes = series_key_axes(ok)
+    several_runs = ok["run"].nunique() > 1 if "run" in ok else False
+    names = [series_name(r, axes, several_runs) for _, r in ok.iterrows()]
+    ok = ok.assign(_series=names)
+    fig = go.Figure()
+    for name, sub in ok.groupby("_series", sort=False):
+        sub = sub.sort_values("world_size")
+        color = strategy_color(sub["strategy"].iloc[0])
+        group = dict(legendgroup=name, legendgrouptitle_text=name)
+        fig.add_trace(go.Scatter(
+            x=sub["world_size"].tolist(), y=(sub["mem_tracker_peak_bytes"] / div).tolist(), mode="markers",
+            name="measured peak", marker=dict(color=color, size=11, symbol="circle"), **group,
+            text=[_scaling_hover(r, unit, div) for _, r in sub.iterrows()], hoverinfo="text",
+        ))  # fmt: skip
+        if has_values(sub, "mem_tracker_model_states_bytes"):
+            fig.add_trace(go.Scatter(
+                x=sub["world_size"].tolist(), y=(sub["mem_tracker_model_states_bytes"] / div).tolist(),
+                mode="markers", name="measured model states", **group,
+                marker=dict(color=color, size=10, symbol="diamond-open", line=dict(width=2)),
+            ))  # fmt: skip
+        for col, what, dash in _SCALING_LINES:
+            if has_values(sub, col):
+                pts = sub[sub[col].notna()]
+                fig.add_trace(go.Scatter(
+                    x=pts["world_size"].tolist(), y=(pts[col] / div).tolist(), mode="lines+markers" if len(pts) == 1
+                    else "lines", name=what, line=dict(color=color, dash=dash, width=2),
+                    marker=dict(symbol="line-ew-open", size=14, color=color), **group,
+                ))  # fmt: skip
+    sizes = sorted({int(n) for n in ok["world_size"]})
+    fig.update_layout(**base_layout(
+        xaxis=dict(title="world size N (ranks)", type="log", tickvals=sizes, ticktext=[str(n) for n in sizes]),
+        yaxis=dict(title=f"memory per rank ({unit})", rangemode="tozero"), height=520,
+    ))  # fmt: skip
+    notes = []
+    if not has_values(ok, "pred_peak_bytes") and not has_values(ok, "pred_model_states_bytes"):
+        notes.append("analytic prediction not in this run: no pred_* columns (the memory model did not run)")
+    if not any(has_values(ok, c) for c in ("traced_peak_bytes", "traced_model_states_bytes")):
+        notes.append("traced prediction not in this run: no traced_* columns")
+    caption = (
+        f"Per-rank memory against world size N, one colour per strategy. Markers are measured by the "
+        f"{TRACKER_SOURCE} in the memory-tracked step: ● total at the peak of the largest rank, "
+        f"◇ model states (params + grads + optimizer state after optimizer.step). Lines are predictions for the "
+        f"same cases: solid = analytic peak, dashed = analytic model states (P+G+K)·Ψ/N, dotted = traced. "
+        f"Ranks: {describe_ranks(ok)}."
+    )
+    return Panel(key="memory_scaling", title=title, caption=caption, figure=fig, notes=notes)
+
+
+def _scaling_hover(row: Any, unit: str, div: float) -> str:
+    lines = [f"<b>{row['label']}</b>", f"measured peak {row['mem_tracker_peak_bytes'] / div:.2f} {unit}"
+             f" (rank {row.get('peak_rank', '?')}, tracker)"]  # fmt: skip
+    if pd.notna(row.get("mem_tracker_model_states_bytes")):
+        lines.append(f"measured model states {row['mem_tracker_model_states_bytes'] / div:.2f} {unit}")
+    for col, what, err in (("pred_peak_bytes", "analytic peak", "pred_peak_err"),
+                           ("pred_model_states_bytes", "analytic model states", "pred_model_states_err"),
+                           ("traced_peak_bytes", "traced peak", "traced_peak_err")):  # fmt: skip
+        if pd.notna(row.get(col)):
+            lines.append(f"{what} {row[col] / div:.2f} {unit} (error {fmt_pct(row.get(err))})")
+    return "<br>".join(lines)
+
+
+def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
+    """Stacked bars per case: memory at the peak by category, measured (tracker) beside predicted."""
+    title = "Memory breakdown at the peak, per case"
+    ok = ok_cases(cases)
+    ok = ok[pd.to_numeric(ok.get("mem_tracker_peak_bytes"), errors="coerce").notna()] if len(ok) else ok
+    if ok.empty:
+        return Panel(key="memory_breakdown", title=title, caption="",
+                     missing="not measured in this run: no case finished with tracker memory by category")
+    has_pred = any(has_values(ok, c) for cols in BREAKDOWN_PREDICTED.values() for c in cols)
+    labels = ok["label"].tolist()
+    kinds = ["measured", "predicted"] if has_pred else ["measured"]
+    # horizontal bars, one row per case (and kind), so that long case labels stay readable
+    y = [[lab for lab in labels for _ in kinds], [k for _ in labels for k in kinds]] if has_pred else labels
+    measured = {g: sum(_col(ok, f"mem_tracker_peak_{c}_bytes") for c in cols) for g, cols in BREAKDOWN_MEASURED.items()}
+    predicted = {g: sum(_col(ok, c) for c in cols) for g, cols in BREAKDOWN_PREDICTED.items()}
+    if has_pred and has_values(ok, "pred_peak_bytes"):  # a peak the named terms do not explain goes to 'other'
+        named = sum(predicted.values())
+        predicted["other"] = predicted["other"] + (_col(ok, "pred_peak_bytes") - named).clip(lower=0)
+    unit, div = byte_unit(list(ok["mem_tracker_peak_bytes"]) + list(_col(ok, "pred_peak_bytes")))
+    fig = go.Figure()
+    for group in BREAKDOWN_MEASURED:
+        x = []
+        for i in range(len(labels)):
+            x.append(float(measured[group].iloc[i]) / div)
+            if has_pred:
+                x.append(float(predicted[group].iloc[i]) / div)
+        fig.add_trace(go.Bar(x=x, y=y, orientation="h", name=group, marker_color=BREAKDOWN_COLORS[group],
+                             hovertemplate=f"%{{y}}<br>{group}: %{{x:.2f}} {unit}<extra></extra>"))  # fmt: skip
+    ty, tx, tt = ([[], []] if has_pred else []), [], []  # totals beside the bars: measured, predicted (error)
+    for i, (_, row) in enumerate(ok.iterrows()):
+        rows = [("measured", row["mem_tracker_peak_bytes"], "")]
+        if has_pred and pd.notna(row.get("pred_peak_bytes")):
+            rows.append(("predicted", row["pred_peak_bytes"], f" ({fmt_pct(row.get('pred_peak_err'))})"))
+        for kind, total, extra in rows:
+            if has_pred:
+                ty[0].append(labels[i]), ty[1].append(kind)
+            else:
+                ty.append(labels[i])
+            tx.append(total / div), tt.append(f" {total / div:.2f}{extra}")
+    fig.add_trace(go.Scatter(x=tx, y=ty, text=tt, mode="text", textposition="middle right", name="total",
+                             showlegend=False, textfont=dict(size=10), hoverinfo="skip"))
+    n_bars = len(labels) * len(kinds)
+    fig.update_layout(**base_layout(
+        barmode="stack", xaxis=dict(title=f"memory per rank at the peak ({unit})", range=[0, max(tx) * 1.2]),
+        yaxis=dict(autorange="reversed", type="multicategory" if has_pred else "category"),
+        height=max(360, 22 * n_bars + 140), margin=dict(l=70, r=30, t=30, b=60),
+        legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", traceorder="normal"),
+    ))  # fmt: skip
+    notes = [] if has_pred else ["prediction not in this run: no pred_* columns (the memory model did not run)"]
+    caption = (
+        f"Memory of the rank with the largest peak, by category, at the moment of its peak in the memory-tracked "
+        f"step; measured = {TRACKER_SOURCE}, predicted = the analytic model for the same case (label: predicted "
+        f"peak and its error against the measured peak). Ranks: {describe_ranks(ok)}."
+    )
+    return Panel(key="memory_breakdown", title=title, caption=caption, figure=fig, notes=notes)
+
+
+def _col(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A numeric column with NaN as 0, or zeros when the column is absent."""
+    if name not in frame:
+        return pd.Series(0.0, index=frame.index)
+    return pd.to_numeric(frame[name], errors="coerce").fillna(0.0).astype(float)
+
+
+def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) -> Panel:
+    """Memory over one run of a case per rank (NVML/RSS/...), phases shaded; a menu picks the case."""
+    title = "Memory timeline per rank"
+    if timelines is None or timelines.empty or not {"case_id", "t_s", "bytes"} <= set(timelines.columns):
+        return Panel(key="memory_timeline", title=title, caption="",
+                     missing="not measured in this run: no cases/<case_id>/timeline.parquet "
+                             "(memory was not sampled over time by this run's worker)")  # fmt: skip
+    tl = timelines.copy()
+    if "run" not in tl:
+        tl["run"] = cases["run"].iloc[0] if "run" in cases and len(cases) else "run"
+    for col, default in (("rank", 0), ("phase", ""), ("source", "sampled")):
+        if col not in tl:
+            tl[col] = default
+    labels = dict(zip(zip(cases.get("run", []), cases.get("case_id", [])), cases.get("label", [])))
+    keys = [k for k in labels if k in set(zip(tl["run"], tl["case_id"]))]
+    keys += [k for k in dict.fromkeys(zip(tl["run"], tl["case_id"])) if k not in labels]
+    unit, div = byte_unit(tl["bytes"])
+    fig = go.Figure()
+    owners: list[int] = []
+    menus = []
+    for i, key in enumerate(keys):
+        sub = tl[(tl["run"] == key[0]) & (tl["case_id"] == key[1])]
+        for (rank, source), line in sub.groupby(["rank", "source"], sort=True):
+            line = line.sort_values("t_s")
+            fig.add_trace(go.Scatter(
+                x=line["t_s"].tolist(), y=(line["bytes"] / div).tolist(), mode="lines", visible=i == 0,
+                name=f"rank {rank} · {source}", customdata=line["phase"].astype(str).tolist(),
+                hovertemplate=f"rank {rank} ({source})<br>t=%{{x:.3f}} s<br>%{{y:.2f}} {unit}<br>phase %{{customdata}}"
+                "<extra></extra>",
+            ))  # fmt: skip
+            owners.append(i)
+        shapes, notes = _phase_bands(sub)
+        menus.append((labels.get(key, key[1]), shapes, notes))
+    buttons = [
+        dict(label=label, method="update",
+             args=[{"visible": [o == i for o in owners]}, {"shapes": shapes, "annotations": notes}])
+        for i, (label, shapes, notes) in enumerate(menus)
+    ]  # fmt: skip
+    fig.update_layout(**base_layout(
+        xaxis=dict(title="time since the rank's sampler started (s)"), yaxis=dict(title=f"memory ({unit})"),
+        shapes=menus[0][1], annotations=menus[0][2], margin=dict(l=70, r=30, t=80, b=60), showlegend=True,
+        updatemenus=[dict(buttons=buttons, direction="down", x=0, xanchor="left", y=1.18, yanchor="top")]
+        if len(buttons) > 1 else [],
+    ))  # fmt: skip
+    sources = [MEMORY_SOURCES.get(str(s), str(s)) for s in dict.fromkeys(tl["source"])]
+    caption = (
+        f"Memory of each rank over time while the case ran, sampled by {', '.join(sources)}; shaded bands are "
+        f"the worker's phases (rank 0). Pick the case in the menu. Ranks: {describe_ranks(cases)}."
+    )
+    return Panel(key="memory_timeline", title=title, caption=caption, figure=fig)
+
+
+def _phase_bands(sub: pd.DataFrame) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Shaded x-ranges and labels for the contiguous phases of the lowest rank."""
+    if "phase" not in sub or sub["phase"].astype(str).eq("").all():
+        return [], []
+    first = sub[sub["rank"] == sub["rank"].min()].sort_values("t_s")
+    phase = first["phase"].astype(str)
+    block = (phase != phase.shift()).cumsum()
+    shapes, notes = [], []
+    for j, (_, seg) in enumerate(first.groupby(block, sort=True)):
+        name = seg["phase"].iloc[0]
+        if not name:
+            continue
+        x0, x1 = float(seg["t_s"].iloc[0]), float(seg["t_s"].iloc[-1])
+        shapes.append(dict(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, layer="below",
+                           line=dict(width=0), fillcolor="#DDE6F2" if j % 2 == 0 else "#F2E6DD", opacity=0.6))
+        notes.append(dict(x=(x0 + x1) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", text=str(name),
+                          showarrow=False, font=dict(size=10, color="#555")))
+    return shapes, notes

@@ -1,0 +1,102 @@
+"""What every figure function returns, and the wording and units the figures share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from fsdpbench.report.data import STRATEGY_ORDER, has_values
+
+# one colour per strategy, the same in every figure
+STRATEGY_COLORS = {
+    "ddp": "#4C78A8", "zero1": "#72B7B2", "zero2": "#F58518", "zero3": "#E45756", "hsdp": "#54A24B",
+    "fsdp1": "#B279A2",
+}  # fmt: skip
+_EXTRA_COLORS = ("#9D755D", "#EECA3B", "#FF9DA6", "#BAB0AC", "#79706E")
+TRACKER_SOURCE = "tracker (live tensors from PyTorch's memory trackers)"
+MEMORY_SOURCES = {
+    "tracker": TRACKER_SOURCE,
+    "alloc": "CUDA caching allocator",
+    "allocator": "CUDA caching allocator",
+    "nvml": "NVML (device memory of the GPU)",
+    "rss": "RSS (resident memory of the rank process)",
+}
+
+
+@dataclass(kw_only=True)
+class Panel:
+    """One section of the report: a figure (or why there is none) and a one-line caption."""
+
+    key: str
+    title: str
+    caption: str
+    figure: Any = None  # plotly.graph_objects.Figure
+    missing: str | None = None  # shown instead of the figure: "not measured in this run: <why>"
+    notes: list[str] = field(default_factory=list)  # parts of the figure that are absent, and why
+
+
+def strategy_color(strategy: str) -> str:
+    if strategy in STRATEGY_COLORS:
+        return STRATEGY_COLORS[strategy]
+    return _EXTRA_COLORS[sum(map(ord, str(strategy))) % len(_EXTRA_COLORS)]
+
+
+def byte_unit(values: list[float] | pd.Series) -> tuple[str, float]:
+    """('KiB'|'MiB'|'GiB'|'TiB', divisor) so that the largest value reads between 1 and 1024."""
+    nums = pd.to_numeric(pd.Series(list(values), dtype="float64"), errors="coerce").abs().dropna()
+    top = float(nums.max()) if len(nums) else 0.0
+    for unit, div in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20)):
+        if top >= div:
+            return unit, div
+    return "KiB", 2.0**10
+
+
+def fmt_pct(err: Any) -> str:
+    return "—" if err is None or pd.isna(err) else f"{err * 100:+.1f}%"
+
+
+def describe_ranks(cases: pd.DataFrame) -> str:
+    """Which devices the ranks were, in words: 'CPU ranks (gloo) on CPU: AMD EPYC (2 cores)'."""
+    parts = []
+    cols = [c for c in ("device", "backend", "device_name") if c in cases]
+    for key, _ in cases.groupby(cols, dropna=False, sort=False) if cols else []:
+        key = dict(zip(cols, key if isinstance(key, tuple) else (key,)))
+        device, backend, name = key.get("device"), key.get("backend") or "?", key.get("device_name")
+        if device == "cuda":
+            text = f"GPUs ({str(backend).upper()})" + (f": {name}" if isinstance(name, str) else "")
+        else:
+            text = f"CPU ranks ({backend}) standing in for GPUs" + (f", on {name}" if isinstance(name, str) else "")
+        if text not in parts:
+            parts.append(text)
+    return "; ".join(parts) or "ranks of unknown device"
+
+
+def ordered_strategies(cases: pd.DataFrame) -> list[str]:
+    names = list(dict.fromkeys(cases["strategy"].dropna())) if "strategy" in cases else []
+    return sorted(names, key=lambda s: STRATEGY_ORDER.index(s) if s in STRATEGY_ORDER else len(STRATEGY_ORDER))
+
+
+def missing_columns(cases: pd.DataFrame, columns: tuple[str, ...] | list[str]) -> list[str]:
+    return [c for c in columns if not has_values(cases, c)]
+
+
+def steps_text(cases: pd.DataFrame) -> str:
+    """'2 warm-up + 5 timed steps' (or 'varies by case')."""
+    parts = []
+    for col, word in (("warmup_steps", "warm-up"), ("timed_steps", "timed")):
+        if col in cases and cases[col].notna().any():
+            values = sorted({int(v) for v in cases[col].dropna()})
+            parts.append(f"{values[0]} {word}" if len(values) == 1 else f"{values[0]}–{values[-1]} {word}")
+    return (" + ".join(parts) + " steps") if parts else "steps not recorded"
+
+
+def base_layout(**kw: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = dict(
+        template="plotly_white", margin=dict(l=70, r=30, t=40, b=60), height=480,
+        legend=dict(orientation="v", x=1.02, y=1, xanchor="left"), hoverlabel=dict(namelength=-1),
+        font=dict(family="DejaVu Sans, Arial, sans-serif", size=12),
+    )  # fmt: skip
+    layout.update(kw)
+    return layout

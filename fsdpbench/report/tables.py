@@ -1,0 +1,196 @@
+"""Tables of the report and of ``fsdpbench compare``: strategies side by side, every case, the verdict.
+
+Computed here as plain data (numbers and their text); ``page.py`` renders HTML, ``commands/compare.py``
+renders a rich table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pandas as pd
+
+from fsdpbench.report.data import FAILED_STATUSES, case_labels, has_values, ok_cases
+from fsdpbench.report.figures import BREAKDOWN_MEASURED, BREAKDOWN_PREDICTED
+from fsdpbench.report.figures_perf import BASELINE_KEYS
+from fsdpbench.report.panel import fmt_pct
+from fsdpbench.summary import fmt_bytes
+
+TIE_TOLERANCE = 0.005  # values within 0.5% of the best are all winners
+
+
+@dataclass(kw_only=True)
+class CompareRow:
+    """One metric across the compared cases: text per case, and which case wins (None: no winner)."""
+
+    metric: str
+    text: dict[str, str]
+    values: dict[str, float] = field(default_factory=dict)
+    better: str | None = None  # "low" | "high" | None
+    winners: list[str] = field(default_factory=list)
+
+
+def _num(value: Any) -> float | None:
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if out != out else out
+
+
+def _winners(values: dict[str, float], better: str | None) -> list[str]:
+    vals = {k: v for k, v in values.items() if v is not None}
+    if better is None or len(vals) < 2:
+        return []
+    best = min(vals.values()) if better == "low" else max(vals.values())
+    if all(abs(v - best) <= TIE_TOLERANCE * max(abs(best), 1e-12) for v in vals.values()):
+        return []  # everyone equal: no winner
+    return [k for k, v in vals.items() if abs(v - best) <= TIE_TOLERANCE * max(abs(best), 1e-12)]
+
+
+def _sum_cols(row: pd.Series, cols: tuple[str, ...]) -> float | None:
+    vals = [_num(row.get(c)) for c in cols if c in row.index]
+    vals = [v for v in vals if v is not None]
+    return sum(vals) if vals else None
+
+
+def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
+    """Metrics as rows, cases (by label) as columns: memory by category measured / predicted, time, comm."""
+    cols = {r["label"]: r for _, r in cases.iterrows()}
+    rows: list[CompareRow] = []
+
+    def add(metric: str, value_fn: Callable[[pd.Series], float | None], fmt: Callable[[pd.Series, Any], str],
+            better: str | None) -> None:  # fmt: skip
+        values = {k: value_fn(r) for k, r in cols.items()}
+        if all(v is None for v in values.values()):
+            return
+        text = {k: fmt(r, values[k]) for k, r in cols.items()}
+        rows.append(CompareRow(metric=metric, text=text, values=values, better=better,
+                               winners=_winners(values, better)))  # fmt: skip
+
+    def mem_pair(pred_col: str, err_col: str | None) -> Callable[[pd.Series, Any], str]:
+        def fmt(r: pd.Series, v: Any) -> str:
+            pred = _num(r.get(pred_col))
+            if pred is None:
+                return fmt_bytes(v)
+            err = f" ({fmt_pct(r.get(err_col))})" if err_col and _num(r.get(err_col)) is not None else ""
+            return f"{fmt_bytes(v)} / {fmt_bytes(pred)}{err}"
+        return fmt
+
+    rows.append(CompareRow(metric="status", text={k: str(r.get("status")) for k, r in cols.items()}))
+    add("peak / rank: measured / predicted", lambda r: _num(r.get("mem_tracker_peak_bytes")),
+        mem_pair("pred_peak_bytes", "pred_peak_err"), "low")
+    add("model states: measured / predicted", lambda r: _num(r.get("mem_tracker_model_states_bytes")),
+        mem_pair("pred_model_states_bytes", "pred_model_states_err"), "low")
+    for group, measured in BREAKDOWN_MEASURED.items():
+        predicted = BREAKDOWN_PREDICTED[group]
+        add(f"  {group} at peak", lambda r, m=measured: _sum_cols(r, tuple(f"mem_tracker_peak_{c}_bytes" for c in m)),
+            lambda r, v, p=predicted: fmt_bytes(v) + (f" / {fmt_bytes(_sum_cols(r, p))}"
+                                                       if _sum_cols(r, p) is not None else ""), None)  # fmt: skip
+    for col, name in (("mem_alloc_peak_allocated_bytes", "allocator peak allocated"),
+                      ("mem_alloc_peak_reserved_bytes", "allocator peak reserved"),
+                      ("mem_nvml_peak_bytes", "NVML peak (GPU)"), ("mem_rss_peak_bytes", "RSS peak (process)")):
+        add(name, lambda r, c=col: _num(r.get(c)), lambda r, v: fmt_bytes(v), "low")
+    add("step time (p10–p90)", lambda r: _num(r.get("step_time_ms")), _fmt_step, "low")
+    add("throughput", lambda r: _num(r.get("throughput_samples_s")),
+        lambda r, v: "—" if v is None else f"{v:.1f} samples/s", "high")
+    add("comm / step / rank: measured / predicted", _comm_total,
+        lambda r, v: fmt_bytes(v) + (f" / {fmt_bytes(_num(r.get('comm_pred_total_bytes')))}"
+                                     if _num(r.get("comm_pred_total_bytes")) is not None else ""), "low")  # fmt: skip
+    add("exposed comm", lambda r: _num(r.get("overlap_exposed_comm_ms")),
+        lambda r, v: "—" if v is None else f"{v:.1f} ms", "low")
+    add("overlap", lambda r: _num(r.get("overlap_ratio")), lambda r, v: "—" if v is None else f"{v:.0%}", "high")
+    return rows
+
+
+def _fmt_step(r: pd.Series, v: Any) -> str:
+    if v is None:
+        return "—"
+    p10, p90 = _num(r.get("step_time_p10_ms")), _num(r.get("step_time_p90_ms"))
+    return f"{v:.1f} ms" + (f" ({p10:.0f}–{p90:.0f})" if p10 is not None and p90 is not None else "")
+
+
+def _comm_total(r: pd.Series) -> float | None:
+    total = _num(r.get("comm_total_bytes"))
+    if total is not None:
+        return total
+    return _sum_cols(r, tuple(c for c in r.index if c.startswith("comm_") and c.endswith("_bytes")
+                              and c not in ("comm_total_bytes", "comm_pred_total_bytes")))  # fmt: skip
+
+
+def glance_groups(cases: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """Cases that differ only in strategy/wrap/prefetch (same world size and settings), ≥ 2 per group."""
+    keys = [k for k in BASELINE_KEYS if k in cases]
+    out = []
+    for _, group in cases.groupby(keys, sort=False, dropna=False) if keys else [(None, cases)]:
+        if len(group) >= 2:
+            group = group.assign(label=case_labels(group))  # only what differs inside the group
+            first = group.iloc[0]
+            title = f"{first.get('ranks_label', '')}, {first.get('model', '')}"
+            if "run" in cases and cases["run"].nunique() > 1:
+                title += f" [{first['run']}]"
+            out.append((title, group))
+    return out
+
+
+def verdict_lines(cases: pd.DataFrame) -> list[str]:
+    """Per group at the same world size: least memory per rank and fastest, against DDP."""
+    lines = []
+    for title, group in glance_groups(ok_cases(cases)):  # labels inside a group name only what differs
+        parts = []
+        by_label = group.set_index("label")
+        if has_values(group, "mem_tracker_peak_bytes"):
+            peaks = {k: _num(v) for k, v in by_label["mem_tracker_peak_bytes"].items()}
+            best = _winners(peaks, "low")
+            if not best:
+                parts.append(f"peak memory per rank equal for all ({fmt_bytes(next(iter(peaks.values())))})")
+            else:
+                ddp = group[group["strategy"] == "ddp"]
+                vs = ""
+                if len(ddp) and "ddp" not in set(by_label.loc[best, "strategy"]):
+                    d = float(ddp["mem_tracker_peak_bytes"].iloc[0])
+                    vs = f", {(peaks[best[0]] - d) / d:+.0%} vs DDP's {fmt_bytes(d)}"
+                parts.append(f"least memory per rank: {' = '.join(best)} ({fmt_bytes(peaks[best[0]])} "
+                             f"tracker peak{vs})")  # fmt: skip
+        if has_values(group, "step_time_ms"):
+            times = {k: _num(v) for k, v in by_label["step_time_ms"].items()}
+            best = _winners(times, "low")
+            slowest = max((k for k in times if times[k] is not None), key=lambda k: times[k])
+            if best:
+                ratio = times[slowest] / times[best[0]]
+                parts.append(f"fastest: {' = '.join(best)} ({times[best[0]]:.1f} ms/step; slowest {slowest} "
+                             f"is {ratio:.1f}× slower)")  # fmt: skip
+            else:
+                parts.append(f"step time equal for all ({times[slowest]:.1f} ms)")
+        if parts:
+            lines.append(f"{title} — " + "; ".join(parts))
+    return lines
+
+
+def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
+    """Every case (failed and skipped too) with its key metrics, predictions and errors, as display text."""
+    metas = metas or {}
+    out = []
+    for _, r in cases.iterrows():
+        launch = (metas.get(r.get("run"), {}).get("cases") or {}).get(r["case_id"], {})
+        status = str(r.get("status"))
+        note = str(r.get("error") or "")
+        out.append({
+            "case": r.get("label"), "case_id": r["case_id"], "status": status, "ranks": r.get("ranks_label"),
+            "step time (p10–p90)": _fmt_step(r, _num(r.get("step_time_ms"))),
+            "throughput": "—" if _num(r.get("throughput_samples_s")) is None
+            else f"{r['throughput_samples_s']:.1f} samples/s",
+            "peak measured (tracker)": fmt_bytes(_num(r.get("mem_tracker_peak_bytes"))),
+            "peak predicted": fmt_bytes(_num(r.get("pred_peak_bytes"))),
+            "peak error": fmt_pct(r.get("pred_peak_err")),
+            "model states measured": fmt_bytes(_num(r.get("mem_tracker_model_states_bytes"))),
+            "model states predicted": fmt_bytes(_num(r.get("pred_model_states_bytes"))),
+            "model states error": fmt_pct(r.get("pred_model_states_err")),
+            "comm / step": fmt_bytes(_comm_total(r)),
+            "overlap": "—" if _num(r.get("overlap_ratio")) is None else f"{r['overlap_ratio']:.0%}",
+            "wall (s)": "—" if _num(launch.get("wall_s")) is None else f"{launch['wall_s']:.1f}",
+            "note": note if status != "ok" else "",
+            "_failed": status in FAILED_STATUSES,
+        })  # fmt: skip
+    return pd.DataFrame(out)
