@@ -97,6 +97,22 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks), pids=pids)
 
 
+def collect_case(case: Case, case_dir: Path) -> CaseOutcome:
+    """The outcome of a case whose ranks ran elsewhere (torchrun/srun across nodes, writing into
+    ``case_dir``): read their rank files; a rank that wrote nothing or stopped early is a failure."""
+    ranks = [_read_rank(case_dir, r) for r in range(case.world_size)]
+    bad = [r for r in ranks if r.get("status") != "ok"]
+    if not bad:
+        status, error = "ok", ""
+    else:
+        failed = [r for r in bad if r.get("status") in ("failed", "oom")]
+        first = min(failed, key=lambda r: r.get("failed_at", 0)) if failed else bad[0]
+        status = first.get("status") if first.get("status") in ("failed", "oom") else "failed"
+        error = f"rank {first['rank']} in {first.get('phase')}: {first.get('error') or 'no result written'}"
+    wall = max((r.get("wall_s") or 0.0 for r in ranks), default=0.0)
+    return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks))
+
+
 def _read_rank(case_dir: Path, rank: int) -> dict[str, Any]:
     path = case_dir / f"rank{rank}.json"
     try:

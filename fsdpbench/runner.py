@@ -10,7 +10,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from fsdpbench.case import Case
-from fsdpbench.launch import CaseOutcome, launch_case
+from fsdpbench.launch import CaseOutcome, collect_case, launch_case
 from fsdpbench.results import RunStore, build_rows, skipped_rows
 from fsdpbench.scenario import Skipped
 
@@ -48,10 +48,14 @@ def run_cases(
     meta: dict[str, Any],
     *,
     resume: bool = False,
+    collect: bool = False,
     on_start: Callable[[Case, int], None] | None = None,
     on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None = None,
 ) -> pd.DataFrame:
-    """Run every case not already stored (with resume); write rows and run.json after each."""
+    """Run every case not already stored (with resume); write rows and run.json after each.
+
+    With ``collect``, launch nothing: read what an external launcher's ranks wrote into each
+    case directory (multi-node runs; see ``python -m fsdpbench.worker``)."""
     store.create()
     env = meta["env"]
     done = store.completed_ids() if resume else set()
@@ -66,7 +70,10 @@ def run_cases(
                 continue
             if on_start:
                 on_start(case, i)
-            outcome = launch_case(case, store.case_dir(case.case_id))
+            if collect:
+                outcome = collect_case(case, store.case_dir(case.case_id))
+            else:
+                outcome = launch_case(case, store.case_dir(case.case_id))
             rows = build_rows(case, outcome, env)
             rows = add_predictions(case, rows)
             store.merge_timelines(case.case_id)

@@ -24,6 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a case field for every case, e.g. --set steps=10 (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="list the cases (and skipped ones), run nothing")
     parser.add_argument("--no-report", action="store_true", help="do not write report.html")
+    parser.add_argument("--export-cases", metavar="DIR",
+                        help="write one JSON file per case (for torchrun/srun across nodes), run nothing")
+    parser.add_argument("--collect", action="store_true",
+                        help="launch nothing: build results from rank files that external launchers wrote "
+                             "into --out/cases/<case_id>/")
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -41,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
     from fsdpbench.results import RunStore
     from fsdpbench.runner import default_run_dir, latest_run_dir, now_iso, run_cases
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     try:
         overrides = parse_overrides(args.set)
         if overrides:
@@ -55,6 +60,11 @@ def main(args: argparse.Namespace) -> int:
 
     if args.dry_run:
         return _print_dry_run(scenario)
+    if args.export_cases:
+        return _export_cases(scenario, Path(args.export_cases))
+    if args.collect and not args.out:
+        console.print("[red]error:[/] --collect needs --out RUN_DIR (where the ranks wrote cases/<case_id>/)")
+        return 2
 
     if args.out:
         run_dir = Path(args.out)
@@ -103,7 +113,7 @@ def main(args: argparse.Namespace) -> int:
 
         try:
             frame = run_cases(scenario.cases, scenario.skipped, store, meta, resume=args.resume,
-                              on_start=on_start, on_done=on_done)  # fmt: skip
+                              collect=args.collect, on_start=on_start, on_done=on_done)  # fmt: skip
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}; "
                           f"continue with: fsdpbench run {args.scenario} --out {run_dir} --resume")  # fmt: skip
@@ -138,6 +148,20 @@ def _print_dry_run(scenario: Any) -> int:
         console.print(f"  {case.case_id}", highlight=False)
     for s in scenario.skipped:
         console.print(f"  skipped {s.case.case_id}: {s.reason}", style="yellow", highlight=False)
+    return 0
+
+
+def _export_cases(scenario: Any, out: Path) -> int:
+    out.mkdir(parents=True, exist_ok=True)
+    for case in scenario.cases:
+        (out / f"{case.case_id}.json").write_text(case.to_json(indent=2))
+    print(f"wrote {len(scenario.cases)} case files to {out}")
+    for case in scenario.cases[:1]:
+        print("run each on every node, e.g.:\n"
+              f"  torchrun --nnodes NODES --nproc_per_node GPUS_PER_NODE --rdzv_backend c10d "
+              f"--rdzv_endpoint HOST:29500 -m fsdpbench.worker --case {out / case.case_id}.json "
+              f"--out RUN_DIR/cases/{case.case_id}\n"
+              f"then: fsdpbench run {scenario.path} --out RUN_DIR --collect")  # fmt: skip
     return 0
 
 
