@@ -137,6 +137,8 @@ register_model(
 )
 register_preset("decoder-tiny", "decoder", "d64 L2 H4 V512 (~172k params): seconds on a CPU",
                 d_model=64, n_layers=2, n_heads=4, vocab=512)
+register_preset("decoder-mini", "decoder", "d128 L4 H4 V256 (~0.87M params): model states dominate memory",
+                d_model=128, n_layers=4, n_heads=4, vocab=256)
 register_preset("decoder-small", "decoder", "d256 L4 H8 V4096 (~5.3M params)",
                 d_model=256, n_layers=4, n_heads=8, vocab=4096)
 register_preset("decoder-base", "decoder", "d768 L12 H12 V32000 (~134M params)",
