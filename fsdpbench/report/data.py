@@ -157,7 +157,11 @@ def _case_row(run: str, case_id: str, group: pd.DataFrame) -> dict[str, Any]:
     pred_row = ranks.loc[ranks["rank"] == row["peak_rank"]].iloc[0] if "peak_rank" in row else first
     for col in group.columns:
         if col.startswith(("comm_", "overlap_")):
-            row[col] = _mean(ranks[col]) if len(ranks) else np.nan
+            if pd.api.types.is_numeric_dtype(group[col]):
+                row[col] = _mean(ranks[col]) if len(ranks) else np.nan
+            else:  # text such as comm_pattern / overlap_note: the first rank's
+                texts = [v for v in ranks[col] if isinstance(v, str) and v]
+                row[col] = texts[0] if texts else ""
         elif col.startswith(("pred_", "traced_")):
             row[col] = pred_row[col]
     _add_errors(row)
@@ -218,6 +222,13 @@ def _ok(value: Any) -> bool:
 
 def has_values(frame: pd.DataFrame, column: str) -> bool:
     return column in frame and pd.to_numeric(frame[column], errors="coerce").notna().any()
+
+
+def rows_with(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The rows where a numeric column has a value (none when the column is absent)."""
+    if column not in frame:
+        return frame.iloc[0:0]
+    return frame[pd.to_numeric(frame[column], errors="coerce").notna()]
 
 
 def _strategy_rank(name: Any) -> int:

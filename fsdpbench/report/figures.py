@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from fsdpbench.report.data import axis_text, has_values, ok_cases, varying_axes
+from fsdpbench.report.data import axis_text, has_values, ok_cases, rows_with, varying_axes
 from fsdpbench.report.panel import (
     MEMORY_SOURCES, TRACKER_SOURCE, Panel, base_layout, byte_unit, describe_ranks, fmt_pct, strategy_color,
 )  # fmt: skip
@@ -65,7 +65,7 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     """Per-rank memory vs world size: measured tracker peaks/model states as markers, predictions as lines."""
     title = "Memory per rank vs world size — the (P+G+K)·Ψ/N check"
     ok = ok_cases(cases)
-    ok = ok[pd.to_numeric(ok.get("mem_tracker_peak_bytes"), errors="coerce").notna()] if len(ok) else ok
+    ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty or "mem_tracker_peak_bytes" not in ok:
         return Panel(key="memory_scaling", title=title, caption="",
                      missing="not measured in this run: no case finished with a tracker peak (mem_tracker_peak_bytes)")
@@ -136,7 +136,7 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     """Stacked bars per case: memory at the peak by category, measured (tracker) beside predicted."""
     title = "Memory breakdown at the peak, per case"
     ok = ok_cases(cases)
-    ok = ok[pd.to_numeric(ok.get("mem_tracker_peak_bytes"), errors="coerce").notna()] if len(ok) else ok
+    ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty:
         return Panel(key="memory_breakdown", title=title, caption="",
                      missing="not measured in this run: no case finished with tracker memory by category")

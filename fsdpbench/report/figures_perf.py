@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fsdpbench.case import PRECISIONS, WRAPS
-from fsdpbench.report.data import axis_text, has_values, ok_cases
+from fsdpbench.report.data import axis_text, has_values, ok_cases, rows_with
 from fsdpbench.report.figures import TRACKER_SOURCE, series_key_axes, series_name
 from fsdpbench.report.panel import (
     Panel, base_layout, byte_unit, describe_ranks, ordered_strategies, steps_text, strategy_color,
@@ -118,7 +118,7 @@ def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
     """Peak memory per rank against step time, one marker per case: the lower left wins."""
     title = "Memory vs speed: the trade-off"
     ok = _timed(cases)
-    ok = ok[pd.to_numeric(ok.get("mem_tracker_peak_bytes"), errors="coerce").notna()] if len(ok) else ok
+    ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty:
         return Panel(key="tradeoff", title=title, caption="",
                      missing="not measured in this run: no case with both a step time and a tracker peak")
@@ -211,7 +211,8 @@ def build_overlap_panel(cases: pd.DataFrame) -> Panel:
     caption = (f"From the profiler trace of one step per rank (mean over ranks): communication time, the part not "
                f"overlapped by compute (exposed), and the overlap ratio (Holistic Trace Analysis's definition); "
                f"{what}. Ranks: {describe_ranks(ok)}.")  # fmt: skip
-    return Panel(key="overlap", title=title, caption=caption, figure=fig)
+    notes = list(dict.fromkeys(n for n in ok.get("overlap_note", []) if isinstance(n, str) and n))
+    return Panel(key="overlap", title=title, caption=caption, figure=fig, notes=notes)
 
 
 def swept_axes(cases: pd.DataFrame) -> list[str]:

@@ -1,0 +1,177 @@
+"""``fsdpbench compare``: run strategies side by side for one model and world size, without a YAML file.
+
+    fsdpbench compare --model decoder-tiny --world-size 4                 # ddp, zero2, zero3
+    fsdpbench compare --model decoder-small --world-size 2 --strategies ddp,zero1,zero3 --precision bf16
+        [--batch-size 4] [--seq-len 64] [--steps 5] [--set wrap=size] [--out DIR] [--no-report]
+
+The cases are built and run by the same code as ``fsdpbench run`` (an equivalent scenario is kept in
+run.json, so ``fsdpbench run`` can repeat it); results go to DIR (default reports/compare/<timestamp>),
+then a table prints memory by category (measured / predicted), step time, communication and overlap
+per strategy, with the winner of each metric, and the HTML report is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_STRATEGIES = "ddp,zero2,zero3"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from fsdpbench.case import OPTIMIZERS, PRECISIONS, WRAPS
+
+    parser.add_argument("--model", default="decoder-tiny", help="model preset (default: decoder-tiny)")
+    parser.add_argument("--world-size", type=int, required=True, help="ranks (CPU processes or GPUs)")
+    parser.add_argument("--strategies", default=DEFAULT_STRATEGIES,
+                        help=f"comma-separated strategies (default: {DEFAULT_STRATEGIES})")
+    parser.add_argument("--precision", choices=PRECISIONS, help="mixed precision (default: fp32)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, help="optimizer (default: adamw)")
+    parser.add_argument("--wrap", choices=WRAPS, help="FSDP wrap granularity (default: block)")
+    parser.add_argument("--batch-size", type=int, help="per-rank batch (default: 4)")
+    parser.add_argument("--seq-len", type=int, help="sequence length (default: 64)")
+    parser.add_argument("--steps", type=int, help="timed steps (default: 5)")
+    parser.add_argument("--warmup-steps", type=int, help="warm-up steps (default: 2)")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="any other case field, e.g. --set prefetch=1 (repeatable)")
+    parser.add_argument("--out", help="run directory (default: reports/compare/<timestamp>)")
+    parser.add_argument("--no-report", action="store_true", help="do not write report.html")
+
+
+def build_scenario_text(args: argparse.Namespace) -> str:
+    """The scenario YAML equivalent to these arguments (what run.json keeps)."""
+    defaults: dict[str, Any] = {"model": args.model, "world_size": args.world_size}
+    for name in ("precision", "optimizer", "wrap", "batch_size", "seq_len", "steps", "warmup_steps"):
+        value = getattr(args, name)
+        if value is not None:
+            defaults[name] = value
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    spec = {
+        "name": "compare",
+        "description": f"{', '.join(strategies)} side by side: {args.model} on {args.world_size} ranks",
+        "defaults": defaults,
+        "sweep": {"strategy": strategies},
+    }
+    return yaml.safe_dump(spec, sort_keys=False)
+
+
+def _check_args(args: argparse.Namespace) -> str | None:
+    from fsdpbench.models import model_names
+    from fsdpbench.strategies import strategy_names
+
+    if args.model not in model_names():
+        return f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}"
+    if args.world_size < 1:
+        return f"--world-size {args.world_size}: must be ≥ 1"
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not strategies:
+        return f"--strategies {args.strategies!r}: give at least one, e.g. {DEFAULT_STRATEGIES}"
+    for s in strategies:
+        if ":" not in s and s not in strategy_names():
+            return f"--strategies: unknown strategy {s!r}; allowed: {', '.join(strategy_names())}, or module:Class"
+    return None
+
+
+def main(args: argparse.Namespace) -> int:
+    from fsdpbench.commands.run import _validate_overrides, parse_overrides
+    from fsdpbench.env import collect_env
+    from fsdpbench.results import RunStore
+    from fsdpbench.runner import default_run_dir, now_iso, run_cases
+    from fsdpbench.scenario import CaseFields, ScenarioError, parse_scenario
+
+    err = Console(stderr=True)
+    t0 = time.perf_counter()
+    problem = _check_args(args)
+    if problem:
+        err.print(f"[red]error:[/] {problem}", highlight=False)
+        return 2
+    text = build_scenario_text(args)
+    try:
+        overrides = parse_overrides(args.set)
+        _validate_overrides(overrides, CaseFields)
+        scenario = parse_scenario(text, source="fsdpbench compare", overrides=overrides)
+    except ScenarioError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+
+    run_dir = Path(args.out) if args.out else default_run_dir("compare")
+    store = RunStore(run_dir)
+    meta: dict[str, Any] = {
+        "scenario": {"name": scenario.name, "description": scenario.description, "path": None, "text": text,
+                     "overrides": overrides},
+        "command": " ".join(shlex.quote(a) for a in sys.argv), "env": collect_env(), "started": now_iso(),
+        "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
+    }  # fmt: skip
+    err.print(f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped → {run_dir}",
+              highlight=False)
+    for s in scenario.skipped:
+        err.print(f"  skipped {s.case.case_id}: {s.reason}", style="yellow", highlight=False)
+
+    def on_done(case: Any, outcome: Any, rows: Any) -> None:
+        ms = rows["case_step_time_ms"].iloc[0] if "case_step_time_ms" in rows else None
+        err.print(f"  {outcome.status:7} {case.case_id}" + (f"  {ms:.1f} ms/step" if ms == ms and ms else "")
+                  + (f"  — {outcome.error.splitlines()[0][:160]}" if outcome.error else ""), highlight=False)
+
+    try:
+        run_cases(scenario.cases, scenario.skipped, store, meta, on_done=on_done)
+    except KeyboardInterrupt:
+        err.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}")
+        return 130
+    out = Console() if sys.stdout.isatty() else Console(width=160)
+    cases = print_compare(run_dir, out)
+    if not args.no_report:
+        from fsdpbench.report import write_report
+
+        print(f"report:  {write_report([run_dir])}")
+    print(f"results: {run_dir / 'results.parquet'}  ({time.perf_counter() - t0:.1f} s)")
+    failed = cases["status"].isin(["failed", "timeout", "oom"]).sum() if "status" in cases else 0
+    return 1 if failed else 0
+
+
+def build_compare_table(cases: Any) -> Table:
+    """Strategies side by side (columns), one metric per row, the winner of each metric marked."""
+    from fsdpbench.report.panel import describe_ranks
+    from fsdpbench.report.tables import compare_rows
+
+    from rich.markup import escape
+
+    labels = cases["label"].tolist()
+    title = f"{cases['model'].iloc[0]} on {cases['ranks_label'].iloc[0]} — {describe_ranks(cases)}"
+    table = Table(title=title, caption="memory: tracker (live tensors), largest rank, memory-tracked step; "
+                  "cells: measured, then predicted (error); step time: slowest rank's median (p10–p90); "
+                  "★ = best", caption_justify="left")  # fmt: skip
+    table.add_column("metric")
+    for label in labels:
+        table.add_column(escape(label), justify="right")
+    table.add_column("winner")
+    for row in compare_rows(cases):
+        cells = []
+        for label in labels:
+            text = escape(row.text.get(label, "—").replace(" / ", "\n"))
+            cells.append(f"[bold green]{text} ★[/]" if label in row.winners else text)
+        n_values = sum(v is not None for v in row.values.values())
+        winner = ", ".join(row.winners) if row.winners else ("tie" if row.better and n_values > 1 else "")
+        table.add_row(escape(row.metric.replace(": measured / predicted", "")), *cells, escape(winner))
+    return table
+
+
+def print_compare(run_dir: Path, console: Console) -> Any:
+    """Print the side-by-side table of a compare run directory; return its case frame."""
+    from fsdpbench.report.data import load_runs
+
+    cases = load_runs([run_dir]).cases
+    if cases.empty:
+        console.print("no cases ran")
+        return cases
+    console.print(build_compare_table(cases))
+    for _, r in cases[cases["status"] != "ok"].iterrows():
+        console.print(f"[red]{r['label']}: {r['status']}[/] — {str(r['error'])[:300]}", highlight=False)
+    return cases

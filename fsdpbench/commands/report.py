@@ -1,0 +1,36 @@
+"""``fsdpbench report RUN_DIR [RUN_DIR ...] [--out FILE]``: write the self-contained HTML report.
+
+    fsdpbench report reports/quickstart/20260101-120000             # → that dir's report.html
+    fsdpbench report runs/a runs/b --out a-vs-b.html                 # several runs overlaid
+
+The page embeds plotly.js once and needs no network: open it from file://.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by fsdpbench run")
+    parser.add_argument("--out", metavar="FILE",
+                        help="HTML file to write (default: RUN_DIR/report.html for one run, "
+                             "reports/overlay/<timestamp>/report.html for several)")  # fmt: skip
+
+
+def main(args: argparse.Namespace) -> int:
+    from fsdpbench.report import write_report
+
+    err = Console(stderr=True)
+    run_dirs = [Path(d) for d in args.run_dirs]
+    for run_dir in run_dirs:
+        if not (run_dir / "run.json").exists() and not (run_dir / "results.parquet").exists():
+            err.print(f"[red]error:[/] {run_dir}: not a run directory (no run.json or results.parquet); "
+                      "give a directory written by fsdpbench run or fsdpbench compare", highlight=False)  # fmt: skip
+            return 2
+    path = write_report(run_dirs, Path(args.out) if args.out else None)
+    print(f"report:  {path}")
+    return 0
