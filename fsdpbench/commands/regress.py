@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --write-baseline: step times are stored as ratios to this strategy's case "
                              "with the same model, batch and world size, or to this one calibration case "
                              "(default: ddp)")
-    parser.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown ('-': stdout)")
+    parser.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown ('-': print it instead of the terminal table)")
     parser.add_argument("--json", metavar="PATH", help="also write every compared metric as JSON ('-': stdout)")
 
 
@@ -110,12 +110,15 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
     result = compare(baseline, frame, thresholds=_threshold_args(args.threshold), gates=gates, strict=args.strict)
 
     out = Console() if sys.stdout.isatty() else Console(width=250)  # CI logs: no folding
-    out.print(build_table(result, args.baseline, args.run_dir))
-    for note in result.notes:
-        out.print(f"note: {note}", highlight=False)
+    if args.markdown == "-":  # the Markdown is the table (CI logs, job summaries)
+        _emit("-", render_markdown(result, baseline, args.baseline, args.run_dir))
+    else:
+        out.print(build_table(result, args.baseline, args.run_dir))
+        for note in result.notes:
+            out.print(f"note: {note}", highlight=False)
+        if args.markdown:
+            _emit(args.markdown, render_markdown(result, baseline, args.baseline, args.run_dir))
     out.print(verdict_line(result), highlight=False)
-    if args.markdown:
-        _emit(args.markdown, render_markdown(result, baseline, args.baseline, args.run_dir))
     if args.json:
         _emit(args.json, json.dumps(to_json(result, args.baseline, args.run_dir), indent=1, default=str) + "\n")
     return 0 if result.passed else 1
