@@ -9,7 +9,12 @@ when they differ. (The commit is in pytest-benchmark's own ``commit_info``; putt
 
 from __future__ import annotations
 
+import pytest
+
 BACKEND, DEVICE = "gloo", "cpu"  # the benchmarks run one rank on the CPU (test_step_benchmarks.py)
+# one intra-op thread: with more, a busy machine (other processes on the same cores) makes OpenMP
+# wait for descheduled threads and a 10 ms step took 1 s; fsdpbench's own ranks get cores/ranks threads
+TORCH_THREADS = 1
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
@@ -18,7 +23,13 @@ def pytest_benchmark_update_machine_info(config, machine_info):
     from fsdpbench.env import device_name
 
     machine_info["torch_version"] = torch.__version__
-    machine_info["torch_threads"] = torch.get_num_threads()
+    machine_info["torch_threads"] = TORCH_THREADS
     machine_info["fsdpbench_backend"] = BACKEND
     machine_info["fsdpbench_device"] = DEVICE
     machine_info["fsdpbench_device_name"] = device_name(DEVICE)
+
+
+@pytest.fixture(scope="session")
+def torch_threads() -> int:
+    """Intra-op threads the step benchmarks run with (also in machine_info)."""
+    return TORCH_THREADS

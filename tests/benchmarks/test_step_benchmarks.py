@@ -40,17 +40,21 @@ ROUNDS, WARMUP_ROUNDS = 5, 2  # a few seconds for all four in the default test r
 
 
 @pytest.fixture(scope="module")
-def one_rank_group():
-    """A 1-rank gloo group in this process, destroyed after the module (tests only: the worker owns groups)."""
+def one_rank_group(torch_threads):
+    """A 1-rank gloo group and 1 intra-op thread in this process, both undone after the module
+    (tests only: in fsdpbench proper, only the worker creates process groups)."""
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
     excepthook = sys.excepthook  # init_process_group prefixes it with "[rank0]" and never restores it
+    threads = torch.get_num_threads()
+    torch.set_num_threads(torch_threads)
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
         yield
     finally:
         dist.destroy_process_group()
         sys.excepthook = excepthook
+        torch.set_num_threads(threads)
 
 
 class StepBench:
