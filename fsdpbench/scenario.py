@@ -281,7 +281,10 @@ def build_case(fields: dict[str, Any], *, source: str = "<scenario>") -> tuple[C
         case = case.replace(wrap="none", wrap_min_params=_DEFAULT.wrap_min_params, wrap_classes=())
     if strategy.sharding.group != "shard_group":
         case = case.replace(shard_size=None)
-    reason = strategy.check(case) or _check_devices(case)
+    from fsdpbench.knobs import check_knobs, normalize_knobs
+
+    case = normalize_knobs(case, strategy)
+    reason = strategy.check(case) or check_knobs(case, strategy) or _check_devices(case)
     return case, reason
 
 

@@ -42,6 +42,10 @@ def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp_root:
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
         return FSDPMemTracker(fsdp_root, optimizer)
+    from fsdpbench.metrics.fsdp1_tracker import FSDP1MemTracker, is_fsdp1
+
+    if is_fsdp1(model):
+        return FSDP1MemTracker(model, optimizer)
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()

@@ -99,4 +99,4 @@ def make_global_batch(
     return mdef.make_batch(args, global_batch, seq_len, gen)
 
 
-from fsdpbench.models import decoder, mlp, mnist_cnn  # noqa: E402,F401  (registration)
+from fsdpbench.models import decoder, hf, mlp, mnist_cnn  # noqa: E402,F401  (registration)

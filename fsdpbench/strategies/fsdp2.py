@@ -28,11 +28,12 @@ def apply_fsdp2(
 ) -> nn.Module:
     """fully_shard every wrap unit, then the root; set explicit prefetch of depth ``case.prefetch``."""
     case = ctx.case
+    pin = ctx.device.type == "cuda"  # pinned host memory needs a GPU; on CPU offloaded states stay in host memory
     kwargs = dict(
         mesh=mesh,
         reshard_after_forward=reshard_after_forward,
         mp_policy=mp_policy_for(case.precision),
-        offload_policy=CPUOffloadPolicy() if case.cpu_offload else OffloadPolicy(),
+        offload_policy=CPUOffloadPolicy(pin_memory=pin) if case.cpu_offload else OffloadPolicy(),
     )
     for unit in ctx.units:
         fully_shard(unit, **kwargs)

@@ -1,0 +1,176 @@
+"""FSDP1 (`FullyShardedDataParallel`): FULL_SHARD, SHARD_GRAD_OP, NO_SHARD and HYBRID_SHARD, with the
+knobs the FSDP1 guides name: ``auto_wrap_policy`` (from the wrap axis), ``backward_prefetch``,
+``forward_prefetch``, ``limit_all_gathers``, ``MixedPrecision`` (from the precision axis),
+``CPUOffload`` and ``device_id``.
+
+``use_orig_params=True`` so that the optimizer, the memory tracker and ``local_state_bytes`` see the
+model's own parameters (views into FSDP1's flat parameters) rather than one ``FlatParameter`` per unit.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import (
+    BackwardPrefetch,
+    CPUOffload,
+    FullyShardedDataParallel,
+    MixedPrecision,
+    ShardingStrategy,
+)
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+from fsdpbench.case import Case
+from fsdpbench.strategies import register_strategy
+from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
+from fsdpbench.strategies.fsdp2 import hsdp_shard_size
+
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+BACKWARD_PREFETCH_MODES = {
+    "pre": BackwardPrefetch.BACKWARD_PRE,
+    "post": BackwardPrefetch.BACKWARD_POST,
+    "none": None,
+}
+STRATEGY_ARGS = {"use_orig_params": "bool, default true: the optimizer sees the model's own parameters"}
+
+
+def mixed_precision_for(precision: str) -> MixedPrecision | None:
+    """fp32 → None; bf16/fp16 → 16-bit params in compute, fp32 reduction; '-lowreduce' → 16-bit reduction.
+
+    The same casts as FSDP2's ``mp_policy_for`` (buffers are not cast), so FSDP1 and FSDP2 compare.
+    """
+    if precision == "fp32":
+        return None
+    low = _DTYPES[precision.split("-")[0]]
+    reduce = low if precision.endswith("-lowreduce") else torch.float32
+    return MixedPrecision(param_dtype=low, reduce_dtype=reduce)
+
+
+def auto_wrap_policy_for(model: nn.Module, case: Case) -> Callable[..., bool] | ModuleWrapPolicy | None:
+    """The wrap axis as an FSDP1 ``auto_wrap_policy``.
+
+    none/whole → no auto wrap (one unit, the root); size → ``size_based_auto_wrap_policy`` with
+    ``min_num_params=wrap_min_params`` (the tutorial's policy); block → ``ModuleWrapPolicy`` of the
+    model's block classes; classes → ``ModuleWrapPolicy`` of the classes named in ``wrap_classes``.
+    """
+    if case.wrap in ("none", "whole"):
+        return None
+    if case.wrap == "size":
+        return functools.partial(size_based_auto_wrap_policy, min_num_params=case.wrap_min_params)
+    if case.wrap == "block":
+        from fsdpbench.models import resolve_model
+
+        mdef, args = resolve_model(case.model, case.model_args)
+        return ModuleWrapPolicy(set(mdef.block_classes(args)))
+    if case.wrap == "classes":
+        classes = {type(m) for m in model.modules() if type(m).__name__ in set(case.wrap_classes)}
+        missing = set(case.wrap_classes) - {c.__name__ for c in classes}
+        if missing:
+            raise ValueError(f"wrap_classes: {sorted(missing)} not found in model {case.model!r}")
+        return ModuleWrapPolicy(classes)
+    raise ValueError(f"unknown wrap policy {case.wrap!r}")
+
+
+def fsdp1_units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP1 wrapped (each ``FullyShardedDataParallel``'s inner module), root excluded."""
+    fsdp = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
+    return [m.module for m in fsdp if m is not model]
+
+
+def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: ShardingStrategy) -> nn.Module:
+    """Wrap ``model`` in ``FullyShardedDataParallel`` with every knob taken from the case."""
+    case = ctx.case
+    kwargs: dict[str, Any] = {}
+    if sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        shard = hsdp_shard_size(case)
+        kwargs["device_mesh"] = init_device_mesh(
+            ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
+        )
+    wrapped = FullyShardedDataParallel(
+        model,
+        sharding_strategy=sharding_strategy,
+        auto_wrap_policy=auto_wrap_policy_for(model, case),
+        backward_prefetch=BACKWARD_PREFETCH_MODES[case.backward_prefetch],
+        forward_prefetch=case.forward_prefetch,
+        limit_all_gathers=case.limit_all_gathers,
+        mixed_precision=mixed_precision_for(case.precision),
+        cpu_offload=CPUOffload(offload_params=case.cpu_offload),
+        device_id=ctx.device,  # FSDP1 refuses a CPU compute device unless named explicitly
+        use_orig_params=case.strategy_args.get("use_orig_params", True),
+        **kwargs,
+    )
+    # the worker reports n_units from ctx.units: make it what FSDP1 really wrapped
+    ctx.units[:] = fsdp1_units(wrapped)
+    return wrapped
+
+
+class _FSDP1(Strategy):
+    uses_wrap = True
+    uses_prefetch = False  # FSDP1 has no explicit prefetch depth; it has backward_prefetch/forward_prefetch
+    native_mixed_precision = True
+    supports_cpu_offload = True
+    uses_fsdp1_knobs = True
+    sharding_strategy: ShardingStrategy
+
+    def check(self, case: Case) -> str | None:
+        unknown = set(case.strategy_args) - set(STRATEGY_ARGS)
+        if unknown:
+            allowed = "; ".join(f"{k} ({v})" for k, v in STRATEGY_ARGS.items())
+            return f"strategy_args {sorted(unknown)} unknown to {self.name}; allowed: {allowed}"
+        if case.cpu_offload and case.device != "cuda":
+            return (
+                "FSDP1 CPUOffload pins host memory (Tensor.pin_memory), which needs a GPU; on CPU use "
+                "zero2/zero3/hsdp (FSDP2 CPUOffloadPolicy, pin_memory=False)"
+            )
+        if case.prefetch:
+            return (
+                f"prefetch={case.prefetch} is FSDP2's explicit prefetch depth; {self.name} (FSDP1) "
+                "prefetches with backward_prefetch (pre|post|none) and forward_prefetch"
+            )
+        return super().check(case)
+
+    def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
+        return apply_fsdp1(model, ctx, sharding_strategy=self.sharding_strategy)
+
+
+@register_strategy
+class FSDP1Full(_FSDP1):
+    name = "fsdp1_full"
+    description = "FSDP1 FULL_SHARD: params, grads, optimizer state sharded (16Ψ/N), params resharded after forward"
+    sharding = Sharding(params=True, grads=True, optim=True, per_unit_gather=True)
+    sharding_strategy = ShardingStrategy.FULL_SHARD
+
+
+@register_strategy
+class FSDP1GradOp(_FSDP1):
+    name = "fsdp1_grad_op"
+    description = "FSDP1 SHARD_GRAD_OP: grads+optimizer sharded, params unsharded from forward to backward"
+    sharding = Sharding(params=True, grads=True, optim=True, params_unsharded_fwd_to_bwd=True, per_unit_gather=True)
+    sharding_strategy = ShardingStrategy.SHARD_GRAD_OP
+
+
+@register_strategy
+class FSDP1NoShard(_FSDP1):
+    name = "fsdp1_no_shard"
+    description = "FSDP1 NO_SHARD: nothing sharded, gradients all-reduced (DDP's memory, 16Ψ)"
+    sharding = Sharding(params=False, grads=False, optim=False)
+    sharding_strategy = ShardingStrategy.NO_SHARD
+
+
+@register_strategy
+class FSDP1Hybrid(_FSDP1):
+    name = "fsdp1_hybrid"
+    description = "FSDP1 HYBRID_SHARD: FULL_SHARD within a shard group, replicated across groups"
+    sharding = Sharding(params=True, grads=True, optim=True, group="shard_group", per_unit_gather=True)
+    sharding_strategy = ShardingStrategy.HYBRID_SHARD
+
+    def check(self, case: Case) -> str | None:
+        shard = hsdp_shard_size(case)
+        if case.world_size % shard:
+            return f"fsdp1_hybrid shard_size={shard} does not divide world_size={case.world_size}"
+        return super().check(case)
