@@ -173,13 +173,27 @@ def test_memory_breakdown_stacks_categories_measured_beside_predicted(cases):
     assert by_name["optimizer state"].x[i] == pytest.approx(8 * PSI / 4 / MiB)
     assert by_name["unsharded params/grads + comm buffers"].x[i] == pytest.approx(4 * PSI / 2 / MiB)
     assert by_name["other"].x[i] == pytest.approx((TEMP_BYTES + 3 * 1024) / MiB)
-    # predicted 'other' = what the named terms leave of the predicted peak
+    # the model's grads term is the resting value: the grads at the predicted peak are what the other terms leave
     z3 = _case(cases, "zero3", 4)
-    named = 16 * PSI / 4 + 4 * PSI / 2 + ACTIVATIONS_BYTES
-    assert by_name["other"].x[i + 1] == pytest.approx((z3["pred_peak_bytes"] - named) / MiB)
+    named = (4 + 8) * PSI / 4 + 4 * PSI / 2 + ACTIVATIONS_BYTES + TEMP_BYTES
+    assert by_name["grads"].x[i + 1] == pytest.approx((z3["pred_peak_bytes"] - named) / MiB)
+    assert by_name["other"].x[i + 1] == pytest.approx(TEMP_BYTES / MiB)
+    assert sum(t.x[i + 1] for t in bars) == pytest.approx(z3["pred_peak_bytes"] / MiB)  # the bar is the peak
+    assert any("predicted grads at the peak" in n for n in panel.notes)
     (totals,) = [t for t in fig.data if t.type == "scatter"]
     assert totals.mode == "text" and sum("(+5.0%)" in t for t in totals.text) == n_ok
     assert "tracker" in panel.caption and "peak" in panel.caption
+
+
+def test_memory_breakdown_uses_predicted_categories_at_the_peak_when_the_model_writes_them(cases):
+    at_peak = cases.assign(pred_peak_params_bytes=1.0 * MiB, pred_peak_grads_bytes=2.0 * MiB,
+                           pred_peak_inputs_bytes=0.5 * MiB, pred_peak_all_gather_bytes=0.25 * MiB)  # fmt: skip
+    panel = build_memory_breakdown_panel(at_peak)
+    by_name = {t.name: t for t in panel.figure.data if t.type == "bar"}
+    assert by_name["params"].x[1] == pytest.approx(1.0) and by_name["grads"].x[1] == pytest.approx(2.0)
+    assert by_name["activations"].x[1] == pytest.approx(0.5)  # inputs count as activations, as in the model
+    assert by_name["unsharded params/grads + comm buffers"].x[1] == pytest.approx(0.25)
+    assert not any("predicted grads at the peak" in n for n in panel.notes)
 
 
 def test_memory_breakdown_without_predictions_shows_measured_only(cases):

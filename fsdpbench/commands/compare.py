@@ -87,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
     from fsdpbench.runner import default_run_dir, now_iso, run_cases
     from fsdpbench.scenario import CaseFields, ScenarioError, parse_scenario
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
     problem = _check_args(args)
     if problem:
@@ -155,8 +155,9 @@ def build_compare_table(cases: Any) -> Table:
     for row in compare_rows(cases):
         cells = []
         for label in labels:
-            text = escape(row.text.get(label, "—").replace(" / ", "\n"))
-            cells.append(f"[bold green]{text} ★[/]" if label in row.winners else text)
+            measured, *predicted = row.text.get(label, "—").split(" / ")  # predicted on a second line
+            first = f"[bold green]{escape(measured)} ★[/]" if label in row.winners else escape(measured)
+            cells.append("\n".join([first, *map(escape, predicted)]))
         n_values = sum(v is not None for v in row.values.values())
         winner = ", ".join(row.winners) if row.winners else ("tie" if row.better and n_values > 1 else "")
         table.add_row(escape(row.metric.replace(": measured / predicted", "")), *cells, escape(winner))

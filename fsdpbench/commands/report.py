@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from fsdpbench.report import write_report
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     run_dirs = [Path(d) for d in args.run_dirs]
     for run_dir in run_dirs:
         if not (run_dir / "run.json").exists() and not (run_dir / "results.parquet").exists():

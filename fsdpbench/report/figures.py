@@ -12,28 +12,33 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
+from fsdpbench.metrics.tracker import CATEGORIES
 from fsdpbench.report.data import axis_text, has_values, ok_cases, rows_with, varying_axes
 from fsdpbench.report.panel import (
     MEMORY_SOURCES, TRACKER_SOURCE, Panel, base_layout, byte_unit, describe_ranks, fmt_pct, strategy_color,
 )  # fmt: skip
 
-# measured tracker categories (at the peak) and predicted terms, grouped the same way
+# measured tracker categories at the peak, grouped for the breakdown
 BREAKDOWN_MEASURED = {
     "params": ("params",),
     "grads": ("grads",),
     "optimizer state": ("optim",),
-    "activations": ("activations",),
+    "activations": ("activations", "inputs"),
     "unsharded params/grads + comm buffers": ("params_unsharded", "grads_unsharded", "all_gather", "reduce_scatter"),
-    "other": ("temp", "inputs", "buffers", "other"),
+    "other": ("temp", "buffers", "other"),
 }
+# the analytic model's terms, grouped the same way; its grads term is the resting value, so the gradients
+# present at the peak are what the predicted peak leaves (see breakdown_frames)
 BREAKDOWN_PREDICTED = {
-    "params": ("pred_params_bytes",),
-    "grads": ("pred_grads_bytes",),
+    "params": ("pred_params_bytes", "pred_padding_bytes"),
+    "grads": (),
     "optimizer state": ("pred_optim_bytes",),
     "activations": ("pred_activations_bytes",),
     "unsharded params/grads + comm buffers": ("pred_unsharded_bytes", "pred_comm_buffers_bytes"),
-    "other": ("pred_padding_bytes",),
+    "other": ("pred_temp_bytes",),
 }
+GRADS_AT_PEAK_NOTE = ("predicted grads at the peak = predicted peak − the other predicted terms "
+                      "(pred_grads_bytes is the resting value after optimizer.step)")  # fmt: skip
 BREAKDOWN_COLORS = {
     "params": "#4C78A8", "grads": "#F58518", "optimizer state": "#54A24B", "activations": "#B279A2",
     "unsharded params/grads + comm buffers": "#E45756", "other": "#BAB0AC",
@@ -44,6 +49,31 @@ _SCALING_LINES = (  # (column, what, dash)
     ("traced_peak_bytes", "traced peak", "dot"),
     ("traced_model_states_bytes", "traced model states", "dashdot"),
 )
+
+
+def breakdown_frames(cases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None, str | None]:
+    """Memory at the peak by group: measured (tracker), predicted (None without pred_*), and how grads were got.
+
+    pred_peak_<category>_bytes columns (the tracker's categories at the predicted peak) are used as they
+    are when the memory model writes them; otherwise the predicted grads at the peak are derived.
+    """
+    measured = pd.DataFrame({g: _sum(cases, [f"mem_tracker_peak_{c}_bytes" for c in cols])
+                             for g, cols in BREAKDOWN_MEASURED.items()}, index=cases.index)  # fmt: skip
+    if any(has_values(cases, f"pred_peak_{c}_bytes") for c in CATEGORIES):
+        predicted = pd.DataFrame({g: _sum(cases, [f"pred_peak_{c}_bytes" for c in cols])
+                                  for g, cols in BREAKDOWN_MEASURED.items()}, index=cases.index)  # fmt: skip
+        return measured, predicted, None
+    if not has_values(cases, "pred_peak_bytes"):
+        return measured, None, None
+    predicted = pd.DataFrame({g: _sum(cases, list(cols)) for g, cols in BREAKDOWN_PREDICTED.items()},
+                             index=cases.index)  # fmt: skip
+    predicted["grads"] = (_col(cases, "pred_peak_bytes") - predicted.sum(axis=1)).clip(lower=0)
+    predicted[_col(cases, "pred_peak_bytes") == 0] = float("nan")  # no prediction for that case
+    return measured, predicted, GRADS_AT_PEAK_NOTE
+
+
+def _sum(frame: pd.DataFrame, columns: list[str]) -> pd.Series:
+    return sum((_col(frame, c) for c in columns), pd.Series(0.0, index=frame.index))
 
 
 def series_key_axes(cases: pd.DataFrame) -> list[str]:
@@ -102,7 +132,7 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     sizes = sorted({int(n) for n in ok["world_size"]})
     fig.update_layout(**base_layout(
         xaxis=dict(title="world size N (ranks)", type="log", tickvals=sizes, ticktext=[str(n) for n in sizes]),
-        yaxis=dict(title=f"memory per rank ({unit})", rangemode="tozero"), height=520,
+        yaxis=dict(title=f"memory per rank ({unit})", rangemode="tozero"), height=620,
     ))  # fmt: skip
     notes = []
     if not has_values(ok, "pred_peak_bytes") and not has_values(ok, "pred_model_states_bytes"):
@@ -140,16 +170,12 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     if ok.empty:
         return Panel(key="memory_breakdown", title=title, caption="",
                      missing="not measured in this run: no case finished with tracker memory by category")
-    has_pred = any(has_values(ok, c) for cols in BREAKDOWN_PREDICTED.values() for c in cols)
+    measured, predicted, grads_note = breakdown_frames(ok)
+    has_pred = predicted is not None
     labels = ok["label"].tolist()
     kinds = ["measured", "predicted"] if has_pred else ["measured"]
     # horizontal bars, one row per case (and kind), so that long case labels stay readable
     y = [[lab for lab in labels for _ in kinds], [k for _ in labels for k in kinds]] if has_pred else labels
-    measured = {g: sum(_col(ok, f"mem_tracker_peak_{c}_bytes") for c in cols) for g, cols in BREAKDOWN_MEASURED.items()}
-    predicted = {g: sum(_col(ok, c) for c in cols) for g, cols in BREAKDOWN_PREDICTED.items()}
-    if has_pred and has_values(ok, "pred_peak_bytes"):  # a peak the named terms do not explain goes to 'other'
-        named = sum(predicted.values())
-        predicted["other"] = predicted["other"] + (_col(ok, "pred_peak_bytes") - named).clip(lower=0)
     unit, div = byte_unit(list(ok["mem_tracker_peak_bytes"]) + list(_col(ok, "pred_peak_bytes")))
     fig = go.Figure()
     for group in BREAKDOWN_MEASURED:
@@ -157,7 +183,7 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
         for i in range(len(labels)):
             x.append(float(measured[group].iloc[i]) / div)
             if has_pred:
-                x.append(float(predicted[group].iloc[i]) / div)
+                x.append(float(predicted[group].iloc[i]) / div)  # NaN: no prediction for this case
         fig.add_trace(go.Bar(x=x, y=y, orientation="h", name=group, marker_color=BREAKDOWN_COLORS[group],
                              hovertemplate=f"%{{y}}<br>{group}: %{{x:.2f}} {unit}<extra></extra>"))  # fmt: skip
     ty, tx, tt = ([[], []] if has_pred else []), [], []  # totals beside the bars: measured, predicted (error)
@@ -180,11 +206,14 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
         height=max(360, 22 * n_bars + 140), margin=dict(l=70, r=30, t=30, b=60),
         legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", traceorder="normal"),
     ))  # fmt: skip
-    notes = [] if has_pred else ["prediction not in this run: no pred_* columns (the memory model did not run)"]
+    notes = [grads_note] if grads_note else []
+    if not has_pred:
+        notes.append("prediction not in this run: no pred_* columns (the memory model did not run)")
     caption = (
         f"Memory of the rank with the largest peak, by category, at the moment of its peak in the memory-tracked "
         f"step; measured = {TRACKER_SOURCE}, predicted = the analytic model for the same case (label: predicted "
-        f"peak and its error against the measured peak). Ranks: {describe_ranks(ok)}."
+        f"peak and its error against the measured peak). DDP's gradient buckets are 'other' to the tracker and "
+        f"'comm buffers' to the model. Ranks: {describe_ranks(ok)}."
     )
     return Panel(key="memory_breakdown", title=title, caption=caption, figure=fig, notes=notes)
 

@@ -96,7 +96,7 @@ def _measured(c: dict[str, Any], rank: int) -> dict[str, Any]:
         "mem_rss_peak_bytes": peak + 100 * 2**20,
         "pred_params_bytes": mem["params"], "pred_grads_bytes": mem["grads"], "pred_optim_bytes": mem["optim"],
         "pred_activations_bytes": mem["activations"], "pred_unsharded_bytes": mem["params_unsharded"],
-        "pred_comm_buffers_bytes": 0.0, "pred_padding_bytes": 0.0, "pred_model_states_bytes": states,
+        "pred_comm_buffers_bytes": 0.0, "pred_padding_bytes": 0.0, "pred_temp_bytes": TEMP_BYTES, "pred_model_states_bytes": states,
         "pred_model_states_err": 0.0,
         "overlap_comm_ms": 10.0 * (n - 1), "overlap_exposed_comm_ms": 4.0 * (n - 1),
         "overlap_ratio": 0.6 if n > 1 else 0.0,

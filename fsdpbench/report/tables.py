@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from fsdpbench.report.data import FAILED_STATUSES, case_labels, has_values, ok_cases
-from fsdpbench.report.figures import BREAKDOWN_MEASURED, BREAKDOWN_PREDICTED
+from fsdpbench.report.figures import BREAKDOWN_MEASURED, breakdown_frames
 from fsdpbench.report.figures_perf import BASELINE_KEYS
 from fsdpbench.report.panel import fmt_pct
 from fsdpbench.summary import fmt_bytes
@@ -83,11 +83,14 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         mem_pair("pred_peak_bytes", "pred_peak_err"), "low")
     add("model states: measured / predicted", lambda r: _num(r.get("mem_tracker_model_states_bytes")),
         mem_pair("pred_model_states_bytes", "pred_model_states_err"), "low")
-    for group, measured in BREAKDOWN_MEASURED.items():
-        predicted = BREAKDOWN_PREDICTED[group]
-        add(f"  {group} at peak", lambda r, m=measured: _sum_cols(r, tuple(f"mem_tracker_peak_{c}_bytes" for c in m)),
-            lambda r, v, p=predicted: fmt_bytes(v) + (f" / {fmt_bytes(_sum_cols(r, p))}"
-                                                       if _sum_cols(r, p) is not None else ""), None)  # fmt: skip
+    measured, predicted, _ = breakdown_frames(cases)
+    measured.index = list(cols)  # by label, as the cases
+    if predicted is not None:
+        predicted.index = list(cols)
+    for group in BREAKDOWN_MEASURED:
+        add(f"  {group} at peak", lambda r, g=group: _num(measured.at[r["label"], g]),
+            lambda r, v, g=group: fmt_bytes(v) + (f" / {fmt_bytes(_num(predicted.at[r['label'], g]))}"
+                                                  if predicted is not None else ""), None)  # fmt: skip
     for col, name in (("mem_alloc_peak_allocated_bytes", "allocator peak allocated"),
                       ("mem_alloc_peak_reserved_bytes", "allocator peak reserved"),
                       ("mem_nvml_peak_bytes", "NVML peak (GPU)"), ("mem_rss_peak_bytes", "RSS peak (process)")):
