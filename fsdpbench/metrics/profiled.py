@@ -115,6 +115,10 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     out["overlap_exposed_comm_ms"] = stats["exposed_comm_us"] / 1e3
     out["overlap_ratio"] = stats["overlap_ratio"]
     out["overlap_note"] = stats.get("note", "")
+    if case.world_size == 1:
+        # a 1-rank "collective" is a local copy: there is nothing to hide, so no ratio to report
+        out["overlap_ratio"] = None
+        out["overlap_note"] = "world_size 1: no communication between ranks"
     return out
 
 
