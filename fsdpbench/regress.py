@@ -445,7 +445,7 @@ def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs
     else:
         verdict, fails = "ok", False
     note = f"vs {ref}" if metric == "step_time_ratio" else ""
-    if verdict == "improved":
+    if verdict == "improved" and m.deterministic:
         note = (note + "; " if note else "") + "update the baseline"
     return base, now, change, th, verdict, fails, note
 
