@@ -185,6 +185,12 @@ def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.Da
                                 "results columns (a run from another fsdpbench version?)")  # fmt: skip
         frame.at[i, "strategy"] = mapping[row["strategy"]]
         frame.at[i, "case_id"] = case.replace(strategy=mapping[row["strategy"]]).case_id
+    ids = frame.groupby("case_id")["run_case_id"].nunique()
+    if (ids > 1).any():
+        clash = ids[ids > 1].index[0]
+        both = sorted(frame.loc[frame["case_id"] == clash, "run_case_id"].unique())
+        raise BaselineError(f"--map-strategy: {' and '.join(both)} would both be compared as {clash}; "
+                            "run the plugin in a run of its own")  # fmt: skip
     return frame
 
 

@@ -221,6 +221,9 @@ def test_strategy_map_matches_a_plugin_to_the_baseline_strategy(baseline):
     assert (fail.case_id, fail.metric, fail.run_case_id) == (ZERO3.case_id, "mem_tracker_peak_bytes", plugin.case_id)
     with pytest.raises(BaselineError, match="not in the run"):
         apply_strategy_map(frame, {"zero9": "zero3"})
+    both = pd.concat([frame, pd.DataFrame(case_rows(ZERO3, peak=[1000, 1000], step_ms=50.0))])
+    with pytest.raises(BaselineError, match=f"would both be compared as {ZERO3.case_id}"):
+        apply_strategy_map(both, {"regressions:ParamCopyZero3": "zero3"})
 
 
 # ---- the command ----------------------------------------------------------------------------------
