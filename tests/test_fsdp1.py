@@ -1,0 +1,157 @@
+"""FSDP1 (`FullyShardedDataParallel`) strategies: the knobs map to FSDP1's arguments, they train the
+same model as one rank over the global batch, and the FSDP1 memory tracker files bytes honestly."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+from fsdpbench.case import Case
+from fsdpbench.models import build_model
+from fsdpbench.models.decoder import TransformerBlock
+from fsdpbench.scenario import build_case, parse_scenario
+from fsdpbench.strategies import get_strategy
+from fsdpbench.strategies.fsdp1 import BACKWARD_PREFETCH_MODES, auto_wrap_policy_for, mixed_precision_for
+from tests.helpers import global_losses, run, tiny_case
+
+RTOL = 1e-5
+FSDP1 = ["fsdp1_full", "fsdp1_grad_op", "fsdp1_no_shard", "fsdp1_hybrid"]
+
+
+# ---- the knobs as FSDP1 arguments (no processes) -------------------------------------------------
+def test_wrap_axis_maps_to_fsdp1_auto_wrap_policies() -> None:
+    model = build_model("decoder-tiny", device="meta")
+    assert auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="none")) is None
+    assert auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="whole")) is None
+    size = auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="size", wrap_min_params=20_000))
+    assert isinstance(size, functools.partial) and size.func is size_based_auto_wrap_policy
+    assert size.keywords == {"min_num_params": 20_000}
+    block = auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="block"))
+    assert isinstance(block, ModuleWrapPolicy) and block._module_classes == {TransformerBlock}
+    named = auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="classes", wrap_classes=("FeedForward",)))
+    assert {c.__name__ for c in named._module_classes} == {"FeedForward"}
+    with pytest.raises(ValueError, match="Nope"):
+        auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="classes", wrap_classes=("Nope",)))
+
+
+def test_precision_and_prefetch_map_to_fsdp1_arguments() -> None:
+    assert mixed_precision_for("fp32") is None
+    bf16 = mixed_precision_for("bf16")
+    assert (bf16.param_dtype, bf16.reduce_dtype, bf16.buffer_dtype) == (torch.bfloat16, torch.float32, None)
+    low = mixed_precision_for("fp16-lowreduce")
+    assert (low.param_dtype, low.reduce_dtype) == (torch.float16, torch.float16)
+    assert BACKWARD_PREFETCH_MODES == {
+        "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST, "none": None,
+    }  # fmt: skip
+
+
+def test_sharding_declarations_feed_the_memory_model() -> None:
+    assert get_strategy("fsdp1_full").sharding_strategy is ShardingStrategy.FULL_SHARD
+    assert get_strategy("fsdp1_full").sharding.degrees(4) == (4, 4, 4)
+    grad_op = get_strategy("fsdp1_grad_op").sharding
+    assert grad_op.degrees(4) == (4, 4, 4) and grad_op.params_unsharded_fwd_to_bwd
+    assert get_strategy("fsdp1_no_shard").sharding.degrees(4) == (1, 1, 1)
+    assert get_strategy("fsdp1_hybrid").sharding.degrees(4, 2) == (2, 2, 2)
+
+
+def test_case_rules_for_fsdp1_knobs() -> None:
+    hybrid, reason = build_case({"strategy": "fsdp1_hybrid", "world_size": 4, "shard_size": 2})
+    assert reason is None and hybrid.shard_size == 2
+    full, _ = build_case({"strategy": "fsdp1_full", "world_size": 4, "shard_size": 2})
+    assert full.shard_size is None
+    _, reason = build_case({"strategy": "fsdp1_hybrid", "world_size": 3, "shard_size": 2})
+    assert "does not divide" in reason
+    _, reason = build_case({"strategy": "fsdp1_full", "prefetch": 1})
+    assert "backward_prefetch" in reason
+    _, reason = build_case({"strategy": "fsdp1_full", "cpu_offload": True, "device": "cpu"})
+    assert "pin_memory" in reason and "zero3" in reason
+    _, reason = build_case({"strategy": "fsdp1_full", "strategy_args": {"orig": True}})
+    assert "use_orig_params" in reason
+
+
+def test_fsdp1_only_knobs_collapse_on_other_strategies() -> None:
+    scenario = parse_scenario(
+        "name: t\nsweep:\n  strategy: [fsdp1_full, zero3, ddp]\n  backward_prefetch: [pre, post, none]\n"
+        "  limit_all_gathers: [true, false]\n"
+    )
+    by_strategy: dict[str, int] = {}
+    for case in scenario.cases:
+        by_strategy[case.strategy] = by_strategy.get(case.strategy, 0) + 1
+    assert by_strategy == {"fsdp1_full": 6, "zero3": 1, "ddp": 1}
+    assert not scenario.skipped
+
+
+# ---- runs: same maths as one rank ------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference_2(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=4), tmp_path_factory.mktemp("ref2"))
+    assert ref.status == "ok", ref.error
+    return global_losses(ref)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["fsdp1_full", "fsdp1_grad_op", "fsdp1_no_shard"])
+def test_fsdp1_two_ranks_match_one_rank(strategy: str, reference_2, tmp_path: Path) -> None:
+    outcome = run(tiny_case(strategy=strategy, world_size=2), tmp_path)
+    assert outcome.status == "ok", outcome.error
+    losses = global_losses(outcome)
+    assert len(losses) == len(reference_2) and losses[-1] != losses[0]
+    assert losses == pytest.approx(reference_2, rel=RTOL)
+
+
+@pytest.mark.slow
+def test_fsdp1_hybrid_2x2_matches_one_rank(tmp_path: Path) -> None:
+    ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=8), tmp_path / "ref")
+    outcome = run(tiny_case(strategy="fsdp1_hybrid", world_size=4, shard_size=2), tmp_path)
+    assert outcome.status == "ok", outcome.error
+    assert global_losses(outcome) == pytest.approx(global_losses(ref), rel=RTOL)
+
+
+@pytest.mark.slow
+def test_tutorial_mnist_with_adadelta_matches_one_rank(tmp_path: Path) -> None:
+    """The tutorial's model and optimizer, fc1 as its own unit (min_num_params=20000)."""
+    common = dict(model="mnist-cnn", model_args={"dropout": False}, optimizer="adadelta", lr=1.0,
+                  wrap="size", wrap_min_params=20_000)  # fmt: skip
+    ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=4, **common), tmp_path / "ref")
+    outcome = run(tiny_case(strategy="fsdp1_full", world_size=2, **common), tmp_path)
+    assert outcome.status == "ok", outcome.error
+    assert outcome.ranks[0]["n_units"] == 2  # fc1 + the root, as in the tutorial's printout
+    assert global_losses(outcome) == pytest.approx(global_losses(ref), rel=RTOL)
+
+
+# ---- runs: the FSDP1 memory tracker -----------------------------------------------------------------
+MLP = dict(model="mlp", model_args={"width": 128, "depth": 4}, batch_size=2, world_size=2)
+BLOCK_BYTES = (128 * 128 + 128) * 4  # one MLP block's unsharded fp32 parameters
+
+
+def _rank0_memory(outcome) -> dict:
+    assert outcome.status == "ok", outcome.error
+    return outcome.ranks[0]["memory"]
+
+
+@pytest.mark.slow
+def test_fsdp1_tracker_files_sharded_states_like_the_exact_count(tmp_path: Path) -> None:
+    mem = _rank0_memory(run(tiny_case(strategy="fsdp1_full", **MLP), tmp_path))
+    states, local = mem["states_tracker"], mem["states_local"]
+    total = 4 * (128 * 128 + 128) + 128 * 10 + 10
+    # use_orig_params=True: the optimizer state is unpadded; the flat parameter pads to a multiple of N
+    assert states["params"] == local["params"] >= total * 4 // 2
+    assert states["grads"] == local["grads"] == local["params"]  # plain MemTracker files these as temp
+    assert states["optim"] == local["optim"]
+    assert states["temp"] == 0 and states["params_unsharded"] == 0  # resharded after the step
+    assert mem["peak"]["params_unsharded"] > 0
+
+
+@pytest.mark.slow
+def test_backward_post_holds_one_unsharded_unit_less_than_backward_pre(tmp_path: Path) -> None:
+    pre = _rank0_memory(run(tiny_case(strategy="fsdp1_full", backward_prefetch="pre", **MLP), tmp_path))
+    post = _rank0_memory(run(tiny_case(strategy="fsdp1_full", backward_prefetch="post", **MLP), tmp_path))
+    # BACKWARD_PRE all-gathers the previous unit before computing this one's gradient: two blocks
+    # unsharded at the peak; BACKWARD_POST gathers it after this block is resharded: one.
+    assert pre["peak"]["params_unsharded"] - post["peak"]["params_unsharded"] == BLOCK_BYTES
+    assert post["peak"]["total"] < pre["peak"]["total"]
