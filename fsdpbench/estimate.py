@@ -1,0 +1,269 @@
+"""The traced predictor: run the case's real strategy code on fake tensors with a fake process group
+of any world size, in this one process, under PyTorch's memory trackers. Nothing is allocated: a 7B
+decoder on 64 ranks traces on a laptop CPU.
+
+    from fsdpbench.estimate import estimate
+    est = estimate(Case(model="llama-7b", strategy="zero3", world_size=64))   # rank 0
+    est.peak_bytes, est.peak_by_category, est.model_states_bytes
+
+How: ``dist.init_process_group("fake")`` (``torch.testing._internal.distributed.fake_pg``: collectives
+do nothing); FSDP strategies are applied to a meta-device model (their device mesh needs real
+tensors) and materialised with ``to_empty`` under ``FakeTensorMode``; other strategies are built and
+applied under ``FakeTensorMode``. Then the worker's own step (global batch → slice → forward → loss →
+backward → optimizer.step → zero_grad) runs once to create optimizer state and once more inside the
+worker's tracker (``FSDPMemTracker`` / ``MemTracker``), which records the same categories as a run.
+
+With ``backend: gloo`` (the CPU runs) the trace also stages the copy of the input that gloo's
+reduce-scatter makes, so it predicts what a gloo run measures; with nccl it does not.
+
+Two things the fake process group cannot do for DDP, and what is done instead (inside
+``estimate`` only; no strategy code changes):
+- its ``Work`` futures carry no tensors, so DDP's built-in all-reduce hook fails: an equivalent
+  Python hook is registered (divide the bucket in place, return it — no allocation, like the
+  built-in one), and ``dist.all_reduce(async_op=True)`` futures are completed with their tensor so
+  compression hooks (``-lowreduce``) work;
+- DDP reads real tensor data when it checks parameter shapes across ranks and when it rebuilds its
+  buckets after the first step: the check is skipped and the rebuild kept off (buckets stay as built:
+  one bucket; the tracker counts a bucket once backward first writes it, so mid-backward the traced
+  DDP peak can count bucket memory earlier than a real run does).
+Not traced: ``torch.compile`` (the model runs eagerly), ``mixed`` (an accounting, not a runnable
+precision), CUDA's 512-byte rounding (tracing runs on CPU fake tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from fsdpbench.case import Case
+
+
+@dataclass(frozen=True, slots=True)
+class TracedEstimate:
+    """What PyTorch's tracker saw on one fake rank (bytes)."""
+
+    case_id: str
+    strategy: str
+    world_size: int
+    rank: int
+    params: int
+    method: str
+    peak_bytes: int
+    peak_by_category: dict[str, int]
+    states_by_category: dict[str, int]  # after optimizer.step, before zero_grad
+    model_states_bytes: int
+    wall_s: float
+    peak_rss_bytes: int  # this process's peak resident memory so far (ru_maxrss)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "case_id": self.case_id, "strategy": self.strategy, "world_size": self.world_size, "rank": self.rank,
+            "params": self.params, "method": self.method, "model_states_bytes": self.model_states_bytes,
+            "peak_bytes": self.peak_bytes, "bytes": dict(self.peak_by_category),
+            "states_bytes": dict(self.states_by_category), "wall_s": self.wall_s,
+            "peak_rss_bytes": self.peak_rss_bytes, "notes": list(self.notes),
+        }  # fmt: skip
+
+
+def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstimate:
+    """Trace one rank of ``case`` (any world size) and return the tracker's peak and model states."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fsdpbench.memory_model.precision import get_precision
+    from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
+    from fsdpbench.models import make_global_batch, resolve_model
+    from fsdpbench.strategies import get_strategy
+    from fsdpbench.strategies.base import Strategy
+
+    if not get_precision(case.precision).runnable:
+        raise ValueError(f"precision {case.precision!r} is an accounting, not a runnable precision: "
+                         "trace bf16 (what FSDP2 keeps) or use --method analytic")  # fmt: skip
+    if not 0 <= rank < case.world_size:
+        raise ValueError(f"rank {rank} is outside world_size={case.world_size}")
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeError("estimate() starts its own fake process group; call it outside an initialized one")
+    t0 = time.perf_counter()
+    notes = ["traced on CPU fake tensors (no memory allocated)"]
+    if case.compile:
+        notes.append("torch.compile not traced: the model runs eagerly")
+    strategy = get_strategy(case.strategy)
+    reason = strategy.check(case)
+    if reason:
+        raise ValueError(f"case {case.case_id}: {reason}")
+    mdef, margs = resolve_model(case.model, case.model_args)
+    device = torch.device("cpu")
+    fsdp2 = type(strategy).fsdp_root is not Strategy.fsdp_root
+    autocast = (
+        torch.autocast("cpu", dtype=torch.bfloat16 if case.precision.startswith("bf16") else torch.float16)
+        if case.precision != "fp32" and not strategy.native_mixed_precision
+        else contextlib.nullcontext()
+    )
+    _init_fake_process_group(rank, case.world_size)
+    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    entered = False
+    try:
+        with _fake_pg_compat(case.backend):
+            if fsdp2:  # apply on meta (the mesh needs real tensors), then materialise as fake tensors
+                model = _build(mdef, margs, "meta")
+                n_params = sum(p.numel() for p in model.parameters())
+                model = _apply(model, strategy, case, rank, device)
+                fake.__enter__()
+                entered = True
+                model.to_empty(device=device)
+            else:
+                fake.__enter__()
+                entered = True
+                model = _build(mdef, margs, device)
+                n_params = sum(p.numel() for p in model.parameters())
+                model = _patch_ddp(_apply(model, strategy, case, rank, device), case.world_size)
+            optimizer = strategy.build_optimizer(model, case)
+
+            def train_step(step: int, after_optim: Any = None) -> None:
+                x, y = make_global_batch(case.model, case.model_args, case.global_batch_size, case.seq_len,
+                                         case.seed, step)  # fmt: skip
+                lo, hi = rank * case.batch_size, (rank + 1) * case.batch_size
+                x, y = x[lo:hi].to(device), y[lo:hi].to(device)
+                with autocast:
+                    loss = mdef.loss(model(x), y)
+                loss.backward()
+                optimizer.step()
+                if after_optim is not None:
+                    after_optim()
+                optimizer.zero_grad(set_to_none=True)
+
+            for step in range(warmup_steps):
+                train_step(step)
+            tracker = build_tracker(model, optimizer, strategy.fsdp_root(model))
+            states: dict[str, int] = {}
+            with tracker:
+                train_step(warmup_steps, after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)))
+            peak = snapshot_by_category(tracker, "peak", device)
+    finally:
+        if entered:
+            fake.__exit__(None, None, None)
+        dist.destroy_process_group()
+    return TracedEstimate(
+        case_id=case.case_id, strategy=case.strategy, world_size=case.world_size, rank=rank,
+        params=int(n_params), method="traced",
+        peak_bytes=int(peak.pop("total")), peak_by_category=peak, states_by_category=states,
+        model_states_bytes=sum(states.get(c, 0) for c in ("params", "grads", "optim")),
+        wall_s=time.perf_counter() - t0, peak_rss_bytes=peak_rss_bytes(), notes=tuple(notes),
+    )  # fmt: skip
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)
+
+
+# ---- helpers ------------------------------------------------------------------------------------------
+def _init_fake_process_group(rank: int, world_size: int) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
+
+
+def _build(mdef: Any, margs: dict[str, Any], device: Any) -> torch.nn.Module:
+    with torch.device(device):
+        return mdef.build(**margs)
+
+
+def _apply(model: torch.nn.Module, strategy: Any, case: Case, rank: int, device: torch.device):
+    """What the worker does between building the model and the optimizer (without compile)."""
+    from fsdpbench.knobs import apply_activation_checkpointing
+    from fsdpbench.strategies import ApplyContext
+    from fsdpbench.wrap import get_wrap_units
+
+    ctx = ApplyContext(case=case, device=device, rank=rank, world_size=case.world_size,
+                       units=get_wrap_units(model, case) if strategy.uses_wrap else [])  # fmt: skip
+    model = apply_activation_checkpointing(model, case)
+    return strategy.apply(model, ctx)
+
+
+class _CompletedWork:
+    """A finished collective whose future carries its tensor (the fake process group's carry None)."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self._tensor = tensor
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result([self._tensor])
+        return fut
+
+
+@contextlib.contextmanager
+def _fake_pg_compat(backend: str) -> Iterator[None]:
+    import torch.nn.parallel.distributed as ddp_module
+
+    verify, all_reduce = ddp_module._verify_param_shape_across_processes, dist.all_reduce
+    rs_name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
+    reduce_scatter = getattr(dist, rs_name)  # what FSDP2's DefaultReduceScatter calls
+
+    def async_all_reduce(tensor: torch.Tensor, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
+        work = all_reduce(tensor, *args, async_op=async_op, **kwargs)
+        return _CompletedWork(tensor) if async_op else work
+
+    def gloo_reduce_scatter(*args: Any, **kwargs: Any) -> Any:
+        tensor = kwargs.get("input", args[1] if len(args) > 1 else None)
+        staged = tensor.clone() if tensor is not None else None  # gloo reduces a flattened copy of the input
+        work = reduce_scatter(*args, **kwargs)
+        del staged
+        return work
+
+    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
+    dist.all_reduce = async_all_reduce
+    if backend == "gloo":
+        setattr(dist, rs_name, gloo_reduce_scatter)
+    try:
+        yield
+    finally:
+        ddp_module._verify_param_shape_across_processes = verify
+        dist.all_reduce = all_reduce
+        setattr(dist, rs_name, reduce_scatter)
+
+
+class _ReducerWithoutRebuild:
+    """DDP's reducer, except that its first-step bucket rebuild (which reads tensor data) is off."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+
+def _patch_ddp(model: torch.nn.Module, world_size: int) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return model
+    if not model._comm_hooks:
+
+        def allreduce_in_place(state, bucket):  # noqa: ANN001 — DDP checks these annotations at runtime
+            buffer = bucket.buffer().div_(world_size)  # what DDP's built-in hook does, minus the wire
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(buffer)
+            return fut
+
+        model.register_comm_hook(None, allreduce_in_place)
+    model.reducer = _ReducerWithoutRebuild(model.reducer)
+    return model

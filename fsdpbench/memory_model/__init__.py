@@ -1,0 +1,244 @@
+"""The analytic memory model: per-rank bytes by category for any strategy, world size, precision and
+optimizer — the (P+G+K)·Ψ/N family from the strategy's declared ``Sharding``, made exact for a given
+model and rank, plus named extra terms (FSDP padding, unsharded units in flight, all-gather and
+reduce-scatter buffers, DDP buckets, activations, a CUDA context allowance) and the moment of the peak.
+
+    from fsdpbench.memory_model import predict_memory
+    pred = predict_memory(Case(model="llama-7b", strategy="zero3", world_size=64, precision="bf16"))
+    pred.model_states_bytes, pred.peak_bytes, pred.peak_moment, pred.peak_breakdown
+
+See docs/memory-model.md. ``prediction_columns`` puts the prediction beside every run's measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from fsdpbench.case import Case
+from fsdpbench.memory_model.activations import AUTOCAST16, FP32, PURE16, Shape, get_activation_profile
+from fsdpbench.memory_model.facts import ModelFacts, get_model_facts
+from fsdpbench.memory_model.precision import PRECISIONS, Precision, get_precision, optimizer_k
+from fsdpbench.memory_model.states import RankStates, get_rank_states
+from fsdpbench.memory_model.timeline import CATEGORIES, Moment, walk_step
+from fsdpbench.strategies import get_strategy
+from fsdpbench.strategies.base import Sharding, Strategy
+
+GIB = 1024**3
+# device memory no tensor tracker sees on a GPU: CUDA context (~0.5 GiB on recent drivers) and NCCL
+# communicator buffers; a stated allowance, not a measurement (override: --context-allowance)
+CUDA_CONTEXT_BYTES = 1 * GIB
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPrediction:
+    """One rank's predicted memory for one configuration; every term is its own field (bytes)."""
+
+    strategy: str
+    world_size: int
+    shard_size: int | None
+    rank: int
+    params: int  # Ψ
+    precision: str
+    optimizer: str
+    batch_size: int | None
+    seq_len: int | None
+    method: str
+    # resident states after optimizer.step (before zero_grad), as the tracker's states snapshot measures
+    params_bytes: int
+    padding_bytes: int  # FSDP dim-0 padding of parameters and gradients
+    grads_bytes: int
+    optim_bytes: int
+    resting_states_bytes: int
+    model_states_bytes: int  # the ZeRO paper's accounting (zero2: params as held from forward to backward)
+    exact_states: bool  # False when only a parameter count was known (textbook b·Ψ/d)
+    # named extra terms (None: not estimated — no model structure or no activation model)
+    unsharded_in_flight_bytes: int | None = None  # largest unit × (1 + prefetch) (+ root unit; zero2: all)
+    comm_buffers_bytes: int | None = None  # largest all-gather + reduce-scatter buffer, or DDP buckets
+    activations_bytes: int | None = None  # saved at the end of forward, batch included
+    optimizer_temp_bytes: int | None = None
+    peak_bytes: int | None = None  # live tensors at the peak, as PyTorch's memory trackers count them
+    peak_moment: str | None = None
+    peak_breakdown: dict[str, int] = field(default_factory=dict)
+    context_bytes: int = 0  # CUDA context + NCCL allowance (GPU only)
+    untracked_bytes: int = 0  # allocated at the peak but not counted by trackers (DDP buckets not yet used)
+    device: str = "cpu"
+    notes: tuple[str, ...] = ()
+
+    @property
+    def device_peak_bytes(self) -> int | None:
+        """What the device must hold: the tracked peak + untracked buffers + the context allowance."""
+        if self.peak_bytes is None:
+            return None
+        return self.peak_bytes + self.untracked_bytes + self.context_bytes
+
+    @property
+    def lower_bound_bytes(self) -> int:
+        """Memory certainly needed: the peak if estimated, else the resident model states."""
+        return self.device_peak_bytes if self.peak_bytes is not None else self.model_states_bytes + self.context_bytes
+
+    def bytes_by_category(self) -> dict[str, int | None]:
+        """Categories at the peak moment; None for terms that could not be estimated."""
+        if self.peak_breakdown:
+            out: dict[str, int | None] = {c: self.peak_breakdown.get(c, 0) for c in CATEGORIES}
+        else:
+            out = dict.fromkeys(CATEGORIES, None)
+            out.update(params=self.params_bytes, padding=self.padding_bytes, optim=self.optim_bytes,
+                       grads=self.grads_bytes)  # fmt: skip
+        out["context"] = self.context_bytes
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "strategy": self.strategy, "world_size": self.world_size, "shard_size": self.shard_size,
+            "rank": self.rank, "params": self.params, "precision": self.precision, "optimizer": self.optimizer,
+            "batch_size": self.batch_size, "seq_len": self.seq_len, "method": self.method, "device": self.device,
+            "model_states_bytes": self.model_states_bytes, "resting_states_bytes": self.resting_states_bytes,
+            "peak_bytes": self.peak_bytes, "device_peak_bytes": self.device_peak_bytes,
+            "peak_moment": self.peak_moment, "bytes": self.bytes_by_category(),
+            "terms": {
+                "params": self.params_bytes, "padding": self.padding_bytes, "grads": self.grads_bytes,
+                "optim": self.optim_bytes, "unsharded_in_flight": self.unsharded_in_flight_bytes,
+                "comm_buffers": self.comm_buffers_bytes, "activations": self.activations_bytes,
+                "optimizer_temp": self.optimizer_temp_bytes, "context": self.context_bytes,
+                "untracked": self.untracked_bytes,
+            },
+            "exact_states": self.exact_states, "notes": list(self.notes),
+        }  # fmt: skip
+
+
+def resolve_shard_size(case: Case, sharding: Sharding) -> int | None:
+    """The shard-group size of a ``group="shard_group"`` strategy (fsdpbench's HSDP default: 2)."""
+    if sharding.group != "shard_group":
+        return None
+    from fsdpbench.strategies.fsdp2 import hsdp_shard_size
+
+    return hsdp_shard_size(case)
+
+
+def zero_model_states_bytes(params: float, sharding: Sharding, world_size: int, shard_size: int | None,
+                            param_bytes: float, grad_bytes: float, k: float) -> float:
+    """The textbook M = b_p·Ψ/d_p + b_g·Ψ/d_g + K·Ψ/d_o, with d_p = 1 for params held unsharded
+    from forward to backward (ZeRO-2 through FSDP's SHARD_GRAD_OP)."""
+    d_p, d_g, d_o = sharding.degrees(world_size, shard_size)
+    if sharding.params_unsharded_fwd_to_bwd:
+        d_p = 1
+    return param_bytes * params / d_p + grad_bytes * params / d_g + k * params / d_o
+
+
+def predict_memory(
+    case: Case, *, rank: int = 0, facts: ModelFacts | None = None, strategy: Strategy | None = None,
+    context_bytes: int | None = None,
+) -> MemoryPrediction:
+    """The analytic prediction for one rank of a case (``facts`` overrides the model, e.g. a bare Ψ)."""
+    strategy = strategy or get_strategy(case.strategy)
+    sharding = strategy.sharding
+    prec = get_precision(case.precision)
+    shard = resolve_shard_size(case, sharding)
+    uses_units = bool(strategy.uses_wrap and sharding.per_unit_gather)
+    if facts is None:
+        facts = get_model_facts(
+            case.model, case.model_args, wrap=case.wrap if uses_units else "none",
+            wrap_min_params=case.wrap_min_params, wrap_classes=tuple(case.wrap_classes),
+        )  # fmt: skip
+    states = get_rank_states(
+        facts, sharding, prec, case.optimizer, world_size=case.world_size, shard_size=shard, rank=rank,
+        device=case.device, uses_units=uses_units,
+    )  # fmt: skip
+    notes: list[str] = []
+    k = optimizer_k(case.optimizer, prec)
+    zero_states = round(zero_model_states_bytes(facts.n_params, sharding, case.world_size, shard,
+                                                prec.param_bytes, prec.grad_bytes, k))  # fmt: skip
+    if prec.master_in_optimizer or not states.exact:
+        model_states = zero_states
+    else:  # the real layout, plus params held unsharded from forward to backward (zero2)
+        model_states = states.model_states + (
+            sum(states.unit_unsharded.values()) if sharding.params_unsharded_fwd_to_bwd else 0
+        )
+    if not states.exact:
+        notes.append("model states from the parameter count alone (textbook b·Ψ/d: no padding, no ZeRO-1 "
+                     "partition imbalance, no step tensors)")  # fmt: skip
+    context = (CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes) if case.device == "cuda" else 0
+    pred = MemoryPrediction(
+        strategy=case.strategy, world_size=case.world_size, shard_size=shard, rank=rank, params=facts.n_params,
+        precision=case.precision, optimizer=case.optimizer, batch_size=case.batch_size, seq_len=case.seq_len,
+        method="analytic", params_bytes=states.params, padding_bytes=states.params_padding + states.grads_padding,
+        grads_bytes=states.grads, optim_bytes=states.optim, resting_states_bytes=states.model_states,
+        model_states_bytes=model_states, exact_states=states.exact, context_bytes=context, device=case.device,
+    )  # fmt: skip
+    if not facts.known:
+        notes.append("activations, unsharded units and communication buffers need a model (--model): not estimated")
+        return replace(pred, notes=tuple(notes))
+    terms = _named_terms(facts, states, case.prefetch, sharding)
+    profile = _profile(case, facts, strategy, prec)
+    if profile is None:
+        notes.append(f"no activation model for {case.model!r}: peak not estimated (use --method traced)")
+        return replace(pred, notes=tuple(notes), **terms)
+    moments = walk_step(facts, states, profile, sharding, prefetch=case.prefetch,
+                        shard_group=_group_size(case, sharding, shard),
+                        replicas=case.world_size // _group_size(case, sharding, shard), backend=case.backend)  # fmt: skip
+    peak = max(moments, key=lambda m: m.total)
+    if prec.name == "mixed":
+        notes.append("'mixed' is an accounting (ZeRO paper); the peak assumes FSDP-style 16-bit compute")
+    return replace(
+        pred, **terms, activations_bytes=profile.inputs_bytes + profile.saved_bytes, peak_bytes=peak.total,
+        peak_moment=peak.label, peak_breakdown={c: peak.bytes.get(c, 0) for c in CATEGORIES},
+        untracked_bytes=peak.untracked_bytes, notes=tuple(notes),
+    )  # fmt: skip
+
+
+def peak_moments(case: Case, *, rank: int = 0) -> list[Moment]:
+    """Every moment of the step (for inspection: which term grows when)."""
+    strategy = get_strategy(case.strategy)
+    prec = get_precision(case.precision)
+    uses_units = bool(strategy.uses_wrap and strategy.sharding.per_unit_gather)
+    facts = get_model_facts(case.model, case.model_args, wrap=case.wrap if uses_units else "none",
+                            wrap_min_params=case.wrap_min_params, wrap_classes=tuple(case.wrap_classes))  # fmt: skip
+    states = get_rank_states(facts, strategy.sharding, prec, case.optimizer, world_size=case.world_size,
+                             shard_size=resolve_shard_size(case, strategy.sharding), rank=rank,
+                             device=case.device, uses_units=uses_units)  # fmt: skip
+    profile = _profile(case, facts, strategy, prec)
+    if profile is None:
+        return []
+    shard = resolve_shard_size(case, strategy.sharding)
+    return walk_step(facts, states, profile, strategy.sharding, prefetch=case.prefetch,
+                     shard_group=_group_size(case, strategy.sharding, shard),
+                     replicas=case.world_size // _group_size(case, strategy.sharding, shard), backend=case.backend)  # fmt: skip
+
+
+def _group_size(case: Case, sharding: Sharding, shard: int | None) -> int:
+    return max(sharding.degrees(case.world_size, shard))
+
+
+def _profile(case: Case, facts: ModelFacts, strategy: Strategy, prec: Precision):
+    from fsdpbench.models import resolve_model
+
+    mdef, args = resolve_model(case.model, case.model_args)
+    if prec.compute_bytes == 4:
+        mode = FP32
+    else:
+        mode = PURE16 if strategy.native_mixed_precision else AUTOCAST16
+    shape = Shape(batch=case.batch_size, seq_len=case.seq_len, global_batch=case.global_batch_size, mode=mode,
+                  checkpointing=case.activation_checkpointing)  # fmt: skip
+    return get_activation_profile(mdef.name, args, shape)
+
+
+def _named_terms(facts: ModelFacts, states: RankStates, prefetch: int, sharding: Sharding) -> dict[str, int]:
+    if states.unit_unsharded:
+        blocks = {u: b for u, b in states.unit_unsharded.items() if u != facts.root}
+        largest = max(blocks.values(), default=0)
+        root = states.unit_unsharded.get(facts.root, 0)
+        in_flight = sum(states.unit_unsharded.values()) if sharding.params_unsharded_fwd_to_bwd \
+            else root + largest * (1 + prefetch)  # fmt: skip
+        comm = max(states.unit_all_gather.values(), default=0) + max(states.unit_reduce_scatter.values(), default=0)
+    else:
+        in_flight, comm = 0, sum(b for b, _ in states.buckets)
+    return {"unsharded_in_flight_bytes": in_flight, "comm_buffers_bytes": comm,
+            "optimizer_temp_bytes": states.optim_temp}  # fmt: skip
+
+
+from fsdpbench.memory_model.columns import prediction_columns  # noqa: E402
+
+__all__ = [
+    "CUDA_CONTEXT_BYTES", "MemoryPrediction", "ModelFacts", "PRECISIONS", "Precision", "RankStates", "get_model_facts",
+    "get_precision", "peak_moments", "predict_memory", "prediction_columns", "zero_model_states_bytes",
+]  # fmt: skip

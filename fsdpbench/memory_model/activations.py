@@ -1,0 +1,182 @@
+"""Activation memory of one training step, stage by stage, counted from what autograd saves in *this*
+implementation (fsdpbench/models/decoder.py, mlp.py) — not fitted to any measurement.
+
+A step is a list of stages in forward order (decoder: embedding, blocks, head with the loss). Each
+stage keeps ``saved_bytes`` from its forward until its backward, and its backward passes through a
+few named moments (what of its own saved tensors is still alive, which of its parameters already
+have gradients, and the gradient temporaries alive then). ``timeline.py`` walks these stages.
+
+Compute modes: ``fp32``; ``pure16`` — FSDP's MixedPrecisionPolicy runs the whole model in 16 bits
+(RMSNorm upcasts internally, SDPA's logsumexp and the loss stay fp32); ``autocast16`` — DDP/ZeRO-1
+under ``torch.autocast``: the residual stream and norms stay fp32, every Linear saves its own 16-bit
+copy of its input, and autocast's cached 16-bit weight copies stay alive until their backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+FP32, PURE16, AUTOCAST16 = "fp32", "pure16", "autocast16"
+
+
+@dataclass(frozen=True, slots=True)
+class BwdMoment:
+    label: str
+    saved_left_bytes: int  # this stage's saved tensors still alive (recomputed ones included, with AC)
+    grads_done: tuple[str, ...]  # parameters of this stage whose gradients exist at this moment
+    temp_bytes: int  # gradients of activations and other temporaries alive at this moment
+    pre_backward: bool = False  # the stage's output gradient just arrived: FSDP's pre-backward unshards here
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    params: tuple[str, ...]
+    saved_bytes: int  # kept from this stage's forward to its backward
+    fwd_extra_bytes: int  # alive only at the end of its forward (logits while the loss runs)
+    bwd: tuple[BwdMoment, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationProfile:
+    inputs_bytes: int  # the step's batch: the worker slices views of the global batch, which stays alive
+    stages: tuple[Stage, ...]
+    mode: str
+
+    @property
+    def saved_bytes(self) -> int:
+        return sum(s.saved_bytes for s in self.stages)
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What activations depend on besides the model: per-rank batch, sequence, global batch."""
+
+    batch: int
+    seq_len: int
+    global_batch: int
+    mode: str = FP32
+    checkpointing: bool = False
+
+
+def get_activation_profile(family: str, args: dict[str, Any], shape: Shape) -> ActivationProfile | None:
+    """The profile for a model family, or None when fsdpbench has no activation model for it."""
+    fn = _PROFILES.get(family)
+    return fn(args, shape) if fn else None
+
+
+# ---- decoder ---------------------------------------------------------------------------------------
+def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
+    from fsdpbench.models.decoder import default_ffn_dim
+
+    d, layers, heads, vocab = a["d_model"], a["n_layers"], a["n_heads"], a["vocab"]
+    kv = a.get("n_kv_heads") or heads
+    hd, f = d // heads, a.get("ffn_dim") or default_ffn_dim(d)
+    b, s = sh.batch, sh.seq_len
+    tok = b * s
+    bd, bf, kvd = tok * d, tok * f, tok * kv * hd
+    e = 4 if sh.mode == FP32 else 2  # matmul/attention path
+    res = 2 if sh.mode == PURE16 else 4  # residual stream and norm inputs
+
+    def norm_bytes() -> int:
+        # rms_norm saves its (upcast) input, rstd (fp32) and the normalised fp32 result; the output
+        # (norm·weight, compute dtype) is saved by the Linear(s) that read it. With fp32/autocast
+        # inputs the saved input *is* the residual stream (counted as the stage input); in pure16
+        # it is an fp32 copy.
+        upcast = 4 * bd if sh.mode == PURE16 else 0
+        return upcast + 4 * tok + 4 * bd
+
+    if sh.mode == AUTOCAST16:
+        norm_out_attn, norm_out_ffn = 3 * 2 * bd, 2 * 2 * bd  # each Linear saves its own 16-bit cast
+    else:
+        norm_out_attn = norm_out_ffn = e * bd  # one tensor, saved by wq/wk/wv (w1/w3)
+    block_input = res * bd if sh.mode != PURE16 else 0  # pure16: norms keep fp32 copies instead
+    h1 = 4 * bd if sh.mode != PURE16 else 0  # residual after attention (saved by ffn_norm unless pure16)
+    attention = e * (bd + 2 * kvd + bd + bd) + 4 * b * heads * s  # q, k, v, out, out reshaped; lse fp32
+    rope = 2 * s * hd * e  # cos and sin for q and for k (s × hd/2 each)
+    ffn = 4 * e * bf  # w1 out, silu out, w3 out, product
+    block_saved = block_input + 2 * norm_bytes() + norm_out_attn + norm_out_ffn + attention + rope + h1 + ffn
+    autocast_weights = 2 * ((heads + 2 * kv) * hd * d + d * heads * hd + 3 * d * f) if sh.mode == AUTOCAST16 else 0
+    block_saved += autocast_weights
+
+    blocks = []
+    for i in range(layers):
+        p = f"layers.{i}."
+        names = tuple(
+            p + n
+            for n in (
+                "attention_norm.weight", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
+                "attention.wo.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w3.weight",
+                "feed_forward.w2.weight",
+            )
+        )  # fmt: skip
+        bwd = (
+            BwdMoment("start", block_saved, (), res * bd, pre_backward=True),  # grad of the block output
+            # w2 backward then the SwiGLU product: grad of the block output, grad of w2's input and the
+            # two gradients of the product alive together
+            BwdMoment("ffn", block_saved - e * bf, (p + "feed_forward.w2.weight",), res * bd + 3 * e * bf),
+            # end of the block: every parameter has its gradient; grads w.r.t. the block input and residual
+            BwdMoment("end", 0, names, 2 * res * bd),
+        )
+        # with activation checkpointing a block keeps only its input (the residual stream)
+        blocks.append(Stage(f"block{i}", names, res * bd if sh.checkpointing else block_saved, 0, bwd))
+
+    logits_e = e * tok * vocab
+    logsm = 4 * tok * vocab  # log_softmax of fp32 logits (the loss upcasts 16-bit logits)
+    head_autocast = 2 * vocab * d if sh.mode == AUTOCAST16 else 0
+    head_saved = block_input + norm_bytes() + (2 * bd if sh.mode == AUTOCAST16 else e * bd) + logsm + 8 + head_autocast
+    head = Stage(
+        "head", ("norm.weight", "output.weight"), head_saved,
+        logits_e + (4 * tok * vocab if e != 4 else 0),
+        (
+            BwdMoment("loss", head_saved, (), 2 * 4 * tok * vocab),  # nll grad + log_softmax grad, fp32
+            BwdMoment("logits grad", head_saved - logsm, (), logits_e, pre_backward=True),
+            BwdMoment("output", head_saved - logsm, ("output.weight",), logits_e + e * bd),
+            BwdMoment("end", 0, ("norm.weight", "output.weight"), 2 * res * bd),
+        ),
+    )  # fmt: skip
+    emb = Stage(
+        "embedding", ("tok_embeddings.weight",), 0, 0,
+        (BwdMoment("end", 0, ("tok_embeddings.weight",), res * bd),),
+    )  # fmt: skip
+    inputs = 2 * sh.global_batch * s * 8  # tokens and targets (int64) of the global batch
+    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode)
+
+
+# ---- MLP -------------------------------------------------------------------------------------------
+def _mlp(a: dict[str, Any], sh: Shape) -> ActivationProfile:
+    w, depth, classes = a["width"], a["depth"], a["n_classes"]
+    b = sh.batch
+    e = 4 if sh.mode == FP32 else 2
+    stages = []
+    for i in range(depth):
+        names = (f"blocks.{i}.fc.weight", f"blocks.{i}.fc.bias")
+        saved = e * b * w  # ReLU output (also the next Linear's input)
+        if i == 0 and sh.mode != FP32:
+            saved += 2 * b * w  # the 16-bit copy of the fp32 input batch (autocast or FSDP input cast)
+        if sh.mode == AUTOCAST16:
+            saved += 2 * (w * w + w)  # autocast's cached 16-bit weight and bias
+        kept = (0 if i == 0 else e * b * w) if sh.checkpointing else saved
+        recomputed = e * b * w if sh.checkpointing else 0  # held by the checkpoint until the block is done
+        bwd = (
+            BwdMoment("start", saved, (), e * b * w, pre_backward=True),
+            BwdMoment("relu", saved, (), 2 * e * b * w),
+            BwdMoment("end", recomputed, names, 2 * e * b * w),  # Linear backward: grad out and grad in
+        )
+        stages.append(Stage(f"block{i}", names, kept, 0, bwd))
+    logsm_e = 4 if sh.mode != PURE16 else 2
+    head_saved = logsm_e * b * classes + 8 + (2 * (classes * w + classes) if sh.mode == AUTOCAST16 else 0)
+    head = Stage(
+        "head", ("head.weight", "head.bias"), head_saved, e * b * classes,
+        (
+            BwdMoment("loss", head_saved, (), 2 * logsm_e * b * classes),
+            BwdMoment("logits grad", head_saved - logsm_e * b * classes, (), e * b * classes, pre_backward=True),
+            BwdMoment("end", 0, ("head.weight", "head.bias"), e * b * w),
+        ),
+    )  # fmt: skip
+    inputs = sh.global_batch * w * 4 + sh.global_batch * 8  # fp32 features, int64 labels
+    return ActivationProfile(inputs, (*stages, head), sh.mode)
+
+
+_PROFILES: dict[str, Callable[[dict[str, Any], Shape], ActivationProfile]] = {"decoder": _decoder, "mlp": _mlp}

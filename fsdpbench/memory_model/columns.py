@@ -1,0 +1,86 @@
+"""The analytic prediction beside every measured row (``pred_*`` columns), called by the runner after
+each case. Per rank (ZeRO-1's partition and FSDP's padding differ by rank); never raises for a strategy
+or model it cannot predict — it returns no columns, or only the ones it could compute.
+
+Errors are relative, (pred − measured) / measured, against the live-tensor tracker:
+``pred_model_states_err`` vs ``mem_tracker_model_states_bytes`` (after optimizer.step, before zero_grad)
+and ``pred_peak_err`` vs ``mem_tracker_peak_bytes``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from fsdpbench.case import Case
+
+PRED_COLUMNS = (
+    "pred_params_bytes", "pred_grads_bytes", "pred_optim_bytes", "pred_padding_bytes", "pred_model_states_bytes",
+    "pred_activations_bytes", "pred_unsharded_bytes", "pred_comm_buffers_bytes", "pred_temp_bytes",
+    "pred_peak_bytes", "pred_peak_moment", "pred_device_peak_bytes", "pred_model_states_err", "pred_peak_err",
+)  # fmt: skip
+
+
+def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
+    """pred_* columns for a case's rows (one value per row)."""
+    from fsdpbench.memory_model import predict_memory
+
+    try:
+        if case.precision not in _runnable_precisions():
+            return {}
+        ranks = [int(r) if _is_number(r) else 0 for r in rows.get("rank", pd.Series([0] * len(rows)))]
+        preds = {r: predict_memory(case, rank=max(r, 0)) for r in set(ranks)}
+    except Exception:  # noqa: BLE001 — an unknown plugin strategy or model: no prediction, never a failure
+        return {}
+    out: dict[str, list[Any]] = {c: [] for c in PRED_COLUMNS}
+    for i, r in enumerate(ranks):
+        p = preds[r]
+        bd = p.peak_breakdown
+        values = {
+            "pred_params_bytes": p.params_bytes,
+            "pred_grads_bytes": p.grads_bytes,
+            "pred_optim_bytes": p.optim_bytes,
+            "pred_padding_bytes": p.padding_bytes,
+            "pred_model_states_bytes": p.resting_states_bytes,
+            "pred_activations_bytes": (bd.get("activations", 0) + bd.get("inputs", 0)) if bd else None,
+            "pred_unsharded_bytes": (bd.get("params_unsharded", 0) + bd.get("grads_unsharded", 0)) if bd else None,
+            "pred_comm_buffers_bytes": (bd.get("all_gather", 0) + bd.get("reduce_scatter", 0)
+                                        + bd.get("ddp_buckets", 0)) if bd else None,  # fmt: skip
+            "pred_temp_bytes": bd.get("temp", 0) if bd else None,
+            "pred_peak_bytes": p.peak_bytes,
+            "pred_peak_moment": p.peak_moment,
+            "pred_device_peak_bytes": p.device_peak_bytes,
+            "pred_model_states_err": _rel(p.resting_states_bytes, _cell(rows, i, "mem_tracker_model_states_bytes")),
+            "pred_peak_err": _rel(p.peak_bytes, _cell(rows, i, "mem_tracker_peak_bytes")),
+        }
+        for key, value in values.items():
+            out[key].append(value)
+    return out
+
+
+def _runnable_precisions() -> set[str]:
+    from fsdpbench.memory_model.precision import PRECISIONS
+
+    return {name for name, p in PRECISIONS.items() if p.runnable}
+
+
+def _is_number(x: Any) -> bool:
+    try:
+        return not math.isnan(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def _cell(rows: pd.DataFrame, i: int, column: str) -> float | None:
+    if column not in rows.columns:
+        return None
+    value = rows[column].iloc[i]
+    return float(value) if _is_number(value) else None
+
+
+def _rel(pred: float | None, measured: float | None) -> float | None:
+    if pred is None or not measured:
+        return None
+    return (pred - measured) / measured
