@@ -30,7 +30,7 @@ def test_two_ranks_match_one_rank_over_the_global_batch(strategy: str, reference
     outcome = run(tiny_case(strategy=strategy, world_size=2), tmp_path)
     assert outcome.status == "ok", outcome.error
     losses = global_losses(outcome)
-    assert len(losses) == len(reference_2) == 4  # warm-up 1 + timed 2 + memory 1
+    assert len(losses) == len(reference_2) == 5  # warm-up 1 + timed 2 + memory 1 + profiled 1
     assert losses[-1] != losses[0]  # the model did train
     assert losses == pytest.approx(reference_2, rel=RTOL)
 
