@@ -106,6 +106,7 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
         if case.precision != "fp32" and not strategy.native_mixed_precision
         else contextlib.nullcontext()
     )
+    excepthook = sys.excepthook  # init_process_group chains a rank-prefixing hook on every call
     _init_fake_process_group(rank, case.world_size)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     entered = False
@@ -150,6 +151,7 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
         if entered:
             fake.__exit__(None, None, None)
         dist.destroy_process_group()
+        sys.excepthook = excepthook
     return TracedEstimate(
         case_id=case.case_id, strategy=case.strategy, world_size=case.world_size, rank=rank,
         params=int(n_params), method="traced",

@@ -16,10 +16,19 @@ import pandas as pd
 
 from fsdpbench.case import Case
 
+# the model's categories at the predicted peak, as the tracker's categories (pred_peak_<cat>_bytes);
+# DDP buckets are where the tracker files them (temp: it first sees a bucket when backward writes into it)
+TRACKER_CATEGORIES = {
+    "params": ("params", "padding"), "params_unsharded": ("params_unsharded",), "grads": ("grads",),
+    "grads_unsharded": ("grads_unsharded",), "optim": ("optim",), "activations": ("activations",),
+    "inputs": ("inputs",), "temp": ("temp", "ddp_buckets"), "all_gather": ("all_gather",),
+    "reduce_scatter": ("reduce_scatter",), "buffers": (), "other": (),
+}  # fmt: skip
 PRED_COLUMNS = (
     "pred_params_bytes", "pred_grads_bytes", "pred_optim_bytes", "pred_padding_bytes", "pred_model_states_bytes",
     "pred_activations_bytes", "pred_unsharded_bytes", "pred_comm_buffers_bytes", "pred_temp_bytes",
     "pred_peak_bytes", "pred_peak_moment", "pred_device_peak_bytes", "pred_model_states_err", "pred_peak_err",
+    *(f"pred_peak_{c}_bytes" for c in TRACKER_CATEGORIES),
 )  # fmt: skip
 
 
@@ -55,6 +64,8 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             "pred_model_states_err": _rel(p.resting_states_bytes, _cell(rows, i, "mem_tracker_model_states_bytes")),
             "pred_peak_err": _rel(p.peak_bytes, _cell(rows, i, "mem_tracker_peak_bytes")),
         }
+        for cat, ours in TRACKER_CATEGORIES.items():
+            values[f"pred_peak_{cat}_bytes"] = sum(bd.get(c, 0) for c in ours) if bd else None
         for key, value in values.items():
             out[key].append(value)
     return out

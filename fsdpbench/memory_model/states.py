@@ -4,9 +4,10 @@
   pieces of ``ceil(d0/N)`` rows and pre-pads each rank's piece to that size
   (torch/distributed/fsdp/_fully_shard/_fsdp_param.py); the optimizer state is ``zeros_like`` the
   unpadded local shard; a unit's sharded gradients are views of one padded reduce-scatter output.
-- ZeRO-1 (optimizer sharded, parameters whole): ZeroRedundancyOptimizer's ``_partition_parameters``
-  hands whole parameters, largest first, to the rank with the fewest elements so far.
-- Replicated: everything on every rank.
+- ZeRO-1 (optimizer sharded; parameters and gradients whole): ZeroRedundancyOptimizer's
+  ``_partition_parameters`` hands whole parameters, largest first, to the rank with the fewest
+  elements so far.
+- Replicated: everything on every rank. Any other declared sharding (a plugin) is split evenly, b·Ψ/N.
 - Adam/AdamW/Adadelta keep a ``step`` tensor (fp32 scalar) per parameter, on the CPU.
 Where only a parameter count is known, the textbook b·Ψ/d is used (no padding, no step tensors).
 """
@@ -87,7 +88,9 @@ def get_rank_states(
         return out
 
     fsdp = sharding.params and sharding.per_unit_gather
-    zero1_owned = _zero1_partition(facts.params, d_o)[shard_rank] if (sharding.optim and not fsdp) else None
+    # ZeroRedundancyOptimizer (optimizer sharded, gradients whole): whole parameters per rank
+    zero1 = sharding.optim and not sharding.grads and not fsdp
+    zero1_owned = _zero1_partition(facts.params, d_o)[shard_rank] if zero1 else None
     update_sizes: list[int] = []  # bytes of each parameter the local optimizer updates, in its order
     for p in facts.params:
         if fsdp:

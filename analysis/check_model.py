@@ -1,0 +1,166 @@
+"""Check the memory model against a results directory: measured vs predicted, worst cases first.
+
+    python analysis/check_model.py RUN_DIR              # analytic prediction vs the tracker, per case × rank
+    python analysis/check_model.py RUN_DIR --traced     # also the traced prediction (fake tensors, same case)
+    python analysis/check_model.py RUN_DIR --csv out.csv --top 10 --terms
+
+Measured = PyTorch's live-tensor tracker in the run (``mem_tracker_model_states_bytes`` after
+optimizer.step; ``mem_tracker_peak_bytes``). Predicted = ``fsdpbench.memory_model`` for the same case
+and rank (recomputed here, so a run made before a model change is checked against the current model),
+and with ``--traced`` ``fsdpbench.estimate``. Errors are (pred − measured) / measured.
+``--terms`` prints, for the worst cases, each category at the peak side by side. The tracker files
+unsharded gradients, DDP buckets, gloo's staging copies and some reduce-scatter inputs under "temp"
+depending on when it first sees them, so those are compared together as "transient".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from fsdpbench.case import Case
+from fsdpbench.memory_model import predict_memory
+from fsdpbench.regress import case_from_row
+from fsdpbench.results import load_results
+
+# the model's categories → comparable groups of the tracker's
+TRANSIENT = "transient"  # unsharded grads, temporaries, reduce-scatter buffers, DDP buckets
+TRACKER_CATEGORY = {
+    "params": "params", "padding": "params", "optim": "optim", "grads": "grads",
+    "params_unsharded": "params_unsharded", "grads_unsharded": TRANSIENT, "all_gather": "all_gather",
+    "reduce_scatter": TRANSIENT, "ddp_buckets": TRANSIENT, "activations": "activations", "inputs": "activations",
+    "temp": TRANSIENT,
+}  # fmt: skip
+MEASURED_GROUPS = {
+    "params": ("params",), "optim": ("optim",), "grads": ("grads",), "params_unsharded": ("params_unsharded",),
+    "all_gather": ("all_gather",), TRANSIENT: ("grads_unsharded", "temp", "reduce_scatter"),
+    "activations": ("activations", "inputs"),
+}  # fmt: skip
+
+
+def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
+    """One row per measured case × rank: measured, predicted (analytic, and traced) and errors."""
+    frame = load_results(run_dir)
+    ok = frame[(frame["status"] == "ok") & frame["mem_tracker_peak_bytes"].notna()]
+    out = []
+    for _, row in ok.iterrows():
+        case = _ints(case_from_row(row))
+        rank = int(row["rank"])
+        pred = predict_memory(case, rank=rank)
+        rec: dict[str, Any] = {
+            "case_id": case.case_id, "strategy": case.strategy, "world_size": case.world_size, "rank": rank,
+            "model": case.model, "precision": case.precision,
+            "states_measured": int(row["mem_tracker_model_states_bytes"]),
+            "states_pred": pred.resting_states_bytes,
+            "peak_measured": int(row["mem_tracker_peak_bytes"]),
+            "peak_pred": pred.peak_bytes, "peak_moment": pred.peak_moment,
+        }  # fmt: skip
+        rec["states_err"] = _rel(rec["states_pred"], rec["states_measured"])
+        rec["peak_err"] = _rel(rec["peak_pred"], rec["peak_measured"])
+        for group, cats in MEASURED_GROUPS.items():
+            rec[f"m:{group}"] = sum(int(row.get(f"mem_tracker_peak_{c}_bytes") or 0) for c in cats)
+        pred_groups: dict[str, int] = {}
+        for cat, nbytes in pred.peak_breakdown.items():
+            pred_groups[TRACKER_CATEGORY[cat]] = pred_groups.get(TRACKER_CATEGORY[cat], 0) + nbytes
+        for group in MEASURED_GROUPS:
+            rec[f"p:{group}"] = pred_groups.get(group, 0)
+        if traced:
+            from fsdpbench.estimate import estimate
+
+            est = estimate(case, rank=rank)
+            rec["peak_traced"] = est.peak_bytes
+            rec["states_traced"] = est.model_states_bytes
+            rec["peak_traced_err"] = _rel(est.peak_bytes, rec["peak_measured"])
+            rec["traced_s"] = est.wall_s
+        out.append(rec)
+    result = pd.DataFrame(out)
+    if not result.empty:
+        result = result.reindex(result["peak_err"].abs().sort_values(ascending=False).index)
+    return result
+
+
+def _ints(case: Case) -> Case:
+    """Integer fields that a Parquet column with missing values stored as floats (shard_size)."""
+    fix = {f.name: int(getattr(case, f.name)) for f in dataclasses.fields(case)
+           if isinstance(getattr(case, f.name), float) and f.type in ("int", "int | None")}  # fmt: skip
+    return case.replace(**fix) if fix else case
+
+
+def summarize(result: pd.DataFrame) -> dict[str, float]:
+    """Worst absolute errors (fractions) over all rows."""
+    out = {
+        "rows": len(result),
+        "max_abs_states_err": float(result["states_err"].abs().max()),
+        "max_abs_peak_err": float(result["peak_err"].abs().max()),
+    }
+    if "peak_traced_err" in result:
+        out["max_abs_peak_traced_err"] = float(result["peak_traced_err"].abs().max())
+    return out
+
+
+def _rel(pred: float | None, measured: float) -> float | None:
+    return None if pred is None or not measured else (pred - measured) / measured
+
+
+def _mib(x: Any) -> str:
+    return "—" if x is None or x != x else f"{x / 2**20:,.2f}"
+
+
+def _pct(x: Any) -> str:
+    return "—" if x is None or x != x else f"{x * 100:+.2f}%"
+
+
+def print_report(result: pd.DataFrame, *, top: int | None, terms: bool, file: Any = sys.stdout) -> None:
+    traced = "peak_traced" in result
+    head = f"{'case':58} {'rank':>4} {'states MiB':>11} {'err':>8} {'peak MiB':>10} {'analytic':>10} {'err':>8}"
+    head += f" {'traced':>10} {'err':>8}" if traced else ""
+    print(head + "  peak moment (analytic)", file=file)
+    rows = result if top is None else result.head(top)
+    for _, r in rows.iterrows():
+        line = (f"{r.case_id[:58]:58} {r['rank']:>4} {_mib(r.states_measured):>11} {_pct(r.states_err):>8} "
+                f"{_mib(r.peak_measured):>10} {_mib(r.peak_pred):>10} {_pct(r.peak_err):>8}")  # fmt: skip
+        if traced:
+            line += f" {_mib(r.peak_traced):>10} {_pct(r.peak_traced_err):>8}"
+        print(line + f"  {r.peak_moment}", file=file)
+        if terms:
+            diffs = []
+            for group in MEASURED_GROUPS:
+                m, p = r[f"m:{group}"], r[f"p:{group}"]
+                if m or p:
+                    diffs.append(f"{group} {_mib(m)}/{_mib(p)}")
+            print("      measured/predicted MiB at the peak: " + "; ".join(diffs), file=file)
+    s = summarize(result)
+    print(f"\n{s['rows']} rows; worst |error|: model states {s['max_abs_states_err'] * 100:.2f}%, "
+          f"peak (analytic) {s['max_abs_peak_err'] * 100:.2f}%"
+          + (f", peak (traced) {s['max_abs_peak_traced_err'] * 100:.2f}%" if traced else ""), file=file)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="a results directory (fsdpbench run --out DIR)")
+    parser.add_argument("--traced", action="store_true", help="also run the traced predictor for every row")
+    parser.add_argument("--top", type=int, default=None, help="print only the N worst rows")
+    parser.add_argument("--terms", action="store_true", help="print each category at the peak")
+    parser.add_argument("--csv", help="write every row to this CSV file")
+    args = parser.parse_args(argv)
+    if not (Path(args.run_dir) / "results.parquet").exists() and not (Path(args.run_dir) / "cases").exists():
+        print(f"error: {args.run_dir}: no results.parquet (expected a directory written by fsdpbench run)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    result = check_run(args.run_dir, traced=args.traced)
+    if result.empty:
+        print(f"{args.run_dir}: no measured rows (status ok with a tracker peak)")
+        return 1
+    print_report(result, top=args.top, terms=args.terms)
+    if args.csv:
+        result.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""``fsdpbench predict``: per-rank memory for any model size and world size, before owning the hardware.
+
+    fsdpbench predict --params 7.5e9 --world-size 64 --strategy zero1,zero2,zero3 --precision mixed --optimizer adam
+    fsdpbench predict --model llama-7b --world-size 64 --strategy zero3 --precision bf16 --batch-size 2 \\
+        --seq-len 4096 --device-memory 80GiB              # fits? largest batch? fewest GPUs?
+    fsdpbench predict --model llama-7b --world-size 64 --strategy zero3 --method traced   # fake-tensor trace
+    fsdpbench predict --model decoder-small --world-size 4 --strategy ddp,zero3 --device cpu --json
+
+Analytic (default): the memory model (instant, any size). Traced: the real strategy code on fake
+tensors and a fake process group in this process (seconds to a minute; nothing allocated). Precision
+``mixed`` is the ZeRO paper's accounting (b_p = b_g = 2, K = 12); ``bf16``/``fp16`` are what FSDP2's
+MixedPrecisionPolicy keeps (fp32 shards, 16-bit unsharded copies in flight); ``fp32`` is plain fp32.
+Sizes print in GB (1e9 bytes, as the ZeRO paper) unless ``--units GiB``. See docs/memory-model.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or its peak breakdown
+    ("params", "params (resident shard or replica)"), ("padding", "FSDP padding (params + grads)"),
+    ("grads", "grads (resident, after backward)"), ("optim", "optimizer state"),
+    ("model_states", "model states (ZeRO accounting)"), ("resting", "model states at rest (after optimizer step)"),
+    ("params_unsharded", "· unsharded params in flight"), ("grads_unsharded", "· unsharded grads"),
+    ("all_gather", "· all-gather buffers"), ("reduce_scatter", "· reduce-scatter buffers"),
+    ("ddp_buckets", "· DDP gradient buckets"), ("activations", "· activations"), ("inputs", "· batch"),
+    ("temp", "· temporaries (grad of activations, loss, optimizer update)"),
+    ("peak", "peak: live tensors (tracker view)"), ("untracked", "+ allocated, not yet seen by trackers"),
+    ("context", "+ CUDA context / NCCL allowance"), ("device_peak", "peak on the device"),
+)  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from fsdpbench.case import OPTIMIZERS, WRAPS
+    from fsdpbench.memory_model import PRECISIONS
+
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="model preset or family (fsdpbench's registry), e.g. llama-7b")
+    what.add_argument("--params", type=float, help="only a parameter count Ψ (model states only), e.g. 7.5e9")
+    parser.add_argument("--world-size", type=int, required=True, help="ranks (GPUs)")
+    parser.add_argument("--strategy", default="zero3", help="comma-separated strategies (default: zero3)")
+    parser.add_argument("--shard-size", type=int, help="HSDP ranks per shard group (default: 2)")
+    parser.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
+                        help="fp32 | bf16 | fp16 | *-lowreduce | mixed (ZeRO accounting) (default: fp32)")
+    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS, help="(default: adamw)")
+    parser.add_argument("--batch-size", type=int, default=1, help="per-rank batch (default: 1)")
+    parser.add_argument("--seq-len", type=int, default=2048, help="sequence length (default: 2048)")
+    parser.add_argument("--wrap", default="block", choices=WRAPS, help="FSDP wrap units (default: block)")
+    parser.add_argument("--prefetch", type=int, default=0, help="FSDP2 explicit prefetch depth (default: 0)")
+    parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cuda (nccl, 512-byte blocks, context allowance) or cpu (gloo) (default: cuda)")
+    parser.add_argument("--rank", type=int, default=0, help="which rank (ZeRO-1's partition differs by rank)")
+    parser.add_argument("--method", default="analytic", choices=("analytic", "traced", "both"))
+    parser.add_argument("--device-memory", help="device memory per rank, e.g. 80GiB: fits? largest batch? fewest ranks?")
+    parser.add_argument("--max-world-size", type=int, default=65536, help="search limit for the smallest world size")
+    parser.add_argument("--context-allowance", default="1GiB", help="CUDA context + NCCL allowance (default: 1GiB)")
+    parser.add_argument("--units", default="GB", choices=("GB", "GiB"), help="GB = 1e9 bytes (default), GiB = 2^30")
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
+
+
+def main(args: argparse.Namespace) -> int:
+    from fsdpbench.memory_model.search import parse_bytes
+
+    err = Console(stderr=True)
+    try:
+        cases = _build_cases(args)
+        device_memory = parse_bytes(args.device_memory) if args.device_memory else None
+        context = parse_bytes(args.context_allowance)
+    except (KeyError, ValueError) as exc:
+        err.print(f"[red]error:[/] {exc.args[0] if exc.args else exc}", highlight=False)
+        return 2
+    results = []
+    for case in cases:
+        try:
+            results.append(_predict_one(args, case, device_memory, context))
+        except (KeyError, ValueError, NotImplementedError, RuntimeError) as exc:
+            err.print(f"[red]error:[/] {case.strategy}: {exc}", highlight=False)
+            return 2
+    if args.json:
+        print(json.dumps([r for res in results for r in res["json"]], indent=2))
+    else:
+        for res in results:
+            _print_table(args, res)
+    return 0
+
+
+def _build_cases(args: argparse.Namespace) -> list:
+    from fsdpbench.case import Case
+    from fsdpbench.models import model_names
+    from fsdpbench.strategies import get_strategy
+
+    if args.model and args.model not in model_names():
+        raise ValueError(f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}")
+    if args.world_size < 1:
+        raise ValueError(f"--world-size {args.world_size}: must be ≥ 1")
+    if args.params is not None and args.params < 1:
+        raise ValueError(f"--params {args.params}: must be a positive parameter count, e.g. 7.5e9")
+    strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
+    if not strategies:
+        raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
+    cases = []
+    for name in strategies:
+        strategy = get_strategy(name)  # KeyError names the allowed strategies
+        case = Case(
+            model=args.model or "decoder", strategy=name, world_size=args.world_size, shard_size=args.shard_size,
+            precision=args.precision, optimizer=args.optimizer, batch_size=args.batch_size, seq_len=args.seq_len,
+            wrap=args.wrap, prefetch=args.prefetch, activation_checkpointing=args.activation_checkpointing,
+            device=args.device, backend="nccl" if args.device == "cuda" else "gloo",
+        )  # fmt: skip
+        reason = strategy.check(case)
+        if reason:
+            raise ValueError(f"--strategy {name}: {reason}")
+        cases.append(case)
+    return cases
+
+
+def _predict_one(args: argparse.Namespace, case: Any, device_memory: int | None, context: int) -> dict[str, Any]:
+    from fsdpbench.memory_model import ModelFacts, predict_memory, resolve_shard_size
+    from fsdpbench.memory_model.search import fit_report
+    from fsdpbench.strategies import get_strategy
+
+    facts = ModelFacts.from_count(int(args.params)) if args.params is not None else None
+
+    def predict(c: Any) -> Any:
+        return predict_memory(c, rank=min(args.rank, c.world_size - 1), facts=facts, context_bytes=context)
+
+    if not 0 <= args.rank < case.world_size:
+        raise ValueError(f"--rank {args.rank}: outside 0..{case.world_size - 1}")
+    out: dict[str, Any] = {"case": case, "json": []}
+    fit = None
+    if device_memory is not None:
+        shard = resolve_shard_size(case, get_strategy(case.strategy).sharding) or 1
+        fit = fit_report(case, predict, device_memory, max_world_size=args.max_world_size, shard_multiple=shard)
+    out["fit"] = fit
+    if args.method in ("analytic", "both"):
+        pred = predict(case)
+        out["analytic"] = pred
+        rec = pred.to_dict()
+        if fit:
+            rec.update(device_memory_bytes=fit.device_memory_bytes, fits=fit.fits, fit_complete=fit.complete,
+                       largest_batch=fit.largest_batch, smallest_world_size=fit.smallest_world_size)  # fmt: skip
+        out["json"].append(rec)
+    if args.method in ("traced", "both"):
+        if facts is not None:
+            raise ValueError("--method traced needs --model (a parameter count alone cannot be traced)")
+        from fsdpbench.estimate import estimate
+
+        est = estimate(case, rank=args.rank)
+        out["traced"] = est
+        out["json"].append(est.to_dict())
+    return out
+
+
+def _fmt(nbytes: int | None, units: str) -> str:
+    if nbytes is None:
+        return "not estimated"
+    x = nbytes / (1e9 if units == "GB" else 2**30)
+    if x == 0:
+        return "0"
+    return f"{x:,.1f}" if abs(x) >= 1 else f"{x:.3g}"
+
+
+def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    case, units = res["case"], args.units
+    pred, est = res.get("analytic"), res.get("traced")
+    size = f"Ψ = {args.params:.4g}" if args.params is not None else case.model
+    title = (f"{case.strategy} — {size}, {case.world_size} ranks, {case.precision}, {case.optimizer}, "
+             f"batch {case.batch_size} × seq {case.seq_len}, {case.device}, rank {args.rank} ({units})")  # fmt: skip
+    table = Table(title=title, title_justify="left")
+    table.add_column("term")
+    if pred:
+        table.add_column("analytic", justify="right")
+    if est:
+        table.add_column("traced (tracker)", justify="right")
+    traced_rows = _traced_rows(est) if est else {}
+    skipped = []
+    for key, label in ROWS:
+        cells = []
+        if pred:
+            value = _analytic_value(pred, key)
+            if value is None and not est:
+                skipped.append(label.lstrip("·+ "))
+                continue
+            cells.append(_fmt(value, units))
+        if est:
+            value = traced_rows.get(key)
+            cells.append("—" if value is None else _fmt(value, units))
+        if all(c in ("0", "—") for c in cells):
+            continue
+        if key == "peak" and pred and pred.peak_moment:
+            label += f" — at {pred.peak_moment}"
+        table.add_row(label, *cells)
+    if skipped:
+        table.add_row("activations, unsharded units, buffers, peak", "needs --model")
+    console = Console()
+    console.print(table)
+    for note in (pred.notes if pred else ()) + (est.notes if est else ()):
+        if not (skipped and "need a model" in note):
+            console.print(f"  note: {note}", highlight=False)
+    fit = res.get("fit")
+    if fit:
+        mem = _fmt(fit.device_memory_bytes, units)
+        if fit.complete:
+            verdict = "fits" if fit.fits else "does NOT fit"
+            console.print(f"  {verdict} in {mem} {units} (needs {_fmt(fit.needed_bytes, units)}); "
+                          f"largest per-rank batch that fits: {fit.largest_batch or 'none'}; smallest world size "
+                          f"that fits (powers of two ≤ {args.max_world_size}): {fit.smallest_world_size or 'none'}",
+                          highlight=False)  # fmt: skip
+        else:
+            verdict = "model states fit" if fit.fits else "model states alone do NOT fit"
+            console.print(f"  {verdict} in {mem} {units} (model states {_fmt(fit.needed_bytes, units)}; "
+                          f"activations not estimated without --model); smallest world size where the model "
+                          f"states fit: {fit.smallest_world_size or 'none'}", highlight=False)  # fmt: skip
+
+
+def _analytic_value(pred: Any, key: str) -> int | None:
+    direct = {
+        "params": pred.params_bytes, "padding": pred.padding_bytes, "grads": pred.grads_bytes,
+        "optim": pred.optim_bytes, "model_states": pred.model_states_bytes, "resting": pred.resting_states_bytes,
+        "peak": pred.peak_bytes, "untracked": pred.untracked_bytes, "context": pred.context_bytes,
+        "device_peak": pred.device_peak_bytes,
+    }  # fmt: skip
+    if key in direct:
+        if key == "resting" and pred.resting_states_bytes == pred.model_states_bytes:
+            return 0  # same as model states: not repeated
+        return direct[key]
+    return pred.peak_breakdown.get(key) if pred.peak_breakdown else None
+
+
+def _traced_rows(est: Any) -> dict[str, int]:
+    cat = est.peak_by_category
+    states = est.states_by_category
+    return {
+        "params": states.get("params"), "grads": states.get("grads"), "optim": states.get("optim"),
+        "resting": est.model_states_bytes, "params_unsharded": cat.get("params_unsharded"),
+        "grads_unsharded": cat.get("grads_unsharded"), "all_gather": cat.get("all_gather"),
+        "reduce_scatter": cat.get("reduce_scatter"), "activations": cat.get("activations", 0) + cat.get("inputs", 0),
+        "temp": cat.get("temp"), "peak": est.peak_bytes,
+    }  # fmt: skip
+
