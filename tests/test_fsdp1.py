@@ -39,6 +39,25 @@ def test_wrap_axis_maps_to_fsdp1_auto_wrap_policies() -> None:
         auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="classes", wrap_classes=("Nope",)))
 
 
+@pytest.mark.parametrize(
+    ("model", "min_params", "n_units"),
+    [("mnist-cnn", 100, 4), ("mnist-cnn", 20_000, 1), ("decoder-mini", 30_000, 18), ("decoder-mini", 200_000, 4)],
+)
+def test_fsdp1_size_policy_wraps_what_fsdpbench_wrap_predicts(model: str, min_params: int, n_units: int) -> None:
+    """FSDP1's own policy (run by its recursive wrapper, no process group) against ``get_wrap_units``,
+    which the memory model and FSDP2 use, on the scenarios' models and sizes."""
+    from torch.distributed.fsdp.wrap import _recursive_wrap
+
+    from fsdpbench.wrap import get_wrap_units
+
+    meta = build_model(model, device="meta")
+    wrapped: list[torch.nn.Module] = []
+    policy = functools.partial(size_based_auto_wrap_policy, min_num_params=min_params)
+    _recursive_wrap(meta, policy, lambda m, **_: wrapped.append(m) or m, set(), set(), only_wrap_children=True)
+    predicted = get_wrap_units(meta, Case(model=model, wrap="size", wrap_min_params=min_params))
+    assert [id(m) for m in wrapped] == [id(m) for m in predicted] and len(wrapped) == n_units
+
+
 def test_precision_and_prefetch_map_to_fsdp1_arguments() -> None:
     assert mixed_precision_for("fp32") is None
     bf16 = mixed_precision_for("bf16")
