@@ -187,7 +187,8 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
             if value is None and not est:
                 skipped.append(label.lstrip("·+ "))
                 continue
-            cells.append(_fmt(value, units))
+            same = key == "resting" and pred.resting_states_bytes == pred.model_states_bytes
+            cells.append("same" if same and est else _fmt(value, units))
         if est:
             value = traced_rows.get(key)
             cells.append("—" if value is None else _fmt(value, units))

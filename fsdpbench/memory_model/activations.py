@@ -36,6 +36,9 @@ class Stage:
     saved_bytes: int  # kept from this stage's forward to its backward
     fwd_extra_bytes: int  # alive only at the end of its forward (logits while the loss runs)
     bwd: tuple[BwdMoment, ...]
+    # the head only: what its module forward holds before the loss runs outside the model
+    # (saved so far, and the logits), when FSDP still holds the last all-gather output
+    in_model: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +138,7 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
             BwdMoment("output", head_saved - logsm, ("output.weight",), logits_e + e * bd),
             BwdMoment("end", 0, ("norm.weight", "output.weight"), 2 * res * bd),
         ),
+        in_model=(head_saved - logsm - 8, logits_e),
     )  # fmt: skip
     emb = Stage(
         "embedding", ("tok_embeddings.weight",), 0, 0,
@@ -174,6 +178,7 @@ def _mlp(a: dict[str, Any], sh: Shape) -> ActivationProfile:
             BwdMoment("logits grad", head_saved - logsm_e * b * classes, (), e * b * classes, pre_backward=True),
             BwdMoment("end", 0, ("head.weight", "head.bias"), e * b * w),
         ),
+        in_model=(head_saved - logsm_e * b * classes - 8, e * b * classes),
     )  # fmt: skip
     inputs = sh.global_batch * w * 4 + sh.global_batch * 8  # fp32 features, int64 labels
     return ActivationProfile(inputs, (*stages, head), sh.mode)

@@ -105,7 +105,9 @@ def get_rank_states(
             if uses_units:
                 u = p.unit
                 out.unit_unsharded[u] = out.unit_unsharded.get(u, 0) + rnd(full_padded * precision.unsharded_bytes)
-                out.unit_all_gather[u] = out.unit_all_gather.get(u, 0) + full_padded * precision.unsharded_bytes
+                # one rank: FSDP2 copies the shard straight into the unsharded parameter, no all-gather buffer
+                ag = full_padded * precision.unsharded_bytes if n > 1 else 0
+                out.unit_all_gather[u] = out.unit_all_gather.get(u, 0) + ag
                 out.unit_reduce_scatter[u] = out.unit_reduce_scatter.get(u, 0) + full_padded * precision.reduce_bytes
                 out.unit_sharded_grads[u] = out.unit_sharded_grads.get(u, 0) + padded * precision.grad_bytes
                 out.unit_reduce_output[u] = out.unit_reduce_output.get(u, 0) + padded * precision.reduce_bytes

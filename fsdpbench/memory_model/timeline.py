@@ -111,14 +111,22 @@ def walk_step(
             ))  # fmt: skip
             held = AG[u] if hold_all_gather else 0
             ahead = fwd_units[i + 1 : i + 1 + prefetch]
+        if fsdp and st is stages[-1] and st.in_model is not None:
+            # the output projection inside the root's forward: the last all-gather output still held
+            kept, extra = st.in_model
+            in_flight = unsharded_fwd + (sum(U[v] for v in seen) if keep_fwd_bwd else 0)
+            moments.append(moment(
+                f"forward: {st.name} (in the model)", inputs=profile.inputs_bytes, activations=saved + kept,
+                temp=extra, params_unsharded=in_flight, all_gather=held,
+            ))  # fmt: skip
         saved += st.saved_bytes
         in_flight = all_gather = 0
         if fsdp:
             if st is stages[-1] and not keep_fwd_bwd:
                 pass  # the loss runs after the root's post-forward: everything resharded, outputs freed
-            elif keep_fwd_bwd:
+            elif keep_fwd_bwd:  # (the root's post-forward frees the held all-gather output before the loss)
                 in_flight = unsharded_fwd + sum(U[v] for v in seen)
-                all_gather = held + sum(AG[v] for v in ahead)
+                all_gather = 0 if st is stages[-1] else held + sum(AG[v] for v in ahead)
             else:
                 units_here = {unit_of[n] for n in st.params if n in unit_of} - {root}
                 in_flight = unsharded_fwd + sum(U[v] for v in units_here)
