@@ -167,7 +167,7 @@ def test_cpu_offload_moves_the_sharded_parameters_to_the_host(tmp_path: Path) ->
     from fsdpbench.launch import free_port
 
     out = tmp_path / "placement.json"
-    start_processes(_placement_rank, args=(2, free_port(), str(out)), nprocs=2, start_method="spawn")
+    start_processes(_placement_rank, args=(2, free_port(), str(out)), nprocs=2, start_method="forkserver")
     got = json.loads(out.read_text())
     psi = sum(p.numel() for p in build_model("mlp-tiny").parameters())
     assert psi == 64 * 64 * 2 + 64 * 2 + 650

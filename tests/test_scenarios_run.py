@@ -11,7 +11,7 @@ from fsdpbench.launch import launch_case
 from fsdpbench.scenario import load_scenario
 
 SCENARIOS = sorted((Path(__file__).parents[1] / "scenarios").glob("*.yaml"))
-ONE_STEP = {"warmup_steps": 1, "steps": 1, "memory_steps": 1, "profile_steps": 0}
+ONE_STEP = {"warmup_steps": 1, "steps": 1, "memory_steps": 1, "profile_steps": 0, "bare_steps": 1}
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
