@@ -145,6 +145,13 @@ def predict_memory(
         device=case.device, uses_units=uses_units,
     )  # fmt: skip
     notes: list[str] = []
+    if getattr(strategy, "uses_fsdp1_knobs", False):
+        notes.append("FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
+                     "unit and keeps the root unsharded between forward and backward): use --method traced")  # fmt: skip
+    if case.cpu_offload:
+        notes.append("cpu_offload is not modelled: resident states are counted as device memory")
+    if case.compile:
+        notes.append("torch.compile is not modelled: activations are those of the eager model")
     k = optimizer_k(case.optimizer, prec)
     zero_states = round(zero_model_states_bytes(facts.n_params, sharding, case.world_size, shard,
                                                 prec.param_bytes, prec.grad_bytes, k))  # fmt: skip
