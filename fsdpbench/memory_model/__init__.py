@@ -71,11 +71,6 @@ class MemoryPrediction:
             return None
         return self.peak_bytes + self.untracked_bytes + self.context_bytes
 
-    @property
-    def lower_bound_bytes(self) -> int:
-        """Memory certainly needed: the peak if estimated, else the resident model states."""
-        return self.device_peak_bytes if self.peak_bytes is not None else self.model_states_bytes + self.context_bytes
-
     def bytes_by_category(self) -> dict[str, int | None]:
         """Categories at the peak moment; None for terms that could not be estimated."""
         if self.peak_breakdown:

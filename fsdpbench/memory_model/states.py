@@ -41,7 +41,7 @@ class RankStates:
     grads: int = 0  # unpadded local gradient bytes (after backward)
     grads_padding: int = 0
     optim: int = 0
-    optim_temp: int = 0  # optimizer update temporaries at their largest (one parameter at a time)
+    optim_temp: int = 0  # the optimizer update's temporaries at their largest (``_update_temp_bytes``)
     # per parameter name: resident gradient storage bytes (replicated grads) — for the timeline
     grad_bytes_by_param: dict[str, int] = field(default_factory=dict)
     # FSDP units (index → bytes): unsharded params, all-gather output, reduce-scatter input,
@@ -54,11 +54,6 @@ class RankStates:
     unsharded_grad_by_param: dict[str, int] = field(default_factory=dict)
     buckets: list[tuple[int, frozenset[str]]] = field(default_factory=list)  # DDP: (bytes, params)
     exact: bool = True  # False when only a parameter count was known
-
-    @property
-    def resting(self) -> int:
-        """Params (with padding) + optimizer state: the start of a step, gradients freed."""
-        return self.params + self.params_padding + self.optim
 
     @property
     def model_states(self) -> int:
