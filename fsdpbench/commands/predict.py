@@ -198,7 +198,8 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
             label += f" — at {pred.peak_moment}"
         table.add_row(label, *cells)
     if skipped:
-        table.add_row("activations, unsharded units, buffers, peak", "needs --model")
+        table.add_row("activations, unsharded units, buffers, peak",
+                      "needs --model" if args.params is not None else "use --method traced")
     console = Console()
     console.print(table)
     for note in (pred.notes if pred else ()) + (est.notes if est else ()):
