@@ -149,7 +149,7 @@ BLOCK_BYTES = (128 * 128 + 128) * 4  # one MLP block's unsharded fp32 parameters
 
 
 def _rank0_memory(outcome) -> dict:
-    assert outcome.status == "ok", outcome.error
+    assert outcome.status == "ok", f"{outcome.status}: {outcome.error}"
     return outcome.ranks[0]["memory"]
 
 
@@ -172,5 +172,6 @@ def test_backward_post_holds_one_unsharded_unit_less_than_backward_pre(tmp_path:
     post = _rank0_memory(run(tiny_case(strategy="fsdp1_full", backward_prefetch="post", **MLP), tmp_path))
     # BACKWARD_PRE all-gathers the previous unit before computing this one's gradient: two blocks
     # unsharded at the peak; BACKWARD_POST gathers it after this block is resharded: one.
-    assert pre["peak"]["params_unsharded"] - post["peak"]["params_unsharded"] == BLOCK_BYTES
-    assert post["peak"]["total"] < pre["peak"]["total"]
+    peaks = {"pre": pre["peak"], "post": post["peak"]}
+    assert pre["peak"]["params_unsharded"] - post["peak"]["params_unsharded"] == BLOCK_BYTES, peaks
+    assert post["peak"]["total"] < pre["peak"]["total"], peaks
