@@ -56,7 +56,7 @@ class FSDP1MemTracker(MemTracker):
 
     def __init__(self, root: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         if not is_fsdp1(root):
-            raise TypeError(f"FSDP1MemTracker needs a FullyShardedDataParallel root, got {type(root).__name__}")
+            raise TypeError(f"FSDP1MemTracker needs a FullyShardedDataParallel root, not {type(root).__name__}")
         super().__init__()
         self._ref_class = _FSDP1RefType
         self._root = root
@@ -94,7 +94,9 @@ class FSDP1MemTracker(MemTracker):
         self._file(getattr(fp, "_saved_grad_shard", None), _FSDP1RefType.SHARDED_GRAD)
         self._file(fp.grad, _FSDP1RefType.SHARDED_GRAD)
 
-    def _track_module_params_and_buffers(self, module: nn.Module, install_grad_hooks: bool = True) -> tuple[int, int]:
+    def _track_module_params_and_buffers(
+        self, module: nn.Module, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
         # FSDP1 swaps parameter variables (sharded views, unsharded non-leaf views) in and out of
         # module._parameters; they are all views into the flat-parameter storages filed above.
         return 0, 0

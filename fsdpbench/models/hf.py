@@ -126,7 +126,7 @@ def _block(model: str, name: str) -> Any:
 
 
 _FAMILIES = [
-    ("hf-llama", build_llama, _causal_batch, "LlamaDecoderLayer", "Hugging Face LlamaForCausalLM from a config"),
+    ("hf-llama", build_llama, _causal_batch, "LlamaDecoderLayer", "Hugging Face LlamaForCausalLM, from a config"),
     ("hf-bert", build_bert, _masked_batch, "BertLayer", "Hugging Face BertForMaskedLM from a config"),
     ("hf-t5", build_t5, _seq2seq_batch, "T5Block", "Hugging Face T5ForConditionalGeneration from a config"),
 ]

@@ -38,7 +38,7 @@ STRATEGY_ARGS = {"use_orig_params": "bool, default true: the optimizer sees the 
 
 
 def mixed_precision_for(precision: str) -> MixedPrecision | None:
-    """fp32 → None; bf16/fp16 → 16-bit params in compute, fp32 reduction; '-lowreduce' → 16-bit reduction.
+    """fp32 → None; bf16/fp16 → 16-bit params in compute, fp32 reduction; '-lowreduce': 16-bit reduction.
 
     The same casts as FSDP2's ``mp_policy_for`` (buffers are not cast), so FSDP1 and FSDP2 compare.
     """
@@ -69,7 +69,8 @@ def auto_wrap_policy_for(model: nn.Module, case: Case) -> Callable[..., bool] | 
         # like fsdpbench.wrap: names absent from this model are ignored (one list serves a model sweep)
         classes = {type(m) for m in model.modules() if type(m).__name__ in set(case.wrap_classes)}
         if not classes:
-            raise ValueError(f"wrap_classes: none of {list(case.wrap_classes)} is a module class of {case.model!r}")
+            names = list(case.wrap_classes)
+            raise ValueError(f"wrap_classes: none of {names} is a module class of model {case.model!r}")
         return ModuleWrapPolicy(classes)
     raise ValueError(f"unknown wrap policy {case.wrap!r}")
 
@@ -141,7 +142,7 @@ class _FSDP1(Strategy):
 @register_strategy
 class FSDP1Full(_FSDP1):
     name = "fsdp1_full"
-    description = "FSDP1 FULL_SHARD: params, grads, optimizer state sharded (16Ψ/N), params resharded after forward"
+    description = "FSDP1 FULL_SHARD: params, grads, optimizer state sharded (16Ψ/N), resharded after forward"
     sharding = Sharding(params=True, grads=True, optim=True, per_unit_gather=True)
     sharding_strategy = ShardingStrategy.FULL_SHARD
 
@@ -150,7 +151,9 @@ class FSDP1Full(_FSDP1):
 class FSDP1GradOp(_FSDP1):
     name = "fsdp1_grad_op"
     description = "FSDP1 SHARD_GRAD_OP: grads+optimizer sharded, params unsharded from forward to backward"
-    sharding = Sharding(params=True, grads=True, optim=True, params_unsharded_fwd_to_bwd=True, per_unit_gather=True)
+    sharding = Sharding(
+        params=True, grads=True, optim=True, params_unsharded_fwd_to_bwd=True, per_unit_gather=True
+    )
     sharding_strategy = ShardingStrategy.SHARD_GRAD_OP
 
 
