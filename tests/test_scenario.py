@@ -77,6 +77,17 @@ def test_impossible_combinations_are_skipped_with_a_reason() -> None:
     assert {(c.strategy, c.prefetch) for c in s.cases} == {("ddp", 0), ("zero3", 0), ("zero3", 1)}
 
 
+def test_ddp_bf16_compression_is_skipped_on_gloo_but_not_on_nccl() -> None:
+    text = "name: q\ndefaults: {backend: %s, device: %s}\nsweep: {strategy: [ddp, zero1, zero3], precision: [bf16-lowreduce, fp16-lowreduce], world_size: 2}"
+    s = expand(text % ("gloo", "cpu"))
+    skipped = {(k.case.strategy, k.case.precision): k.reason for k in s.skipped}
+    assert set(skipped) == {("ddp", "bf16-lowreduce"), ("zero1", "bf16-lowreduce")}
+    assert "needs NCCL" in skipped[("ddp", "bf16-lowreduce")]
+    assert len(s.cases) == 4
+    s = expand(text % ("nccl", "cuda"))
+    assert not any("NCCL" in k.reason for k in s.skipped)
+
+
 def test_axes_a_strategy_ignores_collapse_to_one_case() -> None:
     s = expand("name: q\nsweep: {strategy: [ddp, zero3], wrap: [block, whole], world_size: 2}")
     assert sorted((c.strategy, c.wrap) for c in s.cases) == [("ddp", "none"), ("zero3", "block"), ("zero3", "whole")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from fsdpbench.case import Case
 from fsdpbench.strategies import register_strategy
 from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
 
@@ -25,11 +26,21 @@ def wrap_ddp(model: nn.Module, ctx: ApplyContext) -> DistributedDataParallel:
     return ddp
 
 
+def check_ddp_precision(case: Case) -> str | None:
+    """DDP's bf16 gradient-compression hook all-reduces bf16 tensors, which gloo cannot."""
+    if case.precision == "bf16-lowreduce" and case.backend == "gloo":
+        return "precision=bf16-lowreduce under DDP needs NCCL: gloo has no bf16 all-reduce (use fp16-lowreduce, or a GPU)"
+    return None
+
+
 @register_strategy
 class DDP(Strategy):
     name = "ddp"
     description = "DistributedDataParallel: params, grads and optimizer state replicated (16Ψ)"
     sharding = Sharding(params=False, grads=False, optim=False)
+
+    def check(self, case: Case) -> str | None:
+        return super().check(case) or check_ddp_precision(case)
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         return wrap_ddp(model, ctx)

@@ -9,7 +9,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from fsdpbench.case import Case
 from fsdpbench.strategies import register_strategy
 from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
-from fsdpbench.strategies.ddp import wrap_ddp
+from fsdpbench.strategies.ddp import check_ddp_precision, wrap_ddp
 from fsdpbench.strategies.optim import get_optimizer
 
 
@@ -18,6 +18,9 @@ class Zero1(Strategy):
     name = "zero1"
     description = "DDP + ZeroRedundancyOptimizer: optimizer state sharded (4Ψ + 12Ψ/N)"
     sharding = Sharding(params=False, grads=False, optim=True)
+
+    def check(self, case: Case) -> str | None:
+        return super().check(case) or check_ddp_precision(case)
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         return wrap_ddp(model, ctx)
