@@ -41,11 +41,18 @@ def get_wrap_units(model: nn.Module, case: Case) -> list[nn.Module]:
     raise ValueError(f"unknown wrap policy {case.wrap!r}")
 
 
+# FSDP1's size_based_auto_wrap_policy never wraps these: their forward is never called, so an
+# FSDP unit on them would never all-gather (its children are still considered).
+_CONTAINERS = (nn.ModuleList, nn.ModuleDict)
+
+
 def _size_based(model: nn.Module, min_params: int) -> list[nn.Module]:
     """Like FSDP1's size_based_auto_wrap_policy: wrap a module once its unclaimed params ≥ min_params."""
     units: list[nn.Module] = []
     claimed: set[int] = set()
     for _, module in _post_order(model):
+        if isinstance(module, _CONTAINERS):
+            continue
         if _own_params(module, claimed) >= min_params:
             units.append(module)
             claimed.update(id(p) for p in module.parameters())

@@ -41,7 +41,8 @@ def test_wrap_axis_maps_to_fsdp1_auto_wrap_policies() -> None:
 
 @pytest.mark.parametrize(
     ("model", "min_params", "n_units"),
-    [("mnist-cnn", 100, 4), ("mnist-cnn", 20_000, 1), ("decoder-mini", 30_000, 18), ("decoder-mini", 200_000, 4)],
+    [("mnist-cnn", 100, 4), ("mnist-cnn", 20_000, 1), ("decoder-mini", 30_000, 18), ("decoder-mini", 200_000, 4),
+     ("decoder-mini", 300_000, 0), ("mlp", 200_000, 0)],  # the last two: no layer is big enough, the ModuleList would be
 )
 def test_fsdp1_size_policy_wraps_what_fsdpbench_wrap_predicts(model: str, min_params: int, n_units: int) -> None:
     """FSDP1's own policy (run by its recursive wrapper, no process group) against ``get_wrap_units``,
