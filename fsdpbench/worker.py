@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
-from fsdpbench.knobs import apply_activation_checkpointing, apply_compile
+from fsdpbench.knobs import apply_activation_checkpointing, apply_compile, state_placement_bytes
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
 from fsdpbench.metrics.tracker import build_tracker, local_state_bytes, snapshot_by_category
@@ -190,6 +190,8 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
         mem["peak"] = snapshot_by_category(tracker, "peak", device)
         step += 1
     extra = {f"mem_{k}": v for k, v in cuda_allocator_stats(device).items()}
+    # where the strategy keeps this rank's parameters (CPU offload: host), from its own bookkeeping
+    extra.update({f"mem_placement_{k}": v for k, v in state_placement_bytes(model).items()})
     rec.update(phase="profile", memory=mem, losses=list(losses), extra_columns=extra)
 
     # ---- phase 3: one profiled step: communication volume and overlap ----------------------

@@ -130,12 +130,22 @@ def test_compile_on_two_ranks_trains_the_same_and_records_the_compile_step(tmp_p
 
 @pytest.mark.slow
 def test_cpu_offload_on_two_ranks_trains_the_same(tmp_path: Path) -> None:
-    base = run(tiny_case(strategy="zero3", world_size=2, model="mlp-tiny"), tmp_path)
-    off = run(tiny_case(strategy="zero3", world_size=2, model="mlp-tiny", cpu_offload=True), tmp_path)
+    cases = [tiny_case(strategy="zero3", world_size=2, model="mlp-tiny", cpu_offload=o) for o in (False, True)]
+    base, off = (run(c, tmp_path) for c in cases)
     assert base.status == off.status == "ok", off.error
     assert global_losses(off) == pytest.approx(global_losses(base), rel=1e-6)
     # on a CPU run host and device are one memory: the tracker sees the same bytes either way
     assert off.ranks[0]["memory"]["states_local"] == base.ranks[0]["memory"]["states_local"]
+    # ... and the run records where the strategy keeps the parameters, as the memory model predicts
+    from fsdpbench.memory_model import predict_memory
+
+    for case, outcome in zip(cases, (base, off)):
+        for rank in outcome.ranks:
+            got = {k: rank["extra_columns"][f"mem_placement_params_{k}_bytes"] for k in ("host", "device")}
+            pred = predict_memory(case, rank=rank["rank"])
+            assert got == {"host": pred.params_host_bytes, "device": pred.params_device_bytes}
+    assert off.ranks[0]["extra_columns"]["mem_placement_params_host_bytes"] > 0
+    assert base.ranks[0]["extra_columns"]["mem_placement_params_host_bytes"] == 0
 
 
 def _placement_rank(rank: int, world: int, port: int, out: str) -> None:

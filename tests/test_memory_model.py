@@ -166,6 +166,23 @@ def test_cuda_rounds_storages_and_adds_the_context_allowance():
 
 
 # ---- the run's columns --------------------------------------------------------------------------------
+def test_cpu_offload_moves_the_sharded_states_to_the_host():
+    gpu = dict(model="decoder-small", strategy="zero3", world_size=4, precision="bf16", device="cuda", backend="nccl")
+    on, off = (predict_memory(Case(**gpu, cpu_offload=o)) for o in (True, False))
+    assert off.host_bytes == off.params_host_bytes == 0 and off.params_device_bytes >= off.params_bytes
+    # host tensors are not rounded to the CUDA allocator's 512-byte blocks
+    cpu = predict_memory(Case(**{**gpu, "device": "cpu", "backend": "gloo"}, cpu_offload=True))
+    assert on.host_bytes == cpu.resting_states_bytes < on.resting_states_bytes == off.resting_states_bytes
+    assert on.params_host_bytes == cpu.params_bytes + (cpu.padding_bytes // 2) and on.params_device_bytes == 0
+    assert on.peak_bytes == off.peak_bytes  # the tracker's view counts host and device alike
+    # the device peak loses the states, and no more than all of them (its own peak may fall elsewhere)
+    assert off.device_peak_bytes - on.host_bytes <= on.device_peak_bytes < off.device_peak_bytes
+    bd = off.peak_breakdown
+    assert on.device_peak_bytes >= off.device_peak_bytes - sum(bd[c] for c in ("params", "padding", "grads", "optim"))
+    # on a CPU run host and device are one memory: nothing leaves the peak
+    assert cpu.device_peak_bytes == cpu.peak_bytes + cpu.untracked_bytes and cpu.host_bytes == on.host_bytes
+
+
 def test_prediction_columns_per_rank_with_errors():
     case = Case(model="decoder-tiny", strategy="zero1", world_size=2)
     rows = pd.DataFrame({"rank": [0, 1], "mem_tracker_model_states_bytes": [2068524, 2068524],

@@ -326,6 +326,16 @@ def test_case_table_lists_failed_and_skipped_cases_with_reasons(cases):
     assert skipped["note"] == SKIP_REASON
     z3 = table[table["case"] == _case(cases, "zero3", 4)["label"]].iloc[0]
     assert z3["peak error"] == "+5.0%"
+    assert "params on host: measured / predicted" not in table  # no offloaded case, no column
+
+
+def test_offloaded_cases_show_host_parameters_measured_beside_predicted(cases):
+    off = cases.assign(cpu_offload=cases["strategy"] == "zero3", mem_placement_params_host_bytes=3 * MiB,
+                       pred_params_host_bytes=4 * MiB)  # fmt: skip
+    table = case_table(off)
+    assert set(table["params on host: measured / predicted"]) == {"3.00 MiB / 4.00 MiB"}
+    rows = {r.metric: r for r in compare_rows(off.head(3).assign(label=["a", "b", "c"]))}
+    assert rows["params on host (CPU offload): measured / predicted"].text["a"] == "3.00 MiB / 4.00 MiB"
 
 
 # --- the page -------------------------------------------------------------------------------------------------

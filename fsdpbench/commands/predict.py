@@ -31,7 +31,8 @@ ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or it
     ("ddp_buckets", "· DDP gradient buckets"), ("activations", "· activations"), ("inputs", "· batch"),
     ("temp", "· temporaries (grad of activations, loss, optimizer update)"),
     ("peak", "peak: live tensors (tracker view)"), ("untracked", "+ allocated, not yet seen by trackers"),
-    ("context", "+ CUDA context / NCCL allowance"), ("device_peak", "peak on the device"),
+    ("context", "+ CUDA context / NCCL allowance"), ("host", "states kept on the host (CPU offload), not on the device"),
+    ("device_peak", "peak on the device"),
 )  # fmt: skip
 
 
@@ -53,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wrap", default="block", choices=WRAPS, help="FSDP wrap units (default: block)")
     parser.add_argument("--prefetch", type=int, default=0, help="FSDP2 explicit prefetch depth (default: 0)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
+    parser.add_argument("--cpu-offload", action="store_true",
+                        help="FSDP CPU offload: sharded params, grads and optimizer state in host memory")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cuda (nccl, 512-byte blocks, context allowance) or cpu (gloo) (default: cuda)")
     parser.add_argument("--rank", type=int, default=0, help="which rank (ZeRO-1's partition differs by rank)")
@@ -111,9 +114,12 @@ def _build_cases(args: argparse.Namespace) -> list:
             model=args.model or "decoder", strategy=name, world_size=args.world_size, shard_size=args.shard_size,
             precision=args.precision, optimizer=args.optimizer, batch_size=args.batch_size, seq_len=args.seq_len,
             wrap=args.wrap, prefetch=args.prefetch, activation_checkpointing=args.activation_checkpointing,
+            cpu_offload=args.cpu_offload,
             device=args.device, backend="nccl" if args.device == "cuda" else "gloo",
         )  # fmt: skip
-        reason = strategy.check(case)
+        from fsdpbench.knobs import check_knobs
+
+        reason = strategy.check(case) or check_knobs(case, strategy)
         if reason:
             raise ValueError(f"--strategy {name}: {reason}")
         cases.append(case)
@@ -226,7 +232,7 @@ def _analytic_value(pred: Any, key: str) -> int | None:
         "params": pred.params_bytes, "padding": pred.padding_bytes, "grads": pred.grads_bytes,
         "optim": pred.optim_bytes, "model_states": pred.model_states_bytes, "resting": pred.resting_states_bytes,
         "peak": pred.peak_bytes, "untracked": pred.untracked_bytes, "context": pred.context_bytes,
-        "device_peak": pred.device_peak_bytes,
+        "device_peak": pred.device_peak_bytes, "host": pred.host_bytes if pred.device == "cuda" else 0,
     }  # fmt: skip
     if key in direct:
         if key == "resting" and pred.resting_states_bytes == pred.model_states_bytes:

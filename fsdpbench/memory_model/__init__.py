@@ -24,6 +24,8 @@ from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.base import Sharding, Strategy
 
 GIB = 1024**3
+# what CPU offload keeps in host memory: the sharded parameters, their gradients and the optimizer state
+HOST_CATEGORIES = ("params", "padding", "grads", "optim")
 # device memory no tensor tracker sees on a GPU: CUDA context (~0.5 GiB on recent drivers) and NCCL
 # communicator buffers; a stated allowance, not a measurement (override: --context-allowance)
 CUDA_CONTEXT_BYTES = 1 * GIB
@@ -61,14 +63,23 @@ class MemoryPrediction:
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     context_bytes: int = 0  # CUDA context + NCCL allowance (GPU only)
     untracked_bytes: int = 0  # allocated at the peak but not counted by trackers (DDP buckets not yet used)
+    # CPU offload: resident states the strategy keeps in host memory (sharded params + grads + optimizer
+    # state, padding included), and the parameters' part of it; 0 without offload
+    host_bytes: int = 0
+    params_host_bytes: int = 0
+    device_resident_peak_bytes: int | None = None  # offload: max over the step of the live bytes not on the host
+    params_device_bytes: int = 0  # resident parameter storage (padding included) on the compute device
     device: str = "cpu"
     notes: tuple[str, ...] = ()
 
     @property
     def device_peak_bytes(self) -> int | None:
-        """What the device must hold: the tracked peak + untracked buffers + the context allowance."""
+        """What the device must hold: the tracked peak + untracked buffers + the context allowance,
+        less the states CPU offload keeps on the host (on a GPU; on a CPU run host and device are one)."""
         if self.peak_bytes is None:
             return None
+        if self.host_bytes and self.device == "cuda" and self.device_resident_peak_bytes is not None:
+            return self.device_resident_peak_bytes + self.untracked_bytes + self.context_bytes
         return self.peak_bytes + self.untracked_bytes + self.context_bytes
 
     def bytes_by_category(self) -> dict[str, int | None]:
@@ -89,13 +100,14 @@ class MemoryPrediction:
             "batch_size": self.batch_size, "seq_len": self.seq_len, "method": self.method, "device": self.device,
             "model_states_bytes": self.model_states_bytes, "resting_states_bytes": self.resting_states_bytes,
             "peak_bytes": self.peak_bytes, "device_peak_bytes": self.device_peak_bytes,
+            "host_bytes": self.host_bytes,
             "peak_moment": self.peak_moment, "bytes": self.bytes_by_category(),
             "terms": {
                 "params": self.params_bytes, "padding": self.padding_bytes, "grads": self.grads_bytes,
                 "optim": self.optim_bytes, "unsharded_in_flight": self.unsharded_in_flight_bytes,
                 "comm_buffers": self.comm_buffers_bytes, "activations": self.activations_bytes,
                 "optimizer_temp": self.optimizer_temp_bytes, "context": self.context_bytes,
-                "untracked": self.untracked_bytes,
+                "untracked": self.untracked_bytes, "host": self.host_bytes,
             },
             "exact_states": self.exact_states, "notes": list(self.notes),
         }  # fmt: skip
@@ -139,12 +151,19 @@ def predict_memory(
         facts, sharding, prec, case.optimizer, world_size=case.world_size, shard_size=shard, rank=rank,
         device=case.device, uses_units=uses_units,
     )  # fmt: skip
+    host_states = None  # CPU offload: the same states as host tensors (no CUDA allocator rounding)
+    if case.cpu_offload:
+        host_states = states if case.device == "cpu" else get_rank_states(
+            facts, sharding, prec, case.optimizer, world_size=case.world_size, shard_size=shard, rank=rank,
+            device="cpu", uses_units=uses_units,
+        )  # fmt: skip
     notes: list[str] = []
     if getattr(strategy, "uses_fsdp1_knobs", False):
         notes.append("FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
                      "unit and keeps the root unsharded between forward and backward): use --method traced")  # fmt: skip
     if case.cpu_offload:
-        notes.append("cpu_offload is not modelled: resident states are counted as device memory")
+        notes.append("cpu_offload: sharded params, grads and optimizer state are host memory (host_bytes), "
+                     "left out of the device peak on a GPU; the host-to-device staging copies are not modelled")  # fmt: skip
     if case.compile:
         notes.append("torch.compile is not modelled: activations are those of the eager model")
     k = optimizer_k(case.optimizer, prec)
@@ -166,6 +185,9 @@ def predict_memory(
         method="analytic", params_bytes=states.params, padding_bytes=states.params_padding + states.grads_padding,
         grads_bytes=states.grads, optim_bytes=states.optim, resting_states_bytes=states.model_states,
         model_states_bytes=model_states, exact_states=states.exact, context_bytes=context, device=case.device,
+        host_bytes=host_states.model_states if host_states else 0,
+        params_host_bytes=host_states.params + host_states.params_padding if host_states else 0,
+        params_device_bytes=0 if case.cpu_offload else states.params + states.params_padding,
     )  # fmt: skip
     if not facts.known:
         notes.append("activations, unsharded units and communication buffers need a model (--model): not estimated")
@@ -179,12 +201,15 @@ def predict_memory(
                         shard_group=_group_size(case, sharding, shard),
                         replicas=case.world_size // _group_size(case, sharding, shard), backend=case.backend)  # fmt: skip
     peak = max(moments, key=lambda m: m.total)
+    device_resident = None
+    if case.cpu_offload:  # the host keeps the sharded states: the device's own peak may fall elsewhere
+        device_resident = max(m.total - sum(m.bytes.get(c, 0) for c in HOST_CATEGORIES) for m in moments)
     if prec.name == "mixed":
         notes.append("'mixed' is an accounting (ZeRO paper); the peak assumes FSDP-style 16-bit compute")
     return replace(
         pred, **terms, activations_bytes=profile.inputs_bytes + profile.saved_bytes, peak_bytes=peak.total,
         peak_moment=peak.label, peak_breakdown={c: peak.bytes.get(c, 0) for c in CATEGORIES},
-        untracked_bytes=peak.untracked_bytes, notes=tuple(notes),
+        untracked_bytes=peak.untracked_bytes, notes=tuple(notes), device_resident_peak_bytes=device_resident,
     )  # fmt: skip
 
 

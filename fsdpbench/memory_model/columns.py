@@ -28,6 +28,7 @@ PRED_COLUMNS = (
     "pred_params_bytes", "pred_grads_bytes", "pred_optim_bytes", "pred_padding_bytes", "pred_model_states_bytes",
     "pred_activations_bytes", "pred_unsharded_bytes", "pred_comm_buffers_bytes", "pred_temp_bytes",
     "pred_peak_bytes", "pred_peak_moment", "pred_device_peak_bytes", "pred_model_states_err", "pred_peak_err",
+    "pred_host_bytes", "pred_params_host_bytes", "pred_params_device_bytes",
     *(f"pred_peak_{c}_bytes" for c in TRACKER_CATEGORIES),
 )  # fmt: skip
 
@@ -63,6 +64,10 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             "pred_device_peak_bytes": p.device_peak_bytes,
             "pred_model_states_err": _rel(p.resting_states_bytes, _cell(rows, i, "mem_tracker_model_states_bytes")),
             "pred_peak_err": _rel(p.peak_bytes, _cell(rows, i, "mem_tracker_peak_bytes")),
+            # where the parameters live (CPU offload), beside mem_placement_params_{host,device}_bytes
+            "pred_host_bytes": p.host_bytes,
+            "pred_params_host_bytes": p.params_host_bytes,
+            "pred_params_device_bytes": p.params_device_bytes,
         }
         for cat, ours in TRACKER_CATEGORIES.items():
             values[f"pred_peak_{cat}_bytes"] = sum(bd.get(c, 0) for c in ours) if bd else None

@@ -95,6 +95,10 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
                       ("mem_alloc_peak_reserved_bytes", "allocator peak reserved"),
                       ("mem_nvml_peak_bytes", "NVML peak (GPU)"), ("mem_rss_peak_bytes", "RSS peak (process)")):
         add(name, lambda r, c=col: _num(r.get(c)), lambda r, v: fmt_bytes(v), "low")
+    if _any_offload(cases):
+        add("params on host (CPU offload): measured / predicted",
+            lambda r: _num(r.get("mem_placement_params_host_bytes")),
+            lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(_num(r.get('pred_params_host_bytes')))}", None)
     add("step time (p10–p90)", lambda r: _num(r.get("step_time_ms")), _fmt_step, "low")
     add("throughput", lambda r: _num(r.get("throughput_samples_s")),
         lambda r, v: "—" if v is None else f"{v:.1f} samples/s", "high")
@@ -196,4 +200,13 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
             "note": note if status != "ok" else "",
             "_failed": status in FAILED_STATUSES,
         })  # fmt: skip
+        if _any_offload(cases):  # host memory apart from device memory: where the parameters live
+            out[-1]["params on host: measured / predicted"] = (
+                f"{fmt_bytes(_num(r.get('mem_placement_params_host_bytes')))} / "
+                f"{fmt_bytes(_num(r.get('pred_params_host_bytes')))}"
+            )
     return pd.DataFrame(out)
+
+
+def _any_offload(cases: pd.DataFrame) -> bool:
+    return "cpu_offload" in cases and bool(cases["cpu_offload"].fillna(False).astype(bool).any())
