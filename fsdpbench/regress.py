@@ -161,6 +161,8 @@ def case_from_row(row: Mapping[str, Any]) -> Case:
             value = tuple(v for v in str(value or "").split(",") if v)
         elif isinstance(value, float) and math.isnan(value):
             value = None
+        elif isinstance(value, float) and value.is_integer() and "int" in str(f.type):
+            value = int(value)  # an int column with missing values comes back from Parquet as floats
         data[f.name] = value
     return Case(**data)
 

@@ -69,7 +69,7 @@ def verdicts(result) -> dict[tuple[str, str], str]:
 # ---- the baseline -------------------------------------------------------------------------------
 
 
-def test_case_from_row_rebuilds_the_case_id():
+def test_case_from_row_rebuilds_the_case_id(tmp_path):
     cases = [
         DDP, ZERO3, Case(strategy="hsdp", world_size=4, shard_size=2, model_args={"n_layers": 3}),
         Case(strategy="zero2", wrap="classes", wrap_classes=("Block", "Embed"), strategy_args={"x": 1}, lr=3e-4),
@@ -77,6 +77,12 @@ def test_case_from_row_rebuilds_the_case_id():
     for case in cases:
         row = pd.DataFrame([case_columns(case)]).iloc[0]  # through pandas, as read from Parquet
         assert case_from_row(row).case_id == case.case_id
+    # all the cases in one Parquet file: shard_size (None beside 2) comes back as a float column
+    path = tmp_path / "rows.parquet"
+    pd.DataFrame([case_columns(c) for c in cases]).to_parquet(path)
+    back = [case_from_row(r) for _, r in pd.read_parquet(path).iterrows()]
+    assert [c.case_id for c in back] == [c.case_id for c in cases]
+    assert back[2].shard_size == 2 and isinstance(back[2].shard_size, int) and back[0].shard_size is None
 
 
 def test_baseline_holds_largest_rank_ratio_and_provenance(tmp_path):
