@@ -79,7 +79,8 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
 
     from fsdpbench.memory_model.precision import get_precision
     from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
-    from fsdpbench.models import make_global_batch, resolve_model
+    from fsdpbench.models import resolve_model
+    from fsdpbench.step import autocast_for, train_step
     from fsdpbench.strategies import get_strategy
     from fsdpbench.strategies.base import Strategy
 
@@ -101,11 +102,7 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     mdef, margs = resolve_model(case.model, case.model_args)
     device = torch.device("cpu")
     fsdp2 = type(strategy).fsdp_root is not Strategy.fsdp_root
-    autocast = (
-        torch.autocast("cpu", dtype=torch.bfloat16 if case.precision.startswith("bf16") else torch.float16)
-        if case.precision != "fp32" and not strategy.native_mixed_precision
-        else contextlib.nullcontext()
-    )
+    autocast = autocast_for(case, strategy, device)
     excepthook = sys.excepthook  # init_process_group chains a rank-prefixing hook on every call
     _init_fake_process_group(rank, case.world_size)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -127,25 +124,16 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
                 model = _patch_ddp(_apply(model, strategy, case, rank, device), case.world_size)
             optimizer = strategy.build_optimizer(model, case)
 
-            def train_step(step: int, after_optim: Any = None) -> None:
-                x, y = make_global_batch(case.model, case.model_args, case.global_batch_size, case.seq_len,
-                                         case.seed, step)  # fmt: skip
-                lo, hi = rank * case.batch_size, (rank + 1) * case.batch_size
-                x, y = x[lo:hi].to(device), y[lo:hi].to(device)
-                with autocast:
-                    loss = mdef.loss(model(x), y)
-                loss.backward()
-                optimizer.step()
-                if after_optim is not None:
-                    after_optim()
-                optimizer.zero_grad(set_to_none=True)
+            def step_at(step: int, after_optim: Any = None) -> None:
+                train_step(case, model, optimizer, mdef.loss, rank=rank, step=step, device=device,
+                           autocast=autocast, after_optim=after_optim)  # fmt: skip
 
             for step in range(warmup_steps):
-                train_step(step)
+                step_at(step)
             tracker = build_tracker(model, optimizer, strategy.fsdp_root(model))
             states: dict[str, int] = {}
             with tracker:
-                train_step(warmup_steps, after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)))
+                step_at(warmup_steps, after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)))
             peak = snapshot_by_category(tracker, "peak", device)
     finally:
         if entered:

@@ -17,7 +17,6 @@ hang loses nothing already measured.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -35,11 +34,12 @@ from fsdpbench.knobs import apply_activation_checkpointing, apply_compile, state
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
 from fsdpbench.metrics.tracker import build_tracker, local_state_bytes, snapshot_by_category
-from fsdpbench.models import make_global_batch, resolve_model
+from fsdpbench.models import resolve_model
+from fsdpbench.step import autocast_for
+from fsdpbench.step import train_step as run_step
 from fsdpbench.strategies import ApplyContext, get_strategy
 from fsdpbench.wrap import get_wrap_units
 
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 class RankRecorder:
@@ -126,26 +126,14 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
         samplers=samplers.status,
     )  # fmt: skip
 
-    autocast = (
-        torch.autocast(device.type, dtype=_AUTOCAST_DTYPES[case.precision.split("-")[0]])
-        if case.precision != "fp32" and not strategy.native_mixed_precision
-        else contextlib.nullcontext()
-    )
+    autocast = autocast_for(case, strategy, device)
     losses: list[float] = []
     steps_wall_s = [0.0]  # time inside training steps, all phases: the rest of a case is overhead
 
     def train_step(step: int, after_optim: Callable[[], None] | None = None, record: bool = True) -> None:
         t0 = time.perf_counter()
-        x, y = make_global_batch(case.model, case.model_args, case.global_batch_size, case.seq_len, case.seed, step)
-        lo, hi = rank * case.batch_size, (rank + 1) * case.batch_size
-        x, y = x[lo:hi].to(device), y[lo:hi].to(device)
-        with autocast:
-            loss = mdef.loss(model(x), y)
-        loss.backward()
-        optimizer.step()
-        if after_optim is not None:
-            after_optim()
-        optimizer.zero_grad(set_to_none=True)
+        loss = run_step(case, model, optimizer, mdef.loss, rank=rank, step=step, device=device,
+                        autocast=autocast, after_optim=after_optim)  # fmt: skip
         if record:
             losses.append(loss.item())
             steps_wall_s[0] += time.perf_counter() - t0
