@@ -68,6 +68,13 @@ class Case:
         if self.shard_size:
             parts.append(f"s{self.shard_size}")
         parts += [self.wrap, f"pf{self.prefetch}", self.precision, f"b{self.batch_size}"]
+        # knobs, named only when switched from their defaults (ids of plain cases do not change)
+        parts += [name for name, on in (("ac", self.activation_checkpointing), ("compile", self.compile),
+                                        ("offload", self.cpu_offload)) if on]  # fmt: skip
+        if self.backward_prefetch != _DEFAULTS["backward_prefetch"]:
+            parts.append(f"bwd-{self.backward_prefetch}")
+        if self.forward_prefetch:
+            parts.append("fwdpf")
         return "_".join(parts) + "_" + digest
 
     def to_dict(self) -> dict[str, Any]:

@@ -18,30 +18,48 @@ def fmt_bytes(n: float | None) -> str:
 
 
 def case_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per case: the slowest rank's median step time and the largest rank's peak."""
+    """One row per case: the slowest rank's median step time (with that rank's p10–p90 and the step
+    counts) and the largest rank's peak."""
     if frame.empty:
         return frame
-    g = frame.groupby("case_id", sort=False)
-    out = g.agg(
-        strategy=("strategy", "first"), world_size=("world_size", "first"), device=("device", "first"),
-        status=("case_status", "first"), error=("case_error", "first"),
-        step_time_ms=("case_step_time_ms", "first"),
-        peak_bytes=("mem_tracker_peak_bytes", "max") if "mem_tracker_peak_bytes" in frame else ("status", "size"),
-    )  # fmt: skip
-    if "mem_tracker_peak_bytes" not in frame:
-        out["peak_bytes"] = None
-    return out.reset_index()
+    rows = []
+    for case_id, g in frame.groupby("case_id", sort=False):
+        first = g.iloc[0]
+        times = g["step_time_ms"] if "step_time_ms" in g else pd.Series(dtype=float)
+        slowest = g.loc[times.idxmax()] if times.notna().any() else first
+        peak = g["mem_tracker_peak_bytes"].max() if "mem_tracker_peak_bytes" in g else None
+        rows.append({
+            "case_id": case_id, "strategy": first["strategy"], "world_size": first["world_size"],
+            "device": first["device"], "status": first["case_status"], "error": first["case_error"],
+            "step_time_ms": first["case_step_time_ms"], "p10_ms": slowest.get("step_time_p10_ms"),
+            "p90_ms": slowest.get("step_time_p90_ms"), "steps": first.get("timed_steps"),
+            "warmup": first.get("warmup_steps"), "peak_bytes": peak,
+        })  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _ok(x: object) -> bool:
+    return x is not None and x == x
 
 
 def print_summary(frame: pd.DataFrame, console: Console) -> None:
-    table = Table(title="cases (step time: slowest rank's median; peak: live tensors, tracker, largest rank)")
-    for col in ("case", "strategy", "ranks", "step time", "peak / rank", "status"):
-        table.add_column(col, justify="right" if col in ("ranks", "step time", "peak / rank") else "left")
-    for row in case_table(frame).itertuples():
+    cases = case_table(frame)
+    counts = {(int(r.steps), int(r.warmup)) for r in cases.itertuples() if _ok(r.steps) and _ok(r.warmup)}
+    how = ""
+    if len(counts) == 1:
+        steps, warmup = next(iter(counts))
+        how = f" of {steps} timed steps after {warmup} warm-up"
+    table = Table(title=f"cases (step time: slowest rank's median{how}, p10–p90; "
+                        "peak: live tensors, tracker, largest rank)")  # fmt: skip
+    for col in ("case", "strategy", "ranks", "step time (p10–p90)", "peak / rank", "status"):
+        table.add_column(col, justify="left" if col in ("case", "strategy", "status") else "right")
+    for row in cases.itertuples():
         ms = row.step_time_ms
         status = row.status if row.status == "ok" else f"{row.status}: {str(row.error)[:60]}"
+        spread = f" ({row.p10_ms:.0f}–{row.p90_ms:.0f})" if _ok(row.p10_ms) and _ok(row.p90_ms) else ""
         table.add_row(
             row.case_id, row.strategy, f"{row.world_size} {row.device}",
-            f"{ms:.1f} ms" if ms == ms and ms is not None else "—", fmt_bytes(row.peak_bytes), status,
+            f"{ms:.1f} ms{spread}" if _ok(ms) else "—", fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
+            status,
         )  # fmt: skip
     console.print(table)

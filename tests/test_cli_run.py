@@ -44,6 +44,11 @@ def test_run_writes_results_and_prints_the_summary(tmp_path: Path, capsys: pytes
     assert meta["env"]["torch_version"] and meta["env"]["commit"]
     for case in meta["cases"].values():
         assert case["overhead_s"] == pytest.approx(case["wall_s"] - case["steps_s"], abs=2e-3)
+    # the summary names how each time was taken: median of N timed steps after W warm-up, and its spread
+    assert "median of 2 timed steps after 1 warm-up, p10–p90" in " ".join(out.split())
+    ddp = frame[frame.strategy == "ddp"]
+    slowest = ddp.loc[ddp.step_time_ms.idxmax()]
+    assert f"{slowest.step_time_ms:.1f} ms ({slowest.step_time_p10_ms:.0f}–{slowest.step_time_p90_ms:.0f})" in out
 
 
 def test_malformed_scenario_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -119,3 +119,13 @@ def test_auto_backend_is_gloo_on_a_cpu_machine() -> None:
 def test_overrides_apply_to_every_case() -> None:
     s = parse_scenario("name: q\nsweep: {world_size: [1, 2]}", overrides={"steps": 7})
     assert [c.steps for c in s.cases] == [7, 7]
+
+
+def test_case_ids_name_the_knobs_switched_on_and_keep_plain_ids() -> None:
+    from fsdpbench.case import Case
+
+    plain = Case(strategy="zero3", world_size=2)
+    assert plain.case_id.startswith("zero3_n2_decoder-tiny_block_pf0_fp32_b4_") and plain.case_id.count("_") == 7
+    knobs = plain.replace(cpu_offload=True, activation_checkpointing=True, backward_prefetch="post", forward_prefetch=True)
+    assert "_fp32_b4_ac_offload_bwd-post_fwdpf_" in knobs.case_id
+    assert plain.replace(cpu_offload=True).case_id != plain.case_id
