@@ -24,7 +24,11 @@ COMMANDS = {
 def build_parser() -> argparse.ArgumentParser:
     from fsdpbench import __version__
 
-    parser = argparse.ArgumentParser(prog="fsdpbench", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="fsdpbench", epilog="Start with: fsdpbench run scenarios/quickstart.yaml (see README.md)",
+        description="Benchmark and model the memory of data-parallel sharding in PyTorch: DDP, ZeRO-1/2/3 "
+                    "(FSDP2), FSDP1 and HSDP, measured on real ranks and predicted for any size.",
+    )  # fmt: skip
     parser.add_argument("--version", action="version", version=f"fsdpbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for verb, help_text in COMMANDS.items():
