@@ -257,3 +257,42 @@ def _patch_ddp(model: torch.nn.Module, world_size: int) -> torch.nn.Module:
         model.register_comm_hook(None, allreduce_in_place)
     model.reducer = _ReducerWithoutRebuild(model.reducer)
     return model
+
+
+# ---- traced predictions beside a run's measurements --------------------------------------------------
+TRACED_COLUMNS = ("traced_peak_bytes", "traced_model_states_bytes", "traced_peak_err", "traced_model_states_err",
+                  "traced_wall_s")  # fmt: skip
+
+
+def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[str, float]]:
+    """``estimate`` for each rank of a case (run in a child process by the runner: picklable in and out)."""
+    case = Case.from_dict(case_dict)
+    out = {}
+    for rank in ranks:
+        est = estimate(case, rank=rank)
+        out[rank] = {"peak": est.peak_bytes, "states": est.model_states_bytes, "wall_s": est.wall_s}
+    return out
+
+
+def traced_columns(traced: dict[int, dict[str, float]], rows: Any) -> dict[str, list[Any]]:
+    """traced_* columns for a case's rows, with the relative error against the same rank's tracker."""
+    out: dict[str, list[Any]] = {c: [] for c in TRACED_COLUMNS}
+    for _, row in rows.iterrows():
+        t = traced.get(int(row["rank"]))
+        peak, states = (t["peak"], t["states"]) if t else (None, None)
+        out["traced_peak_bytes"].append(peak)
+        out["traced_model_states_bytes"].append(states)
+        out["traced_peak_err"].append(_rel(peak, row.get("mem_tracker_peak_bytes")))
+        out["traced_model_states_err"].append(_rel(states, row.get("mem_tracker_model_states_bytes")))
+        out["traced_wall_s"].append(t["wall_s"] if t else None)
+    return out
+
+
+def _rel(pred: float | None, measured: Any) -> float | None:
+    try:
+        measured = float(measured)
+    except (TypeError, ValueError):
+        return None
+    if pred is None or not measured or measured != measured:
+        return None
+    return (pred - measured) / measured

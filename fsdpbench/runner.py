@@ -51,12 +51,16 @@ def run_cases(
     collect: bool = False,
     on_start: Callable[[Case, int], None] | None = None,
     on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None = None,
+    traced: bool = False,
 ) -> pd.DataFrame:
     """Run every case not already stored (with resume); write rows and run.json after each.
 
     With ``collect``, launch nothing: read what an external launcher's ranks wrote into each
-    case directory (multi-node runs; see ``python -m fsdpbench.worker``)."""
+    case directory (multi-node runs; see ``python -m fsdpbench.worker``). With ``traced``, each
+    finished case also gets the traced predictor's figures per rank (``traced_*`` columns)."""
     store.create()
+    tracer = TracedPredictor() if traced else None
+    meta["predictions"] = ["analytic", "traced"] if traced else ["analytic"]
     env = meta["env"]
     done = store.completed_ids() if resume else set()
     meta.setdefault("cases", {})
@@ -76,6 +80,8 @@ def run_cases(
                 outcome = launch_case(case, store.case_dir(case.case_id))
             rows = build_rows(case, outcome, env)
             rows = add_predictions(case, rows)
+            if tracer is not None and outcome.status == "ok":
+                rows = tracer.add_columns(case, rows)
             store.merge_timelines(case.case_id)
             store.write_case(case.case_id, rows)
             meta["cases"][case.case_id] = case_overhead(outcome)
@@ -87,6 +93,8 @@ def run_cases(
         meta["status"] = "interrupted"
         raise
     finally:
+        if tracer is not None:
+            tracer.close()
         meta["ended"] = now_iso()
         store.write_run_json(meta)
     return store.consolidate()
@@ -106,3 +114,41 @@ def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
     for key, value in pred.items():
         rows[key] = value
     return rows
+
+
+class TracedPredictor:
+    """The traced predictor for each finished case, run in one long-lived child process: it joins a
+    (fake) process group, which the orchestrating process never does, and imports torch only once."""
+
+    def __init__(self, timeout_s: float = 600.0) -> None:
+        self.timeout_s = timeout_s
+        self._pool: Any = None
+
+    def add_columns(self, case: Case, rows: pd.DataFrame) -> pd.DataFrame:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        from fsdpbench.estimate import trace_ranks, traced_columns
+
+        ranks = sorted({int(r) for r in rows["rank"] if int(r) >= 0})
+        try:
+            if self._pool is None:
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+            traced = self._pool.submit(trace_ranks, case.to_dict(), ranks).result(timeout=self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 — a trace that fails must not lose the measurement
+            print(f"warning: traced prediction failed for {case.case_id}: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            self.close(kill=True)  # a broken or stuck child is replaced for the next case
+            return rows
+        for key, value in traced_columns(traced, rows).items():
+            rows[key] = value
+        return rows
+
+    def close(self, kill: bool = False) -> None:
+        if self._pool is None:
+            return
+        if kill:  # a trace past its timeout is not waited for
+            for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
+                proc.kill()
+        self._pool.shutdown(wait=not kill, cancel_futures=True)
+        self._pool = None

@@ -327,6 +327,9 @@ def test_case_table_lists_failed_and_skipped_cases_with_reasons(cases):
     z3 = table[table["case"] == _case(cases, "zero3", 4)["label"]].iloc[0]
     assert z3["peak error"] == "+5.0%"
     assert "params on host: measured / predicted" not in table  # no offloaded case, no column
+    assert "peak traced" not in table  # a run without --traced
+    traced = case_table(cases.assign(traced_peak_bytes=2 * MiB, traced_peak_err=-0.0125))
+    assert set(traced["peak traced"]) == {"2.00 MiB"} and set(traced["traced error"]) == {"-1.2%"}
 
 
 def test_offloaded_cases_show_host_parameters_measured_beside_predicted(cases):

@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="any other case field, e.g. --set prefetch=1 (repeatable)")
     parser.add_argument("--out", help="run directory (default: reports/compare/<timestamp>)")
     parser.add_argument("--no-report", action="store_true", help="do not write report.html")
+    parser.add_argument("--traced", action="store_true",
+                        help="also run the traced memory predictor for every case (traced_* columns)")
 
 
 def build_scenario_text(args: argparse.Namespace) -> str:
@@ -121,7 +123,7 @@ def main(args: argparse.Namespace) -> int:
                   + (f"  — {outcome.error.splitlines()[0][:160]}" if outcome.error else ""), highlight=False)
 
     try:
-        run_cases(scenario.cases, scenario.skipped, store, meta, on_done=on_done)
+        run_cases(scenario.cases, scenario.skipped, store, meta, on_done=on_done, traced=args.traced)
     except KeyboardInterrupt:
         err.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}")
         return 130

@@ -24,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a case field for every case, e.g. --set steps=10 (repeatable)")
     parser.add_argument("--dry-run", action="store_true", help="list the cases (and skipped ones), run nothing")
     parser.add_argument("--no-report", action="store_true", help="do not write report.html")
+    parser.add_argument("--traced", action="store_true",
+                        help="also run the traced memory predictor for every case and rank (traced_* columns "
+                             "beside the analytic pred_*; seconds per case)")
     parser.add_argument("--export-cases", metavar="DIR",
                         help="write one JSON file per case (for torchrun/srun across nodes), run nothing")
     parser.add_argument("--collect", action="store_true",
@@ -113,7 +116,8 @@ def main(args: argparse.Namespace) -> int:
 
         try:
             frame = run_cases(scenario.cases, scenario.skipped, store, meta, resume=args.resume,
-                              collect=args.collect, on_start=on_start, on_done=on_done)  # fmt: skip
+                              collect=args.collect, on_start=on_start, on_done=on_done,
+                              traced=args.traced)  # fmt: skip
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}; "
                           f"continue with: fsdpbench run {args.scenario} --out {run_dir} --resume")  # fmt: skip

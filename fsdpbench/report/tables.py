@@ -200,6 +200,9 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
             "note": note if status != "ok" else "",
             "_failed": status in FAILED_STATUSES,
         })  # fmt: skip
+        if "traced_peak_bytes" in cases and cases["traced_peak_bytes"].notna().any():  # run with --traced
+            out[-1]["peak traced"] = fmt_bytes(_num(r.get("traced_peak_bytes")))
+            out[-1]["traced error"] = fmt_pct(r.get("traced_peak_err"))
         if _any_offload(cases):  # host memory apart from device memory: where the parameters live
             out[-1]["params on host: measured / predicted"] = (
                 f"{fmt_bytes(_num(r.get('mem_placement_params_host_bytes')))} / "
