@@ -24,7 +24,9 @@ cases: [{strategy: hsdp, world_size: 2, shard_size: 3}]
 """
 
 
-def test_run_writes_results_and_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_run_writes_results_and_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps table cells to the terminal; keep each row on one line
     scenario = tmp_path / "mini.yaml"
     scenario.write_text(SCENARIO)
     with pytest.raises(SystemExit) as exit_info:
