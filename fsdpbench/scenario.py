@@ -106,6 +106,7 @@ class ScenarioFile(BaseModel):
     sweep: dict[str, Any] = {}
     cases: list[CaseFields] = []
     exclude: list[dict[str, Any]] = []
+    traced: bool = False  # also run the traced memory predictor for every case (as `run --traced`)
 
 
 @dataclass(kw_only=True)
@@ -124,6 +125,7 @@ class Scenario:
     text: str
     cases: list[Case] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    traced: bool = False
 
 
 class ScenarioError(ValueError):
@@ -156,7 +158,8 @@ def parse_scenario(
     _check_sweep(source, spec)
     cases, skipped = expand(spec, source=source, overrides=overrides or {})
     return Scenario(
-        name=spec.name, description=spec.description, path=path, text=text, cases=cases, skipped=skipped
+        name=spec.name, description=spec.description, path=path, text=text, cases=cases, skipped=skipped,
+        traced=spec.traced,
     )
 
 

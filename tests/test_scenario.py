@@ -129,3 +129,10 @@ def test_case_ids_name_the_knobs_switched_on_and_keep_plain_ids() -> None:
     knobs = plain.replace(cpu_offload=True, activation_checkpointing=True, backward_prefetch="post", forward_prefetch=True)
     assert "_fp32_b4_ac_offload_bwd-post_fwdpf_" in knobs.case_id
     assert plain.replace(cpu_offload=True).case_id != plain.case_id
+
+
+def test_a_scenario_can_ask_for_traced_predictions() -> None:
+    assert expand("name: q\ntraced: true\nsweep: {world_size: 1}").traced is True
+    assert expand("name: q\nsweep: {world_size: 1}").traced is False
+    with pytest.raises(ScenarioError, match="s.yaml: traced: Input should be a valid boolean"):
+        expand("name: q\ntraced: maybe\nsweep: {world_size: 1}")

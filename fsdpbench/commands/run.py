@@ -117,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             frame = run_cases(scenario.cases, scenario.skipped, store, meta, resume=args.resume,
                               collect=args.collect, on_start=on_start, on_done=on_done,
-                              traced=args.traced)  # fmt: skip
+                              traced=args.traced or scenario.traced)  # fmt: skip
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}; "
                           f"continue with: fsdpbench run {args.scenario} --out {run_dir} --resume")  # fmt: skip
