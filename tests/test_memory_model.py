@@ -262,6 +262,26 @@ def test_runner_stores_predictions_beside_the_measurement(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "zero1"])
+def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(strategy, tmp_path):
+    """At an optimizer-step peak the tracker counts the update's temporaries as optimizer state and
+    DDP's buckets as temp; the prediction's pred_peak_<category> columns follow it, category by category."""
+    from fsdpbench.launch import launch_case
+    from fsdpbench.results import build_rows
+    from fsdpbench.runner import add_predictions
+
+    case = Case(model="decoder-tiny", strategy=strategy, world_size=2, batch_size=2, seq_len=16, warmup_steps=1,
+                steps=1, timeout_s=90)  # fmt: skip
+    outcome = launch_case(case, tmp_path / case.case_id)
+    assert outcome.status == "ok", outcome.error
+    rows = add_predictions(case, build_rows(case, outcome, {}))
+    assert set(rows["pred_peak_moment"]) == {"optimizer step"}
+    for cat in ("params", "grads", "optim", "temp", "params_unsharded", "all_gather", "reduce_scatter"):
+        assert list(rows[f"pred_peak_{cat}_bytes"]) == list(rows[f"mem_tracker_peak_{cat}_bytes"]), cat
+    assert (rows["mem_tracker_peak_optim_bytes"] > rows["mem_tracker_states_optim_bytes"]).all()  # temporaries
+
+
+@pytest.mark.slow
 def test_run_with_traced_predictions_stores_them_per_rank_without_joining_a_group(tmp_path):
     import torch.distributed as dist
 

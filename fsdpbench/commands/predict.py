@@ -29,7 +29,7 @@ ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or it
     ("params_unsharded", "· unsharded params in flight"), ("grads_unsharded", "· unsharded grads"),
     ("all_gather", "· all-gather buffers"), ("reduce_scatter", "· reduce-scatter buffers"),
     ("ddp_buckets", "· DDP gradient buckets"), ("activations", "· activations"), ("inputs", "· batch"),
-    ("temp", "· temporaries (grad of activations, loss, optimizer update)"),
+    ("temp", "· temporaries (grad of activations, loss)"), ("optim_temp", "· optimizer update temporaries"),
     ("peak", "peak: live tensors (tracker view)"), ("untracked", "+ allocated, not yet seen by trackers"),
     ("context", "+ CUDA context / NCCL allowance"), ("host", "states kept on the host (CPU offload), not on the device"),
     ("device_peak", "peak on the device"),

@@ -17,11 +17,13 @@ import pandas as pd
 from fsdpbench.case import Case
 
 # the model's categories at the predicted peak, as the tracker's categories (pred_peak_<cat>_bytes);
-# DDP buckets are where the tracker files them (temp: it first sees a bucket when backward writes into it)
+# DDP buckets are where the tracker files them (temp: it first sees a bucket when backward writes into it),
+# the optimizer update's temporaries (optim: allocated inside optimizer.step), and the batch (activations:
+# the tracker's "inputs" are module inputs it registers, which the worker's batch slices are not)
 TRACKER_CATEGORIES = {
     "params": ("params", "padding"), "params_unsharded": ("params_unsharded",), "grads": ("grads",),
-    "grads_unsharded": ("grads_unsharded",), "optim": ("optim",), "activations": ("activations",),
-    "inputs": ("inputs",), "temp": ("temp", "ddp_buckets"), "all_gather": ("all_gather",),
+    "grads_unsharded": ("grads_unsharded",), "optim": ("optim", "optim_temp"),
+    "activations": ("activations", "inputs"), "inputs": (), "temp": ("temp", "ddp_buckets"), "all_gather": ("all_gather",),
     "reduce_scatter": ("reduce_scatter",), "buffers": (), "other": (),
 }  # fmt: skip
 PRED_COLUMNS = (
@@ -58,7 +60,7 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             "pred_unsharded_bytes": (bd.get("params_unsharded", 0) + bd.get("grads_unsharded", 0)) if bd else None,
             "pred_comm_buffers_bytes": (bd.get("all_gather", 0) + bd.get("reduce_scatter", 0)
                                         + bd.get("ddp_buckets", 0)) if bd else None,  # fmt: skip
-            "pred_temp_bytes": bd.get("temp", 0) if bd else None,
+            "pred_temp_bytes": bd.get("temp", 0) + bd.get("optim_temp", 0) if bd else None,
             "pred_peak_bytes": p.peak_bytes,
             "pred_peak_moment": p.peak_moment,
             "pred_device_peak_bytes": p.device_peak_bytes,

@@ -31,7 +31,7 @@ from fsdpbench.strategies.base import Sharding
 
 CATEGORIES = (
     "params", "padding", "optim", "grads", "params_unsharded", "grads_unsharded", "all_gather",
-    "reduce_scatter", "ddp_buckets", "activations", "inputs", "temp",
+    "reduce_scatter", "ddp_buckets", "activations", "inputs", "temp", "optim_temp",
 )  # fmt: skip
 
 
@@ -271,5 +271,5 @@ def walk_step(
     grads_all = states.grads + states.grads_padding
     buckets = total_buckets
     moments.append(moment("optimizer step", inputs=profile.inputs_bytes, grads=grads_all,
-                          ddp_buckets=buckets, temp=states.optim_temp))  # fmt: skip
+                          ddp_buckets=buckets, optim_temp=states.optim_temp))  # fmt: skip
     return moments
