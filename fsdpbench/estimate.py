@@ -133,7 +133,8 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
             tracker = build_tracker(model, optimizer, strategy.fsdp_root(model))
             states: dict[str, int] = {}
             with tracker:
-                step_at(warmup_steps, after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)))
+                step_at(warmup_steps,
+                        after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)))
             peak = snapshot_by_category(tracker, "peak", device)
     finally:
         if entered:
@@ -276,23 +277,16 @@ def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[s
 
 def traced_columns(traced: dict[int, dict[str, float]], rows: Any) -> dict[str, list[Any]]:
     """traced_* columns for a case's rows, with the relative error against the same rank's tracker."""
+    from fsdpbench.memory_model.columns import relative_error
+
     out: dict[str, list[Any]] = {c: [] for c in TRACED_COLUMNS}
     for _, row in rows.iterrows():
         t = traced.get(int(row["rank"]))
         peak, states = (t["peak"], t["states"]) if t else (None, None)
         out["traced_peak_bytes"].append(peak)
         out["traced_model_states_bytes"].append(states)
-        out["traced_peak_err"].append(_rel(peak, row.get("mem_tracker_peak_bytes")))
-        out["traced_model_states_err"].append(_rel(states, row.get("mem_tracker_model_states_bytes")))
+        out["traced_peak_err"].append(relative_error(peak, row.get("mem_tracker_peak_bytes")))
+        out["traced_model_states_err"].append(relative_error(states, row.get("mem_tracker_model_states_bytes")))
         out["traced_wall_s"].append(t["wall_s"] if t else None)
     return out
 
-
-def _rel(pred: float | None, measured: Any) -> float | None:
-    try:
-        measured = float(measured)
-    except (TypeError, ValueError):
-        return None
-    if pred is None or not measured or measured != measured:
-        return None
-    return (pred - measured) / measured

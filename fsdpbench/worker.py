@@ -240,7 +240,8 @@ def rank_entry(case_json: str, out_dir: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run one case on an external launcher (torchrun, srun): every rank calls this."""
     parser = argparse.ArgumentParser(prog="python -m fsdpbench.worker", description=main.__doc__)
-    parser.add_argument("--case", required=True, help="case JSON file (fsdpbench run SCENARIO --export-cases DIR writes them)")
+    parser.add_argument("--case", required=True,
+                        help="case JSON file (fsdpbench run SCENARIO --export-cases DIR writes them)")
     parser.add_argument("--out", required=True, help="directory for rank{R}.json")
     args = parser.parse_args(argv)
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun without torchrun

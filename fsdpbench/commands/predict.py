@@ -31,7 +31,8 @@ ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or it
     ("ddp_buckets", "· DDP gradient buckets"), ("activations", "· activations"), ("inputs", "· batch"),
     ("temp", "· temporaries (grad of activations, loss)"), ("optim_temp", "· optimizer update temporaries"),
     ("peak", "peak: live tensors (tracker view)"), ("untracked", "+ allocated, not yet seen by trackers"),
-    ("context", "+ CUDA context / NCCL allowance"), ("host", "states kept on the host (CPU offload), not on the device"),
+    ("context", "+ CUDA context / NCCL allowance"),
+    ("host", "states kept on the host (CPU offload), not on the device"),
     ("device_peak", "peak on the device"),
 )  # fmt: skip
 

@@ -162,8 +162,8 @@ def predict_memory(
         notes.append("FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
                      "unit and keeps the root unsharded between forward and backward): use --method traced")  # fmt: skip
     if case.cpu_offload:
-        notes.append("cpu_offload: sharded params, grads and optimizer state are host memory (host_bytes), "
-                     "left out of the device peak on a GPU; the host-to-device staging copies are not modelled")  # fmt: skip
+        notes.append("cpu_offload: sharded params, grads and optimizer state are host memory (host_bytes), left "
+                     "out of the device peak on a GPU; the host-to-device staging copies are not modelled")
     if case.compile:
         notes.append("torch.compile is not modelled: activations are those of the eager model")
     k = optimizer_k(case.optimizer, prec)

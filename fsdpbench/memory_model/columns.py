@@ -23,7 +23,8 @@ from fsdpbench.case import Case
 TRACKER_CATEGORIES = {
     "params": ("params", "padding"), "params_unsharded": ("params_unsharded",), "grads": ("grads",),
     "grads_unsharded": ("grads_unsharded",), "optim": ("optim", "optim_temp"),
-    "activations": ("activations", "inputs"), "inputs": (), "temp": ("temp", "ddp_buckets"), "all_gather": ("all_gather",),
+    "activations": ("activations", "inputs"), "inputs": (), "temp": ("temp", "ddp_buckets"),
+    "all_gather": ("all_gather",),
     "reduce_scatter": ("reduce_scatter",), "buffers": (), "other": (),
 }  # fmt: skip
 PRED_COLUMNS = (
@@ -64,8 +65,8 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             "pred_peak_bytes": p.peak_bytes,
             "pred_peak_moment": p.peak_moment,
             "pred_device_peak_bytes": p.device_peak_bytes,
-            "pred_model_states_err": _rel(p.resting_states_bytes, _cell(rows, i, "mem_tracker_model_states_bytes")),
-            "pred_peak_err": _rel(p.peak_bytes, _cell(rows, i, "mem_tracker_peak_bytes")),
+            "pred_model_states_err": relative_error(p.resting_states_bytes, _cell(rows, i, "mem_tracker_model_states_bytes")),
+            "pred_peak_err": relative_error(p.peak_bytes, _cell(rows, i, "mem_tracker_peak_bytes")),
             # where the parameters live (CPU offload), beside mem_placement_params_{host,device}_bytes
             "pred_host_bytes": p.host_bytes,
             "pred_params_host_bytes": p.params_host_bytes,
@@ -98,7 +99,8 @@ def _cell(rows: pd.DataFrame, i: int, column: str) -> float | None:
     return float(value) if _is_number(value) else None
 
 
-def _rel(pred: float | None, measured: float | None) -> float | None:
-    if pred is None or not measured:
+def relative_error(pred: float | None, measured: Any) -> float | None:
+    """(pred − measured) / measured; None when either is missing, not a number, or measured is 0."""
+    if pred is None or not _is_number(measured) or not float(measured):
         return None
-    return (pred - measured) / measured
+    return (pred - float(measured)) / float(measured)

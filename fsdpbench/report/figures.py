@@ -138,7 +138,8 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     if not has_values(ok, "pred_peak_bytes") and not has_values(ok, "pred_model_states_bytes"):
         notes.append("analytic prediction not in this run: no pred_* columns (the memory model did not run)")
     if not any(has_values(ok, c) for c in ("traced_peak_bytes", "traced_model_states_bytes")):
-        notes.append("traced prediction not in this run (no traced_* columns): run with --traced, or traced: true in the scenario")
+        notes.append("traced prediction not in this run (no traced_* columns): run with --traced, "
+                     "or traced: true in the scenario")
     caption = (
         f"Per-rank memory against world size N, one colour per strategy. Markers are measured by the "
         f"{TRACKER_SOURCE} in the memory-tracked step: ● total at the peak of the largest rank, "
