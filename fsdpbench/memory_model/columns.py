@@ -18,12 +18,14 @@ from fsdpbench.case import Case
 
 # the model's categories at the predicted peak, as the tracker's categories (pred_peak_<cat>_bytes);
 # DDP buckets are where the tracker files them (temp: it first sees a bucket when backward writes into it),
-# the optimizer update's temporaries (optim: allocated inside optimizer.step), and the batch (activations:
-# the tracker's "inputs" are module inputs it registers, which the worker's batch slices are not)
+# the optimizer update's temporaries (optim: allocated inside optimizer.step), unsharded gradients before
+# their unit's post-backward (temp: FSDPMemTracker relabels them when post-backward starts), and the batch
+# (activations: the tracker's "inputs" are module inputs it registers, which the batch slices are not), as
+# are forward temporaries (the logits while the loss runs: anything made in forward is an activation to it)
 TRACKER_CATEGORIES = {
     "params": ("params", "padding"), "params_unsharded": ("params_unsharded",), "grads": ("grads",),
     "grads_unsharded": ("grads_unsharded",), "optim": ("optim", "optim_temp"),
-    "activations": ("activations", "inputs"), "inputs": (), "temp": ("temp", "ddp_buckets"),
+    "activations": ("activations", "inputs", "fwd_temp"), "inputs": (), "temp": ("temp", "ddp_buckets", "grads_unsharded_in_bwd"),
     "all_gather": ("all_gather",),
     "reduce_scatter": ("reduce_scatter",), "buffers": (), "other": (),
 }  # fmt: skip
@@ -58,10 +60,11 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             "pred_padding_bytes": p.padding_bytes,
             "pred_model_states_bytes": p.resting_states_bytes,
             "pred_activations_bytes": (bd.get("activations", 0) + bd.get("inputs", 0)) if bd else None,
-            "pred_unsharded_bytes": (bd.get("params_unsharded", 0) + bd.get("grads_unsharded", 0)) if bd else None,
+            "pred_unsharded_bytes": (bd.get("params_unsharded", 0) + bd.get("grads_unsharded", 0)
+                                     + bd.get("grads_unsharded_in_bwd", 0)) if bd else None,  # fmt: skip
             "pred_comm_buffers_bytes": (bd.get("all_gather", 0) + bd.get("reduce_scatter", 0)
                                         + bd.get("ddp_buckets", 0)) if bd else None,  # fmt: skip
-            "pred_temp_bytes": bd.get("temp", 0) + bd.get("optim_temp", 0) if bd else None,
+            "pred_temp_bytes": bd.get("temp", 0) + bd.get("fwd_temp", 0) + bd.get("optim_temp", 0) if bd else None,
             "pred_peak_bytes": p.peak_bytes,
             "pred_peak_moment": p.peak_moment,
             "pred_device_peak_bytes": p.device_peak_bytes,
@@ -72,11 +75,21 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             "pred_params_host_bytes": p.params_host_bytes,
             "pred_params_device_bytes": p.params_device_bytes,
         }
-        for cat, ours in TRACKER_CATEGORIES.items():
+        filing = _tracker_filing(p)
+        for cat, ours in filing.items():
             values[f"pred_peak_{cat}_bytes"] = sum(bd.get(c, 0) for c in ours) if bd else None
         for key, value in values.items():
             out[key].append(value)
     return out
+
+
+def _tracker_filing(p: Any) -> dict[str, tuple[str, ...]]:
+    """TRACKER_CATEGORIES for one prediction: FSDPMemTracker files a reduce-scatter input as such only when
+    the collective runs; with one rank per shard group FSDP2 skips it and the buffer is a temporary."""
+    if (p.shard_size or p.world_size) != 1:
+        return TRACKER_CATEGORIES
+    return {**TRACKER_CATEGORIES, "reduce_scatter": (),
+            "temp": (*TRACKER_CATEGORIES["temp"], "reduce_scatter")}  # fmt: skip
 
 
 def _runnable_precisions() -> set[str]:

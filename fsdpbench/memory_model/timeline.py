@@ -30,9 +30,11 @@ from fsdpbench.memory_model.states import RankStates
 from fsdpbench.strategies.base import Sharding
 
 CATEGORIES = (
-    "params", "padding", "optim", "grads", "params_unsharded", "grads_unsharded", "all_gather",
-    "reduce_scatter", "ddp_buckets", "activations", "inputs", "temp", "optim_temp",
-)  # fmt: skip
+    "params", "padding", "optim", "grads", "params_unsharded", "grads_unsharded", "grads_unsharded_in_bwd",
+    "all_gather",
+    "reduce_scatter", "ddp_buckets", "activations", "inputs", "temp", "fwd_temp", "optim_temp",
+)
+LOSS_BYTES = 4  # the fp32 loss scalar the step still references while the optimizer runs  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -117,7 +119,7 @@ def walk_step(
             in_flight = unsharded_fwd + (sum(U[v] for v in seen) if keep_fwd_bwd else 0)
             moments.append(moment(
                 f"forward: {st.name} (in the model)", inputs=profile.inputs_bytes, activations=saved + kept,
-                temp=extra, params_unsharded=in_flight, all_gather=held,
+                fwd_temp=extra, params_unsharded=in_flight, all_gather=held,
             ))  # fmt: skip
         saved += st.saved_bytes
         in_flight = all_gather = 0
@@ -132,7 +134,7 @@ def walk_step(
                 in_flight = unsharded_fwd + sum(U[v] for v in units_here)
                 all_gather = held + sum(AG[v] for v in ahead)
         moments.append(moment(
-            f"forward: {st.name}", inputs=profile.inputs_bytes, activations=saved, temp=st.fwd_extra_bytes,
+            f"forward: {st.name}", inputs=profile.inputs_bytes, activations=saved, fwd_temp=st.fwd_extra_bytes,
             params_unsharded=in_flight, all_gather=all_gather,
         ))  # fmt: skip
         moments[-1].untracked_bytes = total_buckets  # DDP buckets: allocated, not yet seen by the tracker
@@ -179,10 +181,14 @@ def walk_step(
         run["grads"] += states.unit_sharded_grads.get(u, 0)
         run["all_reduce"] += states.unit_reduce_output.get(u, 0) if hold_all_reduce else 0
 
-    def fsdp_parts(current: set[int]) -> dict[str, int]:
-        """Unsharded params, prefetched all-gathers, unsharded grads, sharded grads, held RS input."""
+    def fsdp_parts(current: set[int], post_backward: int | None = None) -> dict[str, int]:
+        """Unsharded params, prefetched all-gathers, unsharded grads, sharded grads, held RS input.
+
+        Unsharded gradients are ``grads_unsharded_in_bwd`` until their unit's post-backward starts (the
+        tracker files them as temporaries until then), ``grads_unsharded`` from then on."""
         if not fsdp:
             return {}
+        labelled = ug_by_unit.get(post_backward, 0) if post_backward is not None else 0
         live = set(unsharded_bwd) | current
         ahead = [] if keep_fwd_bwd else [u for u in bwd_units if u not in started][:depth]
         # HSDP keeps each unit's all-reduce input until the end of backward; with a reduce dtype other
@@ -190,7 +196,8 @@ def walk_step(
         return {
             "params_unsharded": sum(U.get(u, 0) for u in live),
             "all_gather": sum(AG.get(u, 0) for u in ahead),
-            "grads_unsharded": run["ug"],
+            "grads_unsharded": labelled,
+            "grads_unsharded_in_bwd": run["ug"] - labelled,
             "grads": run["grads"],
             "reduce_scatter": rs_held + run["all_reduce"],
         }
@@ -243,7 +250,7 @@ def walk_step(
                 # copy-in: u's unsharded gradients are copied into the reduce-scatter input
                 moments.append(moment(
                     f"backward: reduce-scatter copy-in {facts.units[u]}", inputs=profile.inputs_bytes,
-                    activations=before, **fsdp_parts(set()),
+                    activations=before, **fsdp_parts(set(), post_backward=u),
                 ))  # fmt: skip
                 mark_reduced(u)
                 # the collective: unsharded grads freed, the sharded output allocated; gloo stages a
@@ -270,6 +277,6 @@ def walk_step(
     # ---- optimizer step -----------------------------------------------------------------------------
     grads_all = states.grads + states.grads_padding
     buckets = total_buckets
-    moments.append(moment("optimizer step", inputs=profile.inputs_bytes, grads=grads_all,
+    moments.append(moment("optimizer step", inputs=profile.inputs_bytes, activations=LOSS_BYTES, grads=grads_all,
                           ddp_buckets=buckets, optim_temp=states.optim_temp))  # fmt: skip
     return moments
