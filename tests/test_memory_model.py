@@ -252,13 +252,14 @@ def test_runner_stores_predictions_beside_the_measurement(tmp_path):
     from fsdpbench.results import build_rows
     from fsdpbench.runner import add_predictions
 
-    case = Case(model="decoder-tiny", strategy="zero3", world_size=2, batch_size=2, seq_len=16, warmup_steps=1,
+    # scenarios/ci.yaml's shape: its peak is not at a reduce-scatter, whose timing moves the tracker's peak
+    case = Case(model="decoder-tiny", strategy="zero3", world_size=2, batch_size=4, seq_len=64, warmup_steps=1,
                 steps=1, timeout_s=90)  # fmt: skip
     outcome = launch_case(case, tmp_path / case.case_id)
     assert outcome.status == "ok", outcome.error
     rows = add_predictions(case, build_rows(case, outcome, {}))
     assert list(rows["pred_model_states_err"]) == [0.0, 0.0]
-    assert max(abs(e) for e in rows["pred_peak_err"]) < 0.01
+    assert list(rows["pred_peak_err"]) == [0.0, 0.0]
 
 
 def test_unsharded_gradients_are_in_backward_until_their_units_post_backward():
@@ -314,15 +315,16 @@ def test_run_with_traced_predictions_stores_them_per_rank_without_joining_a_grou
     from fsdpbench.results import RunStore
     from fsdpbench.runner import run_cases
 
-    cases = [Case(model="decoder-tiny", strategy=s, world_size=2, batch_size=2, seq_len=16, warmup_steps=1,
+    # scenarios/ci.yaml's shape: the measured peak does not depend on when gloo's reduce-scatter finishes
+    cases = [Case(model="decoder-tiny", strategy=s, world_size=2, batch_size=4, seq_len=64, warmup_steps=1,
                   steps=1, timeout_s=90) for s in ("zero1", "zero3")]  # fmt: skip
     meta = {"env": {}}
     frame = run_cases(cases, [], RunStore(tmp_path / "run"), meta, traced=True)
     assert meta["predictions"] == ["analytic", "traced"]
     assert not dist.is_initialized()  # the fake process group lived in the child process
     assert len(frame) == 4 and frame["traced_peak_bytes"].notna().all(), capsys.readouterr().err
-    # the traced predictor runs the same code on fake tensors: within the issue's 5%, exact here
-    assert frame["traced_peak_err"].abs().max() < 0.05 and (frame["traced_model_states_err"] == 0).all()
+    # the traced predictor runs the same code on fake tensors: exact (the issue asks for 5%)
+    assert (frame["traced_peak_err"] == 0).all() and (frame["traced_model_states_err"] == 0).all()
     zero1 = frame[frame.strategy == "zero1"].set_index("rank")
     # ZeRO-1's ranks hold different partitions, and each rank's trace says so
     assert zero1.loc[0, "traced_model_states_bytes"] != zero1.loc[1, "traced_model_states_bytes"]
