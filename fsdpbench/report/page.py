@@ -126,8 +126,9 @@ def render_case_table(data: ReportData) -> str:
     table = case_table(data.cases, {r.run: r.meta for r in data.runs})
     parts = ['<section id="cases"><h2>Every case</h2>',
              '<p class="caption">All cases of the run, failed and skipped ones with their reason. Memory: tracker '
-             "peak of the largest rank; prediction: analytic model for the same case, error = (predicted − measured)"
-             " / measured; wall: launch to exit of the case's processes (from run.json).</p>"]  # fmt: skip
+             "peak of the largest rank; prediction: analytic model for the same case (traced: the traced predictor, "
+             "in runs made with --traced), error = (predicted − measured) / measured; wall: launch to exit of the "
+             "case's processes (from run.json).</p>"]  # fmt: skip
     if table.empty:
         parts.append('<p class="missing">no cases in this run</p></section>')
         return "\n".join(parts)
