@@ -33,8 +33,8 @@ CATEGORIES = (
     "params", "padding", "optim", "grads", "params_unsharded", "grads_unsharded", "grads_unsharded_in_bwd",
     "all_gather",
     "reduce_scatter", "ddp_buckets", "activations", "inputs", "temp", "fwd_temp", "optim_temp",
-)
-LOSS_BYTES = 4  # the fp32 loss scalar the step still references while the optimizer runs  # fmt: skip
+)  # fmt: skip
+LOSS_BYTES = 4  # the fp32 loss scalar the step still references while the optimizer runs
 
 
 @dataclass(slots=True)
