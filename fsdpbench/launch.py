@@ -28,7 +28,7 @@ _preload_set = False
 class CaseOutcome:
     """What happened to one case: its status, error, and every rank's recorded results."""
 
-    status: str  # ok | failed | timeout | oom
+    status: str  # ok | failed | timeout | oom | skipped (this machine lacks the case's devices: nothing started)
     error: str = ""
     ranks: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
@@ -47,6 +47,11 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
     from fsdpbench.worker import rank_entry
+    from fsdpbench.scenario import check_devices
+
+    shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
+    if shortfall:
+        return CaseOutcome(status="skipped", error=shortfall)
 
     global _preload_set
     if not _preload_set:

@@ -78,8 +78,10 @@ def run_cases(
                 outcome = collect_case(case, store.case_dir(case.case_id))
             else:
                 outcome = launch_case(case, store.case_dir(case.case_id))
-            rows = build_rows(case, outcome, env)
-            rows = add_predictions(case, rows)
+            if outcome.status == "skipped":
+                rows = skipped_rows(case, outcome.error, env)
+            else:
+                rows = add_predictions(case, build_rows(case, outcome, env))
             if tracer is not None and outcome.status == "ok":
                 rows = tracer.add_columns(case, rows)
             store.merge_timelines(case.case_id)

@@ -287,7 +287,7 @@ def build_case(fields: dict[str, Any], *, source: str = "<scenario>") -> tuple[C
     from fsdpbench.knobs import check_knobs, normalize_knobs
 
     case = normalize_knobs(case, strategy)
-    reason = strategy.check(case) or check_knobs(case, strategy) or _check_devices(case)
+    reason = strategy.check(case) or check_knobs(case, strategy) or check_devices(case)
     return case, reason
 
 
@@ -302,13 +302,18 @@ def resolve_backend(device: str, backend: str) -> tuple[str, str]:
     return device, backend
 
 
-def _check_devices(case: Case) -> str | None:
+def check_devices(case: Case) -> str | None:
+    """Why this machine cannot run the case's ranks on its device, or None: the one place where a case
+    is skipped for lack of GPUs. It looks at the device, not the backend: a `cuda` case needs one GPU per
+    rank whatever its backend (two ranks cannot share a GPU: NCCL refuses a duplicate GPU, and any rank
+    past the last GPU dies with "invalid device ordinal"). A mode that runs one rank of an N-rank job on
+    one device (fake process group) bypasses this function."""
     if case.device == "cuda":
         import torch
 
-        have = torch.cuda.device_count()
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if case.world_size > have:
-            return f"needs {case.world_size} GPUs, {have} visible"
+            return f"needs {case.world_size} GPUs (one per rank, device cuda), {have} visible"
     if case.backend == "nccl" and case.device != "cuda":
         return "backend nccl needs device cuda"
     return None

@@ -8,8 +8,10 @@ from typing import Any
 from fsdpbench.case import Case
 from fsdpbench.launch import CaseOutcome, launch_case
 
+# tests of CPU semantics pin CPU ranks explicitly, so a machine with a GPU runs the same cases
+CPU: dict[str, str] = {"device": "cpu", "backend": "gloo"}
 TINY: dict[str, Any] = dict(
-    model="decoder-tiny", batch_size=2, seq_len=16, warmup_steps=1, steps=2, memory_steps=1, timeout_s=90
+    model="decoder-tiny", batch_size=2, seq_len=16, warmup_steps=1, steps=2, memory_steps=1, timeout_s=90, **CPU
 )
 
 

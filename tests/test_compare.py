@@ -14,6 +14,7 @@ from fsdpbench.commands.compare import build_compare_table, build_scenario_text
 from fsdpbench.report.data import build_case_frame
 from fsdpbench.report.synthetic import synthetic_results, write_synthetic_run
 from fsdpbench.scenario import parse_scenario
+from tests.helpers import CPU
 
 
 def _args(*argv: str):
@@ -22,12 +23,12 @@ def _args(*argv: str):
 
 def test_compare_builds_one_case_per_strategy_through_the_scenario_code():
     args = _args("--model", "decoder-tiny", "--world-size", "4", "--precision", "bf16", "--steps", "3")
-    scenario = parse_scenario(build_scenario_text(args), source="fsdpbench compare")
+    scenario = parse_scenario(build_scenario_text(args), source="fsdpbench compare", overrides=CPU)
     assert [c.strategy for c in scenario.cases] == ["ddp", "zero2", "zero3"]
     assert {(c.world_size, c.precision, c.steps, c.model) for c in scenario.cases} == {(4, "bf16", 3, "decoder-tiny")}
     assert scenario.cases[0].wrap == "none" and scenario.cases[2].wrap == "block"  # normalised as in a run
     args = _args("--world-size", "2", "--strategies", "ddp,zero1")
-    assert [c.strategy for c in parse_scenario(build_scenario_text(args)).cases] == ["ddp", "zero1"]
+    assert [c.strategy for c in parse_scenario(build_scenario_text(args), overrides=CPU).cases] == ["ddp", "zero1"]
 
 
 @pytest.mark.parametrize(
@@ -84,7 +85,7 @@ def test_compare_runs_real_cases_prints_the_table_and_writes_the_report(tmp_path
     proc = subprocess.run(
         [sys.executable, "-m", "fsdpbench", "compare", "--model", "decoder-tiny", "--world-size", "2",
          "--strategies", "ddp,zero3", "--batch-size", "2", "--seq-len", "16", "--steps", "2", "--warmup-steps", "1",
-         "--out", str(out)],
+         "--set", "device=cpu", "--set", "backend=gloo", "--out", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -15,6 +15,7 @@ from fsdpbench.case import Case
 from fsdpbench.models import build_model
 from fsdpbench.models.decoder import TransformerBlock
 from fsdpbench.scenario import build_case, parse_scenario
+from tests.helpers import CPU
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.fsdp1 import BACKWARD_PREFETCH_MODES, auto_wrap_policy_for, mixed_precision_for
 from tests.helpers import global_losses, run, tiny_case
@@ -80,17 +81,17 @@ def test_sharding_declarations_feed_the_memory_model() -> None:
 
 
 def test_case_rules_for_fsdp1_knobs() -> None:
-    hybrid, reason = build_case({"strategy": "fsdp1_hybrid", "world_size": 4, "shard_size": 2})
+    hybrid, reason = build_case({**CPU, "strategy": "fsdp1_hybrid", "world_size": 4, "shard_size": 2})
     assert reason is None and hybrid.shard_size == 2
-    full, _ = build_case({"strategy": "fsdp1_full", "world_size": 4, "shard_size": 2})
+    full, _ = build_case({**CPU, "strategy": "fsdp1_full", "world_size": 4, "shard_size": 2})
     assert full.shard_size is None
-    _, reason = build_case({"strategy": "fsdp1_hybrid", "world_size": 3, "shard_size": 2})
+    _, reason = build_case({**CPU, "strategy": "fsdp1_hybrid", "world_size": 3, "shard_size": 2})
     assert "does not divide" in reason
-    _, reason = build_case({"strategy": "fsdp1_full", "prefetch": 1})
+    _, reason = build_case({**CPU, "strategy": "fsdp1_full", "prefetch": 1})
     assert "backward_prefetch" in reason
-    _, reason = build_case({"strategy": "fsdp1_full", "cpu_offload": True, "device": "cpu"})
+    _, reason = build_case({**CPU, "strategy": "fsdp1_full", "cpu_offload": True})
     assert "pin_memory" in reason and "zero3" in reason
-    _, reason = build_case({"strategy": "fsdp1_full", "strategy_args": {"orig": True}})
+    _, reason = build_case({**CPU, "strategy": "fsdp1_full", "strategy_args": {"orig": True}})
     assert "use_orig_params" in reason
 
 

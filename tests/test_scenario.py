@@ -7,12 +7,18 @@ from pathlib import Path
 import pytest
 
 from fsdpbench.scenario import ScenarioError, load_scenario, parse_scenario
+from tests.helpers import CPU
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def expand(text: str):
     return parse_scenario(text, source="s.yaml")
+
+
+def expand_on_cpu(text: str):
+    """Expanded with every case pinned to CPU ranks (gloo): the same cases on any machine."""
+    return parse_scenario(text, source="s.yaml", overrides=CPU)
 
 
 @pytest.mark.parametrize(
@@ -50,7 +56,7 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_sweep_is_the_product_plus_extra_cases() -> None:
-    s = expand(
+    s = expand_on_cpu(
         "name: q\nsweep: {world_size: [1, 2, 4], strategy: [ddp, zero1, zero2, zero3]}\n"
         "cases: [{strategy: hsdp, world_size: 4, shard_size: 2}]"
     )
@@ -61,14 +67,14 @@ def test_sweep_is_the_product_plus_extra_cases() -> None:
 
 
 def test_quickstart_has_at_least_13_cases() -> None:
-    s = load_scenario(ROOT / "scenarios" / "quickstart.yaml")
+    s = load_scenario(ROOT / "scenarios" / "quickstart.yaml", overrides=CPU)
     assert len(s.cases) >= 13 and not s.skipped
     assert {c.strategy for c in s.cases} == {"ddp", "zero1", "zero2", "zero3", "hsdp"}
     assert {c.world_size for c in s.cases} == {1, 2, 4}
 
 
 def test_impossible_combinations_are_skipped_with_a_reason() -> None:
-    s = expand(
+    s = expand_on_cpu(
         "name: q\nsweep: {strategy: [ddp, zero3, hsdp], world_size: [4], prefetch: [0, 1], shard_size: [3]}"
     )
     reasons = {(k.case.strategy, k.case.prefetch): k.reason for k in s.skipped}
@@ -89,12 +95,12 @@ def test_ddp_bf16_compression_is_skipped_on_gloo_but_not_on_nccl() -> None:
 
 
 def test_axes_a_strategy_ignores_collapse_to_one_case() -> None:
-    s = expand("name: q\nsweep: {strategy: [ddp, zero3], wrap: [block, whole], world_size: 2}")
+    s = expand_on_cpu("name: q\nsweep: {strategy: [ddp, zero3], wrap: [block, whole], world_size: 2}")
     assert sorted((c.strategy, c.wrap) for c in s.cases) == [("ddp", "none"), ("zero3", "block"), ("zero3", "whole")]
 
 
 def test_exclude_drops_matching_combinations() -> None:
-    s = expand(
+    s = expand_on_cpu(
         "name: q\nsweep: {strategy: [ddp, zero3], world_size: [1, 2]}\n"
         "exclude: [{strategy: ddp, world_size: [1, 2]}, {world_size: 1}]"
     )
@@ -117,7 +123,7 @@ def test_auto_backend_is_gloo_on_a_cpu_machine() -> None:
 
 
 def test_overrides_apply_to_every_case() -> None:
-    s = parse_scenario("name: q\nsweep: {world_size: [1, 2]}", overrides={"steps": 7})
+    s = parse_scenario("name: q\nsweep: {world_size: [1, 2]}", overrides={"steps": 7, **CPU})
     assert [c.steps for c in s.cases] == [7, 7]
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from fsdpbench.launch import launch_case
 from fsdpbench.scenario import load_scenario
+from tests.helpers import CPU
 
 SCENARIOS = sorted((Path(__file__).parents[1] / "scenarios").glob("*.yaml"))
 ONE_STEP = {"warmup_steps": 1, "steps": 1, "memory_steps": 1, "profile_steps": 0, "bare_steps": 1}
@@ -28,12 +29,12 @@ def test_knob_studies_exist_and_sweep_their_knob() -> None:
     names = {p.stem for p in SCENARIOS}
     assert {"strategies", "wrap_granularity", "prefetch", "precision", "offload", "fsdp1_vs_fsdp2",
             "tutorial_mnist"} <= names  # fmt: skip
-    prefetch = load_scenario(Path(SCENARIOS[0].parent, "prefetch.yaml"))
+    prefetch = load_scenario(Path(SCENARIOS[0].parent, "prefetch.yaml"), overrides=CPU)
     assert {c.backward_prefetch for c in prefetch.cases if c.strategy == "fsdp1_full"} == {"pre", "post", "none"}
-    offload = load_scenario(Path(SCENARIOS[0].parent, "offload.yaml"), overrides={"device": "cpu"})
+    offload = load_scenario(Path(SCENARIOS[0].parent, "offload.yaml"), overrides=CPU)
     assert {c.strategy for c in offload.cases if c.cpu_offload} == {"zero2", "zero3"}
     assert [s.case.strategy for s in offload.skipped] == ["fsdp1_full"]  # pinned host memory needs a GPU
-    tutorial = load_scenario(Path(SCENARIOS[0].parent, "tutorial_mnist.yaml"))
+    tutorial = load_scenario(Path(SCENARIOS[0].parent, "tutorial_mnist.yaml"), overrides=CPU)
     assert {(c.wrap, c.wrap_min_params if c.wrap == "size" else None) for c in tutorial.cases if c.strategy != "ddp"} == {
         ("whole", None), ("size", 100), ("size", 20_000)
     }  # fmt: skip
@@ -43,7 +44,7 @@ def test_knob_studies_exist_and_sweep_their_knob() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_a_cpu_sized_variant_runs(path: Path, tmp_path: Path) -> None:
-    scenario = load_scenario(path, overrides={**ONE_STEP, "device": "cpu", "backend": "gloo"})
+    scenario = load_scenario(path, overrides={**ONE_STEP, **CPU})
     runnable = [c for c in scenario.cases if not c.compile]
     if not runnable:
         pytest.skip(f"{path.name}: every case skipped here: {scenario.skipped[0].reason}")

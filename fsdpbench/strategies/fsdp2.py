@@ -28,6 +28,9 @@ def apply_fsdp2(
 ) -> nn.Module:
     """fully_shard every wrap unit, then the root; set explicit prefetch of depth ``case.prefetch``."""
     case = ctx.case
+    # always name the mesh: fully_shard's default mesh is on torch's current accelerator, so on a
+    # machine with a GPU a `device: cpu` case would shard onto cuda:<rank> (invalid for rank >= GPUs)
+    mesh = mesh or init_device_mesh(ctx.device.type, (ctx.world_size,))
     pin = ctx.device.type == "cuda"  # pinned host memory needs a GPU; on CPU offloaded states stay in host memory
     kwargs = dict(
         mesh=mesh,
