@@ -3,13 +3,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+import pytest
+import torch
 
 from fsdpbench.case import Case
 from fsdpbench.launch import CaseOutcome, launch_case
 
 # tests of CPU semantics pin CPU ranks explicitly, so a machine with a GPU runs the same cases
 CPU: dict[str, str] = {"device": "cpu", "backend": "gloo"}
+# tests that need a GPU: `-m cuda` selects them, and elsewhere they are skipped with this reason
+NO_CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False on this machine)"
+CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_REASON)]
+
+
+def requires_cuda(test: Callable) -> Callable:
+    """Mark one test as a GPU test (see CUDA_ONLY for a whole module)."""
+    for mark in CUDA_ONLY:
+        test = mark(test)
+    return test
+
+
 TINY: dict[str, Any] = dict(
     model="decoder-tiny", batch_size=2, seq_len=16, warmup_steps=1, steps=2, memory_steps=1, timeout_s=90, **CPU
 )

@@ -1,8 +1,10 @@
 """CUDA allocator statistics."""
 
+import pytest
 import torch
 
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
+from tests.helpers import requires_cuda
 
 
 def test_cpu_device_gives_empty_dict():
@@ -11,10 +13,14 @@ def test_cpu_device_gives_empty_dict():
     reset_cuda_peaks("cpu")  # no-op, must not raise
 
 
-def test_cuda_stats_keys_when_available():
-    if not torch.cuda.is_available():
-        assert cuda_allocator_stats("cuda:0") == {}  # no CUDA: nothing to report
-        return
+def test_no_cuda_gives_empty_dict(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cuda_allocator_stats("cuda:0") == {}  # no CUDA: nothing to report
+    reset_cuda_peaks("cuda:0")  # no-op, must not raise
+
+
+@requires_cuda
+def test_cuda_stats_on_the_real_allocator():
     reset_cuda_peaks(0)
     x = torch.empty(1 << 20, device="cuda:0")
     stats = cuda_allocator_stats(0)

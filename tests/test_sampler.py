@@ -115,8 +115,10 @@ def test_read_rss_tracks_an_allocation():
     block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page
     after = rss.read_rss_bytes()
     assert after - before >= 60 * 1024 * 1024
-    # ru_maxrss is the kernel's high-water mark; it can trail statm by a few pages
-    assert rss.peak_rss_bytes() >= after - 1024 * 1024
+    # ru_maxrss is the kernel's high-water mark; it can trail statm: each thread batches its RSS
+    # updates (up to 64 pages before the kernel sees them), and a process with CUDA has dozens of
+    # threads (1.2 MiB seen on the H100 machine). A slack far below the 64 MiB block keeps the point.
+    assert rss.peak_rss_bytes() >= after - 16 * 1024 * 1024
     del block
 
 

@@ -73,7 +73,8 @@ class StepBench:
         self.optimizer = self.strategy.build_optimizer(self.model, case)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.n_tensors = len(list(self.model.parameters()))
-        self.x, self.y = make_global_batch(case.model, case.model_args, case.batch_size, case.seq_len, case.seed, 0)
+        x, y = make_global_batch(case.model, case.model_args, case.batch_size, case.seq_len, case.seed, 0)
+        self.x, self.y = x.to(self.device), y.to(self.device)  # inputs and targets beside the model
 
     def step(self, after_optim: Any = None) -> float:
         loss = self.mdef.loss(self.model(self.x), self.y)

@@ -1,0 +1,61 @@
+"""On a machine with a CUDA GPU: NVML against the real library, and one real rank per strategy on
+``cuda`` (NCCL) with the allocator, NVML and tracker columns and the memory prediction beside them.
+
+Skipped elsewhere, with the reason (``-m cuda`` selects exactly these). How close the prediction is
+to the measurement on a GPU is checked against the H100 reference rows (tests of the memory model);
+here the columns must exist and be ordered as the sources' definitions order them."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fsdpbench.case import Case
+from fsdpbench.launch import launch_case
+from fsdpbench.results import build_rows
+from fsdpbench.runner import add_predictions
+from tests.helpers import CUDA_ONLY
+
+pytestmark = CUDA_ONLY
+
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp1_full")
+
+
+def test_nvml_samples_the_real_device_and_sees_what_torch_reserved() -> None:
+    from fsdpbench.metrics.nvml import nvml_sampler, nvml_status
+
+    ok, reason = nvml_status()
+    assert ok, reason
+    sampler, reason = nvml_sampler(torch.cuda.current_device(), interval_s=0.01)
+    assert sampler is not None, reason
+    block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    with sampler:
+        time.sleep(0.2)
+    assert len(sampler.samples) >= 2
+    # NVML counts the whole device (context, workspaces, other processes): at least what torch holds
+    assert sampler.peak_bytes >= torch.cuda.memory_reserved() >= block.numel()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_one_rank_on_cuda_measures_every_source_and_predicts_beside_it(strategy: str, tmp_path: Path) -> None:
+    case = Case(model="decoder-tiny", strategy=strategy, world_size=1, batch_size=2, seq_len=16, warmup_steps=1,
+                steps=2, memory_steps=1, profile_steps=1, device="cuda", backend="nccl", timeout_s=180)  # fmt: skip
+    outcome = launch_case(case, tmp_path / case.case_id)
+    assert outcome.status == "ok", outcome.error
+    row = add_predictions(case, build_rows(case, outcome, {})).iloc[0]
+    assert (row["device"], row["backend"]) == ("cuda", "nccl")
+    # live tensors ≤ what the allocator handed out ≤ what it reserved ≤ what the device has in use
+    assert 0 < row["mem_tracker_peak_bytes"] <= row["mem_alloc_peak_allocated_bytes"]
+    assert row["mem_alloc_peak_allocated_bytes"] <= row["mem_alloc_peak_reserved_bytes"] <= row["mem_nvml_peak_bytes"]
+    assert row["mem_alloc_num_ooms"] == 0 and row["mem_nvml_samples"] > 0
+    # the prediction for the same case stands beside the measurement (its accuracy is tested elsewhere)
+    assert row["pred_peak_bytes"] > 0 and row["pred_model_states_bytes"] > 0
+    for err in ("pred_peak_err", "pred_model_states_err"):
+        assert math.isfinite(row[err]) and abs(row[err]) < 0.5, (err, row[err])
+    assert math.isfinite(row["step_time_ms"]) and row["step_time_ms"] > 0
