@@ -32,6 +32,7 @@ import torch.distributed as dist
 from fsdpbench.case import Case
 from fsdpbench.knobs import apply_activation_checkpointing, apply_compile, state_placement_bytes
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
+from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
 from fsdpbench.metrics.tracker import build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import resolve_model
@@ -155,12 +156,29 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
     step += case.warmup_steps
     rec.update(warmup_times_ms=warmup_ms, first_step_ms=warmup_ms[0] if warmup_ms else None)
 
-    # ---- phase 1: timed steps, bare --------------------------------------------------------
+    def bare_loop(first: int, n: int) -> float:
+        """Wall ms of n steps with nothing of the harness: no per-step sync, timer or loss read."""
+        synchronize(device)
+        t0 = time.perf_counter()
+        for i in range(n):
+            train_step(first + i, record=False)
+        synchronize(device)
+        return (time.perf_counter() - t0) * 1e3
+
+    # ---- phase 1: timed steps, no instrument; with bare_steps, in blocks interleaved with a bare
+    # loop of the same steps, before any instrument has run, so both see the same machine state ----
     dist.barrier()
     reset_cuda_peaks(device)
-    samplers.set_phase("timed")
-    step_times_ms = timed_steps(step, case.steps)
-    step += case.steps
+    step_times_ms: list[float] = []
+    bare_ms = 0.0
+    for kind, n in interleaved_blocks(case.steps, case.bare_steps):
+        samplers.set_phase(kind)
+        if kind == "timed":
+            step_times_ms += timed_steps(step, n)
+        else:
+            bare_ms += bare_loop(step, n)
+        step += n
+    extra: dict[str, Any] = {"bare_step_time_ms": bare_ms / case.bare_steps} if case.bare_steps else {}
     rec.update(phase="memory", step_times_ms=step_times_ms, losses=list(losses), **_time_stats(step_times_ms))
 
     # ---- phase 2: memory-tracked steps ---------------------------------------------------
@@ -177,7 +195,7 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
             train_step(step, after_optim=record_states)
         mem["peak"] = snapshot_by_category(tracker, "peak", device)
         step += 1
-    extra = {f"mem_{k}": v for k, v in cuda_allocator_stats(device).items()}
+    extra.update({f"mem_{k}": v for k, v in cuda_allocator_stats(device).items()})
     # where the strategy keeps this rank's parameters (CPU offload: host), from its own bookkeeping
     extra.update({f"mem_placement_{k}": v for k, v in state_placement_bytes(model).items()})
     rec.update(phase="profile", memory=mem, losses=list(losses), extra_columns=extra)
@@ -193,19 +211,9 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
         extra.update(analyze_profile(trace_path, case, strategy.sharding, n_params))
         rec.update(extra_columns=extra)
 
-    # ---- optional: a bare loop of the same steps, to measure the harness's own overhead ------
-    samplers.stop()
-    if case.bare_steps:
-        dist.barrier()
-        synchronize(device)
-        t0 = time.perf_counter()
-        for i in range(case.bare_steps):
-            train_step(step + i, record=False)
-        synchronize(device)
-        extra["bare_step_time_ms"] = (time.perf_counter() - t0) * 1e3 / case.bare_steps
-        step += case.bare_steps
-
     # ---- done ------------------------------------------------------------------------------
+    samplers.stop()
+    extra["harness_leftovers"] = "; ".join(instruments_left_installed())  # "" when the instruments left nothing
     extra.update(samplers.columns())
     samplers.write_timeline(rec.path.parent / f"timeline_rank{rank}.parquet", case.case_id, rank)
     rec.update(

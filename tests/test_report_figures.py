@@ -310,8 +310,8 @@ def test_compare_rows_mark_the_winner_per_metric(cases):
 
 def test_verdict_names_least_memory_and_fastest_per_world_size(cases):
     lines = verdict_lines(cases)
-    assert lines[0].startswith("1 CPU rank (gloo), decoder-syn — peak memory per rank equal for all")
-    n4 = [x for x in lines if x.startswith("4 CPU ranks (gloo), decoder-syn") and "vs DDP" in x][0]
+    assert lines[0].startswith("1 CPU rank (gloo), decoder-syn, fp32 — peak memory per rank equal for all")
+    n4 = [x for x in lines if x.startswith("4 CPU ranks (gloo), decoder-syn, fp32") and "vs DDP" in x][0]
     assert "least memory per rank: zero3 n4 prefetch=0" in n4 and "fastest: ddp n4" in n4
     groups = glance_groups(cases)  # n1, n2, n4 fp32 (prefetch and the failed case too); bf16 and n8 are alone
     assert [len(g) for _, g in groups] == [3, 3, 5]

@@ -124,6 +124,7 @@ class CollectiveRecord:
     group_size: int
     source: str  # "record_param_comms" or "c10d"
     backend_kind: str  # what the backend really runs (gloo: reduce_scatter -> all_reduce)
+    dur_us: float | None = None  # gloo: the span of the gloo:* work this call ran (None: not in the trace)
 
     @property
     def payload_bytes(self) -> int:
@@ -293,6 +294,7 @@ def _records_from_c10d(
         # gloo has no reduce-scatter: it all-reduces the full input and keeps its chunk
         backend_kind = "all_reduce" if is_gloo and kind == "reduce_scatter" else kind
         numel, n, gloo_numel, dtype = _c10d_sizes(name, e.get("args") or {}, group_size)
+        dur_us = None
         # Pair with the first unused gloo:* event of the same kind and size that starts after it.
         for j, b in enumerate(backend_events):
             if j in used or float(b["ts"]) < float(e["ts"]):
@@ -303,13 +305,14 @@ def _records_from_c10d(
                 continue
             used.add(j)
             dtype = dtype or _backend_event_dtype(b)
+            dur_us = float(b["dur"])
             break
         dtype = dtype or assumed_dtype
         records.append(
             CollectiveRecord(
                 name=name, kind=kind, ts_us=float(e["ts"]), numel=numel, dtype=dtype,
                 elem_bytes=dtype_bytes(dtype) or 0, group_size=n, source="c10d",
-                backend_kind=backend_kind,
+                backend_kind=backend_kind, dur_us=dur_us,
             )
         )
     return records

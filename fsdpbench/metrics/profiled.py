@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from fsdpbench.case import Case
+from fsdpbench.metrics.harness import request_cupti_teardown
 from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.strategies.base import Sharding
 
@@ -76,6 +77,8 @@ def profile_steps(device: torch.device, trace_path: Path) -> Iterator[None]:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    if device.type == "cuda":
+        request_cupti_teardown()  # else CUPTI stays attached and slows every later step
     with profile(activities=activities, record_shapes=True) as prof:
         yield
     if device.type == "cuda":
@@ -85,7 +88,8 @@ def profile_steps(device: torch.device, trace_path: Path) -> Iterator[None]:
 
 def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: int) -> dict[str, Any]:
     """comm_<kind>_{count,bytes} per step (measured and analytic) and overlap_* from the trace."""
-    from fsdpbench.metrics.comm import analytic_comm_bytes, collectives_from_trace
+    from fsdpbench.metrics.bandwidth import bandwidth_by_kind
+    from fsdpbench.metrics.comm import analytic_comm_bytes, collective_records, collectives_from_trace
     from fsdpbench.metrics.overlap import analyze_trace, load_trace
 
     trace = load_trace(trace_path)
@@ -98,6 +102,8 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
         out[f"comm_{row.kind}_bytes"] = row.sent_bytes
         out[f"comm_{row.kind}_backend_bytes"] = row.backend_sent_bytes
     out["comm_total_bytes"] = float(comm["sent_bytes"].sum())
+    records = collective_records(trace, group_size=group)
+    out.update(bandwidth_by_kind(records, trace, backend=case.backend, steps=max(1, case.profile_steps)))
     p_bytes, g_bytes = _comm_dtype_bytes(case, sharding)
     pattern = sharding.comm_pattern()
     try:

@@ -149,6 +149,9 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
     title = "Communication volume per step"
     ok = ok_cases(cases)
     kinds = [k for k in COMM_KINDS if has_values(ok, f"comm_{k}_bytes") and (ok[f"comm_{k}_bytes"].fillna(0) > 0).any()]
+    if not ok.empty and "world_size" in ok and (ok["world_size"] == 1).all():
+        return Panel(key="comm_bytes", title=title, caption="",
+                     missing="no communication between ranks: every case ran on one rank (world size 1)")
     if ok.empty or not kinds:
         return Panel(key="comm_bytes", title=title, caption="",
                      missing="not measured in this run: no comm_<kind>_bytes columns (communication volume "

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from fsdpbench.report.data import FAILED_STATUSES, case_labels, has_values, ok_cases
+from fsdpbench.report.data import FAILED_STATUSES, axis_text, case_labels, has_values, ok_cases
 from fsdpbench.report.figures import BREAKDOWN_MEASURED, breakdown_frames
 from fsdpbench.report.figures_perf import BASELINE_KEYS
 from fsdpbench.report.panel import fmt_pct
@@ -61,11 +61,13 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     rows: list[CompareRow] = []
 
     def add(metric: str, value_fn: Callable[[pd.Series], float | None], fmt: Callable[[pd.Series, Any], str],
-            better: str | None) -> None:  # fmt: skip
-        values = {k: value_fn(r) for k, r in cols.items()}
-        if all(v is None for v in values.values()):
+            better: str | None, between_ranks: bool = False) -> None:  # fmt: skip
+        """between_ranks: a communication metric, which a 1-rank case does not have (said so, not '—')."""
+        alone = {k for k, r in cols.items() if between_ranks and _one_rank(r)}
+        values = {k: None if k in alone else value_fn(r) for k, r in cols.items()}
+        if all(v is None for v in values.values()) and not alone:
             return
-        text = {k: fmt(r, values[k]) for k, r in cols.items()}
+        text = {k: NO_COMM if k in alone else fmt(r, values[k]) for k, r in cols.items()}
         rows.append(CompareRow(metric=metric, text=text, values=values, better=better,
                                winners=_winners(values, better)))  # fmt: skip
 
@@ -104,11 +106,36 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         lambda r, v: "—" if v is None else f"{v:.1f} samples/s", "high")
     add("comm / step / rank: measured / predicted", _comm_total,
         lambda r, v: fmt_bytes(v) + (f" / {fmt_bytes(_num(r.get('comm_pred_total_bytes')))}"
-                                     if _num(r.get("comm_pred_total_bytes")) is not None else ""), "low")  # fmt: skip
+                                     if _num(r.get("comm_pred_total_bytes")) is not None else ""), "low", True)  # fmt: skip
+    add("bus bandwidth (nccl-tests busbw)", _busbw_total, _fmt_busbw, "high", True)
     add("exposed comm", lambda r: _num(r.get("overlap_exposed_comm_ms")),
-        lambda r, v: "—" if v is None else f"{v:.1f} ms", "low")
-    add("overlap", lambda r: _num(r.get("overlap_ratio")), lambda r, v: "—" if v is None else f"{v:.0%}", "high")
+        lambda r, v: "—" if v is None else f"{v:.1f} ms", "low", True)
+    add("overlap", lambda r: _num(r.get("overlap_ratio")), lambda r, v: "—" if v is None else f"{v:.0%}", "high",
+        True)  # fmt: skip
     return rows
+
+
+NO_COMM = "no communication between ranks"
+_BUSBW_KINDS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", "broadcast": "BC"}
+
+
+def _one_rank(r: pd.Series) -> bool:
+    return _num(r.get("world_size")) == 1
+
+
+def _busbw_total(r: pd.Series) -> float | None:
+    """The case's bus bandwidth over all its collectives: bytes-weighted by time (Σ busbw·t / Σ t)."""
+    pairs = [(_num(r.get(f"comm_{k}_busbw_gbs")), _num(r.get(f"comm_{k}_time_ms"))) for k in _BUSBW_KINDS]
+    pairs = [(b, t) for b, t in pairs if b is not None and t]
+    return sum(b * t for b, t in pairs) / sum(t for _, t in pairs) if pairs else None
+
+
+def _fmt_busbw(r: pd.Series, v: Any) -> str:
+    if v is None:
+        return "—"
+    parts = [f"{short} {_num(r.get(f'comm_{k}_busbw_gbs')):.2f}" for k, short in _BUSBW_KINDS.items()
+             if _num(r.get(f"comm_{k}_busbw_gbs")) is not None]  # fmt: skip
+    return f"{v:.2f} GB/s ({', '.join(parts)})"
 
 
 def _fmt_step(r: pd.Series, v: Any) -> str:
@@ -129,16 +156,28 @@ def _comm_total(r: pd.Series) -> float | None:
 def glance_groups(cases: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """Cases that differ only in strategy/wrap/prefetch (same world size and settings), ≥ 2 per group."""
     keys = [k for k in BASELINE_KEYS if k in cases]
+    groups = [g for _, g in (cases.groupby(keys, sort=False, dropna=False) if keys else [(None, cases)]) if len(g) >= 2]
+    # a title names the precision, and every other setting that tells this group from the others
+    named = [k for k in _TITLE_KEYS if k in cases and (k == "precision" or _differs(groups, k))]
     out = []
-    for _, group in cases.groupby(keys, sort=False, dropna=False) if keys else [(None, cases)]:
-        if len(group) >= 2:
-            group = group.assign(label=case_labels(group))  # only what differs inside the group
-            first = group.iloc[0]
-            title = f"{first.get('ranks_label', '')}, {first.get('model', '')}"
-            if "run" in cases and cases["run"].nunique() > 1:
-                title += f" [{first['run']}]"
-            out.append((title, group))
+    for group in groups:
+        group = group.assign(label=case_labels(group))  # only what differs inside the group
+        first = group.iloc[0]
+        parts = [str(first.get("ranks_label", "")), str(first.get("model", ""))]
+        parts += [t for t in (axis_text(k, first.get(k)) for k in named) if t]
+        title = ", ".join(p for p in parts if p)
+        if "run" in cases and cases["run"].nunique() > 1:
+            title += f" [{first['run']}]"
+        out.append((title, group))
     return out
+
+
+# settings a group title may name (ranks, device and backend are in its ranks label, the model always)
+_TITLE_KEYS = tuple(k for k in BASELINE_KEYS if k not in ("run", "world_size", "model", "device", "backend"))
+
+
+def _differs(groups: list[pd.DataFrame], key: str) -> bool:
+    return len({str(g.iloc[0].get(key)) for g in groups}) > 1
 
 
 def verdict_lines(cases: pd.DataFrame) -> list[str]:

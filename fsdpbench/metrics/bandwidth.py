@@ -1,0 +1,82 @@
+"""Achieved bandwidth of each collective kind in the profiled step, by nccl-tests' conventions.
+
+nccl-tests (``doc/PERFORMANCE.md``) reports, for a collective on S bytes taking t seconds,
+
+    algbw = S / t            S: the full tensor (all-gather output, reduce-scatter input,
+                             the all-reduced or broadcast tensor)
+    busbw = algbw · factor   all_reduce 2(N-1)/N, all_gather and reduce_scatter (N-1)/N,
+                             broadcast 1 (the busiest link carries S)
+
+so that busbw compares with the hardware's link bandwidth whatever the collective. Here t is the
+collective's own duration in the trace, summed over the calls of a kind (algbw = ΣS / Σt):
+
+* nccl: the NCCL kernels on the GPU (``cat == "kernel"``, "nccl" in the name), their kind from the
+  kernel's "Collective name" argument or else its name (``ncclDevKernel_AllGather_RING_LL``);
+* gloo: the ``gloo:<op>`` span on gloo's worker thread that ran each ``c10d::`` call (paired in
+  ``comm.collective_records``). gloo has no reduce-scatter: it all-reduces the full input, and that
+  time is the reduce-scatter's; its busbw is still by the reduce-scatter convention.
+
+A span includes the wait for the slowest peer (skew between ranks), as in nccl-tests' own timing.
+At world size 1 nothing moves between ranks: no bandwidth (None).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fsdpbench.metrics.comm import KINDS, CollectiveRecord, collective_kind
+
+
+def bus_factor(kind: str, group_size: int) -> float | None:
+    """nccl-tests' busbw/algbw for a collective of ``kind`` over N ranks (None: no convention)."""
+    n = int(group_size)
+    if n <= 1:
+        return None
+    if kind == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if kind in ("all_gather", "reduce_scatter"):
+        return (n - 1) / n
+    if kind == "broadcast":
+        return 1.0
+    return None
+
+
+def nccl_kernel_us(trace: dict[str, Any]) -> dict[str, float]:
+    """Summed duration (µs) of the NCCL kernels in the trace, by collective kind."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X" or e.get("cat") != "kernel" or "nccl" not in str(e.get("name", "")).lower():
+            continue
+        name = str((e.get("args") or {}).get("Collective name") or e["name"])
+        out[collective_kind(name)] += float(e.get("dur", 0.0))
+    return out
+
+
+def bandwidth_by_kind(
+    records: list[CollectiveRecord], trace: dict[str, Any], *, backend: str, steps: int = 1
+) -> dict[str, Any]:
+    """comm_<kind>_time_ms (per step), comm_<kind>_algbw_gbs and comm_<kind>_busbw_gbs (GB/s, 1e9 B/s)
+    for every kind that moved bytes between ranks in the trace."""
+    kernel_us = nccl_kernel_us(trace) if backend == "nccl" else None
+    out: dict[str, Any] = {}
+    for kind in KINDS:
+        calls = [r for r in records if r.kind == kind and r.group_size > 1 and r.payload_bytes > 0]
+        if not calls:
+            continue
+        if kernel_us is not None:
+            time_us = kernel_us[kind]
+        else:
+            timed = [r for r in calls if r.dur_us is not None]
+            if len(timed) != len(calls):
+                continue  # a call whose work the trace does not show: no honest rate for this kind
+            time_us = sum(r.dur_us for r in timed)
+        if time_us <= 0:
+            continue
+        payload = sum(r.payload_bytes for r in calls)
+        factors = [bus_factor(kind, r.group_size) for r in calls]
+        out[f"comm_{kind}_time_ms"] = time_us / 1e3 / max(1, steps)
+        out[f"comm_{kind}_algbw_gbs"] = payload / (time_us * 1e-6) / 1e9
+        if all(f is not None for f in factors):
+            bus = sum(r.payload_bytes * f for r, f in zip(calls, factors))
+            out[f"comm_{kind}_busbw_gbs"] = bus / (time_us * 1e-6) / 1e9
+    return out

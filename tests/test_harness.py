@@ -1,0 +1,90 @@
+"""The harness's footprint: the bare loop interleaved with the timed steps, and nothing left
+installed by the memory tracker or the profiler to slow the steps after them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks, request_cupti_teardown
+
+
+def test_bare_blocks_interleave_with_timed_blocks_in_balanced_order():
+    assert interleaved_blocks(20, 20) == [("timed", 5), ("bare", 5), ("bare", 5), ("timed", 5),
+                                          ("timed", 5), ("bare", 5), ("bare", 5), ("timed", 5)]  # fmt: skip
+    assert interleaved_blocks(5, 0) == [("timed", 5)]  # no bare loop: the timed phase as it always was
+    assert interleaved_blocks(5, 7) == [("timed", 2), ("bare", 2), ("bare", 2), ("timed", 1),
+                                        ("timed", 1), ("bare", 2), ("bare", 1), ("timed", 1)]  # fmt: skip
+    for timed, bare in ((1, 1), (3, 20), (20, 3), (7, 7)):
+        blocks = interleaved_blocks(timed, bare)
+        assert sum(n for k, n in blocks if k == "timed") == timed and sum(n for k, n in blocks if k == "bare") == bare
+
+
+def test_cupti_teardown_is_requested_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("TEARDOWN_CUPTI", raising=False)
+    request_cupti_teardown()
+    assert os.environ["TEARDOWN_CUPTI"] == "1"
+    monkeypatch.setenv("TEARDOWN_CUPTI", "0")
+    request_cupti_teardown()
+    assert os.environ["TEARDOWN_CUPTI"] == "0"
+
+
+@pytest.fixture
+def one_rank_gloo_group():
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    excepthook = sys.excepthook
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = excepthook
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3"])
+def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_group, tmp_path: Path):
+    from fsdpbench.case import Case
+    from fsdpbench.metrics.profiled import profile_steps
+    from fsdpbench.metrics.tracker import build_tracker
+    from fsdpbench.models import resolve_model
+    from fsdpbench.step import train_step
+    from fsdpbench.strategies import ApplyContext, get_strategy
+    from fsdpbench.wrap import get_wrap_units
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    case = Case(model="decoder-tiny", strategy=strategy, world_size=1, batch_size=2, seq_len=16,
+                device="cpu", backend="gloo")  # fmt: skip
+    mdef, margs = resolve_model(case.model, case.model_args)
+    model, s = mdef.build(**margs), get_strategy(strategy)
+    ctx = ApplyContext(case=case, device=torch.device("cpu"), rank=0, world_size=1,
+                       units=get_wrap_units(model, case) if s.uses_wrap else [])  # fmt: skip
+    model = s.apply(model, ctx)
+    optimizer = s.build_optimizer(model, case)
+    hooks_before = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
+
+    def step(i: int) -> None:
+        train_step(case, model, optimizer, mdef.loss, rank=0, step=i, device=torch.device("cpu"),
+                   autocast=torch.autocast("cpu", enabled=False))  # fmt: skip
+
+    step(0)
+    assert instruments_left_installed() == []
+    with build_tracker(model, optimizer, s.fsdp_root(model)):
+        assert instruments_left_installed()  # it does see an installed instrument
+        step(1)
+    with profile_steps(torch.device("cpu"), tmp_path / "trace.json.gz"):
+        step(2)
+    assert instruments_left_installed() == []
+    assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == hooks_before
+
+    class Leftover(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Leftover():
+        assert instruments_left_installed() == ["1 dispatch mode(s)"]
