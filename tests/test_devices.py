@@ -100,3 +100,13 @@ def test_fsdp2_shards_on_the_case_device_even_where_the_accelerator_is_cuda(
     assert params and all(isinstance(p, DTensor) for p in params)
     assert {p.device_mesh.device_type for p in params} == {"cpu"}
     assert {p.to_local().device.type for p in params} == {"cpu"}
+
+
+def test_the_traced_predictor_keeps_a_cpu_case_on_cpu_where_the_accelerator_is_cuda(monkeypatch) -> None:
+    """On the H100, `predict --method traced --device cpu` crashed (FakeTensor device propagation,
+    cuda:0 vs cpu): the strategy's fully_shard took the accelerator's mesh. Same golden as on CPU."""
+    from fsdpbench.estimate import estimate
+
+    monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
+    est = estimate(Case(model="decoder-tiny", strategy="zero3", world_size=4, **CPU), rank=0)
+    assert (est.peak_bytes, est.model_states_bytes) == (5347356, 689492)
