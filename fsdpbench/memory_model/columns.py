@@ -36,6 +36,26 @@ PRED_COLUMNS = (
     "pred_host_bytes", "pred_params_host_bytes", "pred_params_device_bytes",
     *(f"pred_peak_{c}_bytes" for c in TRACKER_CATEGORIES),
 )  # fmt: skip
+# a third prediction where the engine's authors publish one (DeepSpeed's estimators: ds_zero2/3)
+VENDOR_COLUMNS = ("ds_est_model_states_bytes", "ds_est_model_states_err")
+
+
+def vendor_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
+    """ds_est_* columns: the strategy's ``vendor_model_states_bytes`` beside the tracker's model states."""
+    from fsdpbench.strategies import get_strategy
+
+    try:
+        estimate = getattr(get_strategy(case.strategy), "vendor_model_states_bytes", None)
+        nbytes = estimate(case) if estimate else None
+    except Exception:  # noqa: BLE001 — an estimator that cannot answer leaves the columns out
+        return {}
+    if nbytes is None:
+        return {}
+    return {
+        "ds_est_model_states_bytes": [nbytes] * len(rows),
+        "ds_est_model_states_err": [relative_error(nbytes, _cell(rows, i, "mem_tracker_model_states_bytes"))
+                                    for i in range(len(rows))],  # fmt: skip
+    }
 
 
 def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
@@ -80,7 +100,7 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             values[f"pred_peak_{cat}_bytes"] = sum(bd.get(c, 0) for c in ours) if bd else None
         for key, value in values.items():
             out[key].append(value)
-    return out
+    return {**out, **vendor_columns(case, rows)}
 
 
 def _tracker_filing(p: Any) -> dict[str, tuple[str, ...]]:

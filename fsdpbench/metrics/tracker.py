@@ -46,6 +46,10 @@ def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp_root:
 
     if is_fsdp1(model):
         return FSDP1MemTracker(model, optimizer)
+    from fsdpbench.metrics.deepspeed_tracker import DeepSpeedMemTracker, is_deepspeed_engine
+
+    if is_deepspeed_engine(model):
+        return DeepSpeedMemTracker(model, optimizer)
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
@@ -74,6 +78,13 @@ def snapshot_by_category(tracker: Any, kind: str, device: torch.device) -> dict[
 
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Exact bytes of this rank's own params, grads and optimizer state, counted tensor by tensor."""
+    from fsdpbench.metrics.deepspeed_tracker import deepspeed_storages, is_deepspeed_engine
+
+    if is_deepspeed_engine(model):  # DeepSpeed's states live in its flat buffers, not in parameters()
+        states = deepspeed_storages(model.optimizer)
+        inner = getattr(optimizer, "optim", optimizer)
+        states["optim"] += [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        return {k: _storage_bytes(states[k]) for k in ("params", "grads", "optim")}
 
     seen: set[int] = set()
 
@@ -98,3 +109,9 @@ def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
         "grads": sum(nbytes(p.grad) for p in params if p.grad is not None),
         "optim": optim,
     }
+
+
+def _storage_bytes(tensors: list[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a view counts its whole storage once)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors if t.numel()}
+    return sum(storages.values())

@@ -40,6 +40,6 @@ def get_strategy(name: str) -> Strategy:
     raise KeyError(f"unknown strategy {name!r}; known: {', '.join(_STRATEGIES)} (or module:Class)")
 
 
-from fsdpbench.strategies import ddp, fsdp1, fsdp2, zero1  # noqa: E402,F401  (registration)
+from fsdpbench.strategies import ddp, deepspeed_zero, fsdp1, fsdp2, zero1  # noqa: E402,F401  (registration)
 
 __all__ = ["ApplyContext", "Sharding", "Strategy", "get_strategy", "register_strategy", "strategy_names"]

@@ -1,0 +1,225 @@
+"""DeepSpeed's ZeRO engines (stages 1, 2, 3) as strategies beside PyTorch's: ``ds_zero1/2/3``.
+
+An optional extra: ``DS_BUILD_OPS=0 pip install -e ".[deepspeed]"`` (no C++/CUDA ops are built; the
+optimizer is the case's own torch optimizer, so none is needed). Without DeepSpeed a ds_* case is
+skipped with the reason (``check``).
+
+Built from the case like every other strategy: the same model (already on the rank's device), the
+same torch optimizer (``build_optimizer``: AdamW with the case's lr, ``foreach=False``), handed to
+``deepspeed.initialize`` as a client optimizer, which ZeRO wraps. fp32 runs DeepSpeed in fp32;
+bf16/fp16 go through DeepSpeed's own ``bf16``/``fp16`` config (its fp32 master copy), not autocast.
+The worker's process group is reused: ``deepspeed.init_distributed`` wraps an initialised group.
+
+DeepSpeed's knobs that change memory or speed are ``strategy_args`` (sweepable as
+``strategy_args.NAME``); ``DS_KNOBS`` lists them with DeepSpeed 0.19's defaults, which apply when a
+case leaves them out. ``cpu_offload: true`` offloads the optimizer (stages 1-3) and, on stage 3 with
+``offload_param`` left at its default, the parameters too.
+
+The worker's step (``loss.backward(); optimizer.step(); optimizer.zero_grad()``) drives the engine
+unchanged: the engine's forward registers DeepSpeed's backward hooks on its output (DeepSpeed >= 0.18
+supports a PyTorch-style ``loss.backward()`` with ZeRO), and ``DeepSpeedOptimizer.step`` is
+``engine.step()`` (reduction epilogue, optimizer step, parameter all-gather, gradient zeroing).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpbench.case import Case
+from fsdpbench.strategies import register_strategy
+from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
+from fsdpbench.strategies.optim import build_optimizer
+
+# name -> (type, DeepSpeed 0.19's default, which stages read it, what it does)
+DS_KNOBS: dict[str, tuple[type, Any, tuple[int, ...], str]] = {
+    "reduce_bucket_size": (int, 500_000_000, (1, 2, 3), "elements reduced per gradient bucket"),
+    "allgather_bucket_size": (int, 500_000_000, (1, 2), "elements all-gathered per bucket after the step"),
+    "overlap_comm": (bool, None, (1, 2, 3), "reduce while backward runs (default: true on stage 3 only)"),
+    "contiguous_gradients": (bool, True, (1, 2, 3), "copy reduced gradients into one contiguous buffer"),
+    "reduce_scatter": (bool, True, (1, 2), "reduce-scatter (true) or all-reduce (false) gradients"),
+    "stage3_prefetch_bucket_size": (int, 50_000_000, (3,), "elements of parameters prefetched ahead"),
+    "stage3_param_persistence_threshold": (int, 100_000, (3,), "params below this many elements stay whole"),
+    "stage3_max_live_parameters": (int, 1_000_000_000, (3,), "most unsharded elements alive at once"),
+    "offload_param": (bool, None, (3,), "parameters in host memory (default: cpu_offload)"),
+}
+
+
+def deepspeed_missing() -> str | None:
+    """Why DeepSpeed cannot be used here (a sentence), or None."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return 'DeepSpeed is not installed (optional extra: DS_BUILD_OPS=0 pip install -e ".[deepspeed]")'
+    return None
+
+
+def resolve_ds_knobs(case: Case, stage: int) -> dict[str, Any]:
+    """The case's DeepSpeed knobs with DeepSpeed's defaults filled in (None: DeepSpeed decides)."""
+    knobs = {name: spec[1] for name, spec in DS_KNOBS.items() if stage in spec[2]}
+    knobs.update({k: v for k, v in case.strategy_args.items() if k in knobs})
+    return knobs
+
+
+def build_ds_config(case: Case, stage: int) -> dict[str, Any]:
+    """The DeepSpeed config dict for this case (batch, precision, ZeRO stage and knobs, offload)."""
+    knobs = resolve_ds_knobs(case, stage)
+    offload_param = knobs.pop("offload_param", None)
+    zero: dict[str, Any] = {"stage": stage, **{k: v for k, v in knobs.items() if v is not None}}
+    if case.cpu_offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": case.device == "cuda"}
+    if stage == 3 and (offload_param if offload_param is not None else case.cpu_offload):
+        zero["offload_param"] = {"device": "cpu", "pin_memory": case.device == "cuda"}
+    low = case.precision.split("-")[0]
+    return {
+        "train_micro_batch_size_per_gpu": case.batch_size,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        "bf16": {"enabled": low == "bf16"},
+        "fp16": {"enabled": low == "fp16", "initial_scale_power": 16},
+        # the client optimizer is a plain torch optimizer: let ZeRO wrap it
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
+
+
+def import_deepspeed(device: torch.device) -> Any:
+    """Import DeepSpeed with the accelerator of this rank's device (cpu or cuda), named explicitly."""
+    os.environ["DS_ACCELERATOR"] = "cuda" if device.type == "cuda" else "cpu"
+    import deepspeed
+
+    if device.type == "cpu":
+        # DeepSpeed's CPU communicator JIT-compiles a shared-memory all-reduce (about 2 minutes on a
+        # 2-core machine, once per machine) that only inference_all_reduce uses; training never does.
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+class DeepSpeedOptimizer:
+    """What the worker's step calls ``optimizer``: ``step`` is the engine's step (which also zeroes
+    gradients); ``optim`` is the torch optimizer inside ZeRO, whose ``state`` the trackers read."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.zero = engine.optimizer  # DeepSpeedZeroOptimizer (stage 1/2) or DeepSpeedZeroOptimizer_Stage3
+        self.optim: torch.optim.Optimizer = self.zero.optimizer
+
+    @property
+    def state(self) -> Any:
+        return self.optim.state
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optim.param_groups
+
+    def step(self) -> None:
+        self.engine.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing left to do: ``engine.step()`` zeroed the gradients."""
+
+
+class _DeepSpeedZero(Strategy):
+    stage: int
+    native_mixed_precision = True  # DeepSpeed's bf16/fp16 config casts; the worker must not autocast
+    supports_cpu_offload = True
+
+    def check(self, case: Case) -> str | None:
+        missing = deepspeed_missing()
+        if missing:
+            return missing
+        readable = {k for k, spec in DS_KNOBS.items() if self.stage in spec[2]}
+        unknown = set(case.strategy_args) - readable
+        if unknown:
+            allowed = "; ".join(f"{k} ({DS_KNOBS[k][0].__name__}, default {DS_KNOBS[k][1]}: {DS_KNOBS[k][3]})"
+                                for k in sorted(readable))  # fmt: skip
+            return f"strategy_args {sorted(unknown)} unknown to {self.name}; allowed: {allowed}"
+        for k, v in case.strategy_args.items():
+            if not isinstance(v, DS_KNOBS[k][0]) or (DS_KNOBS[k][0] is int and isinstance(v, bool)):
+                return f"strategy_args.{k} must be {DS_KNOBS[k][0].__name__}, not {v!r}"
+        if case.precision.endswith("-lowreduce"):
+            return f"precision={case.precision}: {self.name} reduces in DeepSpeed's own precision; use bf16/fp16"
+        return super().check(case)
+
+    def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
+        deepspeed = import_deepspeed(ctx.device)
+        deepspeed.init_distributed(dist_backend=ctx.case.backend)  # wraps the worker's group
+        engine, _, _, _ = deepspeed.initialize(
+            model=model,
+            optimizer=build_optimizer(model.parameters(), ctx.case),
+            config=build_ds_config(ctx.case, self.stage),
+        )
+        return engine
+
+    def build_optimizer(self, model: nn.Module, case: Case) -> Any:
+        return DeepSpeedOptimizer(model)
+
+    def vendor_model_states_bytes(self, case: Case) -> int | None:
+        """DeepSpeed's own model-states estimate (the third prediction, ``ds_est_*`` columns)."""
+        return deepspeed_estimate_bytes(case, self.stage)
+
+
+@register_strategy
+class DSZero1(_DeepSpeedZero):
+    name = "ds_zero1"
+    description = "DeepSpeed ZeRO stage 1: optimizer state (and fp32 master) sharded"
+    sharding = Sharding(params=False, grads=False, optim=True)
+    stage = 1
+
+
+@register_strategy
+class DSZero2(_DeepSpeedZero):
+    name = "ds_zero2"
+    description = "DeepSpeed ZeRO stage 2: gradients and optimizer state sharded, params replicated"
+    sharding = Sharding(params=False, grads=True, optim=True)
+    stage = 2
+
+
+@register_strategy
+class DSZero3(_DeepSpeedZero):
+    name = "ds_zero3"
+    description = "DeepSpeed ZeRO stage 3: params, gradients and optimizer state sharded"
+    sharding = Sharding(params=True, grads=True, optim=True)
+    stage = 3
+
+
+def largest_layer_params(case: Case) -> int:
+    """Parameters of the module holding the most parameters directly (DeepSpeed's "largest layer")."""
+    from fsdpbench.memory_model.facts import get_model_facts
+
+    by_module: dict[str, int] = {}
+    for p in get_model_facts(case.model, case.model_args).params:
+        module = p.name.rpartition(".")[0]
+        by_module[module] = by_module.get(module, 0) + p.numel
+    return max(by_module.values(), default=0)
+
+
+def deepspeed_estimate_bytes(case: Case, stage: int) -> int | None:
+    """DeepSpeed's own per-GPU model-states estimate for this case (its ``estimate_zero{2,3}_model_states_
+    mem_needs``, called with this case's Ψ, largest layer, world size and offload), or None: DeepSpeed
+    has no stage-1 estimator, and none without DeepSpeed installed. It assumes fp16/bf16 training with
+    an fp32 master (2Ψ + 18Ψ/N); docs/deepspeed.md compares it term by term with the measurement."""
+    if stage == 1 or deepspeed_missing():
+        return None
+    from fsdpbench.memory_model.facts import get_model_facts
+
+    psi = get_model_facts(case.model, case.model_args).n_params
+    os.environ.setdefault("DS_ACCELERATOR", "cuda" if case.device == "cuda" else "cpu")
+    if stage == 2:
+        from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+        _, gpu = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=case.world_size,
+                                                       cpu_offload=case.cpu_offload)  # fmt: skip
+        return gpu
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+
+    offload_param = case.strategy_args.get("offload_param", case.cpu_offload)
+    _, gpu, _ = estimate_zero3_model_states_mem_needs(
+        psi, largest_layer_params(case), num_gpus_per_node=case.world_size, cpu_offload=case.cpu_offload,
+        cpu_offload_params=offload_param, zero_init=False,
+    )
+    return gpu
