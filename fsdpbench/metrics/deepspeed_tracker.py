@@ -77,6 +77,7 @@ class DeepSpeedMemTracker(MemTracker):
         self._ref_class = _FSDP1RefType  # MemTracker's categories plus "Reduce Scatter"
         self._engine = engine
         self._zero = engine.optimizer
+        self._optimizer = optimizer
         self._optim = getattr(optimizer, "optim", optimizer)
         self._saved: Callable[..., Any] | None = None
 
@@ -105,11 +106,15 @@ class DeepSpeedMemTracker(MemTracker):
                     return out
 
                 self._zero.setup_buckets = setup_buckets
+            if hasattr(self._optimizer, "after_step"):
+                self._optimizer.after_step = self._file_states
         super().__enter__()
         return self
 
     def __exit__(self, *args: Any) -> None:
         super().__exit__(*args)
+        if self._depth == 0 and hasattr(self._optimizer, "after_step"):
+            self._optimizer.after_step = None
         if self._depth == 0 and self._saved is not None:
             del self._zero.setup_buckets  # the instance attribute; the class's method shows again
             self._saved = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -107,6 +107,9 @@ class DeepSpeedOptimizer:
         self.engine = engine
         self.zero = engine.optimizer  # DeepSpeedZeroOptimizer (stage 1/2) or DeepSpeedZeroOptimizer_Stage3
         self.optim: torch.optim.Optimizer = self.zero.optimizer
+        # set by DeepSpeedMemTracker: stage 3 re-allocates its persistent parameters in the step's
+        # all-gather, so the tracker files them again before the worker's after-step snapshot
+        self.after_step: Callable[[], None] | None = None
 
     @property
     def state(self) -> Any:
@@ -118,6 +121,8 @@ class DeepSpeedOptimizer:
 
     def step(self) -> None:
         self.engine.step()
+        if self.after_step is not None:
+            self.after_step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Nothing left to do: ``engine.step()`` zeroed the gradients."""
