@@ -198,6 +198,7 @@ def _add_errors(row: dict[str, Any]) -> None:
         "pred_peak_err": ("pred_peak_bytes", "mem_tracker_peak_bytes"),
         "pred_model_states_err": ("pred_model_states_bytes", "mem_tracker_model_states_bytes"),
         "traced_peak_err": ("traced_peak_bytes", "mem_tracker_peak_bytes"),
+        "ds_est_model_states_err": ("ds_est_model_states_bytes", "mem_tracker_model_states_bytes"),
     }
     for err_col, (pred_col, meas_col) in pairs.items():
         if _ok(row.get(err_col)):

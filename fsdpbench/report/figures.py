@@ -157,7 +157,9 @@ def _scaling_hover(row: Any, unit: str, div: float) -> str:
         lines.append(f"measured model states {row['mem_tracker_model_states_bytes'] / div:.2f} {unit}")
     for col, what, err in (("pred_peak_bytes", "analytic peak", "pred_peak_err"),
                            ("pred_model_states_bytes", "analytic model states", "pred_model_states_err"),
-                           ("traced_peak_bytes", "traced peak", "traced_peak_err")):  # fmt: skip
+                           ("traced_peak_bytes", "traced peak", "traced_peak_err"),
+                           ("ds_est_model_states_bytes", "DeepSpeed's estimate of model states",
+                            "ds_est_model_states_err")):  # fmt: skip
         if pd.notna(row.get(col)):
             lines.append(f"{what} {row[col] / div:.2f} {unit} (error {fmt_pct(row.get(err))})")
     return "<br>".join(lines)

@@ -233,6 +233,9 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
             "model states measured": fmt_bytes(_num(r.get("mem_tracker_model_states_bytes"))),
             "model states predicted": fmt_bytes(_num(r.get("pred_model_states_bytes"))),
             "model states error": fmt_pct(r.get("pred_model_states_err")),
+            # DeepSpeed's own estimator (ds_zero2/3 only; docs/deepspeed.md explains its terms)
+            "model states, DeepSpeed's estimate": fmt_bytes(_num(r.get("ds_est_model_states_bytes"))),
+            "DeepSpeed estimate error": fmt_pct(r.get("ds_est_model_states_err")),
             "comm / step": fmt_bytes(_comm_total(r)),
             "overlap": "—" if _num(r.get("overlap_ratio")) is None else f"{r['overlap_ratio']:.0%}",
             "wall (s)": "—" if _num(launch.get("wall_s")) is None else f"{launch['wall_s']:.1f}",

@@ -42,9 +42,13 @@ DS_KNOBS: dict[str, tuple[type, Any, tuple[int, ...], str]] = {
     "overlap_comm": (bool, None, (1, 2, 3), "reduce while backward runs (default: true on stage 3 only)"),
     "contiguous_gradients": (bool, True, (1, 2, 3), "copy reduced gradients into one contiguous buffer"),
     "reduce_scatter": (bool, True, (1, 2), "reduce-scatter (true) or all-reduce (false) gradients"),
+    "use_multi_rank_bucket_allreduce": (bool, True, (1, 2),
+                                        "all-reduce a bucket spanning several ranks' partitions (else reduce)"),
     "stage3_prefetch_bucket_size": (int, 50_000_000, (3,), "elements of parameters prefetched ahead"),
     "stage3_param_persistence_threshold": (int, 100_000, (3,), "params below this many elements stay whole"),
     "stage3_max_live_parameters": (int, 1_000_000_000, (3,), "most unsharded elements alive at once"),
+    "stage3_max_reuse_distance": (int, 1_000_000_000, (3,),
+                                  "keep a gathered param if it is used again within this many elements"),
     "offload_param": (bool, None, (3,), "parameters in host memory (default: cpu_offload)"),
 }
 
