@@ -12,8 +12,10 @@ PRECISIONS = ("fp32", "bf16", "fp16", "bf16-lowreduce", "fp16-lowreduce")
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
 WRAPS = ("none", "whole", "block", "size", "classes")
 BACKWARD_PREFETCH = ("pre", "post", "none")
-# fields that do not change what is measured, so not part of a case id (resume finds the case again)
-_NOT_IN_ID = ("scenario", "timeout_s")
+# fields that do not change what is measured, so not part of a case id (resume finds the case again).
+# The reference-interleaved blocks run after every other phase and record no loss, so switching them on
+# changes no other column: a baseline's case ids stay valid (fsdpbench.metrics.reference).
+_NOT_IN_ID = ("scenario", "timeout_s", "time_blocks", "time_block_steps")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -52,6 +54,8 @@ class Case:
     limit_all_gathers: bool = True  # FSDP1
     nvml_interval_s: float = 0.01
     bare_steps: int = 0  # >0: also time a bare loop of this many steps (the harness-overhead check)
+    time_blocks: int = 0  # >0: this many blocks of steps, each step paired with a fixed reference workload
+    time_block_steps: int = 3  # steps (and reference steps) per block: one step-time ratio sample per block
 
     @property
     def global_batch_size(self) -> int:

@@ -7,9 +7,13 @@
 What is compared, and how (docs/ci.md explains why):
 - memory / comm bytes (tracker live tensors, exact storage, comm volume): deterministic on CPU, so
   a tight relative tolerance (1%), the largest rank of each case;
-- step time: noisy and machine-dependent, so as a *ratio within the same run* — a case's step time
-  over its reference case's (the DDP case with the same model, batch and world size, or a named
-  calibration case) — with a wide tolerance (25%); absolute step time only when the machine matches;
+- step time: noisy and machine-dependent. The gate is ``step_time_ref_ratios``: per block, the
+  case's step time over a fixed reference workload run step by step in the same rank processes
+  (``fsdpbench.metrics.reference``), compared as distributions — a minimum effect (10%) AND a
+  Mann–Whitney U test (``fsdpbench.timegate``). Single numbers are reported beside it (warn only
+  when the samples exist): the ratio to the reference *case* of the same run (the DDP case with the
+  same model, batch and world size, or a named calibration case, 25%), and the absolute step time
+  when the machine matches;
 - losses (global mean per step): a changed loss means the benchmark trains something else, so any
   change beyond 1e-4 relative, in either direction, fails.
 A case missing from the run, failed, or skipped where it ran before is a regression; a case
@@ -21,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,6 +34,7 @@ from typing import Any, Mapping
 import pandas as pd
 
 from fsdpbench.case import Case
+from fsdpbench.timegate import ALPHA
 
 BASELINE_FORMAT = 1
 KINDS = ("memory", "comm", "time", "loss")
@@ -60,6 +66,8 @@ METRICS: dict[str, MetricDef] = {
     "comm_total_bytes": MetricDef(kind="comm", tolerance=0.01),
     "step_time_ratio": MetricDef(kind="time", tolerance=0.25, deterministic=False),
     "case_step_time_ms": MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
+    # samples, one per block; the tolerance is the minimum effect (fsdpbench.timegate)
+    "step_time_ref_ratios": MetricDef(kind="time", tolerance=0.10, deterministic=False),
     "losses": MetricDef(kind="loss", tolerance=1e-4),
 }
 MACHINE_KEYS = ("hostname", "device_name", "torch_version")
@@ -226,6 +234,9 @@ def case_records(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
             losses = first.get("losses")
             if losses is not None and len(losses):
                 rec["metrics"]["losses"] = [float(x) for x in losses]
+            samples = first.get("step_time_ref_ratios")
+            if samples is not None and len(samples):
+                rec["metrics"]["step_time_ref_ratios"] = [float(x) for x in samples]
         out[case_id] = rec
     return out
 
@@ -262,10 +273,17 @@ def build_baseline(
     *,
     thresholds: Mapping[str, Threshold] | None = None,
     time_reference: str = "ddp",
+    pool: list[pd.DataFrame] = (),
 ) -> dict[str, Any]:
-    """The baseline document for a run: provenance, thresholds, and one entry per case."""
+    """The baseline document for a run: provenance, thresholds, and one entry per case.
+
+    ``pool``: other runs of the same cases, whose step-time samples join this run's."""
     run_meta = run_meta or {}
     cases = case_records(frame)
+    for other in pool:
+        for cid, c in case_records(other).items():
+            if cid in cases and SAMPLED in cases[cid]["metrics"] and SAMPLED in c["metrics"]:
+                cases[cid]["metrics"][SAMPLED] += c["metrics"][SAMPLED]
     bad = {cid: c["error"].splitlines()[0][:200] if c["error"] else c["status"]
            for cid, c in cases.items() if c["status"] not in ("ok", "skipped")}  # fmt: skip
     if bad:
@@ -280,6 +298,8 @@ def build_baseline(
         metrics = {k: (round(v, 3) if k == "case_step_time_ms" else v) for k, v in c["metrics"].items()}
         if "losses" in metrics:
             metrics["losses"] = [float(f"{x:.7g}") for x in metrics["losses"]]
+        if "step_time_ref_ratios" in metrics:  # sorted: a distribution, and a smaller diff
+            metrics["step_time_ref_ratios"] = sorted(round(x, 4) for x in metrics["step_time_ref_ratios"])
         if cid in refs:
             entry["time_reference"] = refs[cid]
             ratio = time_ratio(cases, cid, refs[cid])
@@ -394,14 +414,18 @@ def compare(
 
 
 _COLUMNS = ["case_id", "metric", "kind", "baseline", "now", "change", "tolerance", "gate", "verdict", "fails",
-            "note", "run_case_id"]  # fmt: skip
+            "note", "run_case_id", "effect_low", "effect_high", "p_value"]  # fmt: skip
+SAMPLED = "step_time_ref_ratios"  # the sampled time metric; the single-number ones only warn beside it
 
 
-def _row(cid, metric, base, now, change, threshold, verdict, fails, note="", *, run_case_id=None) -> dict:
+def _row(cid, metric, base, now, change, threshold, verdict, fails, note="", *, run_case_id=None,
+         stats=None) -> dict:
     kind = METRICS[metric].kind if metric in METRICS else "case"
     return dict(case_id=cid, metric=metric, kind=kind, baseline=base, now=now, change=change,
                 tolerance=threshold.tolerance if threshold else None, gate=threshold.gate if threshold else None,
-                verdict=verdict, fails=fails, note=note, run_case_id=run_case_id or cid)  # fmt: skip
+                verdict=verdict, fails=fails, note=note, run_case_id=run_case_id or cid,
+                effect_low=stats.low if stats else None, effect_high=stats.high if stats else None,
+                p_value=stats.p_value if stats else None)  # fmt: skip
 
 
 def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_differs) -> list[dict]:
@@ -424,13 +448,19 @@ def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_diff
         metrics_now["step_time_ratio"] = time_ratio(cases, cid, ref)
     for metric, base in sorted(entry.get("metrics", {}).items(), key=lambda kv: (KINDS.index(METRICS[kv[0]].kind), kv[0])):
         th = resolve_threshold(metric, layers)
+        if metric != SAMPLED and METRICS[metric].kind == "time" and SAMPLED in entry["metrics"] and th.gate == "fail":
+            th = dataclasses.replace(th, gate="warn")  # the samples gate this case's time
         gate = gates.get(metric, gates.get(METRICS[metric].kind))
         th = dataclasses.replace(th, gate=gate) if gate else th
         if th.gate == "off":
             continue
-        row = _compare_metric(metric, base, metrics_now.get(metric), th, strict=strict,
-                              machine_differs=machine_differs, ref=ref)  # fmt: skip
-        out.append(_row(cid, metric, *row, run_case_id=now["run_case_id"]))
+        if metric == SAMPLED:
+            *row, stats = _compare_samples(base, metrics_now.get(metric), th)
+        else:
+            row = _compare_metric(metric, base, metrics_now.get(metric), th, strict=strict,
+                                  machine_differs=machine_differs, ref=ref)  # fmt: skip
+            stats = None
+        out.append(_row(cid, metric, *row, run_case_id=now["run_case_id"], stats=stats))
     return out
 
 
@@ -456,6 +486,22 @@ def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs
     if verdict == "improved" and m.deterministic:
         note = (note + "; " if note else "") + "update the baseline"
     return base, now, change, th, verdict, fails, note
+
+
+def _compare_samples(base, now, th: Threshold):
+    """The statistical time verdict (fsdpbench.timegate): baseline and now are medians, change the effect."""
+    from fsdpbench.timegate import time_verdict
+
+    if not now:
+        return (statistics.median(base), None, None, th, "missing", th.gate == "fail",
+                "no step-time samples in the run (time_blocks: 0?)", None)  # fmt: skip
+    v = time_verdict(now, base, th.tolerance)
+    if v.regressed:
+        verdict, fails = ("regressed", True) if th.gate == "fail" else ("warn", False)
+    else:
+        verdict, fails = ("improved" if v.effect < -th.tolerance and v.high < 0 else "ok"), False
+    note = v.describe() + (f"; slower by more than {th.tolerance:.0%} and p < {ALPHA}" if v.regressed else "")
+    return statistics.median(base), statistics.median(now), v.effect, th, verdict, fails, note, v
 
 
 def _compare_losses(base, now, th: Threshold):

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.case import Case
+from fsdpbench.metrics.reference import block_ratios, ratio_series
 from fsdpbench.metrics.tracker import CATEGORIES
 
 # the columns every results table has, in order (measurements follow)
@@ -70,6 +71,8 @@ def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
     row["step_times_ms"] = rank.get("step_times_ms") or []
     row["warmup_times_ms"] = rank.get("warmup_times_ms") or []
+    for key in ("paired_step_ms", "paired_ref_ms", "paired_step_cpu_ms", "paired_ref_cpu_ms"):
+        row[key] = rank.get(key) or []
     memory = rank.get("memory") or {}
     for cat in (*CATEGORIES, "total"):
         suffix = "" if cat == "total" else f"_{cat}"
@@ -95,6 +98,8 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
     global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
     medians = [r["step_time_ms"] for r in ranks if r.get("step_time_ms") is not None]
     case_step = max(medians) if len(medians) == len(ranks) and medians else None
+    series = [ratio_series(r, case.device) for r in ranks]
+    ref_ratios = block_ratios([s for s, _ in series], [r for _, r in series], case.time_block_steps)
     rows = []
     for rank in ranks:
         row = {**base, **rank_columns(rank)}
@@ -105,6 +110,7 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
         row["loss_first"] = global_losses[0] if global_losses else None
         row["loss_final"] = global_losses[-1] if global_losses else None
         row["case_step_time_ms"] = case_step
+        row["step_time_ref_ratios"] = ref_ratios  # per block, vs the in-process reference (metrics/reference.py)
         if case_step:
             row["throughput_samples_s"] = case.global_batch_size / (case_step / 1e3)
             row["throughput_tokens_s"] = row["throughput_samples_s"] * case.seq_len if _is_sequence(case) else None

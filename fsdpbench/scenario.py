@@ -69,6 +69,8 @@ class CaseFields(BaseModel):
     limit_all_gathers: bool | None = None
     nvml_interval_s: PositiveFloat | None = None
     bare_steps: int | None = Field(default=None, ge=0)
+    time_blocks: int | None = Field(default=None, ge=0)
+    time_block_steps: PositiveInt | None = None
 
     @field_validator("model")
     @classmethod

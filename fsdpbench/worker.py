@@ -34,6 +34,7 @@ from fsdpbench.knobs import apply_activation_checkpointing, apply_compile, state
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
+from fsdpbench.metrics.reference import ReferenceWorkload, interleaved_steps
 from fsdpbench.metrics.tracker import build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import resolve_model
 from fsdpbench.step import autocast_for
@@ -210,6 +211,22 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
                 step += 1
         extra.update(analyze_profile(trace_path, case, strategy.sharding, n_params))
         rec.update(extra_columns=extra)
+
+    # ---- optional: blocks of steps, each step paired with a fixed reference step (the CI time gate)
+    if case.time_blocks:
+        reference = ReferenceWorkload(device)
+        reference.step()  # its own warm-up, untimed
+        next_step = [step]
+
+        def block_step() -> None:
+            train_step(next_step[0], record=False)
+            next_step[0] += 1
+
+        dist.barrier()
+        paired = interleaved_steps(
+            block_step, reference, case.time_blocks * case.time_block_steps, lambda: synchronize(device))
+        step = next_step[0]
+        rec.update(**{f"paired_{k}": v for k, v in paired.items()})
 
     # ---- done ------------------------------------------------------------------------------
     samplers.stop()

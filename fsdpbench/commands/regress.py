@@ -2,7 +2,7 @@
 
     fsdpbench regress RUN_DIR --write-baseline baselines/ci.json   # record (commit the file)
     fsdpbench regress RUN_DIR --baseline baselines/ci.json         # gate: exit 0 pass, 1 regression
-        [--threshold step_time_ratio=50%:warn] [--time-gate warn] [--strict]
+        [--threshold step_time_ratio=50%:warn] [--time-gate warn] [--strict] [--repeat 2]
         [--map-strategy mypkg.fsdp:MyZero3=zero3] [--markdown comment.md] [--json regress.json]
 
 Exit codes: 0 passed, 1 regression (each failing case and metric is named), 2 bad input.
@@ -36,9 +36,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strict", action="store_true",
                         help="also fail when a deterministic metric (memory, comm, loss) improved beyond "
                              "its tolerance: the baseline is stale and must be re-written")
+    parser.add_argument("--repeat", type=int, default=0, metavar="K",
+                        help="re-launch a case whose step time looks regressed K more times and judge it "
+                             "again on the pooled samples, before failing (asv-style; default 0)")
     parser.add_argument("--map-strategy", action="append", default=[], metavar="RUN=BASELINE",
                         help="match the run's cases of strategy RUN with the baseline's cases of BASELINE, "
                              "e.g. mypkg.fsdp:MyZero3=zero3 (repeatable)")
+    parser.add_argument("--pool", action="append", default=[], metavar="RUN_DIR",
+                        help="with --write-baseline: also take the step-time samples of these runs of the same "
+                             "scenario (pooled per case), so the baseline's distribution spans several "
+                             "moments of the machine, not one (repeatable)")
     parser.add_argument("--time-reference", default="ddp", metavar="STRATEGY|CASE_ID",
                         help="with --write-baseline: step times are stored as ratios to this strategy's case "
                              "with the same model, batch and world size, or to this one calibration case "
@@ -78,8 +85,9 @@ def _write(args: argparse.Namespace, err: Console) -> int:
     from fsdpbench.regress import build_baseline, write_baseline
 
     frame, meta = _load_run(args.run_dir)
+    pooled = [_load_run(run_dir)[0] for run_dir in args.pool]
     baseline = build_baseline(frame, meta, thresholds=_threshold_args(args.threshold),
-                              time_reference=args.time_reference)  # fmt: skip
+                              time_reference=args.time_reference, pool=pooled)  # fmt: skip
     write_baseline(args.write_baseline, baseline)
     n_metrics = sum(len(c["metrics"]) for c in baseline["cases"].values())
     prov = baseline["provenance"]
@@ -105,9 +113,20 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
         if not sep or not run or not base:
             raise BaselineError(f"--map-strategy {item!r}: expected RUN_STRATEGY=BASELINE_STRATEGY")
         mapping[run] = base
-    frame = apply_strategy_map(frame, mapping)
+    run_frame, frame = frame, apply_strategy_map(frame, mapping)
     gates = {"time": args.time_gate} if args.time_gate else {}
-    result = compare(baseline, frame, thresholds=_threshold_args(args.threshold), gates=gates, strict=args.strict)
+
+    def judge(frame: Any) -> Any:
+        return compare(baseline, frame, thresholds=_threshold_args(args.threshold), gates=gates, strict=args.strict)
+
+    result = judge(frame)
+    if args.repeat < 0:
+        raise BaselineError(f"--repeat {args.repeat}: expected K >= 0")
+    if args.repeat:
+        from fsdpbench.remeasure import remeasure
+
+        result = remeasure(result, frame, run_frame, args.repeat, Path(args.run_dir) / "remeasured", judge,
+                           log=lambda line: err.print(line, highlight=False))  # fmt: skip
 
     out = Console() if sys.stdout.isatty() else Console(width=250)  # CI logs: no folding
     if args.markdown == "-":  # the Markdown is the table (CI logs, job summaries)
@@ -144,7 +163,7 @@ def fmt_value(metric: str, value: Any) -> str:
         return f"{int(value):,} B"
     if metric.endswith("_ms"):
         return f"{value:.2f} ms"
-    if metric == "step_time_ratio":
+    if metric in ("step_time_ratio", "step_time_ref_ratios"):
         return f"{value:.3f}×"
     if metric == "losses":
         return f"{value:.6f}"

@@ -14,14 +14,17 @@ shows that blind spot — on a GPU the CUDA allocator's peak would still see it)
 
 from __future__ import annotations
 
+import json
 import time
 
+import torch
 from torch import nn
 
 from fsdpbench.strategies.base import ApplyContext
 from fsdpbench.strategies.fsdp2 import Zero3
 
 SLEEP_S = 0.25  # added to every step by SleepyZero3: far above the step-time noise of a 2-core machine
+EXTRA_COMPUTE = 0.20  # ComputeZero3 adds this fraction of the step's counted FLOPs, as real matmuls
 
 
 def _full_param_copies(model: nn.Module) -> list:
@@ -58,4 +61,33 @@ class SleepyZero3(Zero3):
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         model = super().apply(model, ctx)
         model.register_forward_pre_hook(lambda module, args: time.sleep(SLEEP_S))
+        return model
+
+
+class ComputeZero3(Zero3):
+    """ZeRO-3 that does ``EXTRA_COMPUTE`` (20%) more arithmetic per step: before every forward, matmuls
+    of the step's tokens by a hidden × hidden matrix, as many as make 20% of the step's counted FLOPs
+    (``fsdpbench.metrics.flops.step_flops``). Real work on the rank's threads, not a sleep: the
+    slowdown a load-independent (CPU-time) measurement must still see."""
+
+    def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
+        from fsdpbench.metrics.flops import step_flops
+
+        model = super().apply(model, ctx)
+        case = ctx.case
+        flops = step_flops(case.model, json.dumps(case.model_args, sort_keys=True), case.batch_size, case.seq_len)
+        hidden = next(m.in_features for m in model.modules() if isinstance(m, nn.Linear))
+        tokens = case.batch_size * case.seq_len
+        reps = max(1, round(EXTRA_COMPUTE * flops / (2 * tokens * hidden * hidden)))
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(tokens, hidden, generator=gen).to(ctx.device)
+        w = torch.randn(hidden, hidden, generator=gen).div_(hidden**0.5).to(ctx.device)
+
+        def extra_work(module: nn.Module, args: tuple) -> None:
+            with torch.no_grad():
+                y = x
+                for _ in range(reps):
+                    y = torch.tanh(y @ w)  # dependent chain: nothing can be skipped
+
+        model.register_forward_pre_hook(extra_work)
         return model

@@ -1,0 +1,97 @@
+"""Step time as a ratio to a fixed reference workload run in the same processes, step by step.
+
+A shared machine's load moves a case's step time by 2x between runs; it moves a workload that
+runs in the same rank processes, on the same threads, a few milliseconds later, by nearly the
+same factor. So each block alternates one training step and one reference step, ``k`` times,
+and yields one sample: (sum of the k step times) / (sum of the k reference times). Blocks are
+spread over the case's last phase; ``fsdpbench regress`` compares the samples' distribution with
+the baseline's (a rank-sum test plus a minimum effect, docs/ci.md).
+
+The reference is a fixed data-parallel step (``ReferenceWorkload``) over the case's process group,
+so it uses the same compute threads and the same communication backend as the case, and it is
+identical for every case, model and fsdpbench version (changing it invalidates every baseline's
+samples: ``REFERENCE_VERSION``).
+
+On CPU ranks the samples are ratios of *CPU time* (all threads of the rank process): a rank that
+the machine's other processes preempt, or that waits for a preempted peer, loses wall time but
+not CPU time, so CPU time moves far less with load; what load still does to it (shared caches,
+hyper-threads) it does to the reference too. On GPUs the ratio is of wall time (GPU work is
+asynchronous to the CPU, and a GPU is not shared the way a runner's cores are).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from fsdpbench.case import Case
+
+REFERENCE_VERSION = 1
+_REFERENCE_CASE = Case(model="decoder-tiny", batch_size=4, seq_len=64, seed=0)  # fixed: never the case's
+
+
+class ReferenceWorkload:
+    """A fixed data-parallel step on this rank's device: forward and backward of decoder-tiny on a
+    fixed batch, then one all-reduce of the flattened gradients (what DDP does, in one bucket).
+
+    A tiny decoder rather than one big matmul, so that it has the op mix of a training step
+    (hundreds of small kernels, the dispatcher, Python), which a busy machine slows as it slows the
+    case's steps; it does not update its weights, so every reference step does the same work."""
+
+    def __init__(self, device: torch.device) -> None:
+        from fsdpbench.models import resolve_model
+        from fsdpbench.step import rank_batch
+
+        mdef, margs = resolve_model(_REFERENCE_CASE.model, _REFERENCE_CASE.model_args)
+        torch.manual_seed(_REFERENCE_CASE.seed)
+        with torch.device(device):
+            self.model = mdef.build(**margs)
+        self.loss = mdef.loss
+        self.x, self.y = rank_batch(_REFERENCE_CASE, 0, 0, device)
+
+    def step(self) -> None:
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grads = torch.autograd.grad(self.loss(self.model(self.x), self.y), params)
+        flat = torch.cat([g.flatten() for g in grads])
+        if dist.is_initialized():
+            dist.all_reduce(flat)
+
+
+def interleaved_steps(
+    train_step: Callable[[], None], reference: ReferenceWorkload, n: int, synchronize: Callable[[], None],
+) -> dict[str, list[float]]:
+    """``n`` training steps, each followed by a reference step: this rank's wall and CPU time of each (ms).
+
+    CPU time is this process's, all threads (``time.process_time``): the work done, which a busy
+    machine does not stretch the way it stretches wall time (a preempted rank, a peer waiting for it)."""
+    out: dict[str, list[float]] = {"step_ms": [], "ref_ms": [], "step_cpu_ms": [], "ref_cpu_ms": []}
+    for _ in range(n):
+        for name, work in (("step", train_step), ("ref", reference.step)):
+            synchronize()
+            t0, c0 = time.perf_counter(), time.process_time()
+            work()
+            synchronize()
+            out[f"{name}_ms"].append((time.perf_counter() - t0) * 1e3)
+            out[f"{name}_cpu_ms"].append((time.process_time() - c0) * 1e3)
+    return out
+
+
+def ratio_series(rank: dict, device: str) -> tuple[list[float], list[float]]:
+    """The (step, reference) times that the ratio uses for this device: CPU time on CPUs, wall on GPUs."""
+    suffix = "cpu_ms" if device == "cpu" else "ms"
+    return rank.get(f"paired_step_{suffix}") or [], rank.get(f"paired_ref_{suffix}") or []
+
+
+def block_ratios(step_ms_by_rank: list[list[float]], ref_ms_by_rank: list[list[float]], steps_per_block: int) -> list[float]:
+    """One sample per block of ``steps_per_block`` pairs: the summed step time over the summed reference time.
+
+    Per pair, the slowest rank's time, as for ``case_step_time_ms``: the collectives make every rank
+    wait for it."""
+    n = min((len(x) for x in (*step_ms_by_rank, *ref_ms_by_rank)), default=0)
+    step = [max(r[i] for r in step_ms_by_rank) for i in range(n)]
+    ref = [max(r[i] for r in ref_ms_by_rank) for i in range(n)]
+    k = max(1, steps_per_block)
+    return [sum(step[b:b + k]) / sum(ref[b:b + k]) for b in range(0, n - k + 1, k) if sum(ref[b:b + k]) > 0]

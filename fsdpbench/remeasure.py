@@ -1,0 +1,52 @@
+"""``regress --repeat K``: re-measure the cases whose step time looks regressed, then judge them again.
+
+As asv does before it reports a regression: a shared runner has bad minutes, and one measurement of
+a case can land in one. Each suspect case is launched ``K`` more times (fresh processes, as in the
+run); its step-time samples from every launch are pooled with the run's, and the comparison is made
+again on the pooled samples. A real slowdown stays slow in every launch; a bad minute is diluted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from fsdpbench.regress import SAMPLED, Comparison, case_from_row
+
+
+def suspects(result: Comparison) -> list[str]:
+    """Baseline case ids whose sampled step time failed."""
+    rec = result.records
+    return sorted(rec.loc[(rec["metric"] == SAMPLED) & rec["fails"], "case_id"].unique())
+
+
+def remeasure(
+    result: Comparison, frame: pd.DataFrame, run_frame: pd.DataFrame, repeat: int, out_dir: Path,
+    judge: Callable[[pd.DataFrame], Comparison], log: Callable[[str], None] = print,
+) -> Comparison:
+    """Re-launch each suspect case ``repeat`` times into ``out_dir``; ``judge`` the frame with pooled samples.
+
+    ``frame`` is what was compared (strategies mapped); ``run_frame`` the run as it ran (to rebuild
+    each case as launched, a plugin strategy included)."""
+    from fsdpbench.launch import launch_case
+    from fsdpbench.results import build_rows
+
+    cases = suspects(result)
+    if not cases or repeat <= 0:
+        return result
+    frame = frame.copy()
+    for cid in cases:
+        rows = frame.index[frame["case_id"] == cid]
+        run_id = frame.at[rows[0], "run_case_id"]
+        case = case_from_row(run_frame[run_frame["case_id"] == run_id].iloc[0])
+        pooled = list(frame.at[rows[0], SAMPLED])
+        for i in range(repeat):
+            outcome = launch_case(case, out_dir / run_id / f"repeat{i + 1}")
+            again = build_rows(case, outcome, {}).iloc[0].get(SAMPLED)
+            log(f"re-measured {cid} ({i + 1}/{repeat}): {outcome.status}, {len(again or [])} samples")
+            pooled += list(again or [])
+        for r in rows:
+            frame.at[r, SAMPLED] = pooled
+    return judge(frame)
