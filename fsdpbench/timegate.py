@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ALPHA = 0.01  # one-sided false-alarm rate of the test, per case and measurement
+ALPHA = 0.05  # one-sided significance level of the test, per case and measurement (docs/ci.md: calibration)
 CONFIDENCE = 0.95  # of the reported bootstrap interval
 _BOOTSTRAP = 2000
 

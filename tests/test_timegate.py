@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -38,7 +39,7 @@ def test_verdict_needs_both_effect_and_significance():
     small = time_verdict([x * 1.05 for x in BASE], BASE, 0.10)  # consistent, but under 10%
     assert small.p_value < 0.05 and not small.regressed
     noisy = time_verdict([0.7, 1.6, 0.9, 1.8], BASE, 0.10)  # median up 25%, 4 wild samples
-    assert noisy.effect > 0.10 and noisy.p_value > 0.01 and not noisy.regressed
+    assert noisy.effect > 0.10 and noisy.p_value > 0.05 and not noisy.regressed
     slow = time_verdict([x * 1.15 for x in BASE], BASE, 0.10)
     assert slow.regressed and slow.effect == pytest.approx(0.15) and slow.low > 0.05
     assert "effect +15.0% (95% CI" in slow.describe() and "Mann–Whitney, n=10 vs 10" in slow.describe()
@@ -130,3 +131,67 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     monkeypatch.setattr(fsdpbench.results, "build_rows",
                         lambda c, o, e: pd.DataFrame([{SAMPLED: [x * 1.3 for x in BASE]}]))  # fmt: skip
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 1
+
+
+# ---- recorded on the loaded 2-core machine (tests/data/timegate_loaded_runs.json) -----------------
+# Unchanged runs of scenarios/ci.yaml made while other users' test suites ran beside them (load
+# 7-18): the baseline's pooled samples and its single-number ratios, and per run each case's samples
+# and its median step time ÷ its ddp peer's (the old rule's metric). See docs/ci.md, calibration.
+
+RECORDED = json.loads((Path(__file__).parent / "data" / "timegate_loaded_runs.json").read_text())
+OLD_TOLERANCE = 0.25  # the old rule: step_time_ratio up by more than 25% fails
+HSDP_ID = "hsdp_n4_decoder-tiny_s2_block_pf0_fp32_b4_9eaa80"
+
+
+def old_rule_alarms(run: dict) -> list[str]:
+    base = RECORDED["baseline_step_time_ratio"]
+    return [cid for cid, c in run["cases"].items()
+            if cid in base and c["step_time_ratio"] / base[cid] - 1 > OLD_TOLERANCE]  # fmt: skip
+
+
+def new_rule_alarms(run: dict, scale: float = 1.0, *, repeat: bool = True) -> list[str]:
+    """The gate on a recorded run: a case that fails is judged again with the samples of the two
+    re-launches that ``regress --repeat 2`` made for it on the machine (recorded beside the run)."""
+    base = RECORDED["baseline_samples"]
+    alarms = []
+    for cid, c in run["cases"].items():
+        samples = [x * scale for x in c[SAMPLED]]
+        if time_verdict(samples, base[cid], 0.10).regressed:
+            launches = run.get("remeasured", {}).get(cid, []) if repeat else []
+            pooled = samples + [x * scale for launch in launches for x in launch]
+            if not launches or time_verdict(pooled, base[cid], 0.10).regressed:
+                alarms.append(cid)
+    return alarms
+
+
+def test_recorded_unchanged_runs_old_rule_false_alarms_new_rule_fewer():
+    runs = RECORDED["unchanged_runs"]
+    assert len(runs) == 5
+    old = {name: old_rule_alarms(run) for name, run in runs.items()}
+    new = {name: new_rule_alarms(run) for name, run in runs.items()}
+    # runs 1, 2 and 4: the old rule raises a false alarm, the new one (after its re-launches) none
+    for name in ("gate1", "gate2", "gate4"):
+        assert old[name] and not new[name], (name, old[name], new[name])
+    # run 5: hsdp at 4 ranks looked +10.1% slower even pooled over its two re-launches (p = 0.0017):
+    # the one false alarm of the new rule in these 5 runs (docs/ci.md, calibration)
+    assert new["gate5"] == [HSDP_ID] and len(old["gate5"]) == 3
+    assert sum(len(v) for v in new.values()) == 1 and sum(len(v) for v in old.values()) == 6
+
+
+def test_recorded_runs_slowed_by_15_percent_are_caught():
+    """The same recorded noise, every sample 15% slower (what a 15% slower step does to the ratio);
+    judged on the first launch (no re-launch was recorded for a slowed copy)."""
+    runs = RECORDED["unchanged_runs"]
+    caught = {name: new_rule_alarms(run, scale=1.15, repeat=False) for name, run in runs.items()}
+    n_cases = sum(len(run["cases"]) for run in runs.values())
+    n_caught = sum(len(v) for v in caught.values())
+    assert all(caught.values()), caught  # every run fails the gate
+    assert n_caught >= RECORDED["expected_caught_at_15_percent"], (n_caught, n_cases)
+
+
+def test_recorded_compute_plugin_run_is_caught():
+    """ComputeZero3 (~20% more work per step), measured on the same loaded machine: zero3 fails, and
+    the unchanged hsdp case that looked slower in its first launch is cleared by the re-launches."""
+    run = RECORDED["compute_plugin_run"]
+    assert sorted(new_rule_alarms(run, repeat=False)) == sorted([RECORDED["zero3_case_id"], HSDP_ID])
+    assert new_rule_alarms(run) == [RECORDED["zero3_case_id"]]
