@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from pathlib import Path
 
 import pytest
@@ -248,7 +247,6 @@ def _profile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
 def test_real_gloo_run_matches_analytic(tmp_path: Path):
     import torch.multiprocessing as mp
 
-    start = time.perf_counter()
     mp.spawn(_profile_rank, args=(WORLD_SIZE, _free_port(), str(tmp_path)), nprocs=WORLD_SIZE,
              join=True)
     param_bytes = LAYERS * (WIDTH * WIDTH + WIDTH) * 4
@@ -273,4 +271,3 @@ def test_real_gloo_run_matches_analytic(tmp_path: Path):
             assert overlap["backend"] == "gloo" and overlap["comm_us"] > 0
             assert overlap["n_comm_intervals"] == sum(counts.values())  # one gloo:* per collective
             assert 0.0 <= overlap["overlap_ratio"] <= 1.0
-    assert time.perf_counter() - start < 60
