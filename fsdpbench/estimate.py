@@ -105,7 +105,8 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
                  "CUDA's rules swapped in for RMSNorm and SDPA (memory_model/kernels.py) and CUDA's 512-byte "
                  "rounding (no memory allocated); " + ASSUMED_CASE["cuda"]]  # fmt: skip
     else:
-        notes = [f"traced on fake {device.type.upper()} tensors with {device.type.upper()} kernels (no memory allocated)"]
+        kind = device.type.upper()
+        notes = [f"traced on fake {kind} tensors with {kind} kernels (no memory allocated)"]
     if case.compile:
         notes.append("torch.compile not traced: the model runs eagerly")
     strategy = get_strategy(case.strategy)

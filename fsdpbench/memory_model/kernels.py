@@ -1,6 +1,6 @@
 """What each kernel saves for backward, by target device and compute dtype: the one table that the
 analytic activation model (activations.py) and the traced predictor's CUDA stand-ins
-(fsdpbench/cuda_rules.py) both read.
+(fsdpbench/cuda_standins.py) both read.
 
 Source: every tensor autograd saves in one decoder block, on an H100 (torch 2.11) and on the CPU
 (``../shared/reference/gpu-h100/saved_tensors_per_block.jsonl``), and PyTorch's kernels:
@@ -11,10 +11,10 @@ Source: every tensor autograd saves in one decoder block, on an H100 (torch 2.11
 - SDPA. CUDA picks cuDNN attention for 16-bit inputs on Hopper and memory-efficient attention for fp32;
   both save q, k, v, the output, an fp32 logsumexp and the dropout RNG's seed and offset (two int64
   scalars, saved even without dropout: cuDNN's on the GPU, 512 bytes each; memory-efficient
-  attention's, without dropout, on the host, so the GPU tracker does not count them). cuDNN's logsumexp is ``(b, h, s, 1)`` and its output is laid out
-  ``(b, h, s, d)``, so the ``(b, s, h·d)`` reshape before ``wo`` is a copy; memory-efficient attention
-  pads its logsumexp's sequence dimension to a multiple of 32 and lays its output out ``(b, s, h, d)``,
-  so that reshape is a view. The CPU's flash attention saves a ``(b, h, s)`` logsumexp, lays its output
+  attention's, without dropout, on the host, so the GPU tracker does not count them). cuDNN's
+  logsumexp is ``(b, h, s, 1)`` and its output is laid out ``(b, h, s, d)``, so the ``(b, s, h·d)``
+  reshape before ``wo`` is a copy; memory-efficient attention pads its logsumexp's sequence dimension to
+  a multiple of 32 and lays its output out ``(b, s, h, d)``, so that reshape is a view. The CPU's flash attention saves a ``(b, h, s)`` logsumexp, lays its output
   out ``(b, h, s, d)`` and keeps no RNG state.
 """
 
