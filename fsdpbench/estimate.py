@@ -26,8 +26,13 @@ Two things the fake process group cannot do for DDP, and what is done instead (i
   buckets after the first step: the check is skipped and the rebuild kept off (buckets stay as built:
   one bucket; the tracker counts a bucket once backward first writes it, so mid-backward the traced
   DDP peak can count bucket memory earlier than a real run does).
+Which kernels a trace runs is the target device's (``case.device``), never silently the CPU's for a CUDA
+target: on a machine whose torch can run CUDA kernels, a ``cuda`` case is traced on fake CUDA tensors (the
+reference H100 data shows this exact to the byte); on a CPU-only build, where CUDA kernels cannot be
+dispatched even on fake tensors, it is traced on fake CPU tensors with CUDA's rules swapped in for RMSNorm
+and SDPA and CUDA's 512-byte rounding (fsdpbench/cuda_standins.py), and the notes say so.
 Not traced: ``torch.compile`` (the model runs eagerly), ``mixed`` (an accounting, not a runnable
-precision), CUDA's 512-byte rounding (tracing runs on CPU fake tensors).
+precision).
 """
 
 from __future__ import annotations
@@ -92,7 +97,16 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     if dist.is_available() and dist.is_initialized():
         raise RuntimeError("estimate() starts its own fake process group; call it outside an initialized one")
     t0 = time.perf_counter()
-    notes = ["traced on CPU fake tensors (no memory allocated)"]
+    device, cuda_rules = trace_device(case)
+    if cuda_rules:
+        from fsdpbench.memory_model.kernels import ASSUMED_CASE
+
+        notes = ["CUDA target on a torch build that cannot run CUDA kernels: traced on fake CPU tensors with "
+                 "CUDA's rules swapped in for RMSNorm and SDPA (memory_model/kernels.py) and CUDA's 512-byte "
+                 "rounding (no memory allocated); " + ASSUMED_CASE["cuda"]]  # fmt: skip
+    else:
+        kind = device.type.upper()
+        notes = [f"traced on fake {kind} tensors with {kind} kernels (no memory allocated)"]
     if case.compile:
         notes.append("torch.compile not traced: the model runs eagerly")
     strategy = get_strategy(case.strategy)
@@ -100,15 +114,17 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     if reason:
         raise ValueError(f"case {case.case_id}: {reason}")
     mdef, margs = resolve_model(case.model, case.model_args)
-    device = torch.device("cpu")
     fsdp2 = type(strategy).fsdp_root is not Strategy.fsdp_root
     autocast = autocast_for(case, strategy, device)
+    if cuda_rules and not isinstance(autocast, contextlib.nullcontext):
+        notes.append("autocast traced with the CPU's autocast op lists (CUDA's may cast some ops differently)")
     excepthook = sys.excepthook  # init_process_group chains a rank-prefixing hook on every call
     _init_fake_process_group(rank, case.world_size)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
     entered = False
+    uncovered: list[str] = []
     try:
-        with _fake_pg_compat(case.backend):
+        with _fake_pg_compat(case.backend), _cuda_rules(cuda_rules) as uncovered:
             if fsdp2:  # apply on meta (the mesh needs real tensors), then materialise as fake tensors
                 model = _build(mdef, margs, "meta")
                 n_params = sum(p.numel() for p in model.parameters())
@@ -136,11 +152,15 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
                 step_at(warmup_steps,
                         after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)))
             peak = snapshot_by_category(tracker, "peak", device)
+            if cuda_rules:  # on CUDA these are host tensors; the CPU trace counted them with the device's
+                for snap in (peak, states):
+                    _drop_host_step_counters(snap, optimizer)
     finally:
         if entered:
             fake.__exit__(None, None, None)
         dist.destroy_process_group()
         sys.excepthook = excepthook
+    notes.extend(uncovered)
     return TracedEstimate(
         case_id=case.case_id, strategy=case.strategy, world_size=case.world_size, rank=rank,
         params=int(n_params), method="traced",
@@ -156,7 +176,48 @@ def peak_rss_bytes() -> int:
     return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
+def cuda_kernels_dispatchable() -> bool:
+    """Whether this torch can run CUDA kernels (fake CUDA tensors need them too): a CUDA build with a GPU."""
+    return bool(torch.backends.cuda.is_built() and torch.cuda.is_available())
+
+
+def trace_device(case: Case) -> tuple[torch.device, bool]:
+    """Where the fake tensors live, and whether CUDA's rules stand in for CUDA kernels (a ``cuda`` target
+    on a build that cannot run them)."""
+    if case.device != "cuda":
+        return torch.device("cpu"), False
+    if cuda_kernels_dispatchable():
+        return torch.device("cuda", torch.cuda.current_device()), False
+    return torch.device("cpu"), True
+
+
 # ---- helpers ------------------------------------------------------------------------------------------
+def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
+    """Take the optimizer's ``step`` counters out of a CPU-traced snapshot of a CUDA target: torch keeps
+    them on the host unless the optimizer is capturable or fused (fsdpbench's are neither), so a GPU's
+    tracker does not count them (states.py leaves them out of CUDA predictions for the same reason)."""
+    from fsdpbench.memory_model.kernels import storage_bytes
+
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
+    counters = sum(storage_bytes(t.untyped_storage().nbytes(), "cuda") for state in inner.state.values()
+                   for name, t in state.items() if name == "step" and torch.is_tensor(t))  # fmt: skip
+    if snapshot.get("optim", 0) >= counters:
+        snapshot["optim"] -= counters
+        if "total" in snapshot:
+            snapshot["total"] -= counters
+
+
+@contextlib.contextmanager
+def _cuda_rules(active: bool) -> Iterator[list[str]]:
+    if not active:
+        yield []
+        return
+    from fsdpbench.cuda_standins import cuda_kernel_standins, cuda_storage_rounding
+
+    with cuda_kernel_standins() as uncovered, cuda_storage_rounding():
+        yield uncovered
+
+
 def _init_fake_process_group(rank: int, world_size: int) -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
 

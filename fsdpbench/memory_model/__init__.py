@@ -204,6 +204,8 @@ def predict_memory(
     device_resident = None
     if case.cpu_offload:  # the host keeps the sharded states: the device's own peak may fall elsewhere
         device_resident = max(m.total - sum(m.bytes.get(c, 0) for c in HOST_CATEGORIES) for m in moments)
+    if profile.kernel_note:
+        notes.append(profile.kernel_note)
     if prec.name == "mixed":
         notes.append("'mixed' is an accounting (ZeRO paper); the peak assumes FSDP-style 16-bit compute")
     return replace(
@@ -245,7 +247,7 @@ def _profile(case: Case, facts: ModelFacts, strategy: Strategy, prec: Precision)
     else:
         mode = PURE16 if strategy.native_mixed_precision else AUTOCAST16
     shape = Shape(batch=case.batch_size, seq_len=case.seq_len, global_batch=case.global_batch_size, mode=mode,
-                  checkpointing=case.activation_checkpointing)  # fmt: skip
+                  checkpointing=case.activation_checkpointing, device=case.device)  # fmt: skip
     return get_activation_profile(mdef.name, args, shape)
 
 

@@ -1,5 +1,6 @@
 """Activation memory of one training step, stage by stage, counted from what autograd saves in *this*
-implementation (fsdpbench/models/decoder.py, mlp.py) — not fitted to any measurement.
+implementation (fsdpbench/models/decoder.py, mlp.py) on the target device — not fitted to any
+measurement. What the norm and attention kernels save differs by device and dtype: kernels.py says what.
 
 A step is a list of stages in forward order (decoder: embedding, blocks, head with the loss). Each
 stage keeps ``saved_bytes`` from its forward until its backward, and its backward passes through a
@@ -14,8 +15,11 @@ copy of its input, and autocast's cached 16-bit weight copies stay alive until t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from fsdpbench.memory_model.kernels import ASSUMED_CASE, kernels_for, storage_bytes
 
 FP32, PURE16, AUTOCAST16 = "fp32", "pure16", "autocast16"
 
@@ -46,6 +50,7 @@ class ActivationProfile:
     inputs_bytes: int  # the step's batch: the worker slices views of the global batch, which stays alive
     stages: tuple[Stage, ...]
     mode: str
+    kernel_note: str = ""  # the kernel choices assumed, where they depend on versions, hardware or shapes
 
     @property
     def saved_bytes(self) -> int:
@@ -61,6 +66,7 @@ class Shape:
     global_batch: int
     mode: str = FP32
     checkpointing: bool = False
+    device: str = "cpu"  # whose kernels run (kernels.py), and CUDA's 512-byte rounding of every storage
 
 
 def get_activation_profile(family: str, args: dict[str, Any], shape: Shape) -> ActivationProfile | None:
@@ -81,24 +87,36 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
     bd, bf, kvd = tok * d, tok * f, tok * kv * hd
     e = 4 if sh.mode == FP32 else 2  # matmul/attention path
     res = 2 if sh.mode == PURE16 else 4  # residual stream and norm inputs
+    norm, attn = kernels_for(sh.device, sh.mode != FP32)
+
+    def r(nbytes: int) -> int:  # one tensor's storage
+        return storage_bytes(nbytes, sh.device)
 
     def norm_bytes() -> int:
-        # rms_norm saves its (upcast) input, rstd (fp32) and the normalised fp32 result; the output
-        # (norm·weight, compute dtype) is saved by the Linear(s) that read it. With fp32/autocast
-        # inputs the saved input *is* the residual stream (counted as the stage input); in pure16
-        # it is an fp32 copy.
-        upcast = 4 * bd if sh.mode == PURE16 else 0
-        return upcast + 4 * tok + 4 * bd
+        # beyond its input: the fused kernel saves an fp32 (b, s, 1) rstd; the decomposed one also the
+        # normalised fp32 result, and in pure16 an fp32 copy of its input instead of the input. The
+        # output (norm·weight, compute dtype) is saved by the Linear(s) that read it.
+        if norm.fused:
+            return r(4 * tok)
+        upcast = r(4 * bd) if sh.mode == PURE16 else 0
+        return upcast + r(4 * tok) + r(4 * bd)
 
     if sh.mode == AUTOCAST16:
-        norm_out_attn, norm_out_ffn = 3 * 2 * bd, 2 * 2 * bd  # each Linear saves its own 16-bit cast
+        norm_out_attn, norm_out_ffn = 3 * r(2 * bd), 2 * r(2 * bd)  # each Linear saves its own 16-bit cast
     else:
-        norm_out_attn = norm_out_ffn = e * bd  # one tensor, saved by wq/wk/wv (w1/w3)
-    block_input = res * bd if sh.mode != PURE16 else 0  # pure16: norms keep fp32 copies instead
-    h1 = 4 * bd if sh.mode != PURE16 else 0  # residual after attention (saved by ffn_norm unless pure16)
-    attention = e * (bd + 2 * kvd + bd + bd) + 4 * b * heads * s  # q, k, v, out, out reshaped; lse fp32
-    rope = 2 * s * hd * e  # cos and sin for q and for k (s × hd/2 each)
-    ffn = 4 * e * bf  # w1 out, silu out, w3 out, product
+        norm_out_attn = norm_out_ffn = r(e * bd)  # one tensor, saved by wq/wk/wv (w1/w3)
+    # the residual stream is saved by the norms that read it, unless they save an fp32 copy instead
+    keeps_residual = norm.fused or sh.mode != PURE16
+    block_input = r(res * bd) if keeps_residual else 0
+    h1 = r(res * bd) if keeps_residual else 0  # residual after attention (saved by ffn_norm)
+    lse = 4 * math.prod(attn.lse_shape(b, heads, s))  # fp32 logsumexp
+    attention = (
+        2 * r(e * bd) + 2 * r(e * kvd)  # q, out; k, v
+        + (0 if attn.output_heads_last else r(e * bd))  # the (b, s, h·d) copy of out that wo reads
+        + r(lse) + (2 * r(8) if attn.rng_state else 0)  # RNG seed and offset (int64 scalars)
+    )  # fmt: skip
+    rope = 4 * r(s * (hd // 2) * e)  # cos and sin for q and for k (s × hd/2 each)
+    ffn = 4 * r(e * bf)  # w1 out, silu out, w3 out, product
     block_saved = block_input + 2 * norm_bytes() + norm_out_attn + norm_out_ffn + attention + rope + h1 + ffn
     autocast_weights = 2 * ((heads + 2 * kv) * hd * d + d * heads * hd + 3 * d * f) if sh.mode == AUTOCAST16 else 0
     block_saved += autocast_weights
@@ -125,27 +143,29 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         # with activation checkpointing a block keeps only its input (the residual stream)
         blocks.append(Stage(f"block{i}", names, res * bd if sh.checkpointing else block_saved, 0, bwd))
 
-    logits_e = e * tok * vocab
-    logsm = 4 * tok * vocab  # log_softmax of fp32 logits (the loss upcasts 16-bit logits)
-    head_autocast = 2 * vocab * d if sh.mode == AUTOCAST16 else 0
-    head_saved = block_input + norm_bytes() + (2 * bd if sh.mode == AUTOCAST16 else e * bd) + logsm + 8 + head_autocast
+    logits_e = r(e * tok * vocab)
+    logsm = r(4 * tok * vocab)  # log_softmax of fp32 logits (the loss upcasts 16-bit logits)
+    head_autocast = r(2 * vocab * d) if sh.mode == AUTOCAST16 else 0
+    loss_scalar = r(8)  # nll_loss's total weight
+    head_saved = block_input + norm_bytes() + r(2 * bd if sh.mode == AUTOCAST16 else e * bd) + logsm + loss_scalar \
+        + head_autocast  # fmt: skip
     head = Stage(
         "head", ("norm.weight", "output.weight"), head_saved,
-        logits_e + (4 * tok * vocab if e != 4 else 0),
+        logits_e + (r(4 * tok * vocab) if e != 4 else 0),
         (
             BwdMoment("loss", head_saved, (), 2 * 4 * tok * vocab),  # nll grad + log_softmax grad, fp32
             BwdMoment("logits grad", head_saved - logsm, (), logits_e, pre_backward=True),
             BwdMoment("output", head_saved - logsm, ("output.weight",), logits_e + e * bd),
             BwdMoment("end", 0, ("norm.weight", "output.weight"), 2 * res * bd),
         ),
-        in_model=(head_saved - logsm - 8, logits_e),
+        in_model=(head_saved - logsm - loss_scalar, logits_e),
     )  # fmt: skip
     emb = Stage(
         "embedding", ("tok_embeddings.weight",), 0, 0,
         (BwdMoment("end", 0, ("tok_embeddings.weight",), res * bd),),
     )  # fmt: skip
     inputs = 2 * sh.global_batch * s * 8  # tokens and targets (int64) of the global batch
-    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode)
+    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""))
 
 
 # ---- MLP -------------------------------------------------------------------------------------------
