@@ -13,12 +13,12 @@ What is left is the compute clock, on which every collective gets two points:
   first kernel launched after it), so FSDP's prefetch order and DDP's bucket order are the ones
   the run really had;
 * **needed**: where compute cannot go on without it, by the strategy's rules (``_needed_rule``):
-  on the CPU, FSDP2 unshards and reduces with ``async_op=False``, so its all-gathers,
-  reduce-scatters (and HSDP all-reduces) block the issuing thread (needed = issue); DDP's bucket
-  all-reduces are asynchronous and waited for before the optimizer step; ZeroRedundancyOptimizer's
-  broadcasts are asynchronous and waited for at the end of its ``step``. On a GPU collectives run
-  on their own streams: an FSDP2 all-gather is needed at that unit's ``FSDP::all_gather_copy_out``,
-  reduce-scatters and all-reduces before the optimizer step, broadcasts at the end of the step.
+  an FSDP2 all-gather at the unit's ``FSDP::all_gather_copy_out`` (FSDP2 waits for the unshard
+  there; on the CPU without prefetch that is right after the issue, as FSDP2 unshards with
+  ``async_op=False``); on the CPU FSDP2's reduce-scatters (and HSDP all-reduces) block the caller
+  (needed = issue), on a GPU they run on their own stream and are needed before the optimizer step;
+  DDP's bucket all-reduces are asynchronous and waited for before the optimizer step;
+  ZeroRedundancyOptimizer's broadcasts are asynchronous and waited for at the end of the step.
 
 **Communication.** One communication stream, first issued first served: a collective starts when
 it is issued and the previous one has finished, and lasts α + S·factor/busbw. Compute stalls at a
@@ -215,9 +215,14 @@ def _needed_rule(kind: str, pattern: str, device_type: str) -> str:
         return "step_end"  # ZeroRedundancyOptimizer waits for its broadcasts at the end of step()
     if kind == "all_reduce" and pattern in ("ddp", "zero1"):
         return "optimizer"  # DDP's buckets: asynchronous, all waited for when backward finishes
+    if kind == "all_gather":
+        # FSDP2 waits for an unshard right before its copy-out: on a GPU (all-gather stream) and on
+        # the CPU with prefetch (fsdpbench sets async unshard there) that is later than the issue;
+        # a synchronous CPU all-gather is followed by its copy-out at once, so the rule holds there too
+        return "copy_out"
     if device_type != "cuda":
-        return "issue"  # FSDP2 on the CPU: async_op=False, the issuing thread blocks
-    return "copy_out" if kind == "all_gather" else "optimizer"
+        return "issue"  # FSDP2's reduce-scatter (and HSDP all-reduce) on the CPU: the caller blocks
+    return "optimizer"
 
 
 def _profiled_ops(events: list[dict[str, Any]]) -> int:
@@ -263,7 +268,7 @@ def build_timeline(
         issue = on_clock(r.ts_us)
         needed = {
             "issue": issue,
-            "copy_out": on_clock(first_after(copy_outs, r.ts_us)),
+            "copy_out": on_clock(first_after(copy_outs, r.ts_us)) if first_after(copy_outs, r.ts_us) else issue,
             "optimizer": on_clock(first_after(optim, r.ts_us)),
             "step_end": on_clock(None),
         }[rule]

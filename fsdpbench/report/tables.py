@@ -152,7 +152,8 @@ def _fmt_modelled(r: pd.Series, v: Any) -> str:
         return "—"
     err = _num(r.get("model_step_err"))
     exposed = _num(r.get("model_exposed_comm_ms"))
-    return (f"{v:.1f} ms" + (f" ({fmt_pct(err)})" if err is not None else "")
+    link = str(r.get("model_link") or "").split(" (")[0]
+    return (f"{v:.1f} ms" + (f" on {link}" if link else "") + (f" ({fmt_pct(err)})" if err is not None else "")
             + (f", exposed comm {exposed:.1f} ms" if exposed is not None else ""))
 
 
