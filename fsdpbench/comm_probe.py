@@ -25,7 +25,7 @@ from typing import Any
 
 from fsdpbench.comm_model import Link, algorithm_factor
 
-PROBE_SIZES_BYTES = (4 << 10, 64 << 10, 512 << 10, 2 << 20)
+PROBE_SIZES_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)  # the largest long enough that bandwidth, not noise, sets the slope
 PROBE_KINDS = ("all_reduce", "all_gather")
 PROBE_REPS = 8
 
