@@ -52,15 +52,20 @@ def run_cases(
     on_start: Callable[[Case, int], None] | None = None,
     on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None = None,
     traced: bool = False,
+    link: str | None = None,
 ) -> pd.DataFrame:
     """Run every case not already stored (with resume); write rows and run.json after each.
 
     With ``collect``, launch nothing: read what an external launcher's ranks wrote into each
     case directory (multi-node runs; see ``python -m fsdpbench.worker``). With ``traced``, each
-    finished case also gets the traced predictor's figures per rank (``traced_*`` columns)."""
+    finished case also gets the traced predictor's figures per rank (``traced_*`` columns). With
+    ``link`` (a --link value), each finished case gets its modelled step time on that link
+    (``model_*`` columns; metrics/step_model.py)."""
     store.create()
     tracer = TracedPredictor() if traced else None
     meta["predictions"] = ["analytic", "traced"] if traced else ["analytic"]
+    if link:
+        meta["step_time_model"] = {"link": link}
     env = meta["env"]
     done = store.completed_ids() if resume else set()
     meta.setdefault("cases", {})
@@ -82,6 +87,8 @@ def run_cases(
                 rows = skipped_rows(case, outcome.error, env)
             else:
                 rows = add_predictions(case, build_rows(case, outcome, env))
+            if link and outcome.status == "ok":
+                rows = add_step_model(case, rows, store.case_dir(case.case_id), store.run_dir, link)
             if tracer is not None and outcome.status == "ok":
                 rows = tracer.add_columns(case, rows)
             store.merge_timelines(case.case_id)
@@ -116,6 +123,41 @@ def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
     for key, value in pred.items():
         rows[key] = value
     return rows
+
+
+def add_step_model(case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path, link_spec: str) -> pd.DataFrame:
+    """The modelled step time on the link (model_* columns per rank; case_model_step_time_ms is the
+    slowest rank's, as case_step_time_ms is), from the ranks' profiled traces."""
+    from fsdpbench.comm_probe import profiler_overhead_us, resolve_link
+    from fsdpbench.metrics.profiled import hsdp_group_sizes
+    from fsdpbench.metrics.step_model import case_model_columns
+
+    traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows["rank"] if int(r) >= 0}
+    traces = {r: p for r, p in traces.items() if p.exists()}
+    if not traces or "comm_pattern" not in rows:
+        return rows
+    try:
+        link = resolve_link(link_spec, case.backend, case.world_size, run_dir)
+        pattern = str(rows["comm_pattern"].dropna().iloc[0])
+        device_type = torch_device_type(case.device)
+        overhead = profiler_overhead_us(run_dir, case.world_size) if device_type == "cpu" else 0.0
+        per_rank = case_model_columns(traces, pattern, device_type, link, steps=max(1, case.profile_steps),
+                                      group_size=hsdp_group_sizes(case, pattern)[1],
+                                      profiler_overhead_us_per_op=overhead)  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 — a model bug must not lose the measurement
+        print(f"warning: step-time model failed for {case.case_id}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return rows
+    model = pd.DataFrame.from_dict(per_rank, orient="index")
+    rows = rows.drop(columns=[c for c in model.columns if c in rows])
+    rows = rows.merge(model, left_on="rank", right_index=True, how="left")
+    modelled = [c["model_step_time_ms"] for c in per_rank.values()]
+    rows["case_model_step_time_ms"] = max(modelled) if len(modelled) == len(traces) else None
+    return rows
+
+
+def torch_device_type(device: str) -> str:
+    """'cuda' for cuda and cuda:N, else the part before the colon."""
+    return device.split(":", 1)[0]
 
 
 class TracedPredictor:

@@ -46,6 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-report", action="store_true", help="do not write report.html")
     parser.add_argument("--traced", action="store_true",
                         help="also run the traced memory predictor for every case (traced_* columns)")
+    from fsdpbench.commands.run import add_link_argument
+
+    add_link_argument(parser)
 
 
 def build_scenario_text(args: argparse.Namespace) -> str:
@@ -83,7 +86,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fsdpbench.commands.run import _validate_overrides, parse_overrides
+    from fsdpbench.comm_model import LinkError
+    from fsdpbench.commands.run import _validate_overrides, link_spec, parse_overrides
     from fsdpbench.env import collect_env
     from fsdpbench.results import RunStore
     from fsdpbench.runner import default_run_dir, now_iso, run_cases
@@ -92,6 +96,10 @@ def main(args: argparse.Namespace) -> int:
     err = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
     problem = _check_args(args)
+    try:
+        link = link_spec(args.link)
+    except LinkError as exc:
+        problem = problem or str(exc)
     if problem:
         err.print(f"[red]error:[/] {problem}", highlight=False)
         return 2
@@ -123,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
                   + (f"  — {outcome.error.splitlines()[0][:160]}" if outcome.error else ""), highlight=False)
 
     try:
-        run_cases(scenario.cases, scenario.skipped, store, meta, on_done=on_done, traced=args.traced)
+        run_cases(scenario.cases, scenario.skipped, store, meta, on_done=on_done, traced=args.traced, link=link)
     except KeyboardInterrupt:
         err.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}")
         return 130

@@ -27,11 +27,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traced", action="store_true",
                         help="also run the traced memory predictor for every case and rank (traced_* columns "
                              "beside the analytic pred_*; seconds per case)")
+    add_link_argument(parser)
     parser.add_argument("--export-cases", metavar="DIR",
                         help="write one JSON file per case (for torchrun/srun across nodes), run nothing")
     parser.add_argument("--collect", action="store_true",
                         help="launch nothing: build results from rank files that external launchers wrote "
                              "into --out/cases/<case_id>/")
+
+
+def add_link_argument(parser: argparse.ArgumentParser) -> None:
+    """--link, shared by run and compare."""
+    from fsdpbench.comm_model import AUTO, link_choices
+
+    parser.add_argument("--link", default=AUTO, metavar="LINK",
+                        help="link of the modelled step time (model_* columns: measured compute + α–β "
+                             f"communication): {link_choices()}, or none (default: {AUTO}: gloo, probed "
+                             "once per run, for gloo cases; nvlink4 for nccl cases)")  # fmt: skip
+
+
+def link_spec(value: str) -> str | None:
+    """The --link value checked (LinkError names what is wrong); None for 'none'."""
+    from fsdpbench.comm_model import validate_link_spec
+
+    return None if value == "none" else validate_link_spec(value)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -50,6 +68,13 @@ def main(args: argparse.Namespace) -> int:
     from fsdpbench.runner import default_run_dir, latest_run_dir, now_iso, run_cases
 
     console = Console(stderr=True, soft_wrap=True)
+    from fsdpbench.comm_model import LinkError
+
+    try:
+        link = link_spec(args.link)
+    except LinkError as exc:
+        console.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
     try:
         overrides = parse_overrides(args.set)
         if overrides:
@@ -117,7 +142,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             frame = run_cases(scenario.cases, scenario.skipped, store, meta, resume=args.resume,
                               collect=args.collect, on_start=on_start, on_done=on_done,
-                              traced=args.traced or scenario.traced)  # fmt: skip
+                              traced=args.traced or scenario.traced, link=link)  # fmt: skip
         except KeyboardInterrupt:
             console.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}; "
                           f"continue with: fsdpbench run {args.scenario} --out {run_dir} --resume")  # fmt: skip

@@ -93,8 +93,7 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     from fsdpbench.metrics.overlap import analyze_trace, load_trace
 
     trace = load_trace(trace_path)
-    shard = (case.shard_size or min(2, case.world_size)) if sharding.group == "shard_group" else None
-    group = case.world_size // shard if shard else None  # subgroup all-reduces (HSDP replicas)
+    shard, group = hsdp_group_sizes(case, sharding.comm_pattern())
     comm = collectives_from_trace(trace, steps=max(1, case.profile_steps), group_size=group)
     out: dict[str, Any] = {}
     for row in comm.itertuples():
@@ -126,6 +125,15 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
         out["overlap_ratio"] = None
         out["overlap_note"] = "world_size 1: no communication between ranks"
     return out
+
+
+def hsdp_group_sizes(case: Case, comm_pattern: str) -> tuple[int | None, int | None]:
+    """(shard group size, replicate group size) under HSDP, else (None, None): the trace's all-reduces
+    run over the replicate group, which the trace does not name."""
+    if comm_pattern != "hsdp":
+        return None, None
+    shard = case.shard_size or min(2, case.world_size)
+    return shard, case.world_size // shard
 
 
 def _comm_dtype_bytes(case: Case, sharding: Sharding) -> tuple[int, int]:

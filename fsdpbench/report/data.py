@@ -152,6 +152,7 @@ def _case_row(run: str, case_id: str, group: pd.DataFrame) -> dict[str, Any]:
     ranks = group[group["rank"] >= 0] if "rank" in group else group
     row["n_ranks_reported"] = len(ranks)
     _add_time(row, ranks)
+    _add_step_model(row, ranks)
     _add_memory(row, ranks)
     # predictions of the rank whose measurement they are compared with (the largest peak)
     pred_row = ranks.loc[ranks["rank"] == row["peak_rank"]].iloc[0] if "peak_rank" in row else first
@@ -178,6 +179,26 @@ def _add_time(row: dict[str, Any], ranks: pd.DataFrame) -> None:
         if col in slow:
             row[col] = slow[col]
     row["slowest_rank"] = int(slow["rank"]) if "rank" in slow else 0
+
+
+# the step-time model's columns (metrics/step_model.py); "model_args" is not one of them
+MODEL_COLUMNS = (
+    "model_step_time_ms", "model_compute_ms", "model_comm_ms", "model_exposed_comm_ms", "model_peer_wait_ms",
+    "model_overlap_ratio", "model_link", "model_link_source", "model_method",
+)  # fmt: skip
+
+
+def _add_step_model(row: dict[str, Any], ranks: pd.DataFrame) -> None:
+    """The modelled figures of the rank the model finds slowest (as the measured step time is the
+    slowest rank's), and model_step_err = (modelled − measured) / measured."""
+    if "model_step_time_ms" not in ranks or ranks["model_step_time_ms"].isna().all():
+        return
+    slow = ranks.loc[pd.to_numeric(ranks["model_step_time_ms"], errors="coerce").idxmax()]
+    for col in MODEL_COLUMNS:
+        if col in slow:
+            row[col] = slow[col]
+    measured = row.get("step_time_ms")
+    row["model_step_err"] = (slow["model_step_time_ms"] - measured) / measured if _ok(measured) and measured else np.nan
 
 
 def _add_memory(row: dict[str, Any], ranks: pd.DataFrame) -> None:

@@ -102,6 +102,7 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
             lambda r: _num(r.get("mem_placement_params_host_bytes")),
             lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(_num(r.get('pred_params_host_bytes')))}", None)
     add("step time (p10–p90)", lambda r: _num(r.get("step_time_ms")), _fmt_step, "low")
+    add("step time, modelled (error)", lambda r: _num(r.get("model_step_time_ms")), _fmt_modelled, "low")
     add("throughput", lambda r: _num(r.get("throughput_samples_s")),
         lambda r, v: "—" if v is None else f"{v:.1f} samples/s", "high")
     add("comm / step / rank: measured / predicted", _comm_total,
@@ -143,6 +144,17 @@ def _fmt_step(r: pd.Series, v: Any) -> str:
         return "—"
     p10, p90 = _num(r.get("step_time_p10_ms")), _num(r.get("step_time_p90_ms"))
     return f"{v:.1f} ms" + (f" ({p10:.0f}–{p90:.0f})" if p10 is not None and p90 is not None else "")
+
+
+def _fmt_modelled(r: pd.Series, v: Any) -> str:
+    """Modelled step time with its error against the measured one, and the exposed communication."""
+    if v is None:
+        return "—"
+    err = _num(r.get("model_step_err"))
+    exposed = _num(r.get("model_exposed_comm_ms"))
+    link = str(r.get("model_link") or "").split(" (")[0]
+    return (f"{v:.1f} ms" + (f" on {link}" if link else "") + (f" ({fmt_pct(err)})" if err is not None else "")
+            + (f", exposed comm {exposed:.1f} ms" if exposed is not None else ""))
 
 
 def _comm_total(r: pd.Series) -> float | None:
@@ -225,6 +237,7 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
         out.append({
             "case": r.get("label"), "case_id": r["case_id"], "status": status, "ranks": r.get("ranks_label"),
             "step time (p10–p90)": _fmt_step(r, _num(r.get("step_time_ms"))),
+            "step time modelled": _fmt_modelled(r, _num(r.get("model_step_time_ms"))),
             "throughput": "—" if _num(r.get("throughput_samples_s")) is None
             else f"{r['throughput_samples_s']:.1f} samples/s",
             "peak measured (tracker)": fmt_bytes(_num(r.get("mem_tracker_peak_bytes"))),

@@ -1,0 +1,164 @@
+"""The modelled step time: α–β arithmetic, placement on synthetic timelines and traces with known
+answers, the gloo probe's fit, the --link switch, and the model_* columns of a real run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fsdpbench.comm_model import LINK_PRESETS, Link, LinkError, collective_time_us, validate_link_spec
+from fsdpbench.comm_probe import fit_link
+from fsdpbench.metrics.step_model import PlacedCollective, StepTimeline, build_timeline, simulate
+
+LINK = Link("test", alpha_us=10.0, busbw_GBps=100.0)  # 100 GB/s = 1e5 bytes per µs
+
+
+def test_collective_time_is_alpha_plus_bytes_times_nccl_tests_factor_over_busbw() -> None:
+    s = 1_000_000  # bytes; S / busbw = 10 µs
+    assert collective_time_us(LINK, "all_reduce", s, 4) == pytest.approx(10 + 10 * 2 * 3 / 4)  # 25
+    assert collective_time_us(LINK, "all_gather", s, 4) == pytest.approx(10 + 10 * 3 / 4)  # 17.5
+    assert collective_time_us(LINK, "reduce_scatter", s, 2) == pytest.approx(10 + 10 * 1 / 2)  # 15
+    assert collective_time_us(LINK, "broadcast", s, 8) == pytest.approx(10 + 10)  # factor 1
+    assert collective_time_us(LINK, "all_reduce", s, 1) == 0.0  # no peers, no communication
+    gloo = Link("gloo", 10.0, 100.0, reduce_scatter_as_all_reduce=True)  # gloo all-reduces a reduce-scatter
+    assert collective_time_us(gloo, "reduce_scatter", s, 4) == pytest.approx(25.0)
+
+
+def test_one_rank_blocking_and_overlapped_collectives_known_answer() -> None:
+    # 1000 µs of compute; a blocking all-gather at 0 (100 µs: exposed), then an all-reduce issued at
+    # 500 and needed at 700 of compute. It starts at wall 600 (after the first stall), lasts 300,
+    # ends at 900, while compute reaches its needed point at wall 800: 100 µs more exposed.
+    ag = PlacedCollective("all_gather", payload_bytes=12_000_000, group_size=4, issue_us=0.0, needed_us=0.0)
+    ar = PlacedCollective("all_reduce", payload_bytes=19_333_334, group_size=4, issue_us=500.0, needed_us=700.0)
+    link = Link("l", alpha_us=10.0, busbw_GBps=100.0)
+    assert collective_time_us(link, "all_gather", ag.payload_bytes, 4) == pytest.approx(100.0)
+    assert collective_time_us(link, "all_reduce", ar.payload_bytes, 4) == pytest.approx(300.0, abs=1e-3)
+    (out,) = simulate([StepTimeline(1000.0, (ag, ar))], link)
+    assert out["model_step_time_ms"] == pytest.approx(1.2, abs=1e-6)
+    assert out["model_compute_ms"] == pytest.approx(1.0)
+    assert out["model_comm_ms"] == pytest.approx(0.4, abs=1e-6)
+    assert out["model_exposed_comm_ms"] == pytest.approx(0.2, abs=1e-6)
+    assert out["model_peer_wait_ms"] == pytest.approx(0.0, abs=1e-9)
+    assert out["model_overlap_ratio"] == pytest.approx(0.5, abs=1e-6)
+
+
+def test_collective_waits_for_the_last_rank_to_issue_it() -> None:
+    # two ranks, one blocking collective of 100 µs; rank 1 reaches it 50 µs later than rank 0
+    link = Link("l", alpha_us=100.0, busbw_GBps=1.0)
+    early = StepTimeline(400.0, (PlacedCollective("all_gather", 0, 2, 100.0, 100.0),))
+    late = StepTimeline(400.0, (PlacedCollective("all_gather", 0, 2, 150.0, 150.0),))
+    rank0, rank1 = simulate([early, late], link)
+    assert rank0["model_step_time_ms"] == pytest.approx(0.55)  # 400 + 50 waiting for rank 1 + 100
+    assert rank0["model_peer_wait_ms"] == pytest.approx(0.05)
+    assert rank0["model_exposed_comm_ms"] == pytest.approx(0.1)
+    assert rank1["model_step_time_ms"] == pytest.approx(0.5)
+    assert rank1["model_peer_wait_ms"] == pytest.approx(0.0)
+
+
+def _event(name: str, ts: float, dur: float, tid: int, cat: str = "cpu_op", **args: object) -> dict:
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "cat": cat, "args": args}
+
+
+def _gloo_trace() -> dict:
+    """A CPU rank's step as the profiler records it (main thread 1, gloo thread 2): compute 0–100,
+    a blocking all-gather issued at 100 (FSDP2 on CPU) whose gloo work ends at 400, compute 400–500,
+    a reduce-scatter issued at 500 whose gloo work ends at 600, compute 600–700 (the optimizer step
+    650–700)."""
+    dims = {"Input Dims": [[400], [100]], "Input type": ["float", "float"]}
+    rs_dims = {"Input Dims": [[100], [400]], "Input type": ["float", "float"]}
+    return {
+        "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 4},
+        "traceEvents": [
+            _event("aten::mm", 0, 100, 1),
+            _event("c10d::_allgather_base_", 100, 10, 1, **dims),
+            _event("gloo:all_gather", 120, 280, 2, **{"Input Dims": [[100]], "Input type": ["float"]}),
+            _event("FSDP::all_gather_copy_out", 400, 5, 1, cat="user_annotation"),
+            _event("aten::mm", 400, 100, 1),
+            _event("c10d::_reduce_scatter_base_", 500, 10, 1, **rs_dims),
+            _event("gloo:all_reduce", 510, 90, 2, **{"Input Dims": [[400]], "Input type": ["float"]}),
+            _event("aten::mm", 600, 50, 1),
+            _event("Optimizer.step#AdamW.step", 650, 50, 1, cat="user_annotation"),
+            _event("aten::add_", 650, 50, 1),
+        ],
+    }
+
+
+def test_timeline_from_a_gloo_trace_removes_waits_and_places_collectives() -> None:
+    timeline = build_timeline(_gloo_trace(), "zero3", "cpu")
+    # the span is 700 µs; waits: 100–400 (the all-gather's end) and 500–600 (the reduce-scatter's)
+    assert timeline.waits_removed_us == pytest.approx(400.0)
+    assert timeline.compute_us == pytest.approx(300.0)
+    ag, rs = timeline.collectives
+    assert (ag.kind, ag.payload_bytes, ag.group_size) == ("all_gather", 1600, 4)
+    assert (rs.kind, rs.payload_bytes, rs.group_size) == ("reduce_scatter", 1600, 4)
+    assert (ag.issue_us, ag.needed_us) == (100.0, 100.0)  # FSDP2 on CPU: blocking
+    assert (rs.issue_us, rs.needed_us) == (200.0, 200.0)
+    # on a GPU rule set, the all-gather is needed at its copy-out, the reduce-scatter at the optimizer
+    gpu_rules = build_timeline(_gloo_trace(), "zero3", "cuda")  # no kernels: host clock, GPU rules
+    assert gpu_rules.collectives[0].needed_us == pytest.approx(100.0)  # copy-out right after the wait
+    assert gpu_rules.collectives[1].needed_us == pytest.approx(250.0)  # Optimizer.step at 650 → 250
+    # the profiler's cost per recorded op is taken out of compute, evenly: 6 cpu_ops × 10 µs
+    corrected = build_timeline(_gloo_trace(), "zero3", "cpu", profiler_overhead_us_per_op=10.0)
+    assert corrected.compute_us == pytest.approx(240.0)
+    assert corrected.collectives[1].issue_us == pytest.approx(160.0)
+    # on a 1 GB/s gloo link with α 50 µs: compute 300 + AG (50 + 1200 B·3/4 /1e3) + RS as all-reduce
+    link = Link("gloo", 50.0, 1.0, reduce_scatter_as_all_reduce=True)
+    (out,) = simulate([timeline], link)
+    assert out["model_step_time_ms"] == pytest.approx((300 + 51.2 + 52.4) / 1e3)
+
+
+def test_fit_link_recovers_alpha_and_busbw_from_exact_points() -> None:
+    alpha, busbw = 300.0, 0.5  # µs, GB/s
+    points = [{"kind": k, "payload_bytes": s, "time_us": alpha + s * f / (busbw * 1e3)}
+              for k, f in (("all_reduce", 1.5), ("all_gather", 0.75)) for s in (4096, 65536, 2 << 20)]  # fmt: skip
+    link = fit_link(points, world_size=4)
+    assert link.alpha_us == pytest.approx(alpha)
+    assert link.busbw_GBps == pytest.approx(busbw)
+    assert link.reduce_scatter_as_all_reduce and link.source.startswith("probed")
+
+
+def test_link_specs() -> None:
+    for name in ("auto", "gloo", *LINK_PRESETS, "alpha_us=5,busbw_GBps=40"):
+        assert validate_link_spec(name) == name
+    for bad in ("nvlink9", "alpha_us=5", "alpha_us=x,busbw_GBps=1", "alpha_us=1,busbw_GBps=0"):
+        with pytest.raises(LinkError):
+            validate_link_spec(bad)
+
+
+def test_bad_link_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from fsdpbench.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "scenarios/ci.yaml", "--out", str(tmp_path / "run"), "--link", "nvlink9"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --link 'nvlink9': expected one of auto, gloo, nvlink4") and "\n" not in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Path) -> None:
+    from fsdpbench.report.data import build_case_frame
+    from fsdpbench.report.tables import case_table
+    from fsdpbench.results import RunStore
+    from fsdpbench.runner import run_cases
+    from tests.helpers import tiny_case
+
+    store = RunStore(tmp_path / "run")
+    frame = run_cases([tiny_case(strategy="zero3", world_size=2)], [], store, {"env": {}}, link="auto")
+    assert set(frame["status"]) == {"ok"}
+    probe = store.run_dir / "comm_probe" / "gloo_n2.json"
+    assert probe.exists()  # cached in the run directory
+    for col in ("model_step_time_ms", "model_compute_ms", "model_comm_ms", "model_exposed_comm_ms",
+                "model_overlap_ratio", "case_model_step_time_ms"):  # fmt: skip
+        assert frame[col].notna().all() and (frame[col] >= 0).all(), col
+    assert (frame["model_step_time_ms"] >= frame["model_compute_ms"]).all()
+    assert frame["case_model_step_time_ms"].iloc[0] == pytest.approx(frame["model_step_time_ms"].max())
+    assert frame["model_method"].str.startswith("modelled:").all()
+    assert frame["model_link"].str.startswith("gloo (α=").all()
+    assert frame["model_link_source"].str.startswith("probed: gloo, 2 CPU processes").all()
+    # zero3 on decoder-tiny's 2 blocks + root: 3 all-gathers forward, 3 backward, 3 reduce-scatters
+    assert (frame["model_collectives"] == 9).all()
+    table = case_table(build_case_frame(frame))
+    assert "step time modelled" in table.columns and " ms on gloo" in table["step time modelled"].iloc[0]
