@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or its peak breakdown
@@ -80,14 +81,14 @@ def main(args: argparse.Namespace) -> int:
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None
         context = parse_bytes(args.context_allowance)
     except (KeyError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc.args[0] if exc.args else exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc.args[0] if exc.args else exc))}", highlight=False)
         return 2
     results = []
     for case in cases:
         try:
             results.append(_predict_one(args, case, device_memory, context))
         except (KeyError, ValueError, NotImplementedError, RuntimeError) as exc:
-            err.print(f"[red]error:[/] {case.strategy}: {exc}", highlight=False)
+            err.print(f"[red]error:[/] {escape(case.strategy)}: {escape(str(exc))}", highlight=False)
             return 2
     if args.json:
         print(json.dumps([r for res in results for r in res["json"]], indent=2))
