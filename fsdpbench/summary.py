@@ -32,7 +32,8 @@ def case_table(frame: pd.DataFrame) -> pd.DataFrame:
         rows.append({
             "case_id": case_id, "strategy": first["strategy"], "world_size": first["world_size"],
             "device": first["device"], "status": first.get("case_status"), "error": first.get("case_error"),
-            "step_time_ms": first.get("case_step_time_ms"),  # absent when every case was skipped "p10_ms": slowest.get("step_time_p10_ms"),
+            # .get: a run whose every case was skipped has no step-time columns
+            "step_time_ms": first.get("case_step_time_ms"), "p10_ms": slowest.get("step_time_p10_ms"),
             "p90_ms": slowest.get("step_time_p90_ms"), "steps": first.get("timed_steps"),
             "warmup": first.get("warmup_steps"), "peak_bytes": peak,
         })  # fmt: skip
