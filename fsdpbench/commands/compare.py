@@ -84,7 +84,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fsdpbench.commands.run import _validate_overrides, parse_overrides
+    from fsdpbench.commands.run import _validate_overrides, enable_plugin_imports, parse_overrides
     from fsdpbench.env import collect_env
     from fsdpbench.results import RunStore
     from fsdpbench.runner import default_run_dir, now_iso, run_cases
@@ -100,7 +100,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         overrides = parse_overrides(args.set)
         _validate_overrides(overrides, CaseFields)
-        scenario = parse_scenario(text, source="fsdpbench compare", overrides=overrides)
+        # a module:Class typed on this command line is the user's explicit act: allowed, cwd searched last
+        plugins = any(":" in s for s in args.strategies.split(","))
+        if plugins:
+            enable_plugin_imports()
+        scenario = parse_scenario(text, source="fsdpbench compare", overrides=overrides, allow_plugins=plugins or None)
     except ScenarioError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fsdpbench.scenario import ALLOW_PLUGINS_ENV, CPU_RANKS_PER_CORE, ScenarioError, load_scenario
+from fsdpbench.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -209,7 +209,6 @@ def enable_plugin_imports() -> None:
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.append(cwd)
-    os.environ[ALLOW_PLUGINS_ENV] = "1"
 
 
 def _validate_overrides(overrides: dict[str, Any], fields_model: Any) -> None:
