@@ -97,6 +97,14 @@ def test_rank_sigkill_mid_step_names_the_signal_and_phase_and_the_sweep_goes_on(
     assert meta["status"] == "complete"
 
 
+@pytest.mark.slow
+def test_out_of_memory_on_one_rank_is_recorded_as_oom(tmp_path: Path) -> None:
+    outcome = run(tiny_case(strategy=f"{PLUGINS}:OomOnRank1", world_size=2), tmp_path)
+    assert outcome.status == "oom"
+    assert outcome.error.startswith("rank 1 in setup: OutOfMemoryError: injected: CUDA out of memory"), outcome.error
+    assert_all_gone(outcome.pids)
+
+
 # ---- the user: Ctrl-C, SIGKILL of the orchestrator, a second run -------------------------------
 
 

@@ -81,3 +81,16 @@ class HangOnRank1InTimedSteps(DDP):
 
             model.register_forward_pre_hook(hook)
         return super().apply(model, ctx)
+
+
+class OomOnRank1(DDP):
+    """DDP, except rank 1 runs out of memory (torch.OutOfMemoryError, as a too-large CUDA allocation raises)."""
+
+    name = "oom_on_rank1"
+
+    def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
+        if ctx.rank == 1:
+            import torch
+
+            raise torch.OutOfMemoryError("injected: CUDA out of memory. Tried to allocate 80.00 GiB")
+        return super().apply(model, ctx)
