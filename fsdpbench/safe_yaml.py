@@ -8,6 +8,7 @@ an alias is one shared node, so the expanded size can be counted without expandi
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -15,6 +16,17 @@ import yaml
 MAX_FILE_BYTES = 1_000_000  # the largest study in scenarios/ is under 3 kB
 MAX_EXPANDED_NODES = 100_000  # nodes after alias expansion: a sweep of thousands of values fits
 MAX_DEPTH = 50
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-3`` as a number (YAML 1.2; YAML 1.1 makes it a string, which
+    strict validation would then refuse as 'not a number')."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 class YamlInputError(ValueError):
@@ -40,13 +52,13 @@ def load_yaml(text: str) -> Any:
     if len(text.encode("utf-8", "surrogatepass")) > MAX_FILE_BYTES:
         raise YamlInputError(f"text is longer than {MAX_FILE_BYTES:,} bytes")
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_Loader)
     except yaml.YAMLError as exc:
         raise YamlInputError(f"not valid YAML: {exc}".replace("\n", " ")) from None
     if node is None:
         return None
     _check_node(node, {}, path="", depth=0)
-    loader = yaml.SafeLoader("")
+    loader = _Loader("")
     try:
         return loader.construct_document(node)
     except yaml.YAMLError as exc:

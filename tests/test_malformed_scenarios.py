@@ -63,3 +63,13 @@ def test_oversized_file_is_refused_unread(tmp_path: Path, capsys: pytest.Capture
 def test_bad_override_is_one_line(capsys: pytest.CaptureFixture) -> None:
     assert run_cli("scenarios/ci.yaml", "--set", "world_size=true", "--dry-run") == 2
     assert capsys.readouterr().err == "error: --set world_size: Input should be a valid integer\n"
+
+
+def test_exponent_numbers_are_numbers_in_files_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ndefaults: {lr: 3e-4, device: cpu, backend: gloo}\nsweep: {strategy: [ddp]}\n")
+    assert run_cli(str(path), "--set", "timeout_s=1e2", "--dry-run") == 0
+    from fsdpbench.scenario import load_scenario
+
+    case = load_scenario(path).cases[0]
+    assert case.lr == 3e-4

@@ -12,11 +12,11 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from fsdpbench.safe_yaml import YamlInputError, load_yaml
 from fsdpbench.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
 
 
@@ -50,7 +50,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ScenarioError(f"--set {item!r}: expected FIELD=VALUE")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = load_yaml(value)
+        except YamlInputError as exc:
+            raise ScenarioError(f"--set {item!r}: {exc}") from None
     return out
 
 
