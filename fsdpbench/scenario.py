@@ -140,7 +140,7 @@ class ScenarioFile(BaseModel):
     def _directory_name(cls, value: str) -> str:
         # the run directory is reports/<name>/<timestamp>: a name must not climb out of reports/
         if not NAME_PATTERN.fullmatch(value):
-            raise ValueError(f"{value[:40]!r} is not a plain directory name "
+            raise ValueError("not a plain directory name "
                              "(letters, digits, '.', '_', '-'; first a letter or digit; at most 100)")
         return value
 
