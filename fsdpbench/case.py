@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,9 @@ BACKWARD_PREFETCH = ("pre", "post", "none")
 # The reference-interleaved blocks run after every other phase and record no loss, so switching them on
 # changes no other column: a baseline's case ids stay valid (fsdpbench.metrics.reference).
 _NOT_IN_ID = ("scenario", "timeout_s", "time_blocks", "time_block_steps")
+# a case id names a directory and files: only these characters, and never '/', '..' alone or a leading '.'
+_SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
+MAX_ID_CHARS = 200
 
 
 @dataclass(kw_only=True, slots=True)
@@ -67,8 +71,8 @@ class Case:
         # only fields that differ from the defaults: a new field (with a default) keeps old ids valid
         fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_ID and v != _DEFAULTS.get(k)}
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:6]
-        model = self.model + "".join(f"-{k}{v}" for k, v in sorted(self.model_args.items()))
-        parts = [self.strategy.replace(":", ".").replace("/", "."), f"n{self.world_size}", model]
+        model = self.model + "".join(f"-{safe_part(k)}{safe_part(str(v))}" for k, v in sorted(self.model_args.items()))
+        parts = [safe_part(self.strategy.replace(":", ".")), f"n{self.world_size}", safe_part(model, 120)]
         if self.shard_size:
             parts.append(f"s{self.shard_size}")
         parts += [self.wrap, f"pf{self.prefetch}", self.precision, f"b{self.batch_size}"]
@@ -79,7 +83,8 @@ class Case:
             parts.append(f"bwd-{self.backward_prefetch}")
         if self.forward_prefetch:
             parts.append("fwdpf")
-        return "_".join(parts) + "_" + digest
+        readable = "_".join(parts)[:MAX_ID_CHARS]
+        return readable + "_" + digest
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
@@ -100,6 +105,14 @@ class Case:
 
     def replace(self, **changes: Any) -> "Case":
         return dataclasses.replace(self, **changes)
+
+
+def safe_part(text: str, max_chars: int = 64) -> str:
+    """``text`` itself where it is made of the safe alphabet (so ids of plain cases never change),
+    else a short hash of it: a value cannot put '/', '..' or markup into a path."""
+    if _SAFE_PART.fullmatch(text) and len(text) <= max_chars and ".." not in text:
+        return text
+    return "h" + hashlib.sha1(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
 
 
 def _plain(value: Any) -> Any:

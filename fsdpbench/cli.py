@@ -45,11 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import os
-
-    # like `python -m`: a plugin strategy given as module:Class may live in the current directory
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    # the current directory is not put on sys.path: a scenario's plugin (module:Class) is imported only
+    # with `run --allow-plugins`, which then searches the current directory last (README: "What a
+    # scenario file can make happen")
     args = build_parser().parse_args(argv)
     try:
         code = args._main(args)

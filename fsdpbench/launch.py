@@ -10,18 +10,28 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import os
 import shutil
 import signal
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fsdpbench.case import Case
+from fsdpbench.lifeline import ORCHESTRATOR_PID_ENV, pid_alive
 
-_PRELOAD = ["torch", "torch._dynamo", "torch.distributed.fsdp", "fsdpbench.worker"]
+# the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
+_PRELOAD = ["fsdpbench._forkserver_lifeline", "torch", "torch._dynamo", "torch.distributed.fsdp", "fsdpbench.worker"]
+_POLL_S = 0.05
+_LIVE_RANK_WAIT_S = 10.0
 _preload_set = False
+
+
+class CaseDirInUse(RuntimeError):
+    """A case directory still has live rank processes (of another, or a killed, run): never deleted."""
 
 
 @dataclass(kw_only=True)
@@ -30,6 +40,7 @@ class CaseOutcome:
 
     status: str  # ok | failed | timeout | oom | skipped (this machine lacks the case's devices: nothing started)
     error: str = ""
+    exit_codes: dict[int, int | None] = field(default_factory=dict)  # per rank; negative: killed by that signal
     ranks: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     spawn_s: float = 0.0  # from launch to the last rank's process group being ready
@@ -60,46 +71,115 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
         logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
         _preload_set = True
 
-    if case_dir.exists():
-        shutil.rmtree(case_dir)
-    case_dir.mkdir(parents=True)
+    _clear_case_dir(case_dir)
     n, port = case.world_size, free_port()
     envs = {
         r: {
             "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "TORCHELASTIC_RUN_ID": case.case_id,
+            "TORCHELASTIC_RUN_ID": case.case_id, ORCHESTRATOR_PID_ENV: str(os.getpid()),
         }
         for r in range(n)
     }  # fmt: skip
     args = {r: (case.to_json(), str(case_dir)) for r in range(n)}
     t0 = time.perf_counter()
-    pc = start_processes(
-        name=case.case_id, entrypoint=rank_entry, args=args, envs=envs,
-        logs_specs=DefaultLogsSpecs(log_dir=str(case_dir / "elastic")), start_method="forkserver",
-    )  # fmt: skip
-    result = None
-    pids = sorted(pc.pids().values())
+    handlers = _signal_handlers()
     try:
-        result = pc.wait(timeout=case.timeout_s, period=0.05)
+        pc = start_processes(
+            name=case.case_id, entrypoint=rank_entry, args=args, envs=envs,
+            logs_specs=DefaultLogsSpecs(log_dir=str(case_dir / "elastic")), start_method="forkserver",
+        )  # fmt: skip
     finally:
-        if result is None:
+        _restore_signal_handlers(handlers)  # Ctrl-C stays a KeyboardInterrupt that the sweep handles
+    pids = sorted(pc.pids().values())
+    result, own_exits = None, {}
+    try:
+        result, own_exits = _wait(pc, case.timeout_s)
+    except _signal_exception() as exc:  # a signal in the instant before the handlers were restored
+        raise KeyboardInterrupt(str(exc)) from None
+    finally:
+        if result is None:  # timeout or interrupt: stop the ranks now
             pc.close(timeout=5)
     wall = time.perf_counter() - t0
     exitcodes = _exitcodes(pc)
 
     ranks = [_read_rank(case_dir, r) for r in range(n)]
+    for r, rank in enumerate(ranks):
+        rank["exit_code"] = exitcodes.get(r)
     if result is None:
         status = "timeout"
         error = f"timed out after {case.timeout_s:g} s; " + _phase_summary(ranks)
     elif result.is_failed():
-        status, error = _failure(ranks, result, exitcodes)
+        self_exited = {**own_exits, **{r: f.exitcode for r, f in result.failures.items()}}
+        status, error = _failure(ranks, self_exited, exitcodes)
     else:
         status, error = "ok", ""
     for rank in ranks:
         if rank.get("status") in (None, "running"):
             rank["status"] = status
-    return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks), pids=pids)
+    return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks), pids=pids,
+                       exit_codes=exitcodes)  # fmt: skip
+
+
+def _wait(pc: Any, timeout_s: float) -> tuple[Any, dict[int, int]]:
+    """Poll the ranks until all finish, one fails, or the timeout; also return the exit codes seen
+    before the launcher closed anything: those ranks ended on their own, whatever the signal."""
+    procs = getattr(getattr(pc, "_pc", None), "processes", None) or []
+    own_exits: dict[int, int] = {}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for r, proc in enumerate(procs):
+            if r not in own_exits and proc.exitcode is not None:
+                own_exits[r] = proc.exitcode
+        result = pc.wait(timeout=0)  # on a failure, this closes (SIGTERMs) the other ranks
+        if result is not None or time.monotonic() >= deadline:
+            return result, own_exits
+        time.sleep(_POLL_S)
+
+
+def _signal_handlers() -> dict[int, Any]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+
+
+def _restore_signal_handlers(handlers: dict[int, Any]) -> None:
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _signal_exception() -> type[BaseException]:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return SignalException
+
+
+def _clear_case_dir(case_dir: Path) -> None:
+    """An empty case directory; what an earlier attempt left is deleted, unless a rank of it lives."""
+    if case_dir.is_symlink():
+        raise CaseDirInUse(f"{case_dir} is a symbolic link; refusing to delete through it")
+    if case_dir.exists():
+        live = _live_rank_pids(case_dir)
+        deadline = time.monotonic() + _LIVE_RANK_WAIT_S
+        while live and time.monotonic() < deadline:  # ranks of a killed orchestrator die within moments
+            time.sleep(0.2)
+            live = _live_rank_pids(case_dir)
+        if live:
+            raise CaseDirInUse(f"{case_dir} is in use by live rank process(es) {live}; not deleted")
+        shutil.rmtree(case_dir)
+    case_dir.mkdir(parents=True)
+
+
+def _live_rank_pids(case_dir: Path) -> list[int]:
+    pids = []
+    for path in case_dir.glob("rank*.json"):
+        try:
+            pid = int(json.loads(path.read_text()).get("pid") or 0)
+        except (OSError, ValueError, AttributeError):
+            continue
+        if pid > 0 and pid != os.getpid() and pid_alive(pid):
+            pids.append(pid)
+    return sorted(pids)
 
 
 def collect_case(case: Case, case_dir: Path) -> CaseOutcome:
@@ -136,15 +216,16 @@ def _exitcodes(pc: Any) -> dict[int, int | None]:
     return {i: p.exitcode for i, p in enumerate(procs)}
 
 
-def _failure(ranks: list[dict[str, Any]], result: Any, exitcodes: dict[int, int | None]) -> tuple[str, str]:
-    """Name the root cause: a rank that died without a Python error (signal, os._exit, OOM killer),
-    else the rank whose error came first (the others usually fail because it left)."""
-    killed_by_launcher = (-signal.SIGTERM, -signal.SIGKILL)
-    codes = {**{r: f.exitcode for r, f in result.failures.items()}, **exitcodes}
+def _failure(
+    ranks: list[dict[str, Any]], self_exited: dict[int, int | None], exitcodes: dict[int, int | None]
+) -> tuple[str, str]:
+    """Name the root cause: a rank that died on its own without a Python error (a signal, os._exit,
+    the OOM killer), else the rank whose error came first (the others usually fail because it left).
+    A rank the launcher stopped after the first failure (SIGTERM, then SIGKILL) is never the cause."""
     silent = [
-        f"rank {r} died in phase {ranks[r].get('phase')} (exit {code}) without a Python exception"
-        for r, code in sorted(codes.items())
-        if ranks[r].get("status") in (None, "running") and code not in (0, None, *killed_by_launcher)
+        f"rank {r} {_exit_text(code)} in phase {ranks[r].get('phase')} without a Python exception"
+        for r, code in sorted(self_exited.items())
+        if ranks[r].get("status") in (None, "running") and code not in (0, None)
     ]
     failed = sorted((r for r in ranks if r.get("status") in ("failed", "oom")), key=lambda r: r.get("failed_at", 0))
     recorded = [f"rank {r['rank']} in {r.get('phase')}: {r['error']}" for r in failed]
@@ -153,8 +234,20 @@ def _failure(ranks: list[dict[str, Any]], result: Any, exitcodes: dict[int, int 
     if failed:
         others = f" (then {len(failed) - 1} more rank(s) failed)" if len(failed) > 1 else ""
         return failed[0]["status"], recorded[0] + others
-    text = ", ".join(f"rank {r}: exit {c}" for r, c in sorted(codes.items()))
+    text = ", ".join(f"rank {r}: {_exit_text(c)}" for r, c in sorted(exitcodes.items()))
     return "failed", f"rank process died ({text}); " + _phase_summary(ranks)
+
+
+def _exit_text(code: int | None) -> str:
+    """'exit 9', or for a negative code the signal: 'killed by SIGKILL (signal 9)'."""
+    if code is None or code >= 0:
+        return f"exit {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = "signal"
+    hint = " (an external kill or the kernel's OOM killer)" if -code == signal.SIGKILL else ""
+    return f"killed by {name} (signal {-code}){hint}"
 
 
 def _spawn_s(ranks: list[dict[str, Any]]) -> float:

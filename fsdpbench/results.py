@@ -22,6 +22,7 @@ import pandas as pd
 from fsdpbench.case import Case
 from fsdpbench.metrics.reference import block_ratios, ratio_series
 from fsdpbench.metrics.tracker import CATEGORIES
+from fsdpbench.rundir import RunLock, check_component, check_inside
 
 # the columns every results table has, in order (measurements follow)
 CORE_COLUMNS = [
@@ -32,9 +33,7 @@ CORE_COLUMNS = [
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    _atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
@@ -42,9 +41,19 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    _atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
+
+
+def _atomic_write(path: Path, write: Any) -> None:
+    """Write a temporary file beside ``path``, then rename it over; on any failure (a full disk)
+    the temporary file is removed and the old ``path`` is left as it was."""
     tmp = path.with_name(f".{path.name}.tmp")
-    frame.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def case_columns(case: Case) -> dict[str, Any]:
@@ -66,7 +75,7 @@ def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
         for k in (
             "rank", "status", "error", "phase", "params", "n_units", "threads", "init_pg_s", "setup_s", "wall_s",
             "step_time_ms", "step_time_p10_ms", "step_time_p90_ms", "step_time_mean_ms", "step_time_std_ms",
-            "first_step_ms", "steps_wall_s",
+            "first_step_ms", "steps_wall_s", "exit_code",
         )
     }  # fmt: skip
     row["step_times_ms"] = rank.get("step_times_ms") or []
@@ -171,13 +180,20 @@ class RunStore:
 
     def create(self) -> None:
         self.cases_dir.mkdir(parents=True, exist_ok=True)
+        check_inside(self.cases_dir, self.run_dir)
+
+    def lock(self) -> RunLock:
+        """The run directory's lock (``with store.lock():``): one run at a time per directory."""
+        return RunLock(self.run_dir)
 
     def case_dir(self, case_id: str) -> Path:
-        return self.cases_dir / case_id
+        """Where a case's ranks write; checked to be one safe name inside cases/."""
+        return check_inside(self.cases_dir / check_component(case_id), self.cases_dir)
 
     def write_case(self, case_id: str, rows: pd.DataFrame) -> None:
         """Store one case's rows, then refresh results.parquet (both atomically)."""
-        atomic_write_parquet(self.cases_dir / f"{case_id}.parquet", rows)
+        path = check_inside(self.cases_dir / f"{check_component(case_id)}.parquet", self.cases_dir)
+        atomic_write_parquet(path, rows)
         self.consolidate()
 
     def merge_timelines(self, case_id: str) -> None:

@@ -10,8 +10,9 @@ from typing import Any, Callable
 import pandas as pd
 
 from fsdpbench.case import Case
-from fsdpbench.launch import CaseOutcome, collect_case, launch_case
+from fsdpbench.launch import CaseDirInUse, CaseOutcome, collect_case, launch_case
 from fsdpbench.results import RunStore, build_rows, skipped_rows
+from fsdpbench.rundir import check_component, check_inside
 from fsdpbench.scenario import Skipped
 
 
@@ -20,8 +21,9 @@ def now_iso() -> str:
 
 
 def default_run_dir(scenario: str, root: str | Path = "reports") -> Path:
+    """reports/<scenario>/<timestamp>; the name is one safe component, so it stays under ``root``."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return Path(root) / scenario / stamp
+    return check_inside(Path(root) / check_component(scenario) / stamp, Path(root))
 
 
 def latest_run_dir(scenario: str, root: str | Path = "reports") -> Path | None:
@@ -62,6 +64,16 @@ def run_cases(
     ``link`` (a --link value), each finished case gets its modelled step time on that link
     (``model_*`` columns; metrics/step_model.py)."""
     store.create()
+    with store.lock():  # refuses (RunDirError) while another run uses this directory
+        return _run_locked(cases, skipped, store, meta, resume=resume, collect=collect, on_start=on_start,
+                           on_done=on_done, traced=traced)  # fmt: skip
+
+
+def _run_locked(
+    cases: list[Case], skipped: list[Skipped], store: RunStore, meta: dict[str, Any], *, resume: bool,
+    collect: bool, on_start: Callable[[Case, int], None] | None,
+    on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None, traced: bool,
+) -> pd.DataFrame:
     tracer = TracedPredictor() if traced else None
     meta["predictions"] = ["analytic", "traced"] if traced else ["analytic"]
     if link:
@@ -82,7 +94,12 @@ def run_cases(
             if collect:
                 outcome = collect_case(case, store.case_dir(case.case_id))
             else:
-                outcome = launch_case(case, store.case_dir(case.case_id))
+                try:
+                    outcome = launch_case(case, store.case_dir(case.case_id))
+                except CaseDirInUse as exc:  # not run and not stored: a later --resume runs it
+                    print(f"warning: {case.case_id} not run: {exc}", file=sys.stderr)
+                    meta["cases"][case.case_id] = {"status": "not run", "error": str(exc)}
+                    continue
             if outcome.status == "skipped":
                 rows = skipped_rows(case, outcome.error, env)
             else:
@@ -101,11 +118,20 @@ def run_cases(
     except KeyboardInterrupt:
         meta["status"] = "interrupted"
         raise
+    except OSError as exc:  # a full disk, an unwritable directory: stored cases stay, resume works
+        meta["status"] = f"failed: {exc.strerror or exc}"
+        raise
     finally:
+        failing = sys.exc_info()[0] is not None
         if tracer is not None:
             tracer.close()
         meta["ended"] = now_iso()
-        store.write_run_json(meta)
+        try:
+            store.write_run_json(meta)
+        except OSError:
+            if not failing:
+                raise
+            # already failing (the disk that failed above): run.json keeps its last good state
     return store.consolidate()
 
 

@@ -20,17 +20,40 @@ Every error names the file, the field and the allowed values; nothing runs on a 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import itertools
+import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fsdpbench.case import BACKWARD_PREFETCH, OPTIMIZERS, PRECISIONS, WRAPS, Case
+from fsdpbench.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
+
+# sanity limits: far beyond any real study, small enough that a typo cannot start a runaway
+MAX_WORLD_SIZE = 4096
+MAX_CASES = 10_000
+MAX_TEXT = 200  # one name or value (model, strategy, class names)
+MAX_DESCRIPTION = 10_000
+PLUGIN_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a directory name under reports/
+# more CPU ranks than this per core are refused unless the run allows oversubscription
+CPU_RANKS_PER_CORE = 4
+ALLOW_PLUGINS_ENV = "FSDPBENCH_ALLOW_PLUGINS"
+
+# strict: a bool is not an int ('world_size: true'), a string is not a number ('steps: "5"')
+Count = Annotated[int, Field(strict=True, gt=0)]
+Steps = Annotated[int, Field(strict=True, ge=0, le=1_000_000)]
+Seconds = Annotated[float, Field(strict=True, gt=0, le=7 * 24 * 3600)]
+Flag = Annotated[bool, Field(strict=True)]
+Text = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_TEXT)]
+ArgValue = bool | int | float | Annotated[str, Field(max_length=MAX_TEXT)] | None
 
 
 class CaseFields(BaseModel):
@@ -38,39 +61,39 @@ class CaseFields(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: str | None = None
-    model_args: dict[str, Any] | None = None
-    strategy: str | None = None
-    strategy_args: dict[str, Any] | None = None
-    world_size: PositiveInt | None = None
-    shard_size: PositiveInt | None = None
+    model: Text | None = None
+    model_args: dict[Text, ArgValue] | None = None
+    strategy: Text | None = None
+    strategy_args: dict[Text, ArgValue] | None = None
+    world_size: Annotated[int, Field(strict=True, gt=0, le=MAX_WORLD_SIZE)] | None = None
+    shard_size: Annotated[int, Field(strict=True, gt=0, le=MAX_WORLD_SIZE)] | None = None
     wrap: Literal[WRAPS] | None = None  # type: ignore[valid-type]
-    wrap_min_params: PositiveInt | None = None
-    wrap_classes: list[str] | None = None
-    prefetch: int | None = Field(default=None, ge=0)
+    wrap_min_params: Count | None = None
+    wrap_classes: list[Text] | None = None
+    prefetch: Annotated[int, Field(strict=True, ge=0, le=64)] | None = None
     precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
     optimizer: Literal[OPTIMIZERS] | None = None  # type: ignore[valid-type]
-    lr: PositiveFloat | None = None
-    batch_size: PositiveInt | None = None
-    seq_len: PositiveInt | None = None
-    warmup_steps: int | None = Field(default=None, ge=0)
-    steps: PositiveInt | None = None
-    memory_steps: int | None = Field(default=None, ge=0)
-    profile_steps: int | None = Field(default=None, ge=0)
-    seed: int | None = None
+    lr: Annotated[float, Field(strict=True, gt=0, le=1e3)] | None = None
+    batch_size: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
+    seq_len: Annotated[int, Field(strict=True, gt=0, le=10_000_000)] | None = None
+    warmup_steps: Steps | None = None
+    steps: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
+    memory_steps: Steps | None = None
+    profile_steps: Steps | None = None
+    seed: Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)] | None = None
     backend: Literal["auto", "gloo", "nccl"] | None = None
     device: Literal["auto", "cpu", "cuda"] | None = None
-    timeout_s: PositiveFloat | None = None
-    activation_checkpointing: bool | None = None
-    compile: bool | None = None
-    cpu_offload: bool | None = None
+    timeout_s: Seconds | None = None
+    activation_checkpointing: Flag | None = None
+    compile: Flag | None = None
+    cpu_offload: Flag | None = None
     backward_prefetch: Literal[BACKWARD_PREFETCH] | None = None  # type: ignore[valid-type]
-    forward_prefetch: bool | None = None
-    limit_all_gathers: bool | None = None
-    nvml_interval_s: PositiveFloat | None = None
-    bare_steps: int | None = Field(default=None, ge=0)
-    time_blocks: int | None = Field(default=None, ge=0)
-    time_block_steps: PositiveInt | None = None
+    forward_prefetch: Flag | None = None
+    limit_all_gathers: Flag | None = None
+    nvml_interval_s: Annotated[float, Field(strict=True, ge=0.001, le=60)] | None = None
+    bare_steps: Steps | None = None
+    time_blocks: Steps | None = None
+    time_block_steps: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
 
     @field_validator("model")
     @classmethod
@@ -86,7 +109,11 @@ class CaseFields(BaseModel):
     def _known_strategy(cls, value: str | None) -> str | None:
         from fsdpbench.strategies import strategy_names
 
-        if value is not None and ":" not in value and value not in strategy_names():
+        if value is None or value in strategy_names():
+            return value
+        if ":" in value and not PLUGIN_PATTERN.fullmatch(value):
+            raise ValueError(f"plugin strategy {value!r} is not package.module:ClassName (absolute, no '/')")
+        if ":" not in value:
             raise ValueError(
                 f"unknown strategy {value!r}; allowed: {', '.join(strategy_names())}, or module:Class"
             )
@@ -102,13 +129,22 @@ class ScenarioFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    description: str = ""
+    name: Annotated[str, Field(strict=True)]
+    description: Annotated[str, Field(strict=True, max_length=MAX_DESCRIPTION)] = ""
     defaults: CaseFields = CaseFields()
-    sweep: dict[str, Any] = {}
+    sweep: dict[Text, Any] = {}
     cases: list[CaseFields] = []
-    exclude: list[dict[str, Any]] = []
-    traced: bool = False  # also run the traced memory predictor for every case (as `run --traced`)
+    exclude: list[dict[Text, Any]] = []
+    traced: Flag = False  # also run the traced memory predictor for every case (as `run --traced`)
+
+    @field_validator("name")
+    @classmethod
+    def _directory_name(cls, value: str) -> str:
+        # the run directory is reports/<name>/<timestamp>: a name must not climb out of reports/
+        if not NAME_PATTERN.fullmatch(value):
+            raise ValueError("not a plain directory name "
+                             "(letters, digits, '.', '_', '-'; first a letter or digit; at most 100)")
+        return value
 
 
 @dataclass(kw_only=True)
@@ -134,23 +170,42 @@ class ScenarioError(ValueError):
     """A scenario file is malformed; the message names the file and field."""
 
 
-def load_scenario(path: str | Path, *, overrides: dict[str, Any] | None = None) -> Scenario:
+def load_scenario(
+    path: str | Path, *, overrides: dict[str, Any] | None = None, allow_plugins: bool | None = None,
+    allow_oversubscribe: bool = False,
+) -> Scenario:
     """Read, validate and expand a scenario file; raise ScenarioError naming the field on bad input."""
     path = Path(path)
     try:
-        text = path.read_text()
+        with open(path, "rb") as f:
+            data = f.read(_MAX_READ)
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
-    return parse_scenario(text, source=str(path), path=path, overrides=overrides)
+    try:
+        text = decode_text(data)
+    except YamlInputError as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+    return parse_scenario(text, source=str(path), path=path, overrides=overrides, allow_plugins=allow_plugins,
+                          allow_oversubscribe=allow_oversubscribe)  # fmt: skip
+
+
+def plugins_allowed(allow_plugins: bool | None = None) -> bool:
+    """Whether a scenario may name a ``module:Class`` strategy (importing it runs its code)."""
+    if allow_plugins is not None:
+        return allow_plugins
+    return os.environ.get(ALLOW_PLUGINS_ENV, "") == "1"
 
 
 def parse_scenario(
-    text: str, *, source: str = "<scenario>", path: Path | None = None, overrides: dict[str, Any] | None = None
+    text: str, *, source: str = "<scenario>", path: Path | None = None, overrides: dict[str, Any] | None = None,
+    allow_plugins: bool | None = None, allow_oversubscribe: bool = True,
 ) -> Scenario:
+    """Validate and expand scenario text. Nothing is imported or run: a plugin strategy is refused
+    unless allowed (``--allow-plugins`` or FSDPBENCH_ALLOW_PLUGINS=1)."""
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError(f"{source}: not valid YAML: {exc}".replace("\n", " ")) from None
+        raw = load_yaml(text)
+    except YamlInputError as exc:
+        raise ScenarioError(f"{source}: {exc.field + ': ' if exc.field else ''}{exc}") from None
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: a scenario is a mapping with at least 'name' and 'sweep'")
     try:
@@ -158,23 +213,55 @@ def parse_scenario(
     except ValidationError as exc:
         raise ScenarioError(_format_validation(source, exc)) from None
     _check_sweep(source, spec)
-    cases, skipped = expand(spec, source=source, overrides=overrides or {})
+    cases, skipped = expand(spec, source=source, overrides=overrides or {}, allow_plugins=plugins_allowed(allow_plugins))
+    if not allow_oversubscribe:
+        check_oversubscription(cases, source)
     return Scenario(
         name=spec.name, description=spec.description, path=path, text=text, cases=cases, skipped=skipped,
         traced=spec.traced,
     )
 
 
+def check_oversubscription(cases: list[Case], source: str) -> None:
+    """CPU ranks are processes on this machine: refuse far more of them than it has cores."""
+    cores = os.cpu_count() or 1
+    limit = CPU_RANKS_PER_CORE * cores
+    for case in cases:
+        if case.device == "cpu" and case.world_size > limit:
+            raise ScenarioError(
+                f"{source}: world_size: {case.world_size} CPU ranks on {cores} cores (limit {limit}, "
+                f"{CPU_RANKS_PER_CORE} per core); pass --allow-oversubscribe to run it anyway"
+            )
+
+
+_MAX_READ = 1_000_001  # one byte past the limit, so an oversized file is reported, not truncated
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+
+
 def _format_validation(source: str, exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
+    # an unknown field explains a missing one ('nmae:' → name missing): report it first
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
+    loc = _loc(err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         parent = err["loc"][0] if len(err["loc"]) > 1 else None
         allowed = CASE_FIELDS if parent in ("defaults", "cases", "sweep") else tuple(ScenarioFile.model_fields)
-        msg = f"unknown field; allowed: {', '.join(allowed)}"
-    more = f" (and {len(exc.errors()) - 1} more)" if len(exc.errors()) > 1 else ""
+        close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
+        msg = (f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; "
+               f"allowed: {', '.join(allowed)}")  # fmt: skip
+    elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], (dict, list)):
+        msg += f" (got {_short(err['input'])})"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {loc}: {msg}{more}"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_sweep(source: str, spec: ScenarioFile) -> None:
@@ -189,19 +276,28 @@ def _check_sweep(source: str, spec: ScenarioFile) -> None:
         if not values:
             raise ScenarioError(f"{source}: sweep.{key}: empty list; give at least one value")
         if key.startswith(_ARG_AXES):
+            for i, item in enumerate(values):
+                try:
+                    CaseFields.model_validate({key.partition(".")[0]: {key.partition(".")[2]: item}})
+                except ValidationError as exc:
+                    msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                    raise ScenarioError(f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)})") from None
             continue
         for i, item in enumerate(values):
             try:
                 CaseFields.model_validate({key: item})
             except ValidationError as exc:
                 msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                raise ScenarioError(f"{source}: sweep.{key}[{i}]: {msg} (got {item!r})") from None
+                raise ScenarioError(f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)})") from None
     for i, rule in enumerate(spec.exclude):
         bad = [k for k in rule if k not in CASE_FIELDS and not k.startswith(_ARG_AXES)]
         if bad:
             raise ScenarioError(f"{source}: exclude[{i}].{bad[0]}: unknown field; allowed: {', '.join(CASE_FIELDS)}")
     if not spec.sweep and not spec.cases:
         raise ScenarioError(f"{source}: sweep: empty; give at least one axis (e.g. strategy: [ddp, zero3]) or 'cases'")
+    n_points = math.prod(len(_axis_values(k, v)) for k, v in spec.sweep.items()) + len(spec.cases)
+    if n_points > MAX_CASES:
+        raise ScenarioError(f"{source}: sweep: expands to {n_points:,} cases; the limit is {MAX_CASES:,}")
 
 
 def _axis_values(key: str, value: Any) -> list[Any]:
@@ -239,7 +335,9 @@ def _matches(rule: dict[str, Any], fields: dict[str, Any]) -> bool:
     return True
 
 
-def expand(spec: ScenarioFile, *, source: str, overrides: dict[str, Any]) -> tuple[list[Case], list[Skipped]]:
+def expand(
+    spec: ScenarioFile, *, source: str, overrides: dict[str, Any], allow_plugins: bool = False
+) -> tuple[list[Case], list[Skipped]]:
     """The sweep's product plus extra cases, checked; impossible ones are Skipped with their reason."""
     base = _combine(spec.defaults.model_dump(exclude_none=True), {})
     axes = _axes(spec)
@@ -254,7 +352,7 @@ def expand(spec: ScenarioFile, *, source: str, overrides: dict[str, Any]) -> tup
         fields["scenario"] = spec.name
         if any(_matches(rule, fields) for rule in spec.exclude):
             continue
-        case, reason = build_case(fields, source=source)
+        case, reason = build_case(fields, source=source, allow_plugins=allow_plugins)
         if reason:
             skipped.append(Skipped(case=case, reason=reason))
             continue
@@ -265,19 +363,29 @@ def expand(spec: ScenarioFile, *, source: str, overrides: dict[str, Any]) -> tup
     return cases, skipped
 
 
-def build_case(fields: dict[str, Any], *, source: str = "<scenario>") -> tuple[Case, str | None]:
+def build_case(
+    fields: dict[str, Any], *, source: str = "<scenario>", allow_plugins: bool = True
+) -> tuple[Case, str | None]:
     """A normalised Case from merged fields, and why it cannot run (or None)."""
-    from fsdpbench.models import resolve_model
+    from fsdpbench.models import check_model_args
     from fsdpbench.strategies import get_strategy
 
     fields = dict(fields)
     if "wrap_classes" in fields:
         fields["wrap_classes"] = tuple(fields["wrap_classes"])
+    name = fields.get("strategy", _DEFAULT.strategy)
+    if ":" in name and not allow_plugins:
+        raise ScenarioError(
+            f"{source}: strategy: {name!r} is a plugin; loading it imports and runs that module's code. "
+            f"Allow it with --allow-plugins (or {ALLOW_PLUGINS_ENV}=1)"
+        )
     try:
-        strategy = get_strategy(fields.get("strategy", _DEFAULT.strategy))
-        resolve_model(fields.get("model", _DEFAULT.model), fields.get("model_args"))
+        strategy = get_strategy(name)
     except KeyError as exc:
-        raise ScenarioError(f"{source}: {'model_args' if 'argument' in exc.args[0] else 'strategy'}: {exc.args[0]}") from None
+        raise ScenarioError(f"{source}: strategy: {exc.args[0]}") from None
+    problem = check_model_args(fields.get("model", _DEFAULT.model), fields.get("model_args") or {})
+    if problem:
+        raise ScenarioError(f"{source}: model_args: {problem}")
     device, backend = resolve_backend(fields.get("device", "auto"), fields.get("backend", "auto"))
     fields["device"], fields["backend"] = device, backend
     case = Case(**{k: v for k, v in fields.items() if k in {f.name for f in dataclasses.fields(Case)}})

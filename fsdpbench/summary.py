@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 
 def fmt_bytes(n: float | None) -> str:
@@ -30,8 +31,9 @@ def case_table(frame: pd.DataFrame) -> pd.DataFrame:
         peak = g["mem_tracker_peak_bytes"].max() if "mem_tracker_peak_bytes" in g else None
         rows.append({
             "case_id": case_id, "strategy": first["strategy"], "world_size": first["world_size"],
-            "device": first["device"], "status": first["case_status"], "error": first["case_error"],
-            "step_time_ms": first["case_step_time_ms"], "p10_ms": slowest.get("step_time_p10_ms"),
+            "device": first["device"], "status": first.get("case_status"), "error": first.get("case_error"),
+            # .get: a run whose every case was skipped has no step-time columns
+            "step_time_ms": first.get("case_step_time_ms"), "p10_ms": slowest.get("step_time_p10_ms"),
             "p90_ms": slowest.get("step_time_p90_ms"), "steps": first.get("timed_steps"),
             "warmup": first.get("warmup_steps"), "peak_bytes": peak,
         })  # fmt: skip
@@ -57,9 +59,9 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
         ms = row.step_time_ms
         status = row.status if row.status == "ok" else f"{row.status}: {str(row.error)[:60]}"
         spread = f" ({row.p10_ms:.0f}–{row.p90_ms:.0f})" if _ok(row.p10_ms) and _ok(row.p90_ms) else ""
-        table.add_row(
-            row.case_id, row.strategy, f"{row.world_size} {row.device}",
+        table.add_row(  # Text: an error message is never read as markup
+            Text(str(row.case_id)), Text(str(row.strategy)), f"{row.world_size} {row.device}",
             f"{ms:.1f} ms{spread}" if _ok(ms) else "—", fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
-            status,
+            Text(str(status)),
         )  # fmt: skip
     console.print(table)

@@ -168,6 +168,7 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
 
     # ---- phase 1: timed steps, no instrument; with bare_steps, in blocks interleaved with a bare
     # loop of the same steps, before any instrument has run, so both see the same machine state ----
+    rec.update(phase="timed")  # before the barrier: the file write is not timed
     dist.barrier()
     reset_cuda_peaks(device)
     step_times_ms: list[float] = []
@@ -254,6 +255,10 @@ def _time_stats(times_ms: list[float]) -> dict[str, float]:
 
 def rank_entry(case_json: str, out_dir: str) -> None:
     """Entry point for launch.py: stdout/stderr go to the case directory, results to rank{R}.json."""
+    from fsdpbench.lifeline import die_with_parent, watch_orchestrator
+
+    die_with_parent()  # the fork server is the parent; it dies with the orchestrator
+    watch_orchestrator()
     rank = int(os.environ["RANK"])
     log = open(Path(out_dir) / f"rank{rank}.log", "w")  # noqa: SIM115 — lives as long as the process
     os.dup2(log.fileno(), 1)

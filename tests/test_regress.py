@@ -286,7 +286,8 @@ sweep:
 def run_scenario(tmp: Path, name: str, strategies: list[str]) -> Path:
     (tmp / f"{name}.yaml").write_text(SCENARIO.format(strategies=json.dumps(strategies)))
     out = tmp / name
-    args = build_parser().parse_args(["run", str(tmp / f"{name}.yaml"), "--out", str(out), "--no-report"])
+    args = build_parser().parse_args(["run", str(tmp / f"{name}.yaml"), "--out", str(out), "--no-report",
+                                      "--allow-plugins"])
     assert args._main(args) == 0
     return out
 

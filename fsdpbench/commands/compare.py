@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 DEFAULT_STRATEGIES = "ddp,zero2,zero3"
@@ -87,7 +88,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 def main(args: argparse.Namespace) -> int:
     from fsdpbench.comm_model import LinkError
-    from fsdpbench.commands.run import _validate_overrides, link_spec, parse_overrides
+    from fsdpbench.commands.run import _validate_overrides, enable_plugin_imports, link_spec, parse_overrides
     from fsdpbench.env import collect_env
     from fsdpbench.results import RunStore
     from fsdpbench.runner import default_run_dir, now_iso, run_cases
@@ -101,15 +102,19 @@ def main(args: argparse.Namespace) -> int:
     except LinkError as exc:
         problem = problem or str(exc)
     if problem:
-        err.print(f"[red]error:[/] {problem}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(problem))}", highlight=False)
         return 2
     text = build_scenario_text(args)
     try:
         overrides = parse_overrides(args.set)
         _validate_overrides(overrides, CaseFields)
-        scenario = parse_scenario(text, source="fsdpbench compare", overrides=overrides)
+        # a module:Class typed on this command line is the user's explicit act: allowed, cwd searched last
+        plugins = any(":" in s for s in args.strategies.split(","))
+        if plugins:
+            enable_plugin_imports()
+        scenario = parse_scenario(text, source="fsdpbench compare", overrides=overrides, allow_plugins=plugins or None)
     except ScenarioError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
 
     run_dir = Path(args.out) if args.out else default_run_dir("compare")
@@ -120,20 +125,20 @@ def main(args: argparse.Namespace) -> int:
         "command": " ".join(shlex.quote(a) for a in sys.argv), "env": collect_env(), "started": now_iso(),
         "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
     }  # fmt: skip
-    err.print(f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped → {run_dir}",
+    err.print(f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped → {escape(str(run_dir))}",
               highlight=False)
     for s in scenario.skipped:
-        err.print(f"  skipped {s.case.case_id}: {s.reason}", style="yellow", highlight=False)
+        err.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
 
     def on_done(case: Any, outcome: Any, rows: Any) -> None:
         ms = rows["case_step_time_ms"].iloc[0] if "case_step_time_ms" in rows else None
         err.print(f"  {outcome.status:7} {case.case_id}" + (f"  {ms:.1f} ms/step" if ms == ms and ms else "")
-                  + (f"  — {outcome.error.splitlines()[0][:160]}" if outcome.error else ""), highlight=False)
+                  + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else ""), highlight=False)
 
     try:
         run_cases(scenario.cases, scenario.skipped, store, meta, on_done=on_done, traced=args.traced, link=link)
     except KeyboardInterrupt:
-        err.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}")
+        err.print(f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}", highlight=False)
         return 130
     out = Console() if sys.stdout.isatty() else Console(width=160)
     cases = print_compare(run_dir, out)
@@ -184,5 +189,5 @@ def print_compare(run_dir: Path, console: Console) -> Any:
         return cases
     console.print(build_compare_table(cases))
     for _, r in cases[cases["status"] != "ok"].iterrows():
-        console.print(f"[red]{r['label']}: {r['status']}[/] — {str(r['error'])[:300]}", highlight=False)
+        console.print(f"[red]{escape(str(r['label']))}: {r['status']}[/] — {escape(str(r['error'])[:300])}", highlight=False)
     return cases

@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or its peak breakdown
@@ -80,14 +81,14 @@ def main(args: argparse.Namespace) -> int:
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None
         context = parse_bytes(args.context_allowance)
     except (KeyError, ValueError) as exc:
-        err.print(f"[red]error:[/] {exc.args[0] if exc.args else exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc.args[0] if exc.args else exc))}", highlight=False)
         return 2
     results = []
     for case in cases:
         try:
             results.append(_predict_one(args, case, device_memory, context))
         except (KeyError, ValueError, NotImplementedError, RuntimeError) as exc:
-            err.print(f"[red]error:[/] {case.strategy}: {exc}", highlight=False)
+            err.print(f"[red]error:[/] {escape(case.strategy)}: {escape(str(exc))}", highlight=False)
             return 2
     if args.json:
         print(json.dumps([r for res in results for r in res["json"]], indent=2))
@@ -109,6 +110,10 @@ def _build_cases(args: argparse.Namespace) -> list:
     if args.params is not None and args.params < 1:
         raise ValueError(f"--params {args.params}: must be a positive parameter count, e.g. 7.5e9")
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
+    if any(":" in s for s in strategies):  # a module:Class typed here is explicit: cwd is searched last
+        from fsdpbench.commands.run import enable_plugin_imports
+
+        enable_plugin_imports()
     if not strategies:
         raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
     cases = []

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 _VERDICT_STYLE = {"ok": "green", "improved": "cyan", "new": "cyan", "warn": "yellow", "not compared": "dim"}
@@ -61,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         return _write(args, err) if args.write_baseline else _gate(args, err)
     except BaselineError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
 
 

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,7 +29,7 @@ def main(args: argparse.Namespace) -> int:
     run_dirs = [Path(d) for d in args.run_dirs]
     for run_dir in run_dirs:
         if not (run_dir / "run.json").exists() and not (run_dir / "results.parquet").exists():
-            err.print(f"[red]error:[/] {run_dir}: not a run directory (no run.json or results.parquet); "
+            err.print(f"[red]error:[/] {escape(str(run_dir))}: not a run directory (no run.json or results.parquet); "
                       "give a directory written by fsdpbench run or fsdpbench compare", highlight=False)  # fmt: skip
             return 2
     path = write_report(run_dirs, Path(args.out) if args.out else None)

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fsdpbench.scenario import ScenarioError, load_scenario
+from fsdpbench.safe_yaml import YamlInputError, load_yaml
+from fsdpbench.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +35,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_link_argument(parser)
     parser.add_argument("--export-cases", metavar="DIR",
                         help="write one JSON file per case (for torchrun/srun across nodes), run nothing")
+    parser.add_argument("--allow-plugins", action="store_true",
+                        help="let the scenario name plugin strategies (module:Class): importing one runs its "
+                             "code; the current directory is searched last (also: FSDPBENCH_ALLOW_PLUGINS=1)")
+    parser.add_argument("--allow-oversubscribe", action="store_true",
+                        help=f"run more than {CPU_RANKS_PER_CORE} CPU ranks per core")
     parser.add_argument("--collect", action="store_true",
                         help="launch nothing: build results from rank files that external launchers wrote "
                              "into --out/cases/<case_id>/")
@@ -58,32 +68,49 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ScenarioError(f"--set {item!r}: expected FIELD=VALUE")
-        out[key.strip()] = yaml.safe_load(value)
+        try:
+            out[key.strip()] = load_yaml(value)
+        except YamlInputError as exc:
+            raise ScenarioError(f"--set {item!r}: {exc}") from None
     return out
 
 
 def main(args: argparse.Namespace) -> int:
+    console = Console(stderr=True, soft_wrap=True)
+    with _signals_as_interrupts():
+        try:
+            return _main(args, console)
+        except KeyboardInterrupt as exc:  # before the sweep started: nothing to keep
+            console.print(f"[yellow]interrupted[/] ({escape(str(exc) or 'Ctrl-C')})", highlight=False)
+            return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+def _main(args: argparse.Namespace, console: Console) -> int:
     from fsdpbench.env import collect_env
     from fsdpbench.results import RunStore
+    from fsdpbench.rundir import RunDirError
     from fsdpbench.runner import default_run_dir, latest_run_dir, now_iso, run_cases
 
-    console = Console(stderr=True, soft_wrap=True)
     from fsdpbench.comm_model import LinkError
 
     try:
         link = link_spec(args.link)
     except LinkError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
+    allow_plugins = args.allow_plugins or None  # None: the environment variable decides
     try:
         overrides = parse_overrides(args.set)
         if overrides:
             from fsdpbench.scenario import CaseFields
 
             _validate_overrides(overrides, CaseFields)
-        scenario = load_scenario(args.scenario, overrides=overrides)
+        if args.allow_plugins:
+            enable_plugin_imports()
+        scenario = load_scenario(args.scenario, overrides=overrides, allow_plugins=allow_plugins,
+                                 allow_oversubscribe=args.allow_oversubscribe)  # fmt: skip
     except ScenarioError as exc:
-        console.print(f"[red]error:[/] {exc}", highlight=False)
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
 
     if args.dry_run:
@@ -101,7 +128,13 @@ def main(args: argparse.Namespace) -> int:
     else:
         run_dir = default_run_dir(scenario.name)
     store = RunStore(run_dir)
-    meta = store.read_run_json() if args.resume else {}
+    resume_hint = f"fsdpbench run {shlex.quote(args.scenario)} --out {shlex.quote(str(run_dir))} --resume"
+    try:
+        meta = store.read_run_json() if args.resume else {}
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]error:[/] {escape(str(run_dir / 'run.json'))}: cannot read: {escape(str(exc))}",
+                      highlight=False)  # fmt: skip
+        return 2
     meta.update(
         scenario={"name": scenario.name, "description": scenario.description,
                   "path": str(scenario.path), "text": scenario.text, "overrides": overrides},
@@ -112,41 +145,55 @@ def main(args: argparse.Namespace) -> int:
     )  # fmt: skip
     n_todo = len(scenario.cases) - (len(store.completed_ids() & {c.case_id for c in scenario.cases}) if args.resume else 0)
     console.print(
-        f"[bold]{scenario.name}[/]: {len(scenario.cases)} cases ({n_todo} to run), "
-        f"{len(scenario.skipped)} skipped → {run_dir}", highlight=False,
+        f"[bold]{escape(scenario.name)}[/]: {len(scenario.cases)} cases ({n_todo} to run), "
+        f"{len(scenario.skipped)} skipped → {escape(str(run_dir))}", highlight=False,
     )  # fmt: skip
     for s in scenario.skipped:
-        console.print(f"  skipped {s.case.case_id}: {s.reason}", style="yellow", highlight=False)
+        console.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
 
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=console, transient=False,
     )  # fmt: skip
-    with progress:
-        task = progress.add_task("cases", total=n_todo)
+    interrupted: KeyboardInterrupt | None = None
+    try:
+        with progress:
+            task = progress.add_task("cases", total=n_todo)
 
-        def on_start(case, i):
-            progress.update(task, description=f"{case.case_id} ({case.world_size} {case.device} ranks)")
+            def on_start(case, i):
+                progress.update(task, description=f"{case.case_id} ({case.world_size} {case.device} ranks)")
 
-        def on_done(case, outcome, rows):
-            colour = "green" if outcome.status == "ok" else "red"
-            ms = rows["case_step_time_ms"].iloc[0]
-            progress.console.print(
-                f"  [{colour}]{outcome.status:7}[/] {case.case_id}"
-                + (f"  {ms:.1f} ms/step" if ms == ms and ms is not None else "")
-                + (f"  — {outcome.error.splitlines()[0][:160]}" if outcome.error else ""),
-                highlight=False,
-            )
-            progress.advance(task)
+            def on_done(case, outcome, rows):
+                colour = "green" if outcome.status == "ok" else "red"
+                ms = rows["case_step_time_ms"].iloc[0] if "case_step_time_ms" in rows else None
+                progress.console.print(
+                    f"  [{colour}]{outcome.status:7}[/] {case.case_id}"
+                    + (f"  {ms:.1f} ms/step" if ms is not None and ms == ms else "")
+                    + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else ""),
+                    highlight=False,
+                )
+                progress.advance(task)
 
-        try:
-            frame = run_cases(scenario.cases, scenario.skipped, store, meta, resume=args.resume,
-                              collect=args.collect, on_start=on_start, on_done=on_done,
-                              traced=args.traced or scenario.traced, link=link)  # fmt: skip
-        except KeyboardInterrupt:
-            console.print(f"[yellow]interrupted[/]: finished cases are stored in {run_dir}; "
-                          f"continue with: fsdpbench run {args.scenario} --out {run_dir} --resume")  # fmt: skip
-            return 130
+            try:
+                frame = run_cases(scenario.cases, scenario.skipped, store, meta, resume=args.resume,
+                                  collect=args.collect, on_start=on_start, on_done=on_done,
+                                  traced=args.traced or scenario.traced, link=link)  # fmt: skip
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+    except RunDirError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
+    except OSError as exc:  # a full disk or an unwritable --out: the stored cases stay; resume works
+        where = exc.filename or run_dir
+        console.print(f"[red]error:[/] cannot write {escape(str(where))}: {escape(exc.strerror or str(exc))}; "
+                      f"finished cases are kept; after fixing it continue with: {escape(resume_hint)}",
+                      highlight=False)  # fmt: skip
+        return 1
+    if interrupted is not None:
+        # the last line says how to go on; the exit code is the shell's for that signal (130: Ctrl-C)
+        console.print(f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}; "
+                      f"continue with: {escape(resume_hint)}", highlight=False)  # fmt: skip
+        return 128 + getattr(interrupted, "signum", signal.SIGINT)
 
     from fsdpbench.summary import print_summary
 
@@ -156,6 +203,40 @@ def main(args: argparse.Namespace) -> int:
     print(f"results: {run_dir / 'results.parquet'}")
     failed = frame[frame["status"].isin(["failed", "timeout", "oom"])]["case_id"].nunique()
     return 1 if failed else 0
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled as Ctrl-C is: stop the case's ranks, keep what is stored."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    """SIGTERM/SIGHUP raise Interrupted (a KeyboardInterrupt) in the main thread, as SIGINT does."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, previous in old.items():
+            signal.signal(sig, previous)
+
+
+def enable_plugin_imports() -> None:
+    """Plugins were allowed: let ``module:Class`` find modules in the current directory too, searched
+    after everything installed (so a file there cannot shadow an installed module)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def _validate_overrides(overrides: dict[str, Any], fields_model: Any) -> None:
@@ -172,11 +253,11 @@ def _validate_overrides(overrides: dict[str, Any], fields_model: Any) -> None:
 
 def _print_dry_run(scenario: Any) -> int:
     console = Console()
-    console.print(f"[bold]{scenario.name}[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped")
+    console.print(f"[bold]{escape(scenario.name)}[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped")
     for case in scenario.cases:
         console.print(f"  {case.case_id}", highlight=False)
     for s in scenario.skipped:
-        console.print(f"  skipped {s.case.case_id}: {s.reason}", style="yellow", highlight=False)
+        console.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
     return 0
 
 
@@ -202,6 +283,7 @@ def _write_report(run_dir: Path, console: Console) -> None:
     try:
         path = write_report([run_dir])
     except Exception as exc:  # noqa: BLE001 — the results are stored; a report bug must not hide them
-        console.print(f"[red]report failed[/]: {exc} (results are in {run_dir})")
+        console.print(f"[red]report failed[/]: {escape(str(exc))} (results are in {escape(str(run_dir))})",
+                      highlight=False)  # fmt: skip
         return
     print(f"report:  {path}")

@@ -26,6 +26,8 @@ class ModelDef:
     is_sequence: bool = False
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # constraints between arguments (e.g. heads divide the width): why a full argument set is invalid
+    check_args: Callable[[dict[str, Any]], str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,41 @@ def resolve_model(name: str, overrides: dict[str, Any] | None = None) -> tuple[M
         )
     args.update(overrides or {})
     return mdef, args
+
+
+def check_model_args(name: str, overrides: dict[str, Any]) -> str | None:
+    """Why these arguments cannot build the model (or None), decided without building it.
+
+    Each argument must have its default's type (a bool is not an int); an integer argument whose
+    default is a positive size (or None, 'derived') must be >= 1; then the model's own constraints."""
+    try:
+        mdef, args = resolve_model(name, overrides)
+    except KeyError as exc:
+        return str(exc.args[0])
+    for key, value in overrides.items():
+        problem = _check_arg(value, mdef.defaults[key])
+        if problem:
+            return f"{key}: {problem} (got {value!r:.60})"
+    return mdef.check_args(args) if mdef.check_args else None
+
+
+def _check_arg(value: Any, default: Any) -> str | None:
+    if value is None:
+        return None if default is None else f"needs a value like its default {default!r}"
+    if isinstance(default, bool) or isinstance(value, bool):
+        return None if isinstance(value, bool) and isinstance(default, bool) else (
+            f"should be {'true or false' if isinstance(default, bool) else type(default).__name__}")
+    if default is None or isinstance(default, int):
+        if not isinstance(value, int):
+            return "should be an integer"
+        return None if value >= 1 or (isinstance(default, int) and default < 1) else "should be at least 1"
+    if isinstance(default, float):
+        if not isinstance(value, (int, float)) or value != value:
+            return "should be a number"
+        return None if value > 0 or default <= 0 else "should be greater than 0"
+    if isinstance(default, str) and not isinstance(value, str):
+        return "should be a string"
+    return None
 
 
 def build_model(name: str, overrides: dict[str, Any] | None = None, *, device: str | torch.device = "cpu") -> nn.Module:

@@ -115,6 +115,16 @@ def _loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def _check_args(args: dict[str, Any]) -> str | None:
+    """What Decoder's constructor and attention need of the widths and head counts."""
+    n_kv = args["n_kv_heads"] or args["n_heads"]
+    if args["d_model"] % args["n_heads"]:
+        return f"n_heads: d_model={args['d_model']} is not divisible by n_heads={args['n_heads']}"
+    if args["n_heads"] % n_kv:
+        return f"n_kv_heads: n_heads={args['n_heads']} is not divisible by n_kv_heads={n_kv}"
+    return None
+
+
 register_model(
     ModelDef(
         name="decoder",
@@ -132,6 +142,7 @@ register_model(
         loss=_loss,
         block_classes=lambda args: (TransformerBlock,),
         is_sequence=True,
+        check_args=_check_args,
         description="Llama-style decoder (d_model, n_layers, n_heads, n_kv_heads, vocab, ffn_dim)",
     )
 )
