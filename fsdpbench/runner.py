@@ -66,13 +66,13 @@ def run_cases(
     store.create()
     with store.lock():  # refuses (RunDirError) while another run uses this directory
         return _run_locked(cases, skipped, store, meta, resume=resume, collect=collect, on_start=on_start,
-                           on_done=on_done, traced=traced)  # fmt: skip
+                           on_done=on_done, traced=traced, link=link)  # fmt: skip
 
 
 def _run_locked(
     cases: list[Case], skipped: list[Skipped], store: RunStore, meta: dict[str, Any], *, resume: bool,
     collect: bool, on_start: Callable[[Case, int], None] | None,
-    on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None, traced: bool,
+    on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None, traced: bool, link: str | None,
 ) -> pd.DataFrame:
     tracer = TracedPredictor() if traced else None
     meta["predictions"] = ["analytic", "traced"] if traced else ["analytic"]
