@@ -52,10 +52,29 @@ class Case:
     limit_all_gathers: bool = True  # FSDP1
     nvml_interval_s: float = 0.01
     bare_steps: int = 0  # >0: also time a bare loop of this many steps (the harness-overhead check)
+    # run these ranks one at a time, each alone on one device with a fake process group of world_size
+    # (collectives are no-ops, every allocation is real): see fsdpbench/emulate.py
+    emulate: bool = False
+    emulate_ranks: tuple[int, ...] = (0,)
 
     @property
     def global_batch_size(self) -> int:
         return self.batch_size * self.world_size
+
+    @property
+    def mode(self) -> str:
+        """'emulated' (one rank at a time, fake process group) or 'real' (every rank, real collectives)."""
+        return "emulated" if self.emulate else "real"
+
+    @property
+    def devices_needed(self) -> int:
+        """Devices this case occupies at once: an emulated rank runs alone on one device."""
+        return 1 if self.emulate else self.world_size
+
+    @property
+    def launched_ranks(self) -> tuple[int, ...]:
+        """The ranks fsdpbench starts for this case: all of them, or the emulated ones."""
+        return self.emulate_ranks if self.emulate else tuple(range(self.world_size))
 
     @property
     def case_id(self) -> str:
@@ -75,6 +94,8 @@ class Case:
             parts.append(f"bwd-{self.backward_prefetch}")
         if self.forward_prefetch:
             parts.append("fwdpf")
+        if self.emulate:
+            parts.append("emulated")
         return "_".join(parts) + "_" + digest
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,8 +111,9 @@ class Case:
         if unknown:
             raise ValueError(f"unknown Case fields: {sorted(unknown)}")
         data = dict(data)
-        if "wrap_classes" in data:
-            data["wrap_classes"] = tuple(data["wrap_classes"])
+        for name in ("wrap_classes", "emulate_ranks"):
+            if name in data:
+                data[name] = tuple(data[name])
         return cls(**data)
 
     def replace(self, **changes: Any) -> "Case":

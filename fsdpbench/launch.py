@@ -43,10 +43,8 @@ def free_port() -> int:
 
 
 def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
-    """Run one case on ``case.world_size`` local processes; never raises for a rank's failure."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
-
-    from fsdpbench.worker import rank_entry
+    """Run one case on ``case.world_size`` local processes (an emulated case: its ``emulate_ranks``, one
+    process at a time); never raises for a rank's failure."""
     from fsdpbench.scenario import check_devices
 
     shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
@@ -63,20 +61,46 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     if case_dir.exists():
         shutil.rmtree(case_dir)
     case_dir.mkdir(parents=True)
+    # a real case starts all its ranks together; an emulated one each of its ranks alone, one at a time
+    groups = [[r] for r in case.emulate_ranks] if case.emulate else [list(range(case.world_size))]
+    ranks: list[dict[str, Any]] = []
+    status, errors, pids, wall = "ok", [], [], 0.0
+    for group in groups:
+        g_status, g_error, g_ranks, g_pids, g_wall = _launch_group(case, case_dir, group)
+        ranks += g_ranks
+        pids += g_pids
+        wall += g_wall
+        if g_status != "ok":
+            status = g_status if status == "ok" else status
+            errors.append(g_error)
+    return CaseOutcome(status=status, error="; ".join(errors), ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks),
+                       pids=sorted(pids))  # fmt: skip
+
+
+def _launch_group(case: Case, case_dir: Path, group: list[int]) -> tuple[str, str, list[dict[str, Any]], list[int], float]:
+    """Start the ranks in ``group`` together, wait for them (timeout), read what they wrote."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+    from fsdpbench.worker import rank_entry
+
     n, port = case.world_size, free_port()
+    # an emulated rank has the machine to itself: on a GPU, cuda:0; on the CPU, the threads a real rank
+    # of this case would get here (so its compute time is one real rank's)
+    local_world = len(group) if case.device == "cuda" or not case.emulate else n
     envs = {
-        r: {
-            "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+        i: {
+            "RANK": str(r), "LOCAL_RANK": str(i), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(local_world),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "TORCHELASTIC_RUN_ID": case.case_id,
         }
-        for r in range(n)
+        for i, r in enumerate(group)
     }  # fmt: skip
-    args = {r: (case.to_json(), str(case_dir)) for r in range(n)}
+    args = {i: (case.to_json(), str(case_dir)) for i in range(len(group))}
     t0 = time.perf_counter()
     pc = start_processes(
         name=case.case_id, entrypoint=rank_entry, args=args, envs=envs,
-        logs_specs=DefaultLogsSpecs(log_dir=str(case_dir / "elastic")), start_method="forkserver",
+        logs_specs=DefaultLogsSpecs(log_dir=str(case_dir / "elastic" / (f"rank{group[0]}" if case.emulate else ""))),
+        start_method="forkserver",
     )  # fmt: skip
     result = None
     pids = sorted(pc.pids().values())
@@ -88,7 +112,7 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     wall = time.perf_counter() - t0
     exitcodes = _exitcodes(pc)
 
-    ranks = [_read_rank(case_dir, r) for r in range(n)]
+    ranks = [_read_rank(case_dir, r) for r in group]
     if result is None:
         status = "timeout"
         error = f"timed out after {case.timeout_s:g} s; " + _phase_summary(ranks)
@@ -99,7 +123,7 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     for rank in ranks:
         if rank.get("status") in (None, "running"):
             rank["status"] = status
-    return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks), pids=pids)
+    return status, error, ranks, pids, wall
 
 
 def collect_case(case: Case, case_dir: Path) -> CaseOutcome:
@@ -142,7 +166,7 @@ def _failure(ranks: list[dict[str, Any]], result: Any, exitcodes: dict[int, int 
     killed_by_launcher = (-signal.SIGTERM, -signal.SIGKILL)
     codes = {**{r: f.exitcode for r, f in result.failures.items()}, **exitcodes}
     silent = [
-        f"rank {r} died in phase {ranks[r].get('phase')} (exit {code}) without a Python exception"
+        f"rank {ranks[r]['rank']} died in phase {ranks[r].get('phase')} (exit {code}) without a Python exception"
         for r, code in sorted(codes.items())
         if ranks[r].get("status") in (None, "running") and code not in (0, None, *killed_by_launcher)
     ]

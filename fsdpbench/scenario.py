@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, field_validator
+from pydantic import (
+    BaseModel, ConfigDict, Field, NonNegativeInt, PositiveFloat, PositiveInt, ValidationError, field_validator,
+)  # fmt: skip
 
 from fsdpbench.case import BACKWARD_PREFETCH, OPTIMIZERS, PRECISIONS, WRAPS, Case
 
@@ -69,6 +71,8 @@ class CaseFields(BaseModel):
     limit_all_gathers: bool | None = None
     nvml_interval_s: PositiveFloat | None = None
     bare_steps: int | None = Field(default=None, ge=0)
+    emulate: bool | None = None
+    emulate_ranks: Literal["all"] | list[NonNegativeInt] | NonNegativeInt | None = None
 
     @field_validator("model")
     @classmethod
@@ -271,6 +275,13 @@ def build_case(fields: dict[str, Any], *, source: str = "<scenario>") -> tuple[C
     fields = dict(fields)
     if "wrap_classes" in fields:
         fields["wrap_classes"] = tuple(fields["wrap_classes"])
+    if fields.get("emulate"):
+        from fsdpbench.emulate import resolve_emulate_ranks
+
+        fields["emulate_ranks"] = resolve_emulate_ranks(fields.get("emulate_ranks", [0]),
+                                                        fields.get("world_size", _DEFAULT.world_size))  # fmt: skip
+    else:  # only an emulated case runs a subset of its ranks; a real one keeps its id
+        fields.pop("emulate_ranks", None)
     try:
         strategy = get_strategy(fields.get("strategy", _DEFAULT.strategy))
         resolve_model(fields.get("model", _DEFAULT.model), fields.get("model_args"))
@@ -284,10 +295,11 @@ def build_case(fields: dict[str, Any], *, source: str = "<scenario>") -> tuple[C
         case = case.replace(wrap="none", wrap_min_params=_DEFAULT.wrap_min_params, wrap_classes=())
     if strategy.sharding.group != "shard_group":
         case = case.replace(shard_size=None)
+    from fsdpbench.emulate import check_emulation
     from fsdpbench.knobs import check_knobs, normalize_knobs
 
     case = normalize_knobs(case, strategy)
-    reason = strategy.check(case) or check_knobs(case, strategy) or check_devices(case)
+    reason = strategy.check(case) or check_knobs(case, strategy) or check_emulation(case) or check_devices(case)
     return case, reason
 
 
@@ -306,14 +318,15 @@ def check_devices(case: Case) -> str | None:
     """Why this machine cannot run the case's ranks on its device, or None: the one place where a case
     is skipped for lack of GPUs. It looks at the device, not the backend: a `cuda` case needs one GPU per
     rank whatever its backend (two ranks cannot share a GPU: NCCL refuses a duplicate GPU, and any rank
-    past the last GPU dies with "invalid device ordinal"). A mode that runs one rank of an N-rank job on
-    one device (fake process group) bypasses this function."""
+    past the last GPU dies with "invalid device ordinal"). An emulated case runs one rank at a time on one
+    device (fake process group), so it needs one GPU: ``Case.devices_needed`` says so."""
     if case.device == "cuda":
         import torch
 
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if case.world_size > have:
-            return f"needs {case.world_size} GPUs (one per rank, device cuda), {have} visible"
+        if case.devices_needed > have:  # an emulated case needs one GPU, whatever its world size
+            return (f"needs {case.world_size} GPUs (one per rank, device cuda), {have} visible" if not case.emulate
+                    else f"needs 1 GPU (emulated rank, device cuda), {have} visible")
     if case.backend == "nccl" and case.device != "cuda":
         return "backend nccl needs device cuda"
     return None

@@ -27,6 +27,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--traced", action="store_true",
                         help="also run the traced memory predictor for every case and rank (traced_* columns "
                              "beside the analytic pred_*; seconds per case)")
+    parser.add_argument("--emulate", action="store_true",
+                        help="emulate every case: its rank 0 (or --set emulate_ranks=all / [0,3]) alone on one device "
+                             "with a fake process group of the case's world size; real allocations, compute-only "
+                             "step time, no losses (see docs/emulation.md)")
     parser.add_argument("--export-cases", metavar="DIR",
                         help="write one JSON file per case (for torchrun/srun across nodes), run nothing")
     parser.add_argument("--collect", action="store_true",
@@ -52,6 +56,8 @@ def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)
     try:
         overrides = parse_overrides(args.set)
+        if args.emulate:
+            overrides["emulate"] = True
         if overrides:
             from fsdpbench.scenario import CaseFields
 
@@ -85,6 +91,11 @@ def main(args: argparse.Namespace) -> int:
         started=meta.get("started") or now_iso(),
         skipped=[{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
     )  # fmt: skip
+    emulated = [c for c in scenario.cases if c.emulate]
+    if emulated:
+        from fsdpbench.emulate import EMULATION_LIMITS
+
+        meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
     n_todo = len(scenario.cases) - (len(store.completed_ids() & {c.case_id for c in scenario.cases}) if args.resume else 0)
     console.print(
         f"[bold]{scenario.name}[/]: {len(scenario.cases)} cases ({n_todo} to run), "
@@ -101,7 +112,9 @@ def main(args: argparse.Namespace) -> int:
         task = progress.add_task("cases", total=n_todo)
 
         def on_start(case, i):
-            progress.update(task, description=f"{case.case_id} ({case.world_size} {case.device} ranks)")
+            ranks = (f"rank {','.join(map(str, case.emulate_ranks))} of {case.world_size}, emulated" if case.emulate
+                     else f"{case.world_size} {case.device} ranks")  # fmt: skip
+            progress.update(task, description=f"{case.case_id} ({ranks})")
 
         def on_done(case, outcome, rows):
             colour = "green" if outcome.status == "ok" else "red"
