@@ -17,7 +17,10 @@ What emulation cannot see is kept out of its numbers and named in ``EMULATION_LI
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -153,3 +156,65 @@ def emulation_notes(case: Case) -> list[str]:
     return [f"emulated: rank(s) {ranks} of {case.world_size}, one at a time on {where}, fake process group"] + [
         f"emulation cannot see {key.replace('_', ' ')}: {text}" for key, text in EMULATION_LIMITS.items()
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedRank:
+    """What one emulated rank measured (bytes; ``device_peak_bytes``: the allocator's peak reserved on a
+    GPU, the tracker's peak on the CPU, where live tensors are the memory)."""
+
+    case_id: str
+    rank: int
+    device: str
+    peak_bytes: int  # tracker: live tensors, memory-tracked step
+    peak_by_category: dict[str, int]
+    states_by_category: dict[str, int]
+    alloc_peak_allocated_bytes: int | None
+    alloc_peak_reserved_bytes: int | None
+    nvml_peak_bytes: int | None
+    rss_peak_bytes: int | None
+    step_time_ms: float | None  # compute only
+    wall_s: float
+
+    @property
+    def model_states_bytes(self) -> int:
+        return sum(self.states_by_category.get(c, 0) for c in ("params", "grads", "optim"))
+
+    @property
+    def device_peak_bytes(self) -> int:
+        return self.alloc_peak_reserved_bytes or self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f: getattr(self, f) for f in self.__slots__}
+        out.update(method="emulated", device_peak_bytes=self.device_peak_bytes, notes=list(EMULATION_LIMITS.values()))
+        return out
+
+
+def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> EmulatedRank:
+    """Run ``rank`` of ``case`` emulated, in a fresh process (one warm-up, one timed, one tracked step)."""
+    import tempfile
+
+    from fsdpbench.launch import launch_case
+
+    case = case.replace(emulate=True, emulate_ranks=(rank,), warmup_steps=1, steps=1, memory_steps=1,
+                        profile_steps=0, timeout_s=max(case.timeout_s, 3600.0))  # fmt: skip
+    reason = check_emulation(case)
+    if reason:
+        raise ValueError(reason)
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        outcome = launch_case(case, (out_dir or Path(tmp)) / case.case_id)
+        wall = time.perf_counter() - t0
+    if outcome.status != "ok":
+        raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
+    rec = outcome.ranks[0]
+    peak = dict(rec["memory"]["peak"])
+    extra = rec.get("extra_columns") or {}
+    return EmulatedRank(
+        case_id=case.case_id, rank=rank, device=case.device, peak_bytes=int(peak.pop("total")),
+        peak_by_category=peak, states_by_category=dict(rec["memory"].get("states_tracker") or {}),
+        alloc_peak_allocated_bytes=extra.get("mem_alloc_peak_allocated_bytes"),
+        alloc_peak_reserved_bytes=extra.get("mem_alloc_peak_reserved_bytes"),
+        nvml_peak_bytes=extra.get("mem_nvml_peak_bytes"), rss_peak_bytes=extra.get("mem_rss_peak_case_bytes"),
+        step_time_ms=rec.get("step_time_ms"), wall_s=wall,
+    )  # fmt: skip
