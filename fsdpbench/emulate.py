@@ -149,13 +149,12 @@ def prepare_ddp(model: nn.Module, world_size: int) -> nn.Module:
     return _patch_ddp(model, world_size, rebuild_buckets=True)
 
 
-def emulation_notes(case: Case) -> list[str]:
-    """The notes a run of an emulated case carries (run.json, report)."""
-    ranks = ", ".join(map(str, case.emulate_ranks))
-    where = "cuda:0" if case.device == "cuda" else "the CPU"
-    return [f"emulated: rank(s) {ranks} of {case.world_size}, one at a time on {where}, fake process group"] + [
-        f"emulation cannot see {key.replace('_', ' ')}: {text}" for key, text in EMULATION_LIMITS.items()
-    ]
+def without_overlap(profiled: dict[str, Any]) -> dict[str, Any]:
+    """An emulated rank's profiled-step columns: the collectives it issued are counted (their bytes are
+    real), but they took no time, so overlap is not measured."""
+    out = {k: (None if k.startswith("overlap_") and k != "overlap_compute_ms" else v) for k, v in profiled.items()}
+    out["overlap_note"] = "emulated: collectives take no time under the fake process group; overlap not measured"
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from fsdpbench.case import Case
 from fsdpbench.emulate import (
-    build_rank_model, fake_collectives, init_fake_process_group, prepare_ddp, shards_on_meta,
+    build_rank_model, fake_collectives, init_fake_process_group, prepare_ddp, shards_on_meta, without_overlap,
 )  # fmt: skip
 from fsdpbench.knobs import apply_activation_checkpointing, apply_compile, state_placement_bytes
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
@@ -230,7 +230,8 @@ def _run_phases(
             for _ in range(case.profile_steps):
                 train_step(step)
                 step += 1
-        extra.update(analyze_profile(trace_path, case, strategy.sharding, n_params))
+        profiled = analyze_profile(trace_path, case, strategy.sharding, n_params)
+        extra.update(without_overlap(profiled) if case.emulate else profiled)
         rec.update(extra_columns=extra)
 
     # ---- done ------------------------------------------------------------------------------

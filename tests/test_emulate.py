@@ -102,3 +102,21 @@ def test_emulate_ranks_resolve_and_check():
     assert check_emulation(case.replace(emulate_ranks=(1,))) is None
     assert Case(world_size=8, device="cuda", emulate=True).devices_needed == 1
     assert Case(world_size=8, device="cuda").devices_needed == 8
+
+
+def test_predict_method_emulated_prints_the_measured_rank_beside_analytic(capsys):
+    """decoder-tiny, zero3, rank 0 of 4, batch 4 x seq 64, CPU: the emulated rank's tracker equals the golden
+    numbers of a real gloo run (tests/test_estimate.py), and "fits?" is answered from its peak."""
+    import json
+
+    from fsdpbench.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["predict", "--model", "decoder-tiny", "--world-size", "4", "--strategy", "zero3", "--batch-size", "4",
+              "--seq-len", "64", "--device", "cpu", "--method", "emulated", "--device-memory", "5MB", "--json"])
+    assert (exc.value.code or 0) == 0
+    analytic, emulated = json.loads(capsys.readouterr().out)
+    assert (analytic["method"], emulated["method"]) == ("analytic", "emulated")
+    assert emulated["peak_bytes"] == 5347356 and emulated["device_peak_bytes"] == 5347356
+    assert sum(emulated["states_by_category"][c] for c in ("params", "grads", "optim")) == 689492
+    assert emulated["fits"] is False and emulated["needed_bytes"] == 5347356  # 5 MB < 5.35 MB; CPU: no allowance
