@@ -72,11 +72,6 @@ class Case:
         return 1 if self.emulate else self.world_size
 
     @property
-    def launched_ranks(self) -> tuple[int, ...]:
-        """The ranks fsdpbench starts for this case: all of them, or the emulated ones."""
-        return self.emulate_ranks if self.emulate else tuple(range(self.world_size))
-
-    @property
     def case_id(self) -> str:
         """Readable, stable id: key axes plus a short hash of every field."""
         # only fields that differ from the defaults: a new field (with a default) keeps old ids valid

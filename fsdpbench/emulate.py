@@ -34,7 +34,7 @@ EMULATION_LIMITS: dict[str, str] = {
     "collective_time": "no data moves: step times are one rank's compute only (no communication time, "
                        "no waiting for other ranks)",
     "nccl_buffers": "NCCL's communicator buffers are never created (fake process group); fsdpbench has no "
-                    "NCCL-only allowance to add — the predictor's 1 GiB --context-allowance covers CUDA "
+                    "NCCL-only allowance to add — the predictor's --context-allowance covers CUDA "
                     "context and NCCL together, and an emulated rank's NVML figure already includes its CUDA "
                     "context, so nothing is added",
     "cross_rank": "cross-rank effects are absent: stragglers, link contention, rank-to-rank imbalance",
@@ -132,14 +132,17 @@ def build_rank_model(
 def fill_local_data(model: nn.Module, *, seed: int, rank: int) -> None:
     """Deterministic values for what ``to_empty`` left uninitialised: N(0, 0.02) parameters (this
     rank's local shard of a DTensor), zero buffers. Not the model's init: no cross-rank RNG needed."""
-    gen = torch.Generator().manual_seed(seed * 100_003 + rank)
-    for param in model.parameters():
-        local = param.to_local() if hasattr(param, "to_local") else param
-        if local.numel():
-            local.copy_(torch.randn(local.shape, generator=gen, dtype=torch.float32).mul_(0.02))
-    for buf in model.buffers():
-        local = buf.to_local() if hasattr(buf, "to_local") else buf
-        local.zero_()
+    generators: dict[torch.device, torch.Generator] = {}  # one per device: the fill runs where the data is
+    for tensor in [*model.parameters(), *model.buffers()]:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        if not local.numel():
+            continue
+        if isinstance(tensor, nn.Parameter) and local.is_floating_point():
+            if local.device not in generators:
+                generators[local.device] = torch.Generator(device=local.device).manual_seed(seed * 100_003 + rank)
+            local.normal_(0.0, 0.02, generator=generators[local.device])
+        else:
+            local.zero_()
 
 
 def prepare_ddp(model: nn.Module, world_size: int) -> nn.Module:
@@ -200,6 +203,8 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
     reason = check_emulation(case)
     if reason:
         raise ValueError(reason)
+    if case.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("emulating a CUDA rank needs a visible GPU (this machine has none); use --device cpu")
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         outcome = launch_case(case, (out_dir or Path(tmp)) / case.case_id)

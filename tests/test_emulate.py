@@ -78,6 +78,7 @@ def test_only_this_ranks_shards_are_materialised():
                                            device=torch.device("cpu"), seed=0, rank=5)  # fmt: skip
         local = sum(p.to_local().numel() for p in model.parameters())
         assert all(not p.to_local().is_meta for p in model.parameters())
+        assert all(p.to_local().abs().sum() > 0 for p in model.parameters() if p.to_local().numel())  # filled
         padded = sum(-(-p.shape[0] // 64) * p[0].numel() for p in model.parameters())
         assert local == padded and local < n_params / 60
     finally:
