@@ -129,7 +129,7 @@ def _launch_group(case: Case, case_dir: Path, group: list[int]) -> tuple[str, st
 def collect_case(case: Case, case_dir: Path) -> CaseOutcome:
     """The outcome of a case whose ranks ran elsewhere (torchrun/srun across nodes, writing into
     ``case_dir``): read their rank files; a rank that wrote nothing or stopped early is a failure."""
-    ranks = [_read_rank(case_dir, r) for r in range(case.world_size)]
+    ranks = [_read_rank(case_dir, r) for r in (case.emulate_ranks if case.emulate else range(case.world_size))]
     bad = [r for r in ranks if r.get("status") != "ok"]
     if not bad:
         status, error = "ok", ""
