@@ -121,3 +121,23 @@ def test_predict_method_emulated_prints_the_measured_rank_beside_analytic(capsys
     assert emulated["peak_bytes"] == 5347356 and emulated["device_peak_bytes"] == 5347356
     assert sum(emulated["states_by_category"][c] for c in ("params", "grads", "optim")) == 689492
     assert emulated["fits"] is False and emulated["needed_bytes"] == 5347356  # 5 MB < 5.35 MB; CPU: no allowance
+
+
+def test_emulated_figures_are_labelled_in_summary_report_and_regress():
+    import pandas as pd
+
+    from fsdpbench.regress import build_baseline, case_records
+    from fsdpbench.report.data import ranks_label
+    from fsdpbench.summary import case_table
+
+    assert ranks_label(4, "cpu", "gloo", mode="emulated", emulated_ranks="0") == (
+        "rank 0 of 4 CPU ranks (gloo), emulated on one CPU")
+    assert ranks_label(4, "cuda", "nccl") == "4 GPUs (NCCL)"
+    row = dict(case_id="c", strategy="zero3", world_size=4, device="cpu", case_status="ok", case_error="",
+               case_step_time_ms=1.0, step_time_ms=1.0, status="ok", rank=0, mem_tracker_peak_bytes=10,
+               losses=[], mode="emulated", timed_steps=1, warmup_steps=1)  # fmt: skip
+    frame = pd.DataFrame([row, {**row, "case_id": "r", "mode": "real"}])
+    assert list(case_table(frame)["mode"]) == ["emulated", "real"]
+    assert case_records(frame)["c"]["mode"] == "emulated"
+    baseline = build_baseline(frame.assign(backend="gloo", device_name="cpu", torch_version="t", commit="x"))
+    assert baseline["cases"]["c"]["mode"] == "emulated" and "mode" not in baseline["cases"]["r"]

@@ -23,7 +23,7 @@ STRATEGY_ORDER = ("ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp1")
 AXES = (
     "model", "model_args", "shard_size", "wrap", "prefetch", "precision", "optimizer", "batch_size", "seq_len",
     "activation_checkpointing", "compile", "cpu_offload", "backward_prefetch", "forward_prefetch",
-    "limit_all_gathers", "strategy_args",
+    "limit_all_gathers", "strategy_args", "mode",
 )  # fmt: skip
 FAILED_STATUSES = ("failed", "timeout", "oom")
 _FIRST = (
@@ -287,6 +287,8 @@ def axis_text(axis: str, value: Any) -> str:
         return f"prefetch={value}"
     if axis in ("precision", "model"):
         return str(value)
+    if axis == "mode":  # a plot with real and emulated cases names the emulated ones
+        return "emulated" if value == "emulated" else "real"
     if isinstance(value, (bool, np.bool_)):
         return axis if value else f"no {axis}"
     return f"{axis}={value}"
