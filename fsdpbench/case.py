@@ -60,10 +60,24 @@ class Case:
     bare_steps: int = 0  # >0: also time a bare loop of this many steps (the harness-overhead check)
     time_blocks: int = 0  # >0: this many blocks of steps, each step paired with a fixed reference workload
     time_block_steps: int = 3  # steps (and reference steps) per block: one step-time ratio sample per block
+    # run these ranks one at a time, each alone on one device with a fake process group of world_size
+    # (collectives are no-ops, every allocation is real): see fsdpbench/emulate.py
+    emulate: bool = False
+    emulate_ranks: tuple[int, ...] = (0,)
 
     @property
     def global_batch_size(self) -> int:
         return self.batch_size * self.world_size
+
+    @property
+    def mode(self) -> str:
+        """'emulated' (one rank at a time, fake process group) or 'real' (every rank, real collectives)."""
+        return "emulated" if self.emulate else "real"
+
+    @property
+    def devices_needed(self) -> int:
+        """Devices this case occupies at once: an emulated rank runs alone on one device."""
+        return 1 if self.emulate else self.world_size
 
     @property
     def case_id(self) -> str:
@@ -83,6 +97,8 @@ class Case:
             parts.append(f"bwd-{self.backward_prefetch}")
         if self.forward_prefetch:
             parts.append("fwdpf")
+        if self.emulate:
+            parts.append("emulated")
         readable = "_".join(parts)[:MAX_ID_CHARS]
         return readable + "_" + digest
 
@@ -99,8 +115,9 @@ class Case:
         if unknown:
             raise ValueError(f"unknown Case fields: {sorted(unknown)}")
         data = dict(data)
-        if "wrap_classes" in data:
-            data["wrap_classes"] = tuple(data["wrap_classes"])
+        for name in ("wrap_classes", "emulate_ranks"):
+            if name in data:
+                data[name] = tuple(data[name])
         return cls(**data)
 
     def replace(self, **changes: Any) -> "Case":

@@ -303,7 +303,7 @@ class _ReducerWithoutRebuild:
         return getattr(self._reducer, name)
 
 
-def _patch_ddp(model: torch.nn.Module, world_size: int) -> torch.nn.Module:
+def _patch_ddp(model: torch.nn.Module, world_size: int, *, rebuild_buckets: bool = False) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     if not isinstance(model, DistributedDataParallel):
@@ -317,7 +317,8 @@ def _patch_ddp(model: torch.nn.Module, world_size: int) -> torch.nn.Module:
             return fut
 
         model.register_comm_hook(None, allreduce_in_place)
-    model.reducer = _ReducerWithoutRebuild(model.reducer)
+    if not rebuild_buckets:  # fake tensors have no data to rebuild from; real ones (emulation) do
+        model.reducer = _ReducerWithoutRebuild(model.reducer)
     return model
 
 

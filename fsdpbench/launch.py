@@ -54,10 +54,8 @@ def free_port() -> int:
 
 
 def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
-    """Run one case on ``case.world_size`` local processes; never raises for a rank's failure."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
-
-    from fsdpbench.worker import rank_entry
+    """Run one case on ``case.world_size`` local processes (an emulated case: its ``emulate_ranks``, one
+    process at a time); never raises for a rank's failure."""
     from fsdpbench.scenario import check_devices
 
     shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
@@ -72,22 +70,51 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
         _preload_set = True
 
     _clear_case_dir(case_dir)
+    # a real case starts all its ranks together; an emulated one each of its ranks alone, one at a time
+    groups = [[r] for r in case.emulate_ranks] if case.emulate else [list(range(case.world_size))]
+    ranks: list[dict[str, Any]] = []
+    status, errors, pids, wall, exit_codes = "ok", [], [], 0.0, {}
+    for group in groups:
+        g_status, g_error, g_ranks, g_pids, g_wall, g_codes = _launch_group(case, case_dir, group)
+        ranks += g_ranks
+        pids += g_pids
+        wall += g_wall
+        exit_codes.update(g_codes)
+        if g_status != "ok":
+            status = g_status if status == "ok" else status
+            errors.append(g_error)
+    return CaseOutcome(status=status, error="; ".join(errors), ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks),
+                       pids=sorted(pids), exit_codes=exit_codes)  # fmt: skip
+
+
+def _launch_group(
+    case: Case, case_dir: Path, group: list[int]
+) -> tuple[str, str, list[dict[str, Any]], list[int], float, dict[int, int | None]]:
+    """Start the ranks in ``group`` together, wait for them (timeout), read what they wrote."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+    from fsdpbench.worker import rank_entry
+
     n, port = case.world_size, free_port()
+    # an emulated rank has the machine to itself: on a GPU, cuda:0; on the CPU, the threads a real rank
+    # of this case would get here (so its compute time is one real rank's)
+    local_world = len(group) if case.device == "cuda" or not case.emulate else n
     envs = {
-        r: {
-            "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(n),
+        i: {
+            "RANK": str(r), "LOCAL_RANK": str(i), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(local_world),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "TORCHELASTIC_RUN_ID": case.case_id, ORCHESTRATOR_PID_ENV: str(os.getpid()),
         }
-        for r in range(n)
+        for i, r in enumerate(group)
     }  # fmt: skip
-    args = {r: (case.to_json(), str(case_dir)) for r in range(n)}
+    args = {i: (case.to_json(), str(case_dir)) for i in range(len(group))}
+    log_dir = case_dir / "elastic" / (f"rank{group[0]}" if case.emulate else "")
     t0 = time.perf_counter()
     handlers = _signal_handlers()
     try:
         pc = start_processes(
             name=case.case_id, entrypoint=rank_entry, args=args, envs=envs,
-            logs_specs=DefaultLogsSpecs(log_dir=str(case_dir / "elastic")), start_method="forkserver",
+            logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)), start_method="forkserver",
         )  # fmt: skip
     finally:
         _restore_signal_handlers(handlers)  # Ctrl-C stays a KeyboardInterrupt that the sweep handles
@@ -101,11 +128,12 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
         if result is None:  # timeout or interrupt: stop the ranks now
             pc.close(timeout=5)
     wall = time.perf_counter() - t0
-    exitcodes = _exitcodes(pc)
+    # the launcher numbers a group's processes 0..len-1; results name the case's ranks
+    exitcodes = {group[i]: code for i, code in _exitcodes(pc).items()}
 
-    ranks = [_read_rank(case_dir, r) for r in range(n)]
-    for r, rank in enumerate(ranks):
-        rank["exit_code"] = exitcodes.get(r)
+    ranks = [_read_rank(case_dir, r) for r in group]
+    for rank in ranks:
+        rank["exit_code"] = exitcodes.get(rank["rank"])
     if result is None:
         status = "timeout"
         error = f"timed out after {case.timeout_s:g} s; " + _phase_summary(ranks)
@@ -117,8 +145,7 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     for rank in ranks:
         if rank.get("status") in (None, "running"):
             rank["status"] = status
-    return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks), pids=pids,
-                       exit_codes=exitcodes)  # fmt: skip
+    return status, error, ranks, pids, wall, exitcodes
 
 
 def _wait(pc: Any, timeout_s: float) -> tuple[Any, dict[int, int]]:
@@ -185,7 +212,7 @@ def _live_rank_pids(case_dir: Path) -> list[int]:
 def collect_case(case: Case, case_dir: Path) -> CaseOutcome:
     """The outcome of a case whose ranks ran elsewhere (torchrun/srun across nodes, writing into
     ``case_dir``): read their rank files; a rank that wrote nothing or stopped early is a failure."""
-    ranks = [_read_rank(case_dir, r) for r in range(case.world_size)]
+    ranks = [_read_rank(case_dir, r) for r in (case.emulate_ranks if case.emulate else range(case.world_size))]
     bad = [r for r in ranks if r.get("status") != "ok"]
     if not bad:
         status, error = "ok", ""
@@ -223,7 +250,7 @@ def _failure(
     the OOM killer), else the rank whose error came first (the others usually fail because it left).
     A rank the launcher stopped after the first failure (SIGTERM, then SIGKILL) is never the cause."""
     silent = [
-        f"rank {r} {_exit_text(code)} in phase {ranks[r].get('phase')} without a Python exception"
+        f"rank {ranks[r]['rank']} {_exit_text(code)} in phase {ranks[r].get('phase')} without a Python exception"
         for r, code in sorted(self_exited.items())
         if ranks[r].get("status") in (None, "running") and code not in (0, None)
     ]

@@ -35,6 +35,7 @@ import pandas as pd
 
 from fsdpbench.case import Case
 from fsdpbench.timegate import ALPHA
+from fsdpbench.summary import row_mode
 
 BASELINE_FORMAT = 1
 KINDS = ("memory", "comm", "time", "loss")
@@ -167,6 +168,8 @@ def case_from_row(row: Mapping[str, Any]) -> Case:
             value = json.loads(value or "{}")
         elif f.name == "wrap_classes":
             value = tuple(v for v in str(value or "").split(",") if v)
+        elif f.name == "emulate_ranks":
+            value = tuple(int(v) for v in str(value or "0").split(",") if v)
         elif isinstance(value, float) and math.isnan(value):
             value = None
         elif isinstance(value, float) and value.is_integer() and "int" in str(f.type):
@@ -221,7 +224,7 @@ def case_records(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
         rec: dict[str, Any] = {
             "status": status, "error": str(first.get("case_error", first.get("error")) or ""),
             "strategy": first["strategy"], "world_size": int(first["world_size"]),
-            "run_case_id": first.get("run_case_id", case_id), "metrics": {},
+            "run_case_id": first.get("run_case_id", case_id), "metrics": {}, "mode": row_mode(first),
             "peers": tuple(str(first[c]) for c in PEER_COLUMNS if c in g.columns),
         }  # fmt: skip
         if status == "ok":
@@ -293,6 +296,8 @@ def build_baseline(
     entries: dict[str, Any] = {}
     for cid, c in cases.items():
         entry: dict[str, Any] = {"status": c["status"], "strategy": c["strategy"], "world_size": c["world_size"]}
+        if c["mode"] == "emulated":  # only then: baselines of real runs stay as they were
+            entry["mode"] = "emulated"
         if c["status"] == "skipped":
             entry["reason"] = c["error"]
         metrics = {k: (round(v, 3) if k == "case_step_time_ms" else v) for k, v in c["metrics"].items()}
@@ -410,7 +415,13 @@ def compare(
         rows.append(_row(cid, "case", None, None, None, None, "new", False,
                          f"not in the baseline (status {cases[cid]['status']}); add it by re-writing the baseline",
                          run_case_id=cases[cid]["run_case_id"]))  # fmt: skip
-    return Comparison(records=pd.DataFrame(rows, columns=_COLUMNS), machine_matches=not differs, notes=notes)
+    records = pd.DataFrame(rows, columns=_COLUMNS)
+    # which figures are emulated (one rank alone, fake process group): the run's, else the baseline's
+    records["mode"] = [(cases.get(cid) or baseline["cases"].get(cid) or {}).get("mode", "real")
+                       for cid in records["case_id"]]  # fmt: skip
+    if (records["mode"] == "emulated").any():
+        notes.append("emulated cases: one rank alone with a fake process group; step times are compute only")
+    return Comparison(records=records, machine_matches=not differs, notes=notes)
 
 
 _COLUMNS = ["case_id", "metric", "kind", "baseline", "now", "change", "tolerance", "gate", "verdict", "fails",

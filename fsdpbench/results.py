@@ -28,7 +28,7 @@ from fsdpbench.rundir import RunLock, check_component, check_inside
 CORE_COLUMNS = [
     "case_id", "scenario", "strategy", "world_size", "shard_size", "rank", "model", "model_args", "params",
     "wrap", "n_units", "prefetch", "precision", "optimizer", "batch_size", "global_batch_size", "seq_len",
-    "warmup_steps", "timed_steps", "status", "error", "step_time_ms", "loss_final", "backend", "device",
+    "warmup_steps", "timed_steps", "status", "error", "step_time_ms", "loss_final", "backend", "device", "mode",
 ]  # fmt: skip
 
 
@@ -62,6 +62,8 @@ def case_columns(case: Case) -> dict[str, Any]:
     d["model_args"] = json.dumps(d["model_args"], sort_keys=True)
     d["strategy_args"] = json.dumps(d["strategy_args"], sort_keys=True)
     d["wrap_classes"] = ",".join(d["wrap_classes"])
+    d["emulate_ranks"] = ",".join(map(str, d["emulate_ranks"]))
+    d["mode"] = case.mode  # emulated: one rank alone with a fake process group (fsdpbench/emulate.py)
     d["case_id"] = case.case_id
     d["global_batch_size"] = case.global_batch_size
     d["timed_steps"] = d.pop("steps")
@@ -102,7 +104,8 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
     """One row per rank for a case that ran (whatever its status)."""
     base = case_columns(case)
     ranks = outcome.ranks
-    losses = [r.get("losses") or [] for r in ranks]
+    # an emulated rank's loss is of garbage on purpose: not a loss of the case (fsdpbench/emulate.py)
+    losses = [r.get("losses") or [] for r in ranks] if not case.emulate else []
     n = min((len(x) for x in losses), default=0)
     global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
     medians = [r["step_time_ms"] for r in ranks if r.get("step_time_ms") is not None]
@@ -123,6 +126,11 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
         if case_step:
             row["throughput_samples_s"] = case.global_batch_size / (case_step / 1e3)
             row["throughput_tokens_s"] = row["throughput_samples_s"] * case.seq_len if _is_sequence(case) else None
+        if case.emulate:
+            from fsdpbench.emulate import LOSS_SKIPPED_REASON
+
+            row["loss_skipped_reason"] = LOSS_SKIPPED_REASON
+            row["throughput_samples_s"] = row["throughput_tokens_s"] = None  # compute-only time: not a throughput
         row["case_wall_s"] = outcome.wall_s
         row.update(_env_columns(env, case))
         row.update(_flops_columns(case, row))

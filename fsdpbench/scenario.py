@@ -94,6 +94,8 @@ class CaseFields(BaseModel):
     bare_steps: Steps | None = None
     time_blocks: Steps | None = None
     time_block_steps: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
+    emulate: Flag | None = None
+    emulate_ranks: Literal["all"] | list[Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)]] | Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)] | None = None
 
     @field_validator("model")
     @classmethod
@@ -379,6 +381,13 @@ def build_case(
             f"{source}: strategy: {name!r} is a plugin; loading it imports and runs that module's code. "
             f"Allow it with --allow-plugins (or {ALLOW_PLUGINS_ENV}=1)"
         )
+    if fields.get("emulate"):
+        from fsdpbench.emulate import resolve_emulate_ranks
+
+        fields["emulate_ranks"] = resolve_emulate_ranks(fields.get("emulate_ranks", [0]),
+                                                        fields.get("world_size", _DEFAULT.world_size))  # fmt: skip
+    else:  # only an emulated case runs a subset of its ranks; a real one keeps its id
+        fields.pop("emulate_ranks", None)
     try:
         strategy = get_strategy(name)
     except KeyError as exc:
@@ -394,10 +403,11 @@ def build_case(
         case = case.replace(wrap="none", wrap_min_params=_DEFAULT.wrap_min_params, wrap_classes=())
     if strategy.sharding.group != "shard_group":
         case = case.replace(shard_size=None)
+    from fsdpbench.emulate import check_emulation
     from fsdpbench.knobs import check_knobs, normalize_knobs
 
     case = normalize_knobs(case, strategy)
-    reason = strategy.check(case) or check_knobs(case, strategy) or check_devices(case)
+    reason = strategy.check(case) or check_knobs(case, strategy) or check_emulation(case) or check_devices(case)
     return case, reason
 
 
@@ -416,14 +426,15 @@ def check_devices(case: Case) -> str | None:
     """Why this machine cannot run the case's ranks on its device, or None: the one place where a case
     is skipped for lack of GPUs. It looks at the device, not the backend: a `cuda` case needs one GPU per
     rank whatever its backend (two ranks cannot share a GPU: NCCL refuses a duplicate GPU, and any rank
-    past the last GPU dies with "invalid device ordinal"). A mode that runs one rank of an N-rank job on
-    one device (fake process group) bypasses this function."""
+    past the last GPU dies with "invalid device ordinal"). An emulated case runs one rank at a time on one
+    device (fake process group), so it needs one GPU: ``Case.devices_needed`` says so."""
     if case.device == "cuda":
         import torch
 
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if case.world_size > have:
-            return f"needs {case.world_size} GPUs (one per rank, device cuda), {have} visible"
+        if case.devices_needed > have:  # an emulated case needs one GPU, whatever its world size
+            return (f"needs {case.world_size} GPUs (one per rank, device cuda), {have} visible" if not case.emulate
+                    else f"needs 1 GPU (emulated rank, device cuda), {have} visible")
     if case.backend == "nccl" and case.device != "cuda":
         return "backend nccl needs device cuda"
     return None

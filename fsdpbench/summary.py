@@ -18,6 +18,12 @@ def fmt_bytes(n: float | None) -> str:
     return str(n)
 
 
+def row_mode(row: pd.Series) -> str:
+    """'emulated' or 'real' (results written before emulation existed are real)."""
+    mode = row.get("mode")
+    return mode if isinstance(mode, str) else "real"
+
+
 def case_table(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per case: the slowest rank's median step time (with that rank's p10–p90 and the step
     counts) and the largest rank's peak."""
@@ -31,7 +37,8 @@ def case_table(frame: pd.DataFrame) -> pd.DataFrame:
         peak = g["mem_tracker_peak_bytes"].max() if "mem_tracker_peak_bytes" in g else None
         rows.append({
             "case_id": case_id, "strategy": first["strategy"], "world_size": first["world_size"],
-            "device": first["device"], "status": first.get("case_status"), "error": first.get("case_error"),
+            "device": first["device"], "mode": row_mode(first), "ranks_run": len(g),
+            "status": first.get("case_status"), "error": first.get("case_error"),
             # .get: a run whose every case was skipped has no step-time columns
             "step_time_ms": first.get("case_step_time_ms"), "p10_ms": slowest.get("step_time_p10_ms"),
             "p90_ms": slowest.get("step_time_p90_ms"), "steps": first.get("timed_steps"),
@@ -60,8 +67,14 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
         status = row.status if row.status == "ok" else f"{row.status}: {str(row.error)[:60]}"
         spread = f" ({row.p10_ms:.0f}–{row.p90_ms:.0f})" if _ok(row.p10_ms) and _ok(row.p90_ms) else ""
         table.add_row(  # Text: an error message is never read as markup
-            Text(str(row.case_id)), Text(str(row.strategy)), f"{row.world_size} {row.device}",
+            Text(str(row.case_id)), Text(str(row.strategy)),
+            f"{row.world_size} {row.device}" if row.mode != "emulated"
+            else f"{row.ranks_run} of {row.world_size} {row.device}, emulated",
             f"{ms:.1f} ms{spread}" if _ok(ms) else "—", fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
             Text(str(status)),
         )  # fmt: skip
     console.print(table)
+    if (cases["mode"] == "emulated").any():
+        console.print("emulated rows: each listed rank ran alone on one device with a fake process group; its step "
+                      "time is compute only (no communication), its peak has no NCCL buffers; no losses "
+                      "(docs/emulation.md)", highlight=False)  # fmt: skip

@@ -17,6 +17,7 @@ hang loses nothing already measured.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -30,6 +31,9 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
+from fsdpbench.emulate import (
+    build_rank_model, fake_collectives, init_fake_process_group, prepare_ddp, shards_on_meta, without_overlap,
+)  # fmt: skip
 from fsdpbench.knobs import apply_activation_checkpointing, apply_compile, state_placement_bytes
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
@@ -83,7 +87,8 @@ def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
     rec = RankRecorder(out_dir, rank)
     t_start = time.perf_counter()
     try:
-        _run_phases(case, rank, world, local_rank, rec, t_start)
+        with contextlib.ExitStack() as stack:
+            _run_phases(case, rank, world, local_rank, rec, t_start, stack)
         rec.update(status="ok", phase="done")
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded, then re-raised
         status = "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
@@ -98,32 +103,49 @@ def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
     return rec.data
 
 
-def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRecorder, t_start: float) -> None:
+def _run_phases(
+    case: Case, rank: int, world: int, local_rank: int, rec: RankRecorder, t_start: float,
+    stack: contextlib.ExitStack,
+) -> None:
     # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))))
-    dist.init_process_group(case.backend, device_id=device if device.type == "cuda" else None)
+    if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/emulate.py)
+        init_fake_process_group(rank, world)
+        stack.enter_context(fake_collectives(case))
+    else:
+        dist.init_process_group(case.backend, device_id=device if device.type == "cuda" else None)
     assert dist.get_world_size() == case.world_size, "launcher world size differs from the case's"
     t_pg = time.perf_counter()
     samplers = Samplers(case, device, local_rank)
     samplers.set_phase("setup")
 
     mdef, margs = resolve_model(case.model, case.model_args)
-    torch.manual_seed(case.seed)  # same initial weights on every rank
-    with torch.device(device):
-        model = mdef.build(**margs)
-    n_params = sum(p.numel() for p in model.parameters())
     strategy = get_strategy(case.strategy)
-    ctx = ApplyContext(
-        case=case, device=device, rank=rank, world_size=world,
-        units=get_wrap_units(model, case) if strategy.uses_wrap else [],
-    )  # fmt: skip
-    model = apply_activation_checkpointing(model, case)
-    model = apply_compile(model, case)
-    model = strategy.apply(model, ctx)
+    units: list[torch.nn.Module] = []
+
+    def apply_strategy(model: torch.nn.Module) -> torch.nn.Module:
+        units[:] = get_wrap_units(model, case) if strategy.uses_wrap else []
+        ctx = ApplyContext(case=case, device=device, rank=rank, world_size=world, units=list(units))
+        model = apply_activation_checkpointing(model, case)
+        model = apply_compile(model, case)
+        return strategy.apply(model, ctx)
+
+    if case.emulate:  # only this rank's shards are ever allocated
+        model, n_params = build_rank_model(
+            mdef, margs, apply_strategy, shard_on_meta=shards_on_meta(strategy),
+            device=device, seed=case.seed, rank=rank,
+        )  # fmt: skip
+        model = prepare_ddp(model, world)
+    else:
+        torch.manual_seed(case.seed)  # same initial weights on every rank
+        with torch.device(device):
+            model = mdef.build(**margs)
+        n_params = sum(p.numel() for p in model.parameters())
+        model = apply_strategy(model)
     optimizer = strategy.build_optimizer(model, case)
     rec.update(
-        phase="warmup", params=n_params, n_units=len(ctx.units) + 1 if strategy.uses_wrap else 1,
+        phase="warmup", params=n_params, n_units=len(units) + 1 if strategy.uses_wrap else 1, mode=case.mode,
         threads=torch.get_num_threads(), init_pg_s=t_pg - t_start, setup_s=time.perf_counter() - t_start,
         samplers=samplers.status,
     )  # fmt: skip
@@ -210,7 +232,8 @@ def _run_phases(case: Case, rank: int, world: int, local_rank: int, rec: RankRec
             for _ in range(case.profile_steps):
                 train_step(step)
                 step += 1
-        extra.update(analyze_profile(trace_path, case, strategy.sharding, n_params))
+        profiled = analyze_profile(trace_path, case, strategy.sharding, n_params)
+        extra.update(without_overlap(profiled) if case.emulate else profiled)
         rec.update(extra_columns=extra)
 
     # ---- optional: blocks of steps, each step paired with a fixed reference step (the CI time gate)

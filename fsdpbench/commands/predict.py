@@ -41,6 +41,11 @@ ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or it
 )  # fmt: skip
 
 
+# --method → which predictors run; "emulated" prints the measurement beside the (instant) analytic figure
+METHODS = {"analytic": ("analytic",), "traced": ("traced",), "both": ("analytic", "traced"),
+           "emulated": ("analytic", "emulated"), "all": ("analytic", "traced", "emulated")}  # fmt: skip
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsdpbench.case import OPTIMIZERS, WRAPS
     from fsdpbench.memory_model import PRECISIONS
@@ -64,7 +69,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
                         help="cuda (nccl, 512-byte blocks, context allowance) or cpu (gloo) (default: cuda)")
     parser.add_argument("--rank", type=int, default=0, help="which rank (ZeRO-1's partition differs by rank)")
-    parser.add_argument("--method", default="analytic", choices=("analytic", "traced", "both"))
+    parser.add_argument("--method", default="analytic", choices=METHODS,
+                        help="analytic (formula); traced (fake tensors); both; emulated (one real rank alone on "
+                             "this machine's device with a fake process group, printed beside analytic); all")
     parser.add_argument("--device-memory", help="device memory per rank, e.g. 80GiB: fits? largest batch? fewest ranks?")
     parser.add_argument("--max-world-size", type=int, default=65536, help="search limit for the smallest world size")
     parser.add_argument("--context-allowance", default="1GiB", help="CUDA context + NCCL allowance (default: 1GiB)")
@@ -153,7 +160,8 @@ def _predict_one(args: argparse.Namespace, case: Any, device_memory: int | None,
         shard = resolve_shard_size(case, get_strategy(case.strategy).sharding) or 1
         fit = fit_report(case, predict, device_memory, max_world_size=args.max_world_size, shard_multiple=shard)
     out["fit"] = fit
-    if args.method in ("analytic", "both"):
+    methods = METHODS[args.method]
+    if "analytic" in methods:
         pred = predict(case)
         out["analytic"] = pred
         rec = pred.to_dict()
@@ -161,7 +169,20 @@ def _predict_one(args: argparse.Namespace, case: Any, device_memory: int | None,
             rec.update(device_memory_bytes=fit.device_memory_bytes, fits=fit.fits, fit_complete=fit.complete,
                        largest_batch=fit.largest_batch, smallest_world_size=fit.smallest_world_size)  # fmt: skip
         out["json"].append(rec)
-    if args.method in ("traced", "both"):
+    if "emulated" in methods:
+        if facts is not None:
+            raise ValueError("--method emulated needs --model (a parameter count alone cannot run)")
+        from fsdpbench.emulate import emulate_rank
+
+        emu = emulate_rank(case, rank=args.rank)
+        out["emulated"] = emu
+        rec = emu.to_dict()
+        if device_memory is not None:  # "fits?" from the emulated rank's peak, plus the stated allowance
+            needed = emu.device_peak_bytes + (context if case.device == "cuda" else 0)
+            out["emulated_fit"] = (needed, needed <= device_memory)
+            rec.update(device_memory_bytes=device_memory, fits=needed <= device_memory, needed_bytes=needed)
+        out["json"].append(rec)
+    if "traced" in methods:
         if facts is not None:
             raise ValueError("--method traced needs --model (a parameter count alone cannot be traced)")
         from fsdpbench.estimate import estimate
@@ -183,7 +204,7 @@ def _fmt(nbytes: int | None, units: str) -> str:
 
 def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
     case, units = res["case"], args.units
-    pred, est = res.get("analytic"), res.get("traced")
+    pred, est, emu = res.get("analytic"), res.get("traced"), res.get("emulated")
     size = f"Ψ = {args.params:.4g}" if args.params is not None else case.model
     title = (f"{case.strategy} — {size}, {case.world_size} ranks, {case.precision}, {case.optimizer}, "
              f"batch {case.batch_size} × seq {case.seq_len}, {case.device}, rank {args.rank} ({units})")  # fmt: skip
@@ -193,20 +214,24 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
         table.add_column("analytic", justify="right")
     if est:
         table.add_column("traced (tracker)", justify="right")
+    if emu:
+        table.add_column("emulated (measured)", justify="right")
     traced_rows = _traced_rows(est) if est else {}
+    emulated_rows = _emulated_rows(emu) if emu else {}
     skipped = []
     for key, label in ROWS:
         cells = []
         if pred:
             value = _analytic_value(pred, key)
-            if value is None and not est:
+            if value is None and not (est or emu):
                 skipped.append(label.lstrip("·+ "))
                 continue
             same = key == "resting" and pred.resting_states_bytes == pred.model_states_bytes
-            cells.append("same" if same and est else _fmt(value, units))
-        if est:
-            value = traced_rows.get(key)
-            cells.append("—" if value is None else _fmt(value, units))
+            cells.append("same" if same and (est or emu) else _fmt(value, units))
+        for shown, rows in ((est, traced_rows), (emu, emulated_rows)):
+            if shown:
+                value = rows.get(key)
+                cells.append("—" if value is None else _fmt(value, units))
         if all(c in ("0", "—") for c in cells):
             continue
         if key == "peak" and pred and pred.peak_moment:
@@ -220,6 +245,8 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
     for note in (pred.notes if pred else ()) + (est.notes if est else ()):
         if not (skipped and "need a model" in note):
             console.print(f"  note: {note}", highlight=False)
+    if emu:
+        _print_emulated(console, emu, res.get("emulated_fit"), units, args)
     fit = res.get("fit")
     if fit:
         mem = _fmt(fit.device_memory_bytes, units)
@@ -248,6 +275,40 @@ def _analytic_value(pred: Any, key: str) -> int | None:
             return 0  # same as model states: not repeated
         return direct[key]
     return pred.peak_breakdown.get(key) if pred.peak_breakdown else None
+
+
+def _emulated_rows(emu: Any) -> dict[str, int]:
+    """The emulated rank's tracker, in the traced column's terms; on a GPU the device peak is the
+    allocator's (peak reserved), on the CPU the tracker's."""
+    rows = _traced_rows(emu)
+    rows["device_peak"] = emu.device_peak_bytes
+    return rows
+
+
+def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, units: str, args: Any) -> None:
+    from fsdpbench.emulate import EMULATION_LIMITS
+
+    where = "cuda:0" if emu.device == "cuda" else "the CPU"
+    console.print(f"  emulated: rank {emu.rank} alone on {where} with a fake process group, one warm-up, one timed "
+                  f"and one tracked step, {emu.wall_s:.1f} s in all; compute-only step "
+                  f"{(emu.step_time_ms or 0) / 1e3:.2f} s", highlight=False)  # fmt: skip
+    if emu.alloc_peak_allocated_bytes is not None:
+        console.print(f"  emulated CUDA allocator peak: allocated {_fmt(emu.alloc_peak_allocated_bytes, units)}, "
+                      f"reserved {_fmt(emu.alloc_peak_reserved_bytes, units)} {units}; NVML peak "
+                      f"{_fmt(emu.nvml_peak_bytes, units)}", highlight=False)  # fmt: skip
+    console.print(f"  emulation cannot see: {EMULATION_LIMITS['collective_time']}; {EMULATION_LIMITS['nccl_buffers']}",
+                  highlight=False)  # fmt: skip
+    if fit:
+        needed, fits = fit
+        extra = f" + {args.context_allowance} CUDA context/NCCL allowance" if emu.device == "cuda" else ""
+        console.print(f"  emulated: {'fits' if fits else 'does NOT fit'} in {_fmt(parse_device_memory(args), units)} "
+                      f"{units} (needs {_fmt(needed, units)}: emulated device peak{extra})", highlight=False)
+
+
+def parse_device_memory(args: Any) -> int:
+    from fsdpbench.memory_model.search import parse_bytes
+
+    return parse_bytes(args.device_memory)
 
 
 def _traced_rows(est: Any) -> dict[str, int]:

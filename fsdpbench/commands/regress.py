@@ -186,6 +186,8 @@ def _cells(row: Any) -> list[str]:
         f"{row.tolerance:.0e}" if row.metric == "losses" else f"{row.tolerance:.0%}")  # fmt: skip
     verdict = row.verdict + (" ✗" if row.fails else "")
     case = row.case_id if row.run_case_id == row.case_id else f"{row.case_id} (ran as {row.run_case_id})"
+    if getattr(row, "mode", "real") == "emulated":
+        case += " [emulated]"
     return [case, row.metric, fmt_value(row.metric, row.baseline), fmt_value(row.metric, row.now),
             fmt_change(row.metric, row.change), f"{tol} {row.gate or ''}".strip(), verdict, row.note or ""]  # fmt: skip
 

@@ -33,6 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also run the traced memory predictor for every case and rank (traced_* columns "
                              "beside the analytic pred_*; seconds per case)")
     add_link_argument(parser)
+    parser.add_argument("--emulate", action="store_true",
+                        help="emulate every case: its rank 0 (or --set emulate_ranks=all / [0,3]) alone on one device "
+                             "with a fake process group of the case's world size; real allocations, compute-only "
+                             "step time, no losses (see docs/emulation.md)")
     parser.add_argument("--export-cases", metavar="DIR",
                         help="write one JSON file per case (for torchrun/srun across nodes), run nothing")
     parser.add_argument("--allow-plugins", action="store_true",
@@ -101,6 +105,8 @@ def _main(args: argparse.Namespace, console: Console) -> int:
     allow_plugins = args.allow_plugins or None  # None: the environment variable decides
     try:
         overrides = parse_overrides(args.set)
+        if args.emulate:
+            overrides["emulate"] = True
         if overrides:
             from fsdpbench.scenario import CaseFields
 
@@ -143,6 +149,11 @@ def _main(args: argparse.Namespace, console: Console) -> int:
         started=meta.get("started") or now_iso(),
         skipped=[{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
     )  # fmt: skip
+    emulated = [c for c in scenario.cases if c.emulate]
+    if emulated:
+        from fsdpbench.emulate import EMULATION_LIMITS
+
+        meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
     n_todo = len(scenario.cases) - (len(store.completed_ids() & {c.case_id for c in scenario.cases}) if args.resume else 0)
     console.print(
         f"[bold]{escape(scenario.name)}[/]: {len(scenario.cases)} cases ({n_todo} to run), "
@@ -161,7 +172,9 @@ def _main(args: argparse.Namespace, console: Console) -> int:
             task = progress.add_task("cases", total=n_todo)
 
             def on_start(case, i):
-                progress.update(task, description=f"{case.case_id} ({case.world_size} {case.device} ranks)")
+                ranks = (f"rank {','.join(map(str, case.emulate_ranks))} of {case.world_size}, emulated" if case.emulate
+                         else f"{case.world_size} {case.device} ranks")  # fmt: skip
+                progress.update(task, description=f"{case.case_id} ({ranks})")
 
             def on_done(case, outcome, rows):
                 colour = "green" if outcome.status == "ok" else "red"

@@ -23,7 +23,7 @@ STRATEGY_ORDER = ("ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp1")
 AXES = (
     "model", "model_args", "shard_size", "wrap", "prefetch", "precision", "optimizer", "batch_size", "seq_len",
     "activation_checkpointing", "compile", "cpu_offload", "backward_prefetch", "forward_prefetch",
-    "limit_all_gathers", "strategy_args",
+    "limit_all_gathers", "strategy_args", "mode",
 )  # fmt: skip
 FAILED_STATUSES = ("failed", "timeout", "oom")
 _FIRST = (
@@ -32,6 +32,7 @@ _FIRST = (
     "timed_steps", "backend", "device", "device_name", "activation_checkpointing", "compile", "cpu_offload",
     "backward_prefetch", "forward_prefetch", "limit_all_gathers", "strategy_args", "torch_version", "commit",
     "case_step_time_ms", "throughput_samples_s", "throughput_tokens_s", "case_wall_s", "loss_first", "loss_final",
+    "mode", "emulate_ranks",
 )  # fmt: skip
 TRACKER_PEAK_COLUMNS = ("mem_tracker_peak_bytes", *(f"mem_tracker_peak_{c}_bytes" for c in CATEGORIES))
 
@@ -131,7 +132,12 @@ def build_case_frame(results: pd.DataFrame) -> pd.DataFrame:
     cases["strategy_rank"] = cases["strategy"].map(_strategy_rank)
     sort = [c for c in ("run", "model", "world_size", "strategy_rank", "wrap", "prefetch", "precision") if c in cases]
     cases = cases.sort_values(sort, kind="stable", na_position="last").reset_index(drop=True)
-    cases["ranks_label"] = [ranks_label(r.world_size, r.device, r.backend) for r in cases.itertuples()]
+    modes = cases["mode"] if "mode" in cases else pd.Series("real", index=cases.index)
+    emulated = cases["emulate_ranks"] if "emulate_ranks" in cases else pd.Series("", index=cases.index)
+    cases["ranks_label"] = [
+        ranks_label(r.world_size, r.device, r.backend, mode=m, emulated_ranks=e)
+        for r, m, e in zip(cases.itertuples(), modes, emulated)
+    ]
     cases["label"] = case_labels(cases)
     return cases
 
@@ -257,10 +263,14 @@ def _strategy_rank(name: Any) -> int:
     return STRATEGY_ORDER.index(name) if name in STRATEGY_ORDER else len(STRATEGY_ORDER)
 
 
-def ranks_label(world_size: Any, device: Any, backend: Any) -> str:
-    """'4 CPU ranks (gloo)' or '4 GPUs (NCCL)': a CPU rank is never called a GPU."""
+def ranks_label(world_size: Any, device: Any, backend: Any, *, mode: Any = "real", emulated_ranks: Any = "") -> str:
+    """'4 CPU ranks (gloo)' or '4 GPUs (NCCL)': a CPU rank is never called a GPU. Emulated: 'rank 0 of 4
+    GPUs (NCCL), emulated on one device' — the others never ran."""
     n = int(world_size) if _ok(world_size) else 0
     backend_name = str(backend) if _ok(backend) else "?"
+    if mode == "emulated":
+        real = ranks_label(world_size, device, backend)
+        return f"rank {emulated_ranks} of {real}, emulated on one {'GPU' if device == 'cuda' else 'CPU'}"
     if device == "cuda":
         return f"{n} GPU{'s' if n != 1 else ''} ({backend_name.upper()})"
     return f"{n} CPU rank{'s' if n != 1 else ''} ({backend_name})"
@@ -298,6 +308,8 @@ def axis_text(axis: str, value: Any) -> str:
         return f"prefetch={value}"
     if axis in ("precision", "model"):
         return str(value)
+    if axis == "mode":  # a plot with real and emulated cases names the emulated ones
+        return "emulated" if value == "emulated" else "real"
     if isinstance(value, (bool, np.bool_)):
         return axis if value else f"no {axis}"
     return f"{axis}={value}"

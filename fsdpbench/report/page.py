@@ -128,7 +128,8 @@ def render_case_table(data: ReportData) -> str:
              '<p class="caption">All cases of the run, failed and skipped ones with their reason. Memory: tracker '
              "peak of the largest rank; prediction: analytic model for the same case (traced: the traced predictor, "
              "in runs made with --traced), error = (predicted − measured) / measured; wall: launch to exit of the "
-             "case's processes (from run.json).</p>"]  # fmt: skip
+             "case's processes (from run.json). Emulated cases (ranks column): only the named ranks ran, each alone "
+             "with a fake process group: compute-only step time, no NCCL buffers, no losses.</p>"]  # fmt: skip
     if table.empty:
         parts.append('<p class="missing">no cases in this run</p></section>')
         return "\n".join(parts)
@@ -167,6 +168,12 @@ def render_environment(data: ReportData) -> str:
             ("NVML", f"{'yes' if env.get('nvml_available') else 'no'} — {env.get('nvml_reason', '')}"),
             ("ranks", describe_ranks(data.cases[data.cases["run"] == run.run]) if "run" in data.cases else ""),
         ]  # fmt: skip
+        emulation = meta.get("emulation") or {}
+        if emulation:
+            items.append(("emulated cases", f"{len(emulation.get('cases') or [])}: each listed rank ran alone on one "
+                          "device with a fake process group (collectives are no-ops; every allocation is real)"))
+            items += [(f"emulation cannot see: {k.replace('_', ' ')}", v)
+                      for k, v in (emulation.get("cannot_see") or {}).items()]
         skipped = meta.get("skipped") or []
         if skipped:
             items.append(("skipped", "; ".join(f"{s.get('case_id')}: {s.get('reason')}" for s in skipped)))
