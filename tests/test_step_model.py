@@ -9,7 +9,9 @@ import pytest
 
 from fsdpbench.comm_model import LINK_PRESETS, Link, LinkError, collective_time_us, validate_link_spec
 from fsdpbench.comm_probe import fit_link
-from fsdpbench.metrics.step_model import PlacedCollective, StepTimeline, build_timeline, simulate
+from fsdpbench.metrics.step_model import (
+    ModelNotApplicable, PlacedCollective, StepTimeline, build_timeline, simulate,
+)
 
 LINK = Link("test", alpha_us=10.0, busbw_GBps=100.0)  # 100 GB/s = 1e5 bytes per µs
 
@@ -106,6 +108,15 @@ def test_timeline_from_a_gloo_trace_removes_waits_and_places_collectives() -> No
     link = Link("gloo", 50.0, 1.0, reduce_scatter_as_all_reduce=True)
     (out,) = simulate([timeline], link)
     assert out["model_step_time_ms"] == pytest.approx((300 + 51.2 + 52.4) / 1e3)
+
+
+def test_a_profiler_correction_over_half_the_compute_refuses_to_model() -> None:
+    # 6 cpu_ops × 25 µs = 150 µs of 300 µs compute: half, still a correction
+    assert build_timeline(_gloo_trace(), "zero3", "cpu", profiler_overhead_us_per_op=25.0).compute_us == (
+        pytest.approx(150.0))
+    # 6 × 60 µs = 360 µs > 300 µs: once clamped to a 0 ms step; now no model, and the reason
+    with pytest.raises(ModelNotApplicable, match=r"360 µs|0\.4 ms.*over 50% of the profiled step's compute"):
+        build_timeline(_gloo_trace(), "zero3", "cpu", profiler_overhead_us_per_op=60.0)
 
 
 def test_fit_link_recovers_alpha_and_busbw_from_exact_points() -> None:

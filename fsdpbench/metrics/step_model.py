@@ -231,6 +231,15 @@ def _profiled_ops(events: list[dict[str, Any]]) -> int:
     return sum(1 for e in events if e.get("cat") == "cpu_op" and (e.get("pid"), e.get("tid")) not in comm_threads)
 
 
+# Above this share of the profiled compute, the profiler's estimated own cost is the figure, not a
+# correction to it: the modelled compute would be mostly an estimate (down to 0 ms on tiny steps).
+MAX_PROFILER_SHARE = 0.5
+
+
+class ModelNotApplicable(ValueError):
+    """The profiled step cannot carry a modelled step time; the message says why."""
+
+
 def build_timeline(
     trace: dict[str, Any], pattern: str, device_type: str, *, steps: int = 1, group_size: int | None = None,
     profiler_overhead_us_per_op: float = 0.0,
@@ -246,7 +255,13 @@ def build_timeline(
     waits = _waits(comm, compute, span)
     raw_compute = _Clock(span[0], waits)(span[1])
     overhead = 0.0 if on_gpu else profiler_overhead_us_per_op * _profiled_ops(events)
-    scale = max(0.0, raw_compute - overhead) / raw_compute if raw_compute > 0 else 1.0
+    if overhead > MAX_PROFILER_SHARE * raw_compute:
+        raise ModelNotApplicable(
+            f"the profiler's estimated own cost ({overhead / 1e3:.1f} ms: {profiler_overhead_us_per_op:.2f} µs × "
+            f"{_profiled_ops(events)} recorded ops) is over {MAX_PROFILER_SHARE:.0%} of the profiled step's compute "
+            f"({raw_compute / 1e3:.1f} ms): too short a step to model its compute from a CPU profile"
+        )
+    scale = (raw_compute - overhead) / raw_compute if raw_compute > 0 else 1.0
     clock = _Clock(span[0], waits, scale)
     to_device = _host_to_device(events) if on_gpu else (lambda t: t)
     step_end = span[1]
