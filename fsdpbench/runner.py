@@ -156,7 +156,7 @@ def add_step_model(case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path
     slowest rank's, as case_step_time_ms is), from the ranks' profiled traces."""
     from fsdpbench.comm_probe import profiler_overhead_us, resolve_link
     from fsdpbench.metrics.profiled import hsdp_group_sizes
-    from fsdpbench.metrics.step_model import ModelNotApplicable, case_model_columns
+    from fsdpbench.metrics.step_model import case_model_columns
 
     traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows["rank"] if int(r) >= 0}
     traces = {r: p for r, p in traces.items() if p.exists()}
@@ -170,9 +170,6 @@ def add_step_model(case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path
         per_rank = case_model_columns(traces, pattern, device_type, link, steps=max(1, case.profile_steps),
                                       group_size=hsdp_group_sizes(case, pattern)[1],
                                       profiler_overhead_us_per_op=overhead)  # fmt: skip
-    except ModelNotApplicable as exc:  # a known limit, not a failure: the rows say why there is no model
-        rows["model_skipped_reason"] = str(exc)
-        return rows
     except Exception as exc:  # noqa: BLE001 — a model bug must not lose the measurement
         print(f"warning: step-time model failed for {case.case_id}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return rows

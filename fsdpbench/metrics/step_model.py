@@ -65,6 +65,7 @@ class StepTimeline:
     waits_removed_us: float = 0.0
     steps: int = 1
     profiler_removed_us: float = 0.0
+    note: str = ""  # why the compute figure is not corrected, if it is not
 
 
 def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]]:
@@ -232,12 +233,8 @@ def _profiled_ops(events: list[dict[str, Any]]) -> int:
 
 
 # Above this share of the profiled compute, the profiler's estimated own cost is the figure, not a
-# correction to it: the modelled compute would be mostly an estimate (down to 0 ms on tiny steps).
+# correction to it (it once took tiny steps down to 0 ms): such a step is modelled uncorrected, and says so.
 MAX_PROFILER_SHARE = 0.5
-
-
-class ModelNotApplicable(ValueError):
-    """The profiled step cannot carry a modelled step time; the message says why."""
 
 
 def build_timeline(
@@ -255,12 +252,12 @@ def build_timeline(
     waits = _waits(comm, compute, span)
     raw_compute = _Clock(span[0], waits)(span[1])
     overhead = 0.0 if on_gpu else profiler_overhead_us_per_op * _profiled_ops(events)
+    note = ""
     if overhead > MAX_PROFILER_SHARE * raw_compute:
-        raise ModelNotApplicable(
-            f"the profiler's estimated own cost ({overhead / 1e3:.1f} ms: {profiler_overhead_us_per_op:.2f} µs × "
-            f"{_profiled_ops(events)} recorded ops) is over {MAX_PROFILER_SHARE:.0%} of the profiled step's compute "
-            f"({raw_compute / 1e3:.1f} ms): too short a step to model its compute from a CPU profile"
-        )
+        note = (f"profiler cost not taken out: its estimate ({overhead / 1e3:.1f} ms, {profiler_overhead_us_per_op:.2f} µs "
+                f"× {_profiled_ops(events)} ops) is over {MAX_PROFILER_SHARE:.0%} of the profiled compute "
+                f"({raw_compute / 1e3:.1f} ms); compute includes the profiler's cost (an over-estimate)")
+        overhead = 0.0
     scale = (raw_compute - overhead) / raw_compute if raw_compute > 0 else 1.0
     clock = _Clock(span[0], waits, scale)
     to_device = _host_to_device(events) if on_gpu else (lambda t: t)
@@ -290,7 +287,7 @@ def build_timeline(
         placed.append(PlacedCollective(r.kind, r.payload_bytes, r.group_size, issue, needed))
     compute_us = clock(step_end)
     removed = sum(e - s for s, e in merge_intervals(waits))
-    return StepTimeline(compute_us, tuple(placed), removed, max(1, steps), raw_compute - compute_us)
+    return StepTimeline(compute_us, tuple(placed), removed, max(1, steps), raw_compute - compute_us, note)
 
 
 def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, Any]]:
@@ -306,6 +303,7 @@ def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, A
             "model_collectives": len(timeline.collectives) / steps,
             "model_waits_removed_ms": timeline.waits_removed_us / steps / 1e3,
             "model_profiler_removed_ms": timeline.profiler_removed_us / steps / 1e3,
+            "model_note": timeline.note,
         })  # fmt: skip
     return out
 
