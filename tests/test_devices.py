@@ -5,12 +5,10 @@ These run on any machine: where the behaviour depends on CUDA being present, its
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from fsdpbench.case import Case
 from fsdpbench.launch import launch_case
@@ -62,20 +60,6 @@ def test_a_case_built_in_code_is_skipped_by_launch_before_any_process_starts(one
     outcome = launch_case(case, tmp_path / case.case_id)
     assert (outcome.status, outcome.error) == ("skipped", "needs 2 GPUs (one per rank, device cuda), 1 visible")
     assert outcome.ranks == [] and not (tmp_path / case.case_id).exists()
-
-
-@pytest.fixture
-def one_rank_gloo_group():
-    """A 1-rank gloo group in this process, undone afterwards (tests only)."""
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    excepthook = sys.excepthook  # init_process_group prefixes it with "[rank0]" and never restores it
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        sys.excepthook = excepthook
 
 
 @pytest.mark.parametrize("strategy", ["zero2", "zero3"])

@@ -4,12 +4,10 @@ installed by the memory tracker or the profiler to slow the steps after them."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks, request_cupti_teardown
 
@@ -32,19 +30,6 @@ def test_cupti_teardown_is_requested_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("TEARDOWN_CUPTI", "0")
     request_cupti_teardown()
     assert os.environ["TEARDOWN_CUPTI"] == "0"
-
-
-@pytest.fixture
-def one_rank_gloo_group():
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    excepthook = sys.excepthook
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-        sys.excepthook = excepthook
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3"])
