@@ -31,16 +31,28 @@ from fsdpbench.results import load_results
 # the model's categories → comparable groups of the tracker's
 TRANSIENT = "transient"  # unsharded grads, temporaries, reduce-scatter buffers, DDP buckets
 TRACKER_CATEGORY = {
-    "params": "params", "padding": "params", "optim": "optim", "grads": "grads",
-    "params_unsharded": "params_unsharded", "grads_unsharded": TRANSIENT, "all_gather": "all_gather",
-    "reduce_scatter": TRANSIENT, "ddp_buckets": TRANSIENT, "activations": "activations", "inputs": "activations",
+    "params": "params",
+    "padding": "params",
+    "optim": "optim",
+    "grads": "grads",
+    "params_unsharded": "params_unsharded",
+    "grads_unsharded": TRANSIENT,
+    "all_gather": "all_gather",
+    "reduce_scatter": TRANSIENT,
+    "ddp_buckets": TRANSIENT,
+    "activations": "activations",
+    "inputs": "activations",
     "temp": TRANSIENT,
-}  # fmt: skip
+}
 MEASURED_GROUPS = {
-    "params": ("params",), "optim": ("optim",), "grads": ("grads",), "params_unsharded": ("params_unsharded",),
-    "all_gather": ("all_gather",), TRANSIENT: ("grads_unsharded", "temp", "reduce_scatter"),
+    "params": ("params",),
+    "optim": ("optim",),
+    "grads": ("grads",),
+    "params_unsharded": ("params_unsharded",),
+    "all_gather": ("all_gather",),
+    TRANSIENT: ("grads_unsharded", "temp", "reduce_scatter"),
     "activations": ("activations", "inputs"),
-}  # fmt: skip
+}
 
 
 def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
@@ -53,13 +65,18 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
         rank = int(row["rank"])
         pred = predict_memory(case, rank=rank)
         rec: dict[str, Any] = {
-            "case_id": case.case_id, "strategy": case.strategy, "world_size": case.world_size, "rank": rank,
-            "model": case.model, "precision": case.precision,
+            "case_id": case.case_id,
+            "strategy": case.strategy,
+            "world_size": case.world_size,
+            "rank": rank,
+            "model": case.model,
+            "precision": case.precision,
             "states_measured": int(row["mem_tracker_model_states_bytes"]),
             "states_pred": pred.resting_states_bytes,
             "peak_measured": int(row["mem_tracker_peak_bytes"]),
-            "peak_pred": pred.peak_bytes, "peak_moment": pred.peak_moment,
-        }  # fmt: skip
+            "peak_pred": pred.peak_bytes,
+            "peak_moment": pred.peak_moment,
+        }
         rec["states_err"] = _rel(rec["states_pred"], rec["states_measured"])
         rec["peak_err"] = _rel(rec["peak_pred"], rec["peak_measured"])
         for group, cats in MEASURED_GROUPS.items():
@@ -86,8 +103,11 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
 
 def _ints(case: Case) -> Case:
     """Integer fields that a Parquet column with missing values stored as floats (shard_size)."""
-    fix = {f.name: int(getattr(case, f.name)) for f in dataclasses.fields(case)
-           if isinstance(getattr(case, f.name), float) and f.type in ("int", "int | None")}  # fmt: skip
+    fix = {
+        f.name: int(getattr(case, f.name))
+        for f in dataclasses.fields(case)
+        if isinstance(getattr(case, f.name), float) and f.type in ("int", "int | None")
+    }
     return case.replace(**fix) if fix else case
 
 
@@ -117,13 +137,17 @@ def _pct(x: Any) -> str:
 
 def print_report(result: pd.DataFrame, *, top: int | None, terms: bool, file: Any = sys.stdout) -> None:
     traced = "peak_traced" in result
-    head = f"{'case':58} {'rank':>4} {'states MiB':>11} {'err':>8} {'peak MiB':>10} {'analytic':>10} {'err':>8}"
+    head = (
+        f"{'case':58} {'rank':>4} {'states MiB':>11} {'err':>8} {'peak MiB':>10} {'analytic':>10} {'err':>8}"
+    )
     head += f" {'traced':>10} {'err':>8}" if traced else ""
     print(head + "  peak moment (analytic)", file=file)
     rows = result if top is None else result.head(top)
     for _, r in rows.iterrows():
-        line = (f"{r.case_id[:58]:58} {r['rank']:>4} {_mib(r.states_measured):>11} {_pct(r.states_err):>8} "
-                f"{_mib(r.peak_measured):>10} {_mib(r.peak_pred):>10} {_pct(r.peak_err):>8}")  # fmt: skip
+        line = (
+            f"{r.case_id[:58]:58} {r['rank']:>4} {_mib(r.states_measured):>11} {_pct(r.states_err):>8} "
+            f"{_mib(r.peak_measured):>10} {_mib(r.peak_pred):>10} {_pct(r.peak_err):>8}"
+        )
         if traced:
             line += f" {_mib(r.peak_traced):>10} {_pct(r.peak_traced_err):>8}"
         print(line + f"  {r.peak_moment}", file=file)
@@ -135,9 +159,12 @@ def print_report(result: pd.DataFrame, *, top: int | None, terms: bool, file: An
                     diffs.append(f"{group} {_mib(m)}/{_mib(p)}")
             print("      measured/predicted MiB at the peak: " + "; ".join(diffs), file=file)
     s = summarize(result)
-    print(f"\n{s['rows']} rows; worst |error|: model states {s['max_abs_states_err'] * 100:.2f}%, "
-          f"peak (analytic) {s['max_abs_peak_err'] * 100:.2f}%"
-          + (f", peak (traced) {s['max_abs_peak_traced_err'] * 100:.2f}%" if traced else ""), file=file)  # fmt: skip
+    print(
+        f"\n{s['rows']} rows; worst |error|: model states {s['max_abs_states_err'] * 100:.2f}%, "
+        f"peak (analytic) {s['max_abs_peak_err'] * 100:.2f}%"
+        + (f", peak (traced) {s['max_abs_peak_traced_err'] * 100:.2f}%" if traced else ""),
+        file=file,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--csv", help="write every row to this CSV file")
     args = parser.parse_args(argv)
     if not (Path(args.run_dir) / "results.parquet").exists() and not (Path(args.run_dir) / "cases").exists():
-        print(f"error: {args.run_dir}: no results.parquet (expected a directory written by fsdpbench run)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {args.run_dir}: no results.parquet (expected a directory written by fsdpbench run)",
+            file=sys.stderr,
+        )
         return 2
     result = check_run(args.run_dir, traced=args.traced)
     if result.empty:

@@ -20,7 +20,9 @@ def main() -> None:
     from fsdpbench.case import Case
     from fsdpbench.launch import launch_case
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="llama-7b")
     parser.add_argument("--world-size", type=int, default=64)
     parser.add_argument("--strategy", default="zero3")
@@ -28,14 +30,29 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--tracked", action="store_true",
-                        help="also run the memory-tracked step (the tracker's peak by category): a second step")
+    parser.add_argument(
+        "--tracked",
+        action="store_true",
+        help="also run the memory-tracked step (the tracker's peak by category): a second step",
+    )
     args = parser.parse_args()
     # exactly one (timed) emulated step; with --tracked a second, memory-tracked one
-    case = Case(model=args.model, strategy=args.strategy, world_size=args.world_size, precision=args.precision,
-                batch_size=args.batch_size, seq_len=args.seq_len, device=args.device,
-                backend="nccl" if args.device == "cuda" else "gloo", warmup_steps=0, steps=1, memory_steps=int(args.tracked),
-                profile_steps=0, timeout_s=3600, emulate=True)  # fmt: skip
+    case = Case(
+        model=args.model,
+        strategy=args.strategy,
+        world_size=args.world_size,
+        precision=args.precision,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        device=args.device,
+        backend="nccl" if args.device == "cuda" else "gloo",
+        warmup_steps=0,
+        steps=1,
+        memory_steps=int(args.tracked),
+        profile_steps=0,
+        timeout_s=3600,
+        emulate=True,
+    )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         outcome = launch_case(case, Path(tmp) / case.case_id)
@@ -45,10 +62,14 @@ def main() -> None:
     rank = outcome.ranks[0]
     extra = rank.get("extra_columns") or {}
     gb = 1e9
-    print(f"{case.case_id}: rank 0 of {case.world_size}, emulated on {args.device}, "
-          f"{rank['threads']} thread(s), batch {case.batch_size} x seq {case.seq_len}, {case.precision}")
-    print(f"  case wall time (fresh process, setup + {1 + int(args.tracked)} step(s)): {wall:.1f} s; "
-          f"setup {rank['setup_s']:.1f} s")
+    print(
+        f"{case.case_id}: rank 0 of {case.world_size}, emulated on {args.device}, "
+        f"{rank['threads']} thread(s), batch {case.batch_size} x seq {case.seq_len}, {case.precision}"
+    )
+    print(
+        f"  case wall time (fresh process, setup + {1 + int(args.tracked)} step(s)): {wall:.1f} s; "
+        f"setup {rank['setup_s']:.1f} s"
+    )
     print(f"  emulated step time (compute only, 1 step, no warm-up): {rank['step_time_ms'] / 1e3:.1f} s")
     if args.tracked:
         print(f"  tracker peak (live tensors, memory step): {rank['memory']['peak']['total'] / gb:.2f} GB")

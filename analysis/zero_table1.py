@@ -31,8 +31,15 @@ DEFAULT_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "reference
 
 def predicted_gb(params: float, dp_degree: int, strategy: str) -> float:
     """Model states per device in GB, from the memory model with only Ψ known."""
-    case = Case(model="decoder", strategy=strategy, world_size=dp_degree, precision="mixed", optimizer="adam",
-                device="cuda", backend="nccl")  # fmt: skip
+    case = Case(
+        model="decoder",
+        strategy=strategy,
+        world_size=dp_degree,
+        precision="mixed",
+        optimizer="adam",
+        device="cuda",
+        backend="nccl",
+    )
     return predict_memory(case, facts=ModelFacts.from_count(int(params))).model_states_bytes / 1e9
 
 
@@ -56,14 +63,25 @@ def compare(path: Path) -> list[dict[str, object]]:
         params, n = float(row["params"]), int(row["dp_degree"])
         for column, strategy in STAGES.items():
             pred = predicted_gb(params, n, strategy)
-            out.append({"params": params, "dp_degree": n, "stage": column, "strategy": strategy,
-                        "printed": row[column], "predicted_gb": pred, "match": matches_printed(pred, row[column])})  # fmt: skip
+            out.append(
+                {
+                    "params": params,
+                    "dp_degree": n,
+                    "stage": column,
+                    "strategy": strategy,
+                    "printed": row[column],
+                    "predicted_gb": pred,
+                    "match": matches_printed(pred, row[column]),
+                }
+            )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--csv", default=str(DEFAULT_CSV), help=f"the reference table (default: {DEFAULT_CSV})")
+    parser.add_argument(
+        "--csv", default=str(DEFAULT_CSV), help=f"the reference table (default: {DEFAULT_CSV})"
+    )
     args = parser.parse_args(argv)
     path = Path(args.csv)
     if not path.exists():
@@ -75,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in records:
         by_row.setdefault((r["params"], r["dp_degree"]), []).append(r)
     for (params, n), cells in by_row.items():
-        text = "  ".join(f"{c['printed']:>9} vs {c['predicted_gb']:>10.6g} {'ok' if c['match'] else 'NO':>2}"
-                         for c in cells)  # fmt: skip
+        text = "  ".join(
+            f"{c['printed']:>9} vs {c['predicted_gb']:>10.6g} {'ok' if c['match'] else 'NO':>2}"
+            for c in cells
+        )
         print(f"{params:>8.3g} {n:>5}  {text}")
     bad = [r for r in records if not r["match"]]
     print(f"\n{len(records) - len(bad)}/{len(records)} cells match the paper's printed rounding")

@@ -85,14 +85,23 @@ class Case:
         # only fields that differ from the defaults: a new field (with a default) keeps old ids valid
         fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_ID and v != _DEFAULTS.get(k)}
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:6]
-        model = self.model + "".join(f"-{safe_part(k)}{safe_part(str(v))}" for k, v in sorted(self.model_args.items()))
+        model = self.model + "".join(
+            f"-{safe_part(k)}{safe_part(str(v))}" for k, v in sorted(self.model_args.items())
+        )
         parts = [safe_part(self.strategy.replace(":", ".")), f"n{self.world_size}", safe_part(model, 120)]
         if self.shard_size:
             parts.append(f"s{self.shard_size}")
         parts += [self.wrap, f"pf{self.prefetch}", self.precision, f"b{self.batch_size}"]
         # knobs, named only when switched from their defaults (ids of plain cases do not change)
-        parts += [name for name, on in (("ac", self.activation_checkpointing), ("compile", self.compile),
-                                        ("offload", self.cpu_offload)) if on]  # fmt: skip
+        parts += [
+            name
+            for name, on in (
+                ("ac", self.activation_checkpointing),
+                ("compile", self.compile),
+                ("offload", self.cpu_offload),
+            )
+            if on
+        ]
         if self.backward_prefetch != _DEFAULTS["backward_prefetch"]:
             parts.append(f"bwd-{self.backward_prefetch}")
         if self.forward_prefetch:
@@ -109,7 +118,7 @@ class Case:
         return json.dumps(self.to_dict(), **kw)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Case":
+    def from_dict(cls, data: dict[str, Any]) -> Case:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - names
         if unknown:
@@ -120,7 +129,7 @@ class Case:
                 data[name] = tuple(data[name])
         return cls(**data)
 
-    def replace(self, **changes: Any) -> "Case":
+    def replace(self, **changes: Any) -> Case:
         return dataclasses.replace(self, **changes)
 
 

@@ -1,7 +1,7 @@
 """The ``fsdpbench`` command: one sub-command per verb, each in ``fsdpbench/commands/<verb>.py``.
 
-    fsdpbench run scenarios/quickstart.yaml      # run a scenario, store results, write the report
-    fsdpbench env                                # versions, backends, devices; why CUDA/NVML are unusable
+fsdpbench run scenarios/quickstart.yaml      # run a scenario, store results, write the report
+fsdpbench env                                # versions, backends, devices; why CUDA/NVML are unusable
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     from fsdpbench import __version__
 
     parser = argparse.ArgumentParser(
-        prog="fsdpbench", epilog="Start with: fsdpbench run scenarios/quickstart.yaml (see README.md)",
+        prog="fsdpbench",
+        epilog="Start with: fsdpbench run scenarios/quickstart.yaml (see README.md)",
         description="Benchmark and model the memory of data-parallel sharding in PyTorch: DDP, ZeRO-1/2/3 "
-                    "(FSDP2), FSDP1 and HSDP, measured on real ranks and predicted for any size.",
-    )  # fmt: skip
+        "(FSDP2), FSDP1 and HSDP, measured on real ranks and predicted for any size.",
+    )
     parser.add_argument("--version", action="version", version=f"fsdpbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for verb, help_text in COMMANDS.items():

@@ -46,7 +46,9 @@ class Link:
 LINK_PRESETS: dict[str, Link] = {
     "nvlink4": Link("nvlink4", alpha_us=10.0, busbw_GBps=360.0, source="preset: H100 SXM NVLink 4, 8 GPUs"),
     "nvlink5": Link("nvlink5", alpha_us=10.0, busbw_GBps=720.0, source="preset: B200 NVLink 5, 8 GPUs"),
-    "ib-ndr400": Link("ib-ndr400", alpha_us=20.0, busbw_GBps=45.0, source="preset: InfiniBand NDR 400 Gb/s, 1 NIC/GPU"),
+    "ib-ndr400": Link(
+        "ib-ndr400", alpha_us=20.0, busbw_GBps=45.0, source="preset: InfiniBand NDR 400 Gb/s, 1 NIC/GPU"
+    ),
     "roce-200": Link("roce-200", alpha_us=30.0, busbw_GBps=22.0, source="preset: RoCE 200 Gb/s, 1 NIC/GPU"),
     "pcie4": Link("pcie4", alpha_us=15.0, busbw_GBps=20.0, source="preset: PCIe 4.0 x16, no NVLink"),
 }

@@ -25,7 +25,12 @@ from typing import Any
 
 from fsdpbench.comm_model import Link, algorithm_factor
 
-PROBE_SIZES_BYTES = (4 << 10, 64 << 10, 1 << 20, 8 << 20)  # the largest long enough that bandwidth, not noise, sets the slope
+PROBE_SIZES_BYTES = (
+    4 << 10,
+    64 << 10,
+    1 << 20,
+    8 << 20,
+)  # the largest long enough that bandwidth, not noise, sets the slope
 PROBE_KINDS = ("all_reduce", "all_gather")
 PROBE_REPS = 8
 
@@ -38,10 +43,10 @@ def _free_port() -> int:
 
 def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int) -> None:
     """One probe process: join the gloo group, time every (kind, size), rank 0 writes the medians."""
+    import warnings
+
     import torch
     import torch.distributed as dist
-
-    import warnings
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor's rename
     torch.set_num_threads(1)
@@ -114,10 +119,12 @@ def fit_link(points: list[dict[str, Any]], world_size: int, name: str = "gloo") 
     if slope <= 0:
         raise ValueError(f"probe times do not grow with size (slope {slope:.3g} µs/B): {points}")
     return Link(
-        name, alpha_us=alpha, busbw_GBps=1.0 / slope / 1e3,
+        name,
+        alpha_us=alpha,
+        busbw_GBps=1.0 / slope / 1e3,
         source=f"probed: gloo, {world_size} CPU processes on this machine, least squares over {len(points)} points",
         reduce_scatter_as_all_reduce=True,
-    )  # fmt: skip
+    )
 
 
 def run_probe(world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0) -> dict[str, Any]:
@@ -128,7 +135,9 @@ def run_probe(world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0)
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "points.json")
         port = _free_port()
-        procs = [ctx.Process(target=_probe_rank, args=(r, world_size, port, out, reps)) for r in range(world_size)]
+        procs = [
+            ctx.Process(target=_probe_rank, args=(r, world_size, port, out, reps)) for r in range(world_size)
+        ]
         for p in procs:
             p.start()
         deadline = time.monotonic() + timeout_s

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,7 +40,9 @@ class _CudaAttention(torch.autograd.Function):
     and, where the kernel keeps it on the GPU, the RNG's seed and offset."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel) -> torch.Tensor:
+    def forward(
+        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel
+    ) -> torch.Tensor:
         b, h, s, _ = q.shape
         dv = v.shape[-1]
         if kernel.output_heads_last:
@@ -47,7 +50,11 @@ class _CudaAttention(torch.autograd.Function):
         else:
             out = q.new_empty((b, h, s, dv))
         lse = q.new_empty(kernel.lse_shape(b, h, s), dtype=torch.float32)
-        rng = (q.new_empty((), dtype=torch.int64), q.new_empty((), dtype=torch.int64)) if kernel.rng_state else ()
+        rng = (
+            (q.new_empty((), dtype=torch.int64), q.new_empty((), dtype=torch.int64))
+            if kernel.rng_state
+            else ()
+        )
         ctx.save_for_backward(q, k, v, out, lse, *rng)
         return out
 
@@ -64,21 +71,40 @@ def cuda_kernel_standins() -> Iterator[list[str]]:
     rms_norm, sdpa = F.rms_norm, F.scaled_dot_product_attention
     uncovered: list[str] = []
 
-    def rms_norm_standin(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
-                         eps: float | None = None) -> torch.Tensor:  # fmt: skip
+    def rms_norm_standin(
+        input: torch.Tensor,
+        normalized_shape: Any,
+        weight: torch.Tensor | None = None,
+        eps: float | None = None,
+    ) -> torch.Tensor:
         dims = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         if len(dims) != 1:
             _note(uncovered, "RMSNorm over more than one dimension traced with the CPU kernel (no CUDA rule)")
             return rms_norm(input, normalized_shape, weight, eps)
         return _FusedRmsNorm.apply(input, weight)
 
-    def sdpa_standin(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: Any = None,
-                     dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
-                     enable_gqa: bool = False) -> torch.Tensor:  # fmt: skip
+    def sdpa_standin(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attn_mask: Any = None,
+        dropout_p: float = 0.0,
+        is_causal: bool = False,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+    ) -> torch.Tensor:
         if attn_mask is not None or dropout_p > 0 or query.dim() != 4:
             _note(uncovered, "SDPA with a mask or dropout traced with the CPU kernel (no CUDA rule)")
-            return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                        scale=scale, enable_gqa=enable_gqa)  # fmt: skip
+            return sdpa(
+                query,
+                key,
+                value,
+                attn_mask=attn_mask,
+                dropout_p=dropout_p,
+                is_causal=is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
         _, kernel = kernels_for("cuda", query.dtype != torch.float32)
         return _CudaAttention.apply(query, key, value, kernel)
 

@@ -32,14 +32,14 @@ from fsdpbench.case import Case
 # what an emulated rank's figures leave out; stored in run.json and shown in the report's notes
 EMULATION_LIMITS: dict[str, str] = {
     "collective_time": "no data moves: step times are one rank's compute only (no communication time, "
-                       "no waiting for other ranks)",
+    "no waiting for other ranks)",
     "nccl_buffers": "NCCL's communicator buffers are never created (fake process group); fsdpbench has no "
-                    "NCCL-only allowance to add — the predictor's --context-allowance covers CUDA "
-                    "context and NCCL together, and an emulated rank's NVML figure already includes its CUDA "
-                    "context, so nothing is added",
+    "NCCL-only allowance to add — the predictor's --context-allowance covers CUDA "
+    "context and NCCL together, and an emulated rank's NVML figure already includes its CUDA "
+    "context, so nothing is added",
     "cross_rank": "cross-rank effects are absent: stragglers, link contention, rank-to-rank imbalance",
     "loss": "losses are not measured: parameters and data are garbage on purpose (no all-reduce, "
-            "deterministic fill), so loss and correctness checks are skipped",
+    "deterministic fill), so loss and correctness checks are skipped",
 }
 LOSS_SKIPPED_REASON = EMULATION_LIMITS["loss"]
 
@@ -58,7 +58,9 @@ def check_emulation(case: Case) -> str | None:
         return None
     outside = [r for r in case.emulate_ranks if not 0 <= r < case.world_size]
     if outside:
-        return f"emulate_ranks {outside} outside world_size={case.world_size} (ranks 0..{case.world_size - 1})"
+        return (
+            f"emulate_ranks {outside} outside world_size={case.world_size} (ranks 0..{case.world_size - 1})"
+        )
     if not case.emulate_ranks:
         return "emulate_ranks is empty; give at least one rank, or 'all'"
     if case.compile:
@@ -107,8 +109,14 @@ def shards_on_meta(strategy: Any) -> bool:
 
 
 def build_rank_model(
-    mdef: Any, margs: dict[str, Any], apply_strategy: Callable[[nn.Module], nn.Module], *,
-    shard_on_meta: bool, device: torch.device, seed: int, rank: int,
+    mdef: Any,
+    margs: dict[str, Any],
+    apply_strategy: Callable[[nn.Module], nn.Module],
+    *,
+    shard_on_meta: bool,
+    device: torch.device,
+    seed: int,
+    rank: int,
 ) -> tuple[nn.Module, int]:
     """The model as this rank holds it after ``apply_strategy`` (knobs + strategy), with only its own
     data materialised; returns (model, parameter count).
@@ -139,7 +147,9 @@ def fill_local_data(model: nn.Module, *, seed: int, rank: int) -> None:
             continue
         if isinstance(tensor, nn.Parameter) and local.is_floating_point():
             if local.device not in generators:
-                generators[local.device] = torch.Generator(device=local.device).manual_seed(seed * 100_003 + rank)
+                generators[local.device] = torch.Generator(device=local.device).manual_seed(
+                    seed * 100_003 + rank
+                )
             local.normal_(0.0, 0.02, generator=generators[local.device])
         else:
             local.zero_()
@@ -155,8 +165,13 @@ def prepare_ddp(model: nn.Module, world_size: int) -> nn.Module:
 def without_overlap(profiled: dict[str, Any]) -> dict[str, Any]:
     """An emulated rank's profiled-step columns: the collectives it issued are counted (their bytes are
     real), but they took no time, so overlap is not measured."""
-    out = {k: (None if k.startswith("overlap_") and k != "overlap_compute_ms" else v) for k, v in profiled.items()}
-    out["overlap_note"] = "emulated: collectives take no time under the fake process group; overlap not measured"
+    out = {
+        k: (None if k.startswith("overlap_") and k != "overlap_compute_ms" else v)
+        for k, v in profiled.items()
+    }
+    out["overlap_note"] = (
+        "emulated: collectives take no time under the fake process group; overlap not measured"
+    )
     return out
 
 
@@ -188,7 +203,9 @@ class EmulatedRank:
 
     def to_dict(self) -> dict[str, Any]:
         out = {f: getattr(self, f) for f in self.__slots__}
-        out.update(method="emulated", device_peak_bytes=self.device_peak_bytes, notes=list(EMULATION_LIMITS.values()))
+        out.update(
+            method="emulated", device_peak_bytes=self.device_peak_bytes, notes=list(EMULATION_LIMITS.values())
+        )
         return out
 
 
@@ -198,13 +215,22 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
 
     from fsdpbench.launch import launch_case
 
-    case = case.replace(emulate=True, emulate_ranks=(rank,), warmup_steps=1, steps=1, memory_steps=1,
-                        profile_steps=0, timeout_s=max(case.timeout_s, 3600.0))  # fmt: skip
+    case = case.replace(
+        emulate=True,
+        emulate_ranks=(rank,),
+        warmup_steps=1,
+        steps=1,
+        memory_steps=1,
+        profile_steps=0,
+        timeout_s=max(case.timeout_s, 3600.0),
+    )
     reason = check_emulation(case)
     if reason:
         raise ValueError(reason)
     if case.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("emulating a CUDA rank needs a visible GPU (this machine has none); use --device cpu")
+        raise ValueError(
+            "emulating a CUDA rank needs a visible GPU (this machine has none); use --device cpu"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         outcome = launch_case(case, (out_dir or Path(tmp)) / case.case_id)
@@ -215,10 +241,16 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
     peak = dict(rec["memory"]["peak"])
     extra = rec.get("extra_columns") or {}
     return EmulatedRank(
-        case_id=case.case_id, rank=rank, device=case.device, peak_bytes=int(peak.pop("total")),
-        peak_by_category=peak, states_by_category=dict(rec["memory"].get("states_tracker") or {}),
+        case_id=case.case_id,
+        rank=rank,
+        device=case.device,
+        peak_bytes=int(peak.pop("total")),
+        peak_by_category=peak,
+        states_by_category=dict(rec["memory"].get("states_tracker") or {}),
         alloc_peak_allocated_bytes=extra.get("mem_alloc_peak_allocated_bytes"),
         alloc_peak_reserved_bytes=extra.get("mem_alloc_peak_reserved_bytes"),
-        nvml_peak_bytes=extra.get("mem_nvml_peak_bytes"), rss_peak_bytes=extra.get("mem_rss_peak_case_bytes"),
-        step_time_ms=rec.get("step_time_ms"), wall_s=wall,
-    )  # fmt: skip
+        nvml_peak_bytes=extra.get("mem_nvml_peak_bytes"),
+        rss_peak_bytes=extra.get("mem_rss_peak_case_bytes"),
+        step_time_ms=rec.get("step_time_ms"),
+        wall_s=wall,
+    )

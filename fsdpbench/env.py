@@ -17,12 +17,17 @@ def project_commit() -> str:
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=5
+            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
-        ).stdout.strip()  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
@@ -64,9 +69,11 @@ def collect_env() -> dict[str, Any]:
     import torch.distributed as dist
 
     from fsdpbench import __version__
+
     try:
         from fsdpbench.metrics.nvml import nvml_status
     except ImportError:  # pragma: no cover
+
         def nvml_status() -> tuple[bool, str]:
             return False, "fsdpbench.metrics.nvml missing"
 

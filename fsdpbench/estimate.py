@@ -41,8 +41,9 @@ import contextlib
 import resource
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,12 +71,20 @@ class TracedEstimate:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "case_id": self.case_id, "strategy": self.strategy, "world_size": self.world_size, "rank": self.rank,
-            "params": self.params, "method": self.method, "model_states_bytes": self.model_states_bytes,
-            "peak_bytes": self.peak_bytes, "bytes": dict(self.peak_by_category),
-            "states_bytes": dict(self.states_by_category), "wall_s": self.wall_s,
-            "peak_rss_bytes": self.peak_rss_bytes, "notes": list(self.notes),
-        }  # fmt: skip
+            "case_id": self.case_id,
+            "strategy": self.strategy,
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "params": self.params,
+            "method": self.method,
+            "model_states_bytes": self.model_states_bytes,
+            "peak_bytes": self.peak_bytes,
+            "bytes": dict(self.peak_by_category),
+            "states_bytes": dict(self.states_by_category),
+            "wall_s": self.wall_s,
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "notes": list(self.notes),
+        }
 
 
 def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstimate:
@@ -90,8 +99,10 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     from fsdpbench.strategies.base import Strategy
 
     if not get_precision(case.precision).runnable:
-        raise ValueError(f"precision {case.precision!r} is an accounting, not a runnable precision: "
-                         "trace bf16 (what FSDP2 keeps) or use --method analytic")  # fmt: skip
+        raise ValueError(
+            f"precision {case.precision!r} is an accounting, not a runnable precision: "
+            "trace bf16 (what FSDP2 keeps) or use --method analytic"
+        )
     if not 0 <= rank < case.world_size:
         raise ValueError(f"rank {rank} is outside world_size={case.world_size}")
     if dist.is_available() and dist.is_initialized():
@@ -101,9 +112,11 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     if cuda_rules:
         from fsdpbench.memory_model.kernels import ASSUMED_CASE
 
-        notes = ["CUDA target on a torch build that cannot run CUDA kernels: traced on fake CPU tensors with "
-                 "CUDA's rules swapped in for RMSNorm and SDPA (memory_model/kernels.py) and CUDA's 512-byte "
-                 "rounding (no memory allocated); " + ASSUMED_CASE["cuda"]]  # fmt: skip
+        notes = [
+            "CUDA target on a torch build that cannot run CUDA kernels: traced on fake CPU tensors with "
+            "CUDA's rules swapped in for RMSNorm and SDPA (memory_model/kernels.py) and CUDA's 512-byte "
+            "rounding (no memory allocated); " + ASSUMED_CASE["cuda"]
+        ]
     else:
         kind = device.type.upper()
         notes = [f"traced on fake {kind} tensors with {kind} kernels (no memory allocated)"]
@@ -117,7 +130,9 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     fsdp2 = type(strategy).fsdp_root is not Strategy.fsdp_root
     autocast = autocast_for(case, strategy, device)
     if cuda_rules and not isinstance(autocast, contextlib.nullcontext):
-        notes.append("autocast traced with the CPU's autocast op lists (CUDA's may cast some ops differently)")
+        notes.append(
+            "autocast traced with the CPU's autocast op lists (CUDA's may cast some ops differently)"
+        )
     excepthook = sys.excepthook  # init_process_group chains a rank-prefixing hook on every call
     _init_fake_process_group(rank, case.world_size)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -141,16 +156,27 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
             optimizer = strategy.build_optimizer(model, case)
 
             def step_at(step: int, after_optim: Any = None) -> None:
-                train_step(case, model, optimizer, mdef.loss, rank=rank, step=step, device=device,
-                           autocast=autocast, after_optim=after_optim)  # fmt: skip
+                train_step(
+                    case,
+                    model,
+                    optimizer,
+                    mdef.loss,
+                    rank=rank,
+                    step=step,
+                    device=device,
+                    autocast=autocast,
+                    after_optim=after_optim,
+                )
 
             for step in range(warmup_steps):
                 step_at(step)
             tracker = build_tracker(model, optimizer, strategy.fsdp_root(model))
             states: dict[str, int] = {}
             with tracker:
-                step_at(warmup_steps,
-                        after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)))
+                step_at(
+                    warmup_steps,
+                    after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)),
+                )
             peak = snapshot_by_category(tracker, "peak", device)
             if cuda_rules:  # on CUDA these are host tensors; the CPU trace counted them with the device's
                 for snap in (peak, states):
@@ -162,12 +188,20 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
         sys.excepthook = excepthook
     notes.extend(uncovered)
     return TracedEstimate(
-        case_id=case.case_id, strategy=case.strategy, world_size=case.world_size, rank=rank,
-        params=int(n_params), method="traced",
-        peak_bytes=int(peak.pop("total")), peak_by_category=peak, states_by_category=states,
+        case_id=case.case_id,
+        strategy=case.strategy,
+        world_size=case.world_size,
+        rank=rank,
+        params=int(n_params),
+        method="traced",
+        peak_bytes=int(peak.pop("total")),
+        peak_by_category=peak,
+        states_by_category=states,
         model_states_bytes=sum(states.get(c, 0) for c in ("params", "grads", "optim")),
-        wall_s=time.perf_counter() - t0, peak_rss_bytes=peak_rss_bytes(), notes=tuple(notes),
-    )  # fmt: skip
+        wall_s=time.perf_counter() - t0,
+        peak_rss_bytes=peak_rss_bytes(),
+        notes=tuple(notes),
+    )
 
 
 def peak_rss_bytes() -> int:
@@ -199,8 +233,12 @@ def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
     from fsdpbench.memory_model.kernels import storage_bytes
 
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
-    counters = sum(storage_bytes(t.untyped_storage().nbytes(), "cuda") for state in inner.state.values()
-                   for name, t in state.items() if name == "step" and torch.is_tensor(t))  # fmt: skip
+    counters = sum(
+        storage_bytes(t.untyped_storage().nbytes(), "cuda")
+        for state in inner.state.values()
+        for name, t in state.items()
+        if name == "step" and torch.is_tensor(t)
+    )
     if snapshot.get("optim", 0) >= counters:
         snapshot["optim"] -= counters
         if "total" in snapshot:
@@ -235,8 +273,13 @@ def _apply(model: torch.nn.Module, strategy: Any, case: Case, rank: int, device:
     from fsdpbench.strategies import ApplyContext
     from fsdpbench.wrap import get_wrap_units
 
-    ctx = ApplyContext(case=case, device=device, rank=rank, world_size=case.world_size,
-                       units=get_wrap_units(model, case) if strategy.uses_wrap else [])  # fmt: skip
+    ctx = ApplyContext(
+        case=case,
+        device=device,
+        rank=rank,
+        world_size=case.world_size,
+        units=get_wrap_units(model, case) if strategy.uses_wrap else [],
+    )
     model = apply_activation_checkpointing(model, case)
     return strategy.apply(model, ctx)
 
@@ -323,8 +366,13 @@ def _patch_ddp(model: torch.nn.Module, world_size: int, *, rebuild_buckets: bool
 
 
 # ---- traced predictions beside a run's measurements --------------------------------------------------
-TRACED_COLUMNS = ("traced_peak_bytes", "traced_model_states_bytes", "traced_peak_err", "traced_model_states_err",
-                  "traced_wall_s")  # fmt: skip
+TRACED_COLUMNS = (
+    "traced_peak_bytes",
+    "traced_model_states_bytes",
+    "traced_peak_err",
+    "traced_model_states_err",
+    "traced_wall_s",
+)
 
 
 def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[str, float]]:
@@ -348,7 +396,8 @@ def traced_columns(traced: dict[int, dict[str, float]], rows: Any) -> dict[str, 
         out["traced_peak_bytes"].append(peak)
         out["traced_model_states_bytes"].append(states)
         out["traced_peak_err"].append(relative_error(peak, row.get("mem_tracker_peak_bytes")))
-        out["traced_model_states_err"].append(relative_error(states, row.get("mem_tracker_model_states_bytes")))
+        out["traced_model_states_err"].append(
+            relative_error(states, row.get("mem_tracker_model_states_bytes"))
+        )
         out["traced_wall_s"].append(t["wall_s"] if t else None)
     return out
-

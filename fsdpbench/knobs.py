@@ -44,8 +44,10 @@ def apply_activation_checkpointing(model: nn.Module, case: Case) -> nn.Module:
         return model
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         CheckpointImpl,
-        apply_activation_checkpointing as _apply_ac,
         checkpoint_wrapper,
+    )
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing as _apply_ac,
     )
 
     blocks = _blocks(case)

@@ -24,7 +24,13 @@ from fsdpbench.case import Case
 from fsdpbench.lifeline import ORCHESTRATOR_PID_ENV, pid_alive
 
 # the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
-_PRELOAD = ["fsdpbench._forkserver_lifeline", "torch", "torch._dynamo", "torch.distributed.fsdp", "fsdpbench.worker"]
+_PRELOAD = [
+    "fsdpbench._forkserver_lifeline",
+    "torch",
+    "torch._dynamo",
+    "torch.distributed.fsdp",
+    "fsdpbench.worker",
+]
 _POLL_S = 0.05
 _LIVE_RANK_WAIT_S = 10.0
 _preload_set = False
@@ -38,9 +44,13 @@ class CaseDirInUse(RuntimeError):
 class CaseOutcome:
     """What happened to one case: its status, error, and every rank's recorded results."""
 
-    status: str  # ok | failed | timeout | oom | skipped (this machine lacks the case's devices: nothing started)
+    status: (
+        str  # ok | failed | timeout | oom | skipped (this machine lacks the case's devices: nothing started)
+    )
     error: str = ""
-    exit_codes: dict[int, int | None] = field(default_factory=dict)  # per rank; negative: killed by that signal
+    exit_codes: dict[int, int | None] = field(
+        default_factory=dict
+    )  # per rank; negative: killed by that signal
     ranks: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     spawn_s: float = 0.0  # from launch to the last rank's process group being ready
@@ -83,8 +93,15 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
         if g_status != "ok":
             status = g_status if status == "ok" else status
             errors.append(g_error)
-    return CaseOutcome(status=status, error="; ".join(errors), ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks),
-                       pids=sorted(pids), exit_codes=exit_codes)  # fmt: skip
+    return CaseOutcome(
+        status=status,
+        error="; ".join(errors),
+        ranks=ranks,
+        wall_s=wall,
+        spawn_s=_spawn_s(ranks),
+        pids=sorted(pids),
+        exit_codes=exit_codes,
+    )
 
 
 def _launch_group(
@@ -101,21 +118,30 @@ def _launch_group(
     local_world = len(group) if case.device == "cuda" or not case.emulate else n
     envs = {
         i: {
-            "RANK": str(r), "LOCAL_RANK": str(i), "WORLD_SIZE": str(n), "LOCAL_WORLD_SIZE": str(local_world),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "TORCHELASTIC_RUN_ID": case.case_id, ORCHESTRATOR_PID_ENV: str(os.getpid()),
+            "RANK": str(r),
+            "LOCAL_RANK": str(i),
+            "WORLD_SIZE": str(n),
+            "LOCAL_WORLD_SIZE": str(local_world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_RUN_ID": case.case_id,
+            ORCHESTRATOR_PID_ENV: str(os.getpid()),
         }
         for i, r in enumerate(group)
-    }  # fmt: skip
+    }
     args = {i: (case.to_json(), str(case_dir)) for i in range(len(group))}
     log_dir = case_dir / "elastic" / (f"rank{group[0]}" if case.emulate else "")
     t0 = time.perf_counter()
     handlers = _signal_handlers()
     try:
         pc = start_processes(
-            name=case.case_id, entrypoint=rank_entry, args=args, envs=envs,
-            logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)), start_method="forkserver",
-        )  # fmt: skip
+            name=case.case_id,
+            entrypoint=rank_entry,
+            args=args,
+            envs=envs,
+            logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
+            start_method="forkserver",
+        )
     finally:
         _restore_signal_handlers(handlers)  # Ctrl-C stays a KeyboardInterrupt that the sweep handles
     pids = sorted(pc.pids().values())
@@ -167,7 +193,9 @@ def _wait(pc: Any, timeout_s: float) -> tuple[Any, dict[int, int]]:
 def _signal_handlers() -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}
-    return {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    return {
+        sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    }
 
 
 def _restore_signal_handlers(handlers: dict[int, Any]) -> None:
@@ -212,7 +240,9 @@ def _live_rank_pids(case_dir: Path) -> list[int]:
 def collect_case(case: Case, case_dir: Path) -> CaseOutcome:
     """The outcome of a case whose ranks ran elsewhere (torchrun/srun across nodes, writing into
     ``case_dir``): read their rank files; a rank that wrote nothing or stopped early is a failure."""
-    ranks = [_read_rank(case_dir, r) for r in (case.emulate_ranks if case.emulate else range(case.world_size))]
+    ranks = [
+        _read_rank(case_dir, r) for r in (case.emulate_ranks if case.emulate else range(case.world_size))
+    ]
     bad = [r for r in ranks if r.get("status") != "ok"]
     if not bad:
         status, error = "ok", ""
@@ -254,7 +284,9 @@ def _failure(
         for r, code in sorted(self_exited.items())
         if ranks[r].get("status") in (None, "running") and code not in (0, None)
     ]
-    failed = sorted((r for r in ranks if r.get("status") in ("failed", "oom")), key=lambda r: r.get("failed_at", 0))
+    failed = sorted(
+        (r for r in ranks if r.get("status") in ("failed", "oom")), key=lambda r: r.get("failed_at", 0)
+    )
     recorded = [f"rank {r['rank']} in {r.get('phase')}: {r['error']}" for r in failed]
     if silent:
         return "failed", "; ".join(silent + [f"then {m}" for m in recorded[:1]])

@@ -26,25 +26,36 @@ import dataclasses
 import json
 import math
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import pandas as pd
 
 from fsdpbench.case import Case
-from fsdpbench.timegate import ALPHA
 from fsdpbench.summary import row_mode
+from fsdpbench.timegate import ALPHA
 
 BASELINE_FORMAT = 1
 KINDS = ("memory", "comm", "time", "loss")
 GATES = ("fail", "warn", "off")
 FAILING = ("regressed", "changed", "missing", "failed")
 _TRACKER_CATEGORIES = (
-    "params", "params_unsharded", "grads", "grads_unsharded", "optim", "activations",
-    "temp", "all_gather", "reduce_scatter", "inputs", "buffers", "other",
-)  # fmt: skip  (fsdpbench.metrics.tracker.CATEGORIES, without importing torch)
+    "params",
+    "params_unsharded",
+    "grads",
+    "grads_unsharded",
+    "optim",
+    "activations",
+    "temp",
+    "all_gather",
+    "reduce_scatter",
+    "inputs",
+    "buffers",
+    "other",
+)  # fsdpbench.metrics.tracker.CATEGORIES, without importing torch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,9 +86,21 @@ MACHINE_KEYS = ("hostname", "device_name", "torch_version")
 PROVENANCE_KEYS = ("torch_version", "backend", "device", "device_name", "commit", "hostname")
 # a case's step-time reference (ddp by default) is the case that matches it on all of these
 PEER_COLUMNS = (
-    "world_size", "model", "model_args", "precision", "optimizer", "batch_size", "seq_len",
-    "activation_checkpointing", "compile", "cpu_offload", "backend", "device", "warmup_steps", "timed_steps",
-)  # fmt: skip
+    "world_size",
+    "model",
+    "model_args",
+    "precision",
+    "optimizer",
+    "batch_size",
+    "seq_len",
+    "activation_checkpointing",
+    "compile",
+    "cpu_offload",
+    "backend",
+    "device",
+    "warmup_steps",
+    "timed_steps",
+)
 
 
 class BaselineError(ValueError):
@@ -115,9 +138,13 @@ def parse_threshold(text: str, *, where: str = "--threshold") -> tuple[str, Thre
     name, sep, value = text.partition("=")
     tol_text, _, gate = value.partition(":")
     if not sep or not name:
-        raise BaselineError(f"{where} {text!r}: expected METRIC=TOLERANCE[:GATE], e.g. step_time_ratio=50%:warn")
+        raise BaselineError(
+            f"{where} {text!r}: expected METRIC=TOLERANCE[:GATE], e.g. step_time_ratio=50%:warn"
+        )
     check_metric_name(name.strip(), where=f"{where} {text!r}")
-    return name.strip(), make_threshold({"tolerance": tol_text.strip(), "gate": gate.strip() or "fail"}, where)
+    return name.strip(), make_threshold(
+        {"tolerance": tol_text.strip(), "gate": gate.strip() or "fail"}, where
+    )
 
 
 def make_threshold(raw: Any, where: str) -> Threshold:
@@ -130,7 +157,9 @@ def make_threshold(raw: Any, where: str) -> Threshold:
         raise BaselineError(f"{where}: tolerance {tol!r} is not a number (0.01 or 1%)") from None
     gate = raw.get("gate", "fail")
     if gate not in GATES or not (tol >= 0):
-        raise BaselineError(f"{where}: gate must be one of {', '.join(GATES)} and tolerance >= 0 (got {raw!r})")
+        raise BaselineError(
+            f"{where}: gate must be one of {', '.join(GATES)} and tolerance >= 0 (got {raw!r})"
+        )
     return Threshold(tolerance=tol, gate=gate)
 
 
@@ -187,23 +216,29 @@ def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.Da
         return frame
     unknown = set(mapping) - set(frame["strategy"])
     if unknown:
-        raise BaselineError(f"--map-strategy: {sorted(unknown)} not in the run; its strategies: "
-                            f"{', '.join(sorted(frame['strategy'].unique()))}")  # fmt: skip
+        raise BaselineError(
+            f"--map-strategy: {sorted(unknown)} not in the run; its strategies: "
+            f"{', '.join(sorted(frame['strategy'].unique()))}"
+        )
     for i, row in frame.iterrows():
         if row["strategy"] not in mapping:
             continue
         case = case_from_row(row)
         if case.case_id != row["case_id"]:
-            raise BaselineError(f"--map-strategy: case {row['case_id']}: its id cannot be rebuilt from the "
-                                "results columns (a run from another fsdpbench version?)")  # fmt: skip
+            raise BaselineError(
+                f"--map-strategy: case {row['case_id']}: its id cannot be rebuilt from the "
+                "results columns (a run from another fsdpbench version?)"
+            )
         frame.at[i, "strategy"] = mapping[row["strategy"]]
         frame.at[i, "case_id"] = case.replace(strategy=mapping[row["strategy"]]).case_id
     ids = frame.groupby("case_id")["run_case_id"].nunique()
     if (ids > 1).any():
         clash = ids[ids > 1].index[0]
         both = sorted(frame.loc[frame["case_id"] == clash, "run_case_id"].unique())
-        raise BaselineError(f"--map-strategy: {' and '.join(both)} would both be compared as {clash}; "
-                            "run the plugin in a run of its own")  # fmt: skip
+        raise BaselineError(
+            f"--map-strategy: {' and '.join(both)} would both be compared as {clash}; "
+            "run the plugin in a run of its own"
+        )
     return frame
 
 
@@ -222,11 +257,15 @@ def case_records(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
         first = g.iloc[0]
         status = first.get("case_status", first.get("status"))
         rec: dict[str, Any] = {
-            "status": status, "error": str(first.get("case_error", first.get("error")) or ""),
-            "strategy": first["strategy"], "world_size": int(first["world_size"]),
-            "run_case_id": first.get("run_case_id", case_id), "metrics": {}, "mode": row_mode(first),
+            "status": status,
+            "error": str(first.get("case_error", first.get("error")) or ""),
+            "strategy": first["strategy"],
+            "world_size": int(first["world_size"]),
+            "run_case_id": first.get("run_case_id", case_id),
+            "metrics": {},
+            "mode": row_mode(first),
             "peers": tuple(str(first[c]) for c in PEER_COLUMNS if c in g.columns),
-        }  # fmt: skip
+        }
         if status == "ok":
             for name, m in METRICS.items():
                 if m.kind in ("memory", "comm") and name in g.columns and g[name].notna().any():
@@ -287,15 +326,24 @@ def build_baseline(
         for cid, c in case_records(other).items():
             if cid in cases and SAMPLED in cases[cid]["metrics"] and SAMPLED in c["metrics"]:
                 cases[cid]["metrics"][SAMPLED] += c["metrics"][SAMPLED]
-    bad = {cid: c["error"].splitlines()[0][:200] if c["error"] else c["status"]
-           for cid, c in cases.items() if c["status"] not in ("ok", "skipped")}  # fmt: skip
+    bad = {
+        cid: c["error"].splitlines()[0][:200] if c["error"] else c["status"]
+        for cid, c in cases.items()
+        if c["status"] not in ("ok", "skipped")
+    }
     if bad:
-        raise BaselineError("cannot write a baseline from a run with failed cases: "
-                            + "; ".join(f"{k}: {v}" for k, v in bad.items()))  # fmt: skip
+        raise BaselineError(
+            "cannot write a baseline from a run with failed cases: "
+            + "; ".join(f"{k}: {v}" for k, v in bad.items())
+        )
     refs = pick_time_references(cases, time_reference)
     entries: dict[str, Any] = {}
     for cid, c in cases.items():
-        entry: dict[str, Any] = {"status": c["status"], "strategy": c["strategy"], "world_size": c["world_size"]}
+        entry: dict[str, Any] = {
+            "status": c["status"],
+            "strategy": c["strategy"],
+            "world_size": c["world_size"],
+        }
         if c["mode"] == "emulated":  # only then: baselines of real runs stay as they were
             entry["mode"] = "emulated"
         if c["status"] == "skipped":
@@ -315,9 +363,13 @@ def build_baseline(
     first = frame.iloc[0]
     env = run_meta.get("env") or {}
     provenance = {k: (None if pd.isna(first.get(k)) else str(first.get(k))) for k in PROVENANCE_KEYS}
-    provenance.update(cpu=env.get("cpu"), python_version=env.get("python_version"),
-                      scenario=(run_meta.get("scenario") or {}).get("name") or str(first.get("scenario")),
-                      run_command=run_meta.get("command"), run_started=run_meta.get("started"))  # fmt: skip
+    provenance.update(
+        cpu=env.get("cpu"),
+        python_version=env.get("python_version"),
+        scenario=(run_meta.get("scenario") or {}).get("name") or str(first.get("scenario")),
+        run_command=run_meta.get("command"),
+        run_started=run_meta.get("started"),
+    )
     merged = {**default_thresholds(), **(thresholds or {})}
     return {
         "fsdpbench_baseline": BASELINE_FORMAT,
@@ -346,14 +398,20 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
     except ValueError as exc:
         raise BaselineError(f"{path}: not valid JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("fsdpbench_baseline") != BASELINE_FORMAT:
-        raise BaselineError(f"{path}: not a fsdpbench baseline (fsdpbench_baseline: {BASELINE_FORMAT} missing); "
-                            "write one with: fsdpbench regress RUN_DIR --write-baseline PATH")  # fmt: skip
+        raise BaselineError(
+            f"{path}: not a fsdpbench baseline (fsdpbench_baseline: {BASELINE_FORMAT} missing); "
+            "write one with: fsdpbench regress RUN_DIR --write-baseline PATH"
+        )
     if not isinstance(data.get("cases"), dict):
         raise BaselineError(f"{path}: cases: expected a mapping case_id → entry")
     data["thresholds"] = _thresholds_of(data.get("thresholds") or {}, f"{path}: thresholds")
     for cid, entry in data["cases"].items():
         where = f"{path}: cases.{cid}"
-        if not isinstance(entry, dict) or "status" not in entry or not isinstance(entry.get("metrics", {}), dict):
+        if (
+            not isinstance(entry, dict)
+            or "status" not in entry
+            or not isinstance(entry.get("metrics", {}), dict)
+        ):
             raise BaselineError(f"{where}: expected {{status, metrics: {{...}}}}")
         for name in entry.get("metrics", {}):
             check_metric_name(name, where=f"{where}.metrics")
@@ -400,43 +458,93 @@ def compare(
     machine_now = machine_of(frame)
     machine_base = baseline.get("machine") or {}
     differs = [k for k in MACHINE_KEYS if str(machine_base.get(k)) != machine_now[k]]
-    notes = [f"machine differs ({', '.join(f'{k}: {machine_base.get(k)} → {machine_now[k]}' for k in differs)}): "
-             "absolute step times not compared"] if differs else []  # fmt: skip
+    notes = (
+        [
+            f"machine differs ({', '.join(f'{k}: {machine_base.get(k)} → {machine_now[k]}' for k in differs)}): "
+            "absolute step times not compared"
+        ]
+        if differs
+        else []
+    )
     if "torch_version" in differs:
         notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
     rows: list[dict[str, Any]] = []
     for cid, entry in sorted(baseline["cases"].items()):
-        layers = [thresholds or {}, _as_thresholds(entry.get("thresholds"), f"cases.{cid}.thresholds"),
-                  _as_thresholds(baseline.get("thresholds"), "thresholds")]  # fmt: skip
+        layers = [
+            thresholds or {},
+            _as_thresholds(entry.get("thresholds"), f"cases.{cid}.thresholds"),
+            _as_thresholds(baseline.get("thresholds"), "thresholds"),
+        ]
         now = cases.get(cid)
-        rows += _compare_case(cid, entry, now, cases, layers, gates or {}, strict=strict,
-                              machine_differs=bool(differs))
+        rows += _compare_case(
+            cid, entry, now, cases, layers, gates or {}, strict=strict, machine_differs=bool(differs)
+        )
     for cid in sorted(set(cases) - set(baseline["cases"])):
-        rows.append(_row(cid, "case", None, None, None, None, "new", False,
-                         f"not in the baseline (status {cases[cid]['status']}); add it by re-writing the baseline",
-                         run_case_id=cases[cid]["run_case_id"]))  # fmt: skip
+        rows.append(
+            _row(
+                cid,
+                "case",
+                None,
+                None,
+                None,
+                None,
+                "new",
+                False,
+                f"not in the baseline (status {cases[cid]['status']}); add it by re-writing the baseline",
+                run_case_id=cases[cid]["run_case_id"],
+            )
+        )
     records = pd.DataFrame(rows, columns=_COLUMNS)
     # which figures are emulated (one rank alone, fake process group): the run's, else the baseline's
-    records["mode"] = [(cases.get(cid) or baseline["cases"].get(cid) or {}).get("mode", "real")
-                       for cid in records["case_id"]]  # fmt: skip
+    records["mode"] = [
+        (cases.get(cid) or baseline["cases"].get(cid) or {}).get("mode", "real") for cid in records["case_id"]
+    ]
     if (records["mode"] == "emulated").any():
         notes.append("emulated cases: one rank alone with a fake process group; step times are compute only")
     return Comparison(records=records, machine_matches=not differs, notes=notes)
 
 
-_COLUMNS = ["case_id", "metric", "kind", "baseline", "now", "change", "tolerance", "gate", "verdict", "fails",
-            "note", "run_case_id", "effect_low", "effect_high", "p_value"]  # fmt: skip
+_COLUMNS = [
+    "case_id",
+    "metric",
+    "kind",
+    "baseline",
+    "now",
+    "change",
+    "tolerance",
+    "gate",
+    "verdict",
+    "fails",
+    "note",
+    "run_case_id",
+    "effect_low",
+    "effect_high",
+    "p_value",
+]
 SAMPLED = "step_time_ref_ratios"  # the sampled time metric; the single-number ones only warn beside it
 
 
-def _row(cid, metric, base, now, change, threshold, verdict, fails, note="", *, run_case_id=None,
-         stats=None) -> dict:
+def _row(
+    cid, metric, base, now, change, threshold, verdict, fails, note="", *, run_case_id=None, stats=None
+) -> dict:
     kind = METRICS[metric].kind if metric in METRICS else "case"
-    return dict(case_id=cid, metric=metric, kind=kind, baseline=base, now=now, change=change,
-                tolerance=threshold.tolerance if threshold else None, gate=threshold.gate if threshold else None,
-                verdict=verdict, fails=fails, note=note, run_case_id=run_case_id or cid,
-                effect_low=stats.low if stats else None, effect_high=stats.high if stats else None,
-                p_value=stats.p_value if stats else None)  # fmt: skip
+    return dict(
+        case_id=cid,
+        metric=metric,
+        kind=kind,
+        baseline=base,
+        now=now,
+        change=change,
+        tolerance=threshold.tolerance if threshold else None,
+        gate=threshold.gate if threshold else None,
+        verdict=verdict,
+        fails=fails,
+        note=note,
+        run_case_id=run_case_id or cid,
+        effect_low=stats.low if stats else None,
+        effect_high=stats.high if stats else None,
+        p_value=stats.p_value if stats else None,
+    )
 
 
 def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_differs) -> list[dict]:
@@ -449,17 +557,39 @@ def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_diff
         elif now["status"] == "ok":  # skipped in the baseline, runs now
             verdict, note = "new", "was skipped in the baseline; re-write the baseline to gate it"
         else:
-            verdict, note = ("missing" if now["status"] == "skipped" else "failed"), f"{now['status']} in the run: {error}"
-        return [_row(cid, "case", entry["status"], now["status"], None, None, verdict, verdict in FAILING, note,
-                     run_case_id=now["run_case_id"])]  # fmt: skip
+            verdict, note = (
+                ("missing" if now["status"] == "skipped" else "failed"),
+                f"{now['status']} in the run: {error}",
+            )
+        return [
+            _row(
+                cid,
+                "case",
+                entry["status"],
+                now["status"],
+                None,
+                None,
+                verdict,
+                verdict in FAILING,
+                note,
+                run_case_id=now["run_case_id"],
+            )
+        ]
     out = []
     metrics_now = dict(now["metrics"])
     ref = entry.get("time_reference")
     if ref:
         metrics_now["step_time_ratio"] = time_ratio(cases, cid, ref)
-    for metric, base in sorted(entry.get("metrics", {}).items(), key=lambda kv: (KINDS.index(METRICS[kv[0]].kind), kv[0])):
+    for metric, base in sorted(
+        entry.get("metrics", {}).items(), key=lambda kv: (KINDS.index(METRICS[kv[0]].kind), kv[0])
+    ):
         th = resolve_threshold(metric, layers)
-        if metric != SAMPLED and METRICS[metric].kind == "time" and SAMPLED in entry["metrics"] and th.gate == "fail":
+        if (
+            metric != SAMPLED
+            and METRICS[metric].kind == "time"
+            and SAMPLED in entry["metrics"]
+            and th.gate == "fail"
+        ):
             th = dataclasses.replace(th, gate="warn")  # the samples gate this case's time
         gate = gates.get(metric, gates.get(METRICS[metric].kind))
         th = dataclasses.replace(th, gate=gate) if gate else th
@@ -468,8 +598,15 @@ def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_diff
         if metric == SAMPLED:
             *row, stats = _compare_samples(base, metrics_now.get(metric), th)
         else:
-            row = _compare_metric(metric, base, metrics_now.get(metric), th, strict=strict,
-                                  machine_differs=machine_differs, ref=ref)  # fmt: skip
+            row = _compare_metric(
+                metric,
+                base,
+                metrics_now.get(metric),
+                th,
+                strict=strict,
+                machine_differs=machine_differs,
+                ref=ref,
+            )
             stats = None
         out.append(_row(cid, metric, *row, run_case_id=now["run_case_id"], stats=stats))
     return out
@@ -481,7 +618,11 @@ def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs
     if metric == "losses":
         return _compare_losses(base, now, th)
     if now is None:
-        note = f"reference case {ref} not ok in the run" if metric == "step_time_ratio" else "not measured in the run"
+        note = (
+            f"reference case {ref} not ok in the run"
+            if metric == "step_time_ratio"
+            else "not measured in the run"
+        )
         return base, None, None, th, "missing", th.gate == "fail", note
     if m.same_machine and machine_differs:
         return base, now, _rel(base, now), th, "not compared", False, "machine differs"
@@ -504,8 +645,16 @@ def _compare_samples(base, now, th: Threshold):
     from fsdpbench.timegate import time_verdict
 
     if not now:
-        return (statistics.median(base), None, None, th, "missing", th.gate == "fail",
-                "no step-time samples in the run (time_blocks: 0?)", None)  # fmt: skip
+        return (
+            statistics.median(base),
+            None,
+            None,
+            th,
+            "missing",
+            th.gate == "fail",
+            "no step-time samples in the run (time_blocks: 0?)",
+            None,
+        )
     v = time_verdict(now, base, th.tolerance)
     if v.regressed:
         verdict, fails = ("regressed", True) if th.gate == "fail" else ("warn", False)

@@ -8,8 +8,8 @@ again on the pooled samples. A real slowdown stays slow in every launch; a bad m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 
@@ -23,8 +23,13 @@ def suspects(result: Comparison) -> list[str]:
 
 
 def remeasure(
-    result: Comparison, frame: pd.DataFrame, run_frame: pd.DataFrame, repeat: int, out_dir: Path,
-    judge: Callable[[pd.DataFrame], Comparison], log: Callable[[str], None] = print,
+    result: Comparison,
+    frame: pd.DataFrame,
+    run_frame: pd.DataFrame,
+    repeat: int,
+    out_dir: Path,
+    judge: Callable[[pd.DataFrame], Comparison],
+    log: Callable[[str], None] = print,
 ) -> Comparison:
     """Re-launch each suspect case ``repeat`` times into ``out_dir``; ``judge`` the frame with pooled samples.
 

@@ -26,10 +26,33 @@ from fsdpbench.rundir import RunLock, check_component, check_inside
 
 # the columns every results table has, in order (measurements follow)
 CORE_COLUMNS = [
-    "case_id", "scenario", "strategy", "world_size", "shard_size", "rank", "model", "model_args", "params",
-    "wrap", "n_units", "prefetch", "precision", "optimizer", "batch_size", "global_batch_size", "seq_len",
-    "warmup_steps", "timed_steps", "status", "error", "step_time_ms", "loss_final", "backend", "device", "mode",
-]  # fmt: skip
+    "case_id",
+    "scenario",
+    "strategy",
+    "world_size",
+    "shard_size",
+    "rank",
+    "model",
+    "model_args",
+    "params",
+    "wrap",
+    "n_units",
+    "prefetch",
+    "precision",
+    "optimizer",
+    "batch_size",
+    "global_batch_size",
+    "seq_len",
+    "warmup_steps",
+    "timed_steps",
+    "status",
+    "error",
+    "step_time_ms",
+    "loss_final",
+    "backend",
+    "device",
+    "mode",
+]
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -75,11 +98,26 @@ def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {
         k: rank.get(k)
         for k in (
-            "rank", "status", "error", "phase", "params", "n_units", "threads", "init_pg_s", "setup_s", "wall_s",
-            "step_time_ms", "step_time_p10_ms", "step_time_p90_ms", "step_time_mean_ms", "step_time_std_ms",
-            "first_step_ms", "steps_wall_s", "exit_code",
+            "rank",
+            "status",
+            "error",
+            "phase",
+            "params",
+            "n_units",
+            "threads",
+            "init_pg_s",
+            "setup_s",
+            "wall_s",
+            "step_time_ms",
+            "step_time_p10_ms",
+            "step_time_p90_ms",
+            "step_time_mean_ms",
+            "step_time_std_ms",
+            "first_step_ms",
+            "steps_wall_s",
+            "exit_code",
         )
-    }  # fmt: skip
+    }
     row["step_times_ms"] = rank.get("step_times_ms") or []
     row["warmup_times_ms"] = rank.get("warmup_times_ms") or []
     for key in ("paired_step_ms", "paired_ref_ms", "paired_step_cpu_ms", "paired_ref_cpu_ms"):
@@ -122,15 +160,21 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
         row["loss_first"] = global_losses[0] if global_losses else None
         row["loss_final"] = global_losses[-1] if global_losses else None
         row["case_step_time_ms"] = case_step
-        row["step_time_ref_ratios"] = ref_ratios  # per block, vs the in-process reference (metrics/reference.py)
+        row["step_time_ref_ratios"] = (
+            ref_ratios  # per block, vs the in-process reference (metrics/reference.py)
+        )
         if case_step:
             row["throughput_samples_s"] = case.global_batch_size / (case_step / 1e3)
-            row["throughput_tokens_s"] = row["throughput_samples_s"] * case.seq_len if _is_sequence(case) else None
+            row["throughput_tokens_s"] = (
+                row["throughput_samples_s"] * case.seq_len if _is_sequence(case) else None
+            )
         if case.emulate:
             from fsdpbench.emulate import LOSS_SKIPPED_REASON
 
             row["loss_skipped_reason"] = LOSS_SKIPPED_REASON
-            row["throughput_samples_s"] = row["throughput_tokens_s"] = None  # compute-only time: not a throughput
+            row["throughput_samples_s"] = row["throughput_tokens_s"] = (
+                None  # compute-only time: not a throughput
+            )
         row["case_wall_s"] = outcome.wall_s
         row.update(_env_columns(env, case))
         row.update(_flops_columns(case, row))
@@ -145,7 +189,9 @@ def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
     from fsdpbench.metrics.flops import achieved_tflops, mfu, step_flops
 
     try:
-        flops = step_flops(case.model, json.dumps(case.model_args, sort_keys=True), case.batch_size, case.seq_len)
+        flops = step_flops(
+            case.model, json.dumps(case.model_args, sort_keys=True), case.batch_size, case.seq_len
+        )
     except Exception:  # noqa: BLE001 — a model FlopCounterMode cannot run on meta: no FLOPs, no crash
         return {}
     ms = row.get("step_time_ms")
@@ -209,7 +255,9 @@ class RunStore:
         case_dir = self.case_dir(case_id)
         parts = sorted(case_dir.glob("timeline_rank*.parquet"))
         if parts:
-            atomic_write_parquet(case_dir / "timeline.parquet", pd.concat([pd.read_parquet(p) for p in parts]))
+            atomic_write_parquet(
+                case_dir / "timeline.parquet", pd.concat([pd.read_parquet(p) for p in parts])
+            )
             for part in parts:
                 part.unlink()
 

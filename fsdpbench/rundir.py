@@ -59,7 +59,7 @@ class RunLock:
             os.close(self._fd)  # closing drops the flock; the file stays (deleting it would race)
             self._fd = None
 
-    def __enter__(self) -> "RunLock":
+    def __enter__(self) -> RunLock:
         self.acquire()
         return self
 

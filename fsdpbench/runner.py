@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -65,14 +66,32 @@ def run_cases(
     (``model_*`` columns; metrics/step_model.py)."""
     store.create()
     with store.lock():  # refuses (RunDirError) while another run uses this directory
-        return _run_locked(cases, skipped, store, meta, resume=resume, collect=collect, on_start=on_start,
-                           on_done=on_done, traced=traced, link=link)  # fmt: skip
+        return _run_locked(
+            cases,
+            skipped,
+            store,
+            meta,
+            resume=resume,
+            collect=collect,
+            on_start=on_start,
+            on_done=on_done,
+            traced=traced,
+            link=link,
+        )
 
 
 def _run_locked(
-    cases: list[Case], skipped: list[Skipped], store: RunStore, meta: dict[str, Any], *, resume: bool,
-    collect: bool, on_start: Callable[[Case, int], None] | None,
-    on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None, traced: bool, link: str | None,
+    cases: list[Case],
+    skipped: list[Skipped],
+    store: RunStore,
+    meta: dict[str, Any],
+    *,
+    resume: bool,
+    collect: bool,
+    on_start: Callable[[Case, int], None] | None,
+    on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None,
+    traced: bool,
+    link: str | None,
 ) -> pd.DataFrame:
     tracer = TracedPredictor() if traced else None
     meta["predictions"] = ["analytic", "traced"] if traced else ["analytic"]
@@ -151,7 +170,9 @@ def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
-def add_step_model(case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path, link_spec: str) -> pd.DataFrame:
+def add_step_model(
+    case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path, link_spec: str
+) -> pd.DataFrame:
     """The modelled step time on the link (model_* columns per rank; case_model_step_time_ms is the
     slowest rank's, as case_step_time_ms is), from the ranks' profiled traces."""
     from fsdpbench.comm_probe import profiler_overhead_us, resolve_link
@@ -167,11 +188,20 @@ def add_step_model(case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path
         pattern = str(rows["comm_pattern"].dropna().iloc[0])
         device_type = torch_device_type(case.device)
         overhead = profiler_overhead_us(run_dir, case.world_size) if device_type == "cpu" else 0.0
-        per_rank = case_model_columns(traces, pattern, device_type, link, steps=max(1, case.profile_steps),
-                                      group_size=hsdp_group_sizes(case, pattern)[1],
-                                      profiler_overhead_us_per_op=overhead)  # fmt: skip
+        per_rank = case_model_columns(
+            traces,
+            pattern,
+            device_type,
+            link,
+            steps=max(1, case.profile_steps),
+            group_size=hsdp_group_sizes(case, pattern)[1],
+            profiler_overhead_us_per_op=overhead,
+        )
     except Exception as exc:  # noqa: BLE001 — a model bug must not lose the measurement
-        print(f"warning: step-time model failed for {case.case_id}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            f"warning: step-time model failed for {case.case_id}: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+        )
         return rows
     model = pd.DataFrame.from_dict(per_rank, orient="index")
     rows = rows.drop(columns=[c for c in model.columns if c in rows])
@@ -206,8 +236,10 @@ class TracedPredictor:
                 self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
             traced = self._pool.submit(trace_ranks, case.to_dict(), ranks).result(timeout=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 — a trace that fails must not lose the measurement
-            print(f"warning: traced prediction failed for {case.case_id}: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"warning: traced prediction failed for {case.case_id}: {type(exc).__name__}: {exc}",
+                file=sys.stderr,
+            )
             self.close(kill=True)  # a broken or stuck child is replaced for the next case
             return rows
         for key, value in traced_columns(traced, rows).items():

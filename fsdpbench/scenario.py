@@ -95,7 +95,12 @@ class CaseFields(BaseModel):
     time_blocks: Steps | None = None
     time_block_steps: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
     emulate: Flag | None = None
-    emulate_ranks: Literal["all"] | list[Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)]] | Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)] | None = None
+    emulate_ranks: (
+        Literal["all"]
+        | list[Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)]]
+        | Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)]
+        | None
+    ) = None
 
     @field_validator("model")
     @classmethod
@@ -144,8 +149,10 @@ class ScenarioFile(BaseModel):
     def _directory_name(cls, value: str) -> str:
         # the run directory is reports/<name>/<timestamp>: a name must not climb out of reports/
         if not NAME_PATTERN.fullmatch(value):
-            raise ValueError("not a plain directory name "
-                             "(letters, digits, '.', '_', '-'; first a letter or digit; at most 100)")
+            raise ValueError(
+                "not a plain directory name "
+                "(letters, digits, '.', '_', '-'; first a letter or digit; at most 100)"
+            )
         return value
 
 
@@ -173,7 +180,10 @@ class ScenarioError(ValueError):
 
 
 def load_scenario(
-    path: str | Path, *, overrides: dict[str, Any] | None = None, allow_plugins: bool | None = None,
+    path: str | Path,
+    *,
+    overrides: dict[str, Any] | None = None,
+    allow_plugins: bool | None = None,
     allow_oversubscribe: bool = False,
 ) -> Scenario:
     """Read, validate and expand a scenario file; raise ScenarioError naming the field on bad input."""
@@ -187,8 +197,14 @@ def load_scenario(
         text = decode_text(data)
     except YamlInputError as exc:
         raise ScenarioError(f"{path}: {exc}") from None
-    return parse_scenario(text, source=str(path), path=path, overrides=overrides, allow_plugins=allow_plugins,
-                          allow_oversubscribe=allow_oversubscribe)  # fmt: skip
+    return parse_scenario(
+        text,
+        source=str(path),
+        path=path,
+        overrides=overrides,
+        allow_plugins=allow_plugins,
+        allow_oversubscribe=allow_oversubscribe,
+    )
 
 
 def plugins_allowed(allow_plugins: bool | None = None) -> bool:
@@ -199,8 +215,13 @@ def plugins_allowed(allow_plugins: bool | None = None) -> bool:
 
 
 def parse_scenario(
-    text: str, *, source: str = "<scenario>", path: Path | None = None, overrides: dict[str, Any] | None = None,
-    allow_plugins: bool | None = None, allow_oversubscribe: bool = True,
+    text: str,
+    *,
+    source: str = "<scenario>",
+    path: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    allow_plugins: bool | None = None,
+    allow_oversubscribe: bool = True,
 ) -> Scenario:
     """Validate and expand scenario text. Nothing is imported or run: a plugin strategy is refused
     unless allowed (``--allow-plugins`` or FSDPBENCH_ALLOW_PLUGINS=1)."""
@@ -215,11 +236,18 @@ def parse_scenario(
     except ValidationError as exc:
         raise ScenarioError(_format_validation(source, exc)) from None
     _check_sweep(source, spec)
-    cases, skipped = expand(spec, source=source, overrides=overrides or {}, allow_plugins=plugins_allowed(allow_plugins))
+    cases, skipped = expand(
+        spec, source=source, overrides=overrides or {}, allow_plugins=plugins_allowed(allow_plugins)
+    )
     if not allow_oversubscribe:
         check_oversubscription(cases, source)
     return Scenario(
-        name=spec.name, description=spec.description, path=path, text=text, cases=cases, skipped=skipped,
+        name=spec.name,
+        description=spec.description,
+        path=path,
+        text=text,
+        cases=cases,
+        skipped=skipped,
         traced=spec.traced,
     )
 
@@ -251,10 +279,13 @@ def _format_validation(source: str, exc: ValidationError) -> str:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         parent = err["loc"][0] if len(err["loc"]) > 1 else None
-        allowed = CASE_FIELDS if parent in ("defaults", "cases", "sweep") else tuple(ScenarioFile.model_fields)
+        allowed = (
+            CASE_FIELDS if parent in ("defaults", "cases", "sweep") else tuple(ScenarioFile.model_fields)
+        )
         close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
-        msg = (f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; "
-               f"allowed: {', '.join(allowed)}")  # fmt: skip
+        msg = (
+            f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; allowed: {', '.join(allowed)}"
+        )
     elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], (dict, list)):
         msg += f" (got {_short(err['input'])})"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -294,9 +325,13 @@ def _check_sweep(source: str, spec: ScenarioFile) -> None:
     for i, rule in enumerate(spec.exclude):
         bad = [k for k in rule if k not in CASE_FIELDS and not k.startswith(_ARG_AXES)]
         if bad:
-            raise ScenarioError(f"{source}: exclude[{i}].{bad[0]}: unknown field; allowed: {', '.join(CASE_FIELDS)}")
+            raise ScenarioError(
+                f"{source}: exclude[{i}].{bad[0]}: unknown field; allowed: {', '.join(CASE_FIELDS)}"
+            )
     if not spec.sweep and not spec.cases:
-        raise ScenarioError(f"{source}: sweep: empty; give at least one axis (e.g. strategy: [ddp, zero3]) or 'cases'")
+        raise ScenarioError(
+            f"{source}: sweep: empty; give at least one axis (e.g. strategy: [ddp, zero3]) or 'cases'"
+        )
     n_points = math.prod(len(_axis_values(k, v)) for k, v in spec.sweep.items()) + len(spec.cases)
     if n_points > MAX_CASES:
         raise ScenarioError(f"{source}: sweep: expands to {n_points:,} cases; the limit is {MAX_CASES:,}")
@@ -384,8 +419,9 @@ def build_case(
     if fields.get("emulate"):
         from fsdpbench.emulate import resolve_emulate_ranks
 
-        fields["emulate_ranks"] = resolve_emulate_ranks(fields.get("emulate_ranks", [0]),
-                                                        fields.get("world_size", _DEFAULT.world_size))  # fmt: skip
+        fields["emulate_ranks"] = resolve_emulate_ranks(
+            fields.get("emulate_ranks", [0]), fields.get("world_size", _DEFAULT.world_size)
+        )
     else:  # only an emulated case runs a subset of its ranks; a real one keeps its id
         fields.pop("emulate_ranks", None)
     try:
@@ -407,7 +443,9 @@ def build_case(
     from fsdpbench.knobs import check_knobs, normalize_knobs
 
     case = normalize_knobs(case, strategy)
-    reason = strategy.check(case) or check_knobs(case, strategy) or check_emulation(case) or check_devices(case)
+    reason = (
+        strategy.check(case) or check_knobs(case, strategy) or check_emulation(case) or check_devices(case)
+    )
     return case, reason
 
 
@@ -433,8 +471,11 @@ def check_devices(case: Case) -> str | None:
 
         have = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if case.devices_needed > have:  # an emulated case needs one GPU, whatever its world size
-            return (f"needs {case.world_size} GPUs (one per rank, device cuda), {have} visible" if not case.emulate
-                    else f"needs 1 GPU (emulated rank, device cuda), {have} visible")
+            return (
+                f"needs {case.world_size} GPUs (one per rank, device cuda), {have} visible"
+                if not case.emulate
+                else f"needs 1 GPU (emulated rank, device cuda), {have} visible"
+            )
     if case.backend == "nccl" and case.device != "cuda":
         return "backend nccl needs device cuda"
     return None

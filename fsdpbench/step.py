@@ -29,14 +29,23 @@ def autocast_for(case: Case, strategy: Any, device: torch.device) -> contextlib.
 
 def rank_batch(case: Case, rank: int, step: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's inputs and targets for a step: its rows of the seeded global batch."""
-    x, y = make_global_batch(case.model, case.model_args, case.global_batch_size, case.seq_len, case.seed, step)
+    x, y = make_global_batch(
+        case.model, case.model_args, case.global_batch_size, case.seq_len, case.seed, step
+    )
     lo, hi = rank * case.batch_size, (rank + 1) * case.batch_size
     return x[lo:hi].to(device), y[lo:hi].to(device)
 
 
 def train_step(
-    case: Case, model: nn.Module, optimizer: torch.optim.Optimizer, loss_fn: Callable[..., torch.Tensor], *,
-    rank: int, step: int, device: torch.device, autocast: contextlib.AbstractContextManager,
+    case: Case,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[..., torch.Tensor],
+    *,
+    rank: int,
+    step: int,
+    device: torch.device,
+    autocast: contextlib.AbstractContextManager,
     after_optim: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """Forward, backward, optimizer step (``after_optim`` runs here, before zero_grad); the loss."""

@@ -35,15 +35,25 @@ def case_table(frame: pd.DataFrame) -> pd.DataFrame:
         times = g["step_time_ms"] if "step_time_ms" in g else pd.Series(dtype=float)
         slowest = g.loc[times.idxmax()] if times.notna().any() else first
         peak = g["mem_tracker_peak_bytes"].max() if "mem_tracker_peak_bytes" in g else None
-        rows.append({
-            "case_id": case_id, "strategy": first["strategy"], "world_size": first["world_size"],
-            "device": first["device"], "mode": row_mode(first), "ranks_run": len(g),
-            "status": first.get("case_status"), "error": first.get("case_error"),
-            # .get: a run whose every case was skipped has no step-time columns
-            "step_time_ms": first.get("case_step_time_ms"), "p10_ms": slowest.get("step_time_p10_ms"),
-            "p90_ms": slowest.get("step_time_p90_ms"), "steps": first.get("timed_steps"),
-            "warmup": first.get("warmup_steps"), "peak_bytes": peak,
-        })  # fmt: skip
+        rows.append(
+            {
+                "case_id": case_id,
+                "strategy": first["strategy"],
+                "world_size": first["world_size"],
+                "device": first["device"],
+                "mode": row_mode(first),
+                "ranks_run": len(g),
+                "status": first.get("case_status"),
+                "error": first.get("case_error"),
+                # .get: a run whose every case was skipped has no step-time columns
+                "step_time_ms": first.get("case_step_time_ms"),
+                "p10_ms": slowest.get("step_time_p10_ms"),
+                "p90_ms": slowest.get("step_time_p90_ms"),
+                "steps": first.get("timed_steps"),
+                "warmup": first.get("warmup_steps"),
+                "peak_bytes": peak,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -58,8 +68,10 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
     if len(counts) == 1:
         steps, warmup = next(iter(counts))
         how = f" of {steps} timed steps after {warmup} warm-up"
-    table = Table(title=f"cases (step time: slowest rank's median{how}, p10–p90; "
-                        "peak: live tensors, tracker, largest rank)")  # fmt: skip
+    table = Table(
+        title=f"cases (step time: slowest rank's median{how}, p10–p90; "
+        "peak: live tensors, tracker, largest rank)"
+    )
     for col in ("case", "strategy", "ranks", "step time (p10–p90)", "peak / rank", "status"):
         table.add_column(col, justify="left" if col in ("case", "strategy", "status") else "right")
     for row in cases.itertuples():
@@ -67,14 +79,20 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
         status = row.status if row.status == "ok" else f"{row.status}: {str(row.error)[:60]}"
         spread = f" ({row.p10_ms:.0f}–{row.p90_ms:.0f})" if _ok(row.p10_ms) and _ok(row.p90_ms) else ""
         table.add_row(  # Text: an error message is never read as markup
-            Text(str(row.case_id)), Text(str(row.strategy)),
-            f"{row.world_size} {row.device}" if row.mode != "emulated"
+            Text(str(row.case_id)),
+            Text(str(row.strategy)),
+            f"{row.world_size} {row.device}"
+            if row.mode != "emulated"
             else f"{row.ranks_run} of {row.world_size} {row.device}, emulated",
-            f"{ms:.1f} ms{spread}" if _ok(ms) else "—", fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
+            f"{ms:.1f} ms{spread}" if _ok(ms) else "—",
+            fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
             Text(str(status)),
-        )  # fmt: skip
+        )
     console.print(table)
     if (cases["mode"] == "emulated").any():
-        console.print("emulated rows: each listed rank ran alone on one device with a fake process group; its step "
-                      "time is compute only (no communication), its peak has no NCCL buffers; no losses "
-                      "(docs/emulation.md)", highlight=False)  # fmt: skip
+        console.print(
+            "emulated rows: each listed rank ran alone on one device with a fake process group; its step "
+            "time is compute only (no communication), its peak has no NCCL buffers; no losses "
+            "(docs/emulation.md)",
+            highlight=False,
+        )

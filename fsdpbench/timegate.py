@@ -38,8 +38,10 @@ class TimeVerdict:
     regressed: bool
 
     def describe(self) -> str:
-        return (f"effect {self.effect:+.1%} (95% CI {self.low:+.1%} … {self.high:+.1%}), "
-                f"p={self.p_value:.2g} (Mann–Whitney, n={self.n_now} vs {self.n_base})")  # fmt: skip
+        return (
+            f"effect {self.effect:+.1%} (95% CI {self.low:+.1%} … {self.high:+.1%}), "
+            f"p={self.p_value:.2g} (Mann–Whitney, n={self.n_now} vs {self.n_base})"
+        )
 
 
 def mann_whitney_greater(now: list[float], base: list[float]) -> float:
@@ -83,5 +85,12 @@ def time_verdict(now: list[float], base: list[float], min_effect: float, alpha: 
     effect = statistics.median(now) / statistics.median(base) - 1
     low, high = bootstrap_effect(now, base)
     p = mann_whitney_greater(now, base)
-    return TimeVerdict(effect=effect, low=low, high=high, p_value=p, n_base=len(base), n_now=len(now),
-                       regressed=effect > min_effect and p < alpha)  # fmt: skip
+    return TimeVerdict(
+        effect=effect,
+        low=low,
+        high=high,
+        p_value=p,
+        n_base=len(base),
+        n_now=len(now),
+        regressed=effect > min_effect and p < alpha,
+    )

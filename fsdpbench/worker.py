@@ -24,16 +24,22 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
 from fsdpbench.emulate import (
-    build_rank_model, fake_collectives, init_fake_process_group, prepare_ddp, shards_on_meta, without_overlap,
-)  # fmt: skip
+    build_rank_model,
+    fake_collectives,
+    init_fake_process_group,
+    prepare_ddp,
+    shards_on_meta,
+    without_overlap,
+)
 from fsdpbench.knobs import apply_activation_checkpointing, apply_compile, state_placement_bytes
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
@@ -47,15 +53,18 @@ from fsdpbench.strategies import ApplyContext, get_strategy
 from fsdpbench.wrap import get_wrap_units
 
 
-
 class RankRecorder:
     """This rank's result dict, written atomically to disk after every phase."""
 
     def __init__(self, out_dir: Path, rank: int) -> None:
         self.path = out_dir / f"rank{rank}.json"
         self.data: dict[str, Any] = {
-            "rank": rank, "pid": os.getpid(), "status": "running", "phase": "setup", "error": "",
-        }  # fmt: skip
+            "rank": rank,
+            "pid": os.getpid(),
+            "status": "running",
+            "phase": "setup",
+            "error": "",
+        }
         self.flush()
 
     def update(self, **fields: Any) -> None:
@@ -93,9 +102,11 @@ def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded, then re-raised
         status = "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
         rec.update(
-            status=status, error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc(),
+            status=status,
+            error=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
             failed_at=time.time(),
-        )  # fmt: skip
+        )
         raise
     finally:
         if dist.is_initialized():
@@ -104,12 +115,19 @@ def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
 
 
 def _run_phases(
-    case: Case, rank: int, world: int, local_rank: int, rec: RankRecorder, t_start: float,
+    case: Case,
+    rank: int,
+    world: int,
+    local_rank: int,
+    rec: RankRecorder,
+    t_start: float,
     stack: contextlib.ExitStack,
 ) -> None:
     # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world)))))
+    torch.set_num_threads(
+        max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+    )
     if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/emulate.py)
         init_fake_process_group(rank, world)
         stack.enter_context(fake_collectives(case))
@@ -133,9 +151,14 @@ def _run_phases(
 
     if case.emulate:  # only this rank's shards are ever allocated
         model, n_params = build_rank_model(
-            mdef, margs, apply_strategy, shard_on_meta=shards_on_meta(strategy),
-            device=device, seed=case.seed, rank=rank,
-        )  # fmt: skip
+            mdef,
+            margs,
+            apply_strategy,
+            shard_on_meta=shards_on_meta(strategy),
+            device=device,
+            seed=case.seed,
+            rank=rank,
+        )
         model = prepare_ddp(model, world)
     else:
         torch.manual_seed(case.seed)  # same initial weights on every rank
@@ -145,10 +168,15 @@ def _run_phases(
         model = apply_strategy(model)
     optimizer = strategy.build_optimizer(model, case)
     rec.update(
-        phase="warmup", params=n_params, n_units=len(units) + 1 if strategy.uses_wrap else 1, mode=case.mode,
-        threads=torch.get_num_threads(), init_pg_s=t_pg - t_start, setup_s=time.perf_counter() - t_start,
+        phase="warmup",
+        params=n_params,
+        n_units=len(units) + 1 if strategy.uses_wrap else 1,
+        mode=case.mode,
+        threads=torch.get_num_threads(),
+        init_pg_s=t_pg - t_start,
+        setup_s=time.perf_counter() - t_start,
         samplers=samplers.status,
-    )  # fmt: skip
+    )
 
     autocast = autocast_for(case, strategy, device)
     losses: list[float] = []
@@ -156,8 +184,17 @@ def _run_phases(
 
     def train_step(step: int, after_optim: Callable[[], None] | None = None, record: bool = True) -> None:
         t0 = time.perf_counter()
-        loss = run_step(case, model, optimizer, mdef.loss, rank=rank, step=step, device=device,
-                        autocast=autocast, after_optim=after_optim)  # fmt: skip
+        loss = run_step(
+            case,
+            model,
+            optimizer,
+            mdef.loss,
+            rank=rank,
+            step=step,
+            device=device,
+            autocast=autocast,
+            after_optim=after_optim,
+        )
         if record:
             losses.append(loss.item())
             steps_wall_s[0] += time.perf_counter() - t0
@@ -248,19 +285,25 @@ def _run_phases(
 
         dist.barrier()
         paired = interleaved_steps(
-            block_step, reference, case.time_blocks * case.time_block_steps, lambda: synchronize(device))
+            block_step, reference, case.time_blocks * case.time_block_steps, lambda: synchronize(device)
+        )
         step = next_step[0]
         rec.update(**{f"paired_{k}": v for k, v in paired.items()})
 
     # ---- done ------------------------------------------------------------------------------
     samplers.stop()
-    extra["harness_leftovers"] = "; ".join(instruments_left_installed())  # "" when the instruments left nothing
+    extra["harness_leftovers"] = "; ".join(
+        instruments_left_installed()
+    )  # "" when the instruments left nothing
     extra.update(samplers.columns())
     samplers.write_timeline(rec.path.parent / f"timeline_rank{rank}.parquet", case.case_id, rank)
     rec.update(
-        losses=list(losses), steps_total=step, steps_wall_s=steps_wall_s[0],
-        wall_s=time.perf_counter() - t_start, extra_columns=extra,
-    )  # fmt: skip
+        losses=list(losses),
+        steps_total=step,
+        steps_wall_s=steps_wall_s[0],
+        wall_s=time.perf_counter() - t_start,
+        extra_columns=extra,
+    )
 
 
 def _time_stats(times_ms: list[float]) -> dict[str, float]:
@@ -293,8 +336,9 @@ def rank_entry(case_json: str, out_dir: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Run one case on an external launcher (torchrun, srun): every rank calls this."""
     parser = argparse.ArgumentParser(prog="python -m fsdpbench.worker", description=main.__doc__)
-    parser.add_argument("--case", required=True,
-                        help="case JSON file (fsdpbench run SCENARIO --export-cases DIR writes them)")
+    parser.add_argument(
+        "--case", required=True, help="case JSON file (fsdpbench run SCENARIO --export-cases DIR writes them)"
+    )
     parser.add_argument("--out", required=True, help="directory for rank{R}.json")
     args = parser.parse_args(argv)
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun without torchrun

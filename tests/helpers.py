@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 import torch
@@ -26,7 +27,14 @@ def requires_cuda(test: Callable) -> Callable:
 
 
 TINY: dict[str, Any] = dict(
-    model="decoder-tiny", batch_size=2, seq_len=16, warmup_steps=1, steps=2, memory_steps=1, timeout_s=90, **CPU
+    model="decoder-tiny",
+    batch_size=2,
+    seq_len=16,
+    warmup_steps=1,
+    steps=2,
+    memory_steps=1,
+    timeout_s=90,
+    **CPU,
 )
 
 

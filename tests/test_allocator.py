@@ -1,6 +1,5 @@
 """CUDA allocator statistics."""
 
-import pytest
 import torch
 
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks

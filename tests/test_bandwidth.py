@@ -33,7 +33,9 @@ def test_nccl_rates_come_from_the_kernels():
     assert got["comm_all_gather_busbw_gbs"] == pytest.approx(2000 / 4e-6 / 1e9 * 0.75)
     assert got["comm_reduce_scatter_busbw_gbs"] == pytest.approx(4000 / 8e-6 / 1e9 * 0.75)
     # broadcast: 128 B in 2 µs, busbw = algbw
-    assert got["comm_broadcast_busbw_gbs"] == got["comm_broadcast_algbw_gbs"] == pytest.approx(128 / 2e-6 / 1e9)
+    assert (
+        got["comm_broadcast_busbw_gbs"] == got["comm_broadcast_algbw_gbs"] == pytest.approx(128 / 2e-6 / 1e9)
+    )
 
 
 def test_gloo_rates_come_from_the_gloo_work_each_call_ran():

@@ -24,8 +24,9 @@ cases: [{strategy: hsdp, world_size: 2, shard_size: 3}]
 """
 
 
-def test_run_writes_results_and_prints_the_summary(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_writes_results_and_prints_the_summary(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps table cells to the terminal; keep each row on one line
     scenario = tmp_path / "mini.yaml"
     scenario.write_text(SCENARIO)
@@ -37,9 +38,25 @@ def test_run_writes_results_and_prints_the_summary(tmp_path: Path, capsys: pytes
     assert "skipped hsdp_n2" in err and "does not divide world_size=2" in err
     frame = pd.read_parquet(tmp_path / "run" / "results.parquet")
     assert set(zip(frame.strategy, frame.status)) == {("ddp", "ok"), ("zero3", "ok"), ("hsdp", "skipped")}
-    for column in ("case_id", "strategy", "world_size", "rank", "model", "params", "wrap", "prefetch",
-                   "precision", "optimizer", "batch_size", "status", "error", "step_time_ms", "loss_final",
-                   "backend", "device"):  # fmt: skip
+    for column in (
+        "case_id",
+        "strategy",
+        "world_size",
+        "rank",
+        "model",
+        "params",
+        "wrap",
+        "prefetch",
+        "precision",
+        "optimizer",
+        "batch_size",
+        "status",
+        "error",
+        "step_time_ms",
+        "loss_final",
+        "backend",
+        "device",
+    ):
         assert column in frame.columns
     meta = json.loads((tmp_path / "run" / "run.json").read_text())
     assert meta["status"] == "complete" and meta["scenario"]["text"] == scenario.read_text()
@@ -50,7 +67,10 @@ def test_run_writes_results_and_prints_the_summary(tmp_path: Path, capsys: pytes
     assert "median of 2 timed steps after 1 warm-up, p10–p90" in " ".join(out.split())
     ddp = frame[frame.strategy == "ddp"]
     slowest = ddp.loc[ddp.step_time_ms.idxmax()]
-    assert f"{slowest.step_time_ms:.1f} ms ({slowest.step_time_p10_ms:.0f}–{slowest.step_time_p90_ms:.0f})" in out
+    assert (
+        f"{slowest.step_time_ms:.1f} ms ({slowest.step_time_p10_ms:.0f}–{slowest.step_time_p90_ms:.0f})"
+        in out
+    )
 
 
 def test_malformed_scenario_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -72,9 +92,23 @@ def test_external_launcher_then_collect(tmp_path: Path) -> None:
         main(["run", str(scenario), "--export-cases", str(tmp_path / "cases")])
     (case_file,) = (tmp_path / "cases").glob("*.json")
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "fsdpbench.worker", "--case", str(case_file), "--out", str(run_dir / "cases" / case_file.stem)]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "fsdpbench.worker",
+        "--case",
+        str(case_file),
+        "--out",
+        str(run_dir / "cases" / case_file.stem),
+    ]
+    subprocess.run(
+        cmd, check=True, capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     with pytest.raises(SystemExit) as exit_info:
         main(["run", str(scenario), "--out", str(run_dir), "--collect", "--no-report"])
     assert exit_info.value.code == 0

@@ -24,8 +24,7 @@ def x(name, ts, dur, tid=1, cat="cpu_op", dims=None, types=None, **args):
         args["Input Dims"] = dims
     if types is not None:
         args["Input type"] = types
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
-            "args": args}
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
 def by_kind(frame):
@@ -40,40 +39,86 @@ def gloo_trace(world_size=2):
         x("c10d::allreduce_", 0, 30, dims=[[[16640]], [], [], [], [], []], types=tl),
         x("gloo:all_reduce", 5, 2000, tid=2, cat="user_annotation", dims=[[16640]], types=["float"]),
         # ZeRO broadcasts of fp16 params: 2 × (64×64) + 2 × 64
-        *[x("c10d::broadcast_", 3000 + 10 * i, 5, dims=[[shape], [], [], [], [], []],
-            types=["TensorList", "", "Scalar", "Scalar", "Scalar", "Scalar"])
-          for i, shape in enumerate([[64, 64], [64], [64, 64], [64]])],
-        *[x("gloo:broadcast", 3001 + 10 * i, 8, tid=2 + i % 2, cat="user_annotation",
-            dims=[shape], types=["c10::Half"])
-          for i, shape in enumerate([[64, 64], [64], [64, 64], [64]])],
+        *[
+            x(
+                "c10d::broadcast_",
+                3000 + 10 * i,
+                5,
+                dims=[[shape], [], [], [], [], []],
+                types=["TensorList", "", "Scalar", "Scalar", "Scalar", "Scalar"],
+            )
+            for i, shape in enumerate([[64, 64], [64], [64, 64], [64]])
+        ],
+        *[
+            x(
+                "gloo:broadcast",
+                3001 + 10 * i,
+                8,
+                tid=2 + i % 2,
+                cat="user_annotation",
+                dims=[shape],
+                types=["c10::Half"],
+            )
+            for i, shape in enumerate([[64, 64], [64], [64, 64], [64]])
+        ],
         # FSDP2: all-gather (output 4160, input 2080) twice, reduce-scatter once (bf16)
-        x("c10d::_allgather_base_", 4000, 10, dims=[[4160], [2080], [], [], []],
-          types=["float", "float", "", "Scalar", "Scalar"]),
-        x("c10d::_allgather_base_", 4100, 10, dims=[[4160], [2080], [], [], []],
-          types=["float", "float", "", "Scalar", "Scalar"]),
+        x(
+            "c10d::_allgather_base_",
+            4000,
+            10,
+            dims=[[4160], [2080], [], [], []],
+            types=["float", "float", "", "Scalar", "Scalar"],
+        ),
+        x(
+            "c10d::_allgather_base_",
+            4100,
+            10,
+            dims=[[4160], [2080], [], [], []],
+            types=["float", "float", "", "Scalar", "Scalar"],
+        ),
         x("gloo:all_gather", 4001, 50, tid=2, cat="user_annotation", dims=[[2080]], types=["float"]),
         x("gloo:all_gather", 4101, 50, tid=3, cat="user_annotation", dims=[[2080]], types=["float"]),
-        x("c10d::_reduce_scatter_base_", 4200, 10, dims=[[2080], [4160], [], [], [], []],
-          types=["c10::BFloat16", "c10::BFloat16", "", "", "Scalar", "Scalar"]),
-        x("gloo:all_reduce", 4201, 50, tid=2, cat="user_annotation", dims=[[4160]],
-          types=["c10::BFloat16"]),
+        x(
+            "c10d::_reduce_scatter_base_",
+            4200,
+            10,
+            dims=[[2080], [4160], [], [], [], []],
+            types=["c10::BFloat16", "c10::BFloat16", "", "", "Scalar", "Scalar"],
+        ),
+        x("gloo:all_reduce", 4201, 50, tid=2, cat="user_annotation", dims=[[4160]], types=["c10::BFloat16"]),
         # FSDP1 on gloo: list all-gather, output not recorded
-        x("c10d::allgather_", 5000, 10, dims=[[], [[2080]], [], [], []],
-          types=["", "TensorList", "", "Scalar", "Scalar"]),
+        x(
+            "c10d::allgather_",
+            5000,
+            10,
+            dims=[[], [[2080]], [], [], []],
+            types=["", "TensorList", "", "Scalar", "Scalar"],
+        ),
         x("gloo:all_gather", 5001, 50, tid=2, cat="user_annotation", dims=[[2080]], types=["double"]),
-        x("c10d::barrier", 6000, 10, dims=[[1], [], [], [], []],
-          types=["unsigned char", "", "ScalarList", "Scalar", "Scalar"]),
+        x(
+            "c10d::barrier",
+            6000,
+            10,
+            dims=[[1], [], [], [], []],
+            types=["unsigned char", "", "ScalarList", "Scalar", "Scalar"],
+        ),
         x("gloo:barrier", 6001, 5, tid=3, cat="user_annotation"),
         x("aten::mm", 7000, 10),  # not a collective
     ]
-    return {"traceEvents": events,
-            "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": world_size}}
+    return {
+        "traceEvents": events,
+        "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": world_size},
+    }
 
 
 def test_gloo_trace_exact_counts_and_bytes():
     got = by_kind(collectives_from_trace(gloo_trace()))
     assert list(collectives_from_trace(gloo_trace()).columns[:4]) == [
-        "kind", "count", "payload_bytes", "sent_bytes"]
+        "kind",
+        "count",
+        "payload_bytes",
+        "sent_bytes",
+    ]
     assert (got["all_reduce"].count, got["all_reduce"].payload_bytes) == (1, 16640 * 4)
     assert got["all_reduce"].sent_bytes == 16640 * 4  # 2(N-1)/N = 1 at N=2
     assert got["broadcast"].count == 4
@@ -102,23 +147,38 @@ def test_steps_divides_and_group_size_override():
 
 
 def test_group_size_from_dims():
-    trace = {"traceEvents": [
-        x("c10d::_allgather_base_", 0, 1, dims=[[400], [100]], types=["float", "float"]),
-        x("c10d::_reduce_scatter_base_", 10, 1, dims=[[100], [800]], types=["float", "float"]),
-    ], "distributedInfo": {"world_size": 2}}
+    trace = {
+        "traceEvents": [
+            x("c10d::_allgather_base_", 0, 1, dims=[[400], [100]], types=["float", "float"]),
+            x("c10d::_reduce_scatter_base_", 10, 1, dims=[[100], [800]], types=["float", "float"]),
+        ],
+        "distributedInfo": {"world_size": 2},
+    }
     records = collective_records(trace)
     assert [(r.kind, r.group_size, r.payload_bytes) for r in records] == [
-        ("all_gather", 4, 1600), ("reduce_scatter", 8, 3200)]
+        ("all_gather", 4, 1600),
+        ("reduce_scatter", 8, 3200),
+    ]
     assert records[0].sent_bytes == 1200 and records[1].sent_bytes == 2800
 
 
 def test_nested_c10d_op_counted_once():
-    trace = {"traceEvents": [
-        x("c10d::allreduce_coalesced_", 0, 100, dims=[[[10], [20]]], types=["TensorList"]),
-        x("c10d::allreduce_", 10, 5, dims=[[[10]]], types=["TensorList"]),
-        x("gloo:all_reduce", 11, 5, tid=2, cat="user_annotation", dims=[[10], [20]],
-          types=["double", "double"]),
-    ], "distributedInfo": {"world_size": 2}}
+    trace = {
+        "traceEvents": [
+            x("c10d::allreduce_coalesced_", 0, 100, dims=[[[10], [20]]], types=["TensorList"]),
+            x("c10d::allreduce_", 10, 5, dims=[[[10]]], types=["TensorList"]),
+            x(
+                "gloo:all_reduce",
+                11,
+                5,
+                tid=2,
+                cat="user_annotation",
+                dims=[[10], [20]],
+                types=["double", "double"],
+            ),
+        ],
+        "distributedInfo": {"world_size": 2},
+    }
     (record,) = collective_records(trace)
     assert record.name == "c10d::allreduce_coalesced_" and record.payload_bytes == 30 * 8
 
@@ -131,19 +191,42 @@ def test_trace_without_shapes_is_an_error():
 
 def nccl_trace():
     """record_param_comms as ProcessGroupNCCL writes them; the kernel carries a copy of the args."""
+
     def rpc(ts, coll, n_in, n_out, dtype, group):
-        return x("record_param_comms", ts, 5, **{
-            "Collective name": coll, "dtype": dtype, "In msg nelems": n_in,
-            "Out msg nelems": n_out, "Group size": group, "Process Group Name": "0"})
+        return x(
+            "record_param_comms",
+            ts,
+            5,
+            **{
+                "Collective name": coll,
+                "dtype": dtype,
+                "In msg nelems": n_in,
+                "Out msg nelems": n_out,
+                "Group size": group,
+                "Process Group Name": "0",
+            },
+        )
+
     events = [
         rpc(0, "allreduce", 1000, 1000, "Float", 4),
         rpc(10, "_allgather_base", 250, 1000, "BFloat16", 4),
         rpc(20, "_reduce_scatter_base", 1000, 250, "Float", 4),
         rpc(30, "broadcast", 64, 64, "Half", 4),
         rpc(40, "wait", 0, 0, "Float", 4),
-        x("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 5, 50, tid=7, cat="kernel", **{
-            "Collective name": "allreduce", "dtype": "Float", "In msg nelems": 1000,
-            "Out msg nelems": 1000, "Group size": 4}),
+        x(
+            "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            5,
+            50,
+            tid=7,
+            cat="kernel",
+            **{
+                "Collective name": "allreduce",
+                "dtype": "Float",
+                "In msg nelems": 1000,
+                "Out msg nelems": 1000,
+                "Group size": 4,
+            },
+        ),
         x("c10d::allreduce_", 0, 8, dims=[[[1000]]], types=["TensorList"]),  # ignored here
     ]
     return {"traceEvents": events, "distributedInfo": {"backend": "nccl", "world_size": 4}}
@@ -210,8 +293,7 @@ def _profile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         for strategy in STRATEGIES:
             torch.manual_seed(0)
@@ -223,8 +305,7 @@ def _profile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
                     fully_shard(layer)
                 fully_shard(model)
             if strategy == "zero1":
-                opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
-                                              lr=0.01)
+                opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.01)
             else:
                 opt = torch.optim.SGD(model.parameters(), lr=0.01)
             batch = torch.randn(8, WIDTH)
@@ -247,8 +328,7 @@ def _profile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
 def test_real_gloo_run_matches_analytic(tmp_path: Path):
     import torch.multiprocessing as mp
 
-    mp.spawn(_profile_rank, args=(WORLD_SIZE, _free_port(), str(tmp_path)), nprocs=WORLD_SIZE,
-             join=True)
+    mp.spawn(_profile_rank, args=(WORLD_SIZE, _free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     param_bytes = LAYERS * (WIDTH * WIDTH + WIDTH) * 4
     assert param_bytes == 66560
     for strategy in STRATEGIES:
@@ -259,7 +339,12 @@ def test_real_gloo_run_matches_analytic(tmp_path: Path):
             measured = dict(zip(frame["kind"], frame["sent_bytes"]))
             for kind in KINDS:
                 assert measured[kind] == pytest.approx(expected[kind], rel=0.02, abs=1.0), (
-                    strategy, rank, kind, measured, expected)
+                    strategy,
+                    rank,
+                    kind,
+                    measured,
+                    expected,
+                )
             counts = dict(zip(frame["kind"], frame["count"]))
             if strategy == "ddp":
                 assert counts["all_reduce"] == 1  # one bucket

@@ -25,10 +25,15 @@ def test_compare_builds_one_case_per_strategy_through_the_scenario_code():
     args = _args("--model", "decoder-tiny", "--world-size", "4", "--precision", "bf16", "--steps", "3")
     scenario = parse_scenario(build_scenario_text(args), source="fsdpbench compare", overrides=CPU)
     assert [c.strategy for c in scenario.cases] == ["ddp", "zero2", "zero3"]
-    assert {(c.world_size, c.precision, c.steps, c.model) for c in scenario.cases} == {(4, "bf16", 3, "decoder-tiny")}
+    assert {(c.world_size, c.precision, c.steps, c.model) for c in scenario.cases} == {
+        (4, "bf16", 3, "decoder-tiny")
+    }
     assert scenario.cases[0].wrap == "none" and scenario.cases[2].wrap == "block"  # normalised as in a run
     args = _args("--world-size", "2", "--strategies", "ddp,zero1")
-    assert [c.strategy for c in parse_scenario(build_scenario_text(args), overrides=CPU).cases] == ["ddp", "zero1"]
+    assert [c.strategy for c in parse_scenario(build_scenario_text(args), overrides=CPU).cases] == [
+        "ddp",
+        "zero1",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -49,8 +54,12 @@ def test_compare_rejects_bad_arguments_naming_the_flag(argv, message, capsys, tm
 def test_compare_table_puts_strategies_side_by_side_and_stars_the_winner():
     rows = synthetic_results().assign(run="syn")
     cases = build_case_frame(rows)
-    n4 = cases[(cases["world_size"] == 4) & (cases["prefetch"] == 0) & (cases["precision"] == "fp32")
-               & (cases["status"] == "ok")].copy()  # fmt: skip
+    n4 = cases[
+        (cases["world_size"] == 4)
+        & (cases["prefetch"] == 0)
+        & (cases["precision"] == "fp32")
+        & (cases["status"] == "ok")
+    ].copy()
     from fsdpbench.report.data import case_labels
 
     n4["label"] = case_labels(n4)
@@ -83,11 +92,36 @@ def test_report_command_writes_the_page_and_rejects_a_non_run(tmp_path, capsys):
 def test_compare_runs_real_cases_prints_the_table_and_writes_the_report(tmp_path):
     out = tmp_path / "cmp"
     proc = subprocess.run(
-        [sys.executable, "-m", "fsdpbench", "compare", "--model", "decoder-tiny", "--world-size", "2",
-         "--strategies", "ddp,zero3", "--batch-size", "2", "--seq-len", "16", "--steps", "2", "--warmup-steps", "1",
-         "--set", "device=cpu", "--set", "backend=gloo", "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fsdpbench",
+            "compare",
+            "--model",
+            "decoder-tiny",
+            "--world-size",
+            "2",
+            "--strategies",
+            "ddp,zero3",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--steps",
+            "2",
+            "--warmup-steps",
+            "1",
+            "--set",
+            "device=cpu",
+            "--set",
+            "backend=gloo",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ddp n2" in proc.stdout and "zero3 n2" in proc.stdout and "winner" in proc.stdout
     assert f"report:  {out / 'report.html'}" in proc.stdout

@@ -43,6 +43,8 @@ def test_hsdp_2x2_matches_one_rank(tmp_path: Path) -> None:
 
 
 def test_prefetch_and_wrap_do_not_change_the_maths(reference_2, tmp_path: Path) -> None:
-    outcome = run(tiny_case(strategy="zero3", world_size=2, wrap="size", wrap_min_params=10_000, prefetch=2), tmp_path)
+    outcome = run(
+        tiny_case(strategy="zero3", world_size=2, wrap="size", wrap_min_params=10_000, prefetch=2), tmp_path
+    )
     assert outcome.status == "ok", outcome.error
     assert global_losses(outcome) == pytest.approx(reference_2, rel=RTOL)

@@ -20,14 +20,24 @@ TOLERANCE = 0.03
 
 
 def _case(row: dict) -> Case:
-    return Case(model=row["model"], strategy=row["strategy"], world_size=row["ws"], precision=row["precision"],
-                batch_size=row["batch"], seq_len=row["seq"], activation_checkpointing=row["ac"], device="cuda",
-                backend="nccl")  # fmt: skip
+    return Case(
+        model=row["model"],
+        strategy=row["strategy"],
+        world_size=row["ws"],
+        precision=row["precision"],
+        batch_size=row["batch"],
+        seq_len=row["seq"],
+        activation_checkpointing=row["ac"],
+        device="cuda",
+        backend="nccl",
+    )
 
 
 def _row_id(row: dict) -> str:
-    return f"{row['model']}-n{row['ws']}-{row['strategy']}-{row['precision']}-b{row['batch']}-s{row['seq']}" + (
-        "-ac" if row["ac"] else "")
+    return (
+        f"{row['model']}-n{row['ws']}-{row['strategy']}-{row['precision']}-b{row['batch']}-s{row['seq']}"
+        + ("-ac" if row["ac"] else "")
+    )
 
 
 def _peaks_at_optimizer_step(row: dict) -> bool:
@@ -67,8 +77,12 @@ def test_cpu_prediction_is_unchanged_by_the_cuda_rules():
 
 
 # traced: each CUDA kernel choice (cuDNN in bf16, memory-efficient in fp32), with and without checkpointing
-TRACED = [r for r in ROWS if (r["model"], r["ws"], r["precision"], r["batch"], r["ac"]) in {
-    ("decoder-small", 8, "fp32", 16, False), ("decoder-base", 8, "bf16", 8, True)}]  # fmt: skip
+TRACED = [
+    r
+    for r in ROWS
+    if (r["model"], r["ws"], r["precision"], r["batch"], r["ac"])
+    in {("decoder-small", 8, "fp32", 16, False), ("decoder-base", 8, "bf16", 8, True)}
+]
 
 
 @pytest.mark.parametrize("row", TRACED, ids=_row_id)
@@ -78,7 +92,11 @@ def test_traced_cuda_prediction_matches_the_h100_tracker(row):
     assert abs(est.peak_bytes / t["Total"] - 1) < TOLERANCE
     b = est.peak_by_category
     assert (b["params"], b["optim"], b["all_gather"], b["reduce_scatter"]) == (
-        t["SHARDED_PARAM"], t["OPT"], t["ALL_GATHER"], t["REDUCE_SCATTER"])
+        t["SHARDED_PARAM"],
+        t["OPT"],
+        t["ALL_GATHER"],
+        t["REDUCE_SCATTER"],
+    )
     if trace_device(_case(row))[1]:
         assert "CUDA's rules" in est.notes[0]
 
@@ -103,13 +121,36 @@ def test_predict_both_for_llama_7b_on_8_ranks_where_cuda_is_present(monkeypatch,
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(SystemExit) as exc:
-        main(["predict", "--model", "llama-7b", "--world-size", "8", "--strategy", "zero3", "--device", "cuda",
-              "--precision", "bf16", "--batch-size", "1", "--seq-len", "2048", "--method", "both", "--json"])  # fmt: skip
+        main(
+            [
+                "predict",
+                "--model",
+                "llama-7b",
+                "--world-size",
+                "8",
+                "--strategy",
+                "zero3",
+                "--device",
+                "cuda",
+                "--precision",
+                "bf16",
+                "--batch-size",
+                "1",
+                "--seq-len",
+                "2048",
+                "--method",
+                "both",
+                "--json",
+            ]
+        )
     assert (exc.value.code or 0) == 0
     analytic, traced = json.loads(capsys.readouterr().out)
-    reference = next(r["tracker_peak"]["Total"] for r in ROWS
-                     if (r["model"], r["ws"], r["strategy"], r["precision"], r["batch"], r["seq"], r["ac"])
-                     == ("llama-7b", 8, "zero3", "bf16", 1, 2048, False))  # fmt: skip
+    reference = next(
+        r["tracker_peak"]["Total"]
+        for r in ROWS
+        if (r["model"], r["ws"], r["strategy"], r["precision"], r["batch"], r["seq"], r["ac"])
+        == ("llama-7b", 8, "zero3", "bf16", 1, 2048, False)
+    )
     for rec in (analytic, traced):
         assert abs(rec["peak_bytes"] / reference - 1) < TOLERANCE
     assert any("H100" in n for n in analytic["notes"]) and any("H100" in n for n in traced["notes"])

@@ -8,29 +8,33 @@ Tests that run DeepSpeed skip with the reason where the optional extra is not in
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies import deepspeed_zero as dsz
+from fsdpbench.strategies import get_strategy
 from tests.helpers import global_losses, run, tiny_case
 
 NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None
 needs_deepspeed = pytest.mark.skipif(
-    NO_DEEPSPEED, reason='DeepSpeed not installed (optional extra: DS_BUILD_OPS=0 pip install -e ".[deepspeed]")'
+    NO_DEEPSPEED,
+    reason='DeepSpeed not installed (optional extra: DS_BUILD_OPS=0 pip install -e ".[deepspeed]")',
 )
 RTOL = 1e-5
 DECODER_TINY_PARAMS = 172_352  # Ψ of decoder-tiny, asserted below from the model itself
 
 
 def test_config_carries_the_case_and_deepspeeds_defaults() -> None:
-    case = tiny_case(strategy="ds_zero3", world_size=2, batch_size=3, strategy_args={"reduce_bucket_size": 1000})
+    case = tiny_case(
+        strategy="ds_zero3", world_size=2, batch_size=3, strategy_args={"reduce_bucket_size": 1000}
+    )
     cfg = dsz.build_ds_config(case, 3)
     assert cfg["train_micro_batch_size_per_gpu"] == 3 and cfg["gradient_accumulation_steps"] == 1
     zero = cfg["zero_optimization"]
     assert zero["stage"] == 3 and zero["reduce_bucket_size"] == 1000
-    assert zero["stage3_param_persistence_threshold"] == 100_000 and zero["stage3_max_live_parameters"] == 10**9
+    assert (
+        zero["stage3_param_persistence_threshold"] == 100_000 and zero["stage3_max_live_parameters"] == 10**9
+    )
     assert "overlap_comm" not in zero  # None: DeepSpeed picks (true on stage 3)
     assert "allgather_bucket_size" not in zero  # a stage-1/2 knob
     assert "offload_optimizer" not in zero and "offload_param" not in zero
@@ -39,7 +43,9 @@ def test_config_carries_the_case_and_deepspeeds_defaults() -> None:
 
 def test_cpu_offload_offloads_the_optimizer_and_on_stage3_the_params() -> None:
     zero2 = dsz.build_ds_config(tiny_case(strategy="ds_zero2", cpu_offload=True), 2)["zero_optimization"]
-    assert zero2["offload_optimizer"] == {"device": "cpu", "pin_memory": False} and "offload_param" not in zero2
+    assert (
+        zero2["offload_optimizer"] == {"device": "cpu", "pin_memory": False} and "offload_param" not in zero2
+    )
     zero3 = dsz.build_ds_config(tiny_case(strategy="ds_zero3", cpu_offload=True), 3)["zero_optimization"]
     assert zero3["offload_param"]["device"] == "cpu"
     only_optim = tiny_case(strategy="ds_zero3", cpu_offload=True, strategy_args={"offload_param": False})
@@ -53,16 +59,25 @@ def test_check_names_unknown_and_mistyped_knobs() -> None:
     zero2 = get_strategy("ds_zero2")
     reason = zero2.check(tiny_case(strategy="ds_zero2", strategy_args={"stage3_max_live_parameters": 5}))
     assert "unknown to ds_zero2" in reason and "reduce_bucket_size" in reason
-    assert "must be int" in zero2.check(tiny_case(strategy="ds_zero2", strategy_args={"reduce_bucket_size": "5e8"}))
+    assert "must be int" in zero2.check(
+        tiny_case(strategy="ds_zero2", strategy_args={"reduce_bucket_size": "5e8"})
+    )
     assert "must be bool" in zero2.check(tiny_case(strategy="ds_zero2", strategy_args={"overlap_comm": 1}))
     assert zero2.check(tiny_case(strategy="ds_zero2", strategy_args={"overlap_comm": True})) is None
 
 
-def test_without_deepspeed_a_case_is_skipped_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_deepspeed_a_case_is_skipped_with_the_install_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a)
+    )
     reason = get_strategy("ds_zero1").check(tiny_case(strategy="ds_zero1", world_size=2))
-    assert reason.startswith("DeepSpeed is not installed") and 'DS_BUILD_OPS=0 pip install -e ".[deepspeed]"' in reason
+    assert (
+        reason.startswith("DeepSpeed is not installed")
+        and 'DS_BUILD_OPS=0 pip install -e ".[deepspeed]"' in reason
+    )
 
 
 @needs_deepspeed
@@ -72,14 +87,17 @@ def test_deepspeeds_estimator_is_the_third_prediction() -> None:
     psi = get_model_facts("decoder-tiny").n_params
     assert psi == DECODER_TINY_PARAMS
     # DeepSpeed's formulas: stage 2: 2Ψ + 18Ψ/N; stage 3: 4·largest layer + 18Ψ/N; no stage-1 estimator
-    assert get_strategy("ds_zero2").vendor_model_states_bytes(tiny_case(strategy="ds_zero2", world_size=2)) == (
-        2 * psi + 18 * psi // 2
-    )
+    assert get_strategy("ds_zero2").vendor_model_states_bytes(
+        tiny_case(strategy="ds_zero2", world_size=2)
+    ) == (2 * psi + 18 * psi // 2)
     largest = dsz.largest_layer_params(tiny_case())
-    assert get_strategy("ds_zero3").vendor_model_states_bytes(tiny_case(strategy="ds_zero3", world_size=2)) == (
-        4 * largest + 18 * psi // 2
+    assert get_strategy("ds_zero3").vendor_model_states_bytes(
+        tiny_case(strategy="ds_zero3", world_size=2)
+    ) == (4 * largest + 18 * psi // 2)
+    assert (
+        get_strategy("ds_zero1").vendor_model_states_bytes(tiny_case(strategy="ds_zero1", world_size=2))
+        is None
     )
-    assert get_strategy("ds_zero1").vendor_model_states_bytes(tiny_case(strategy="ds_zero1", world_size=2)) is None
 
 
 @pytest.fixture(scope="module")

@@ -37,13 +37,20 @@ def test_cpu_ranks_never_need_a_gpu(one_gpu_visible) -> None:
 
 def test_no_cuda_means_no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert check_devices(Case(device="cuda", backend="nccl")) == "needs 1 GPUs (one per rank, device cuda), 0 visible"
+    assert (
+        check_devices(Case(device="cuda", backend="nccl"))
+        == "needs 1 GPUs (one per rank, device cuda), 0 visible"
+    )
 
 
 def test_a_scenario_on_one_gpu_skips_the_two_rank_gloo_case_with_its_reason(one_gpu_visible) -> None:
-    s = parse_scenario("name: q\ndefaults: {device: cuda, backend: gloo}\nsweep: {world_size: [1, 2]}", source="q.yaml")
+    s = parse_scenario(
+        "name: q\ndefaults: {device: cuda, backend: gloo}\nsweep: {world_size: [1, 2]}", source="q.yaml"
+    )
     assert [c.world_size for c in s.cases] == [1]
-    assert [(k.case.world_size, k.reason) for k in s.skipped] == [(2, "needs 2 GPUs (one per rank, device cuda), 1 visible")]
+    assert [(k.case.world_size, k.reason) for k in s.skipped] == [
+        (2, "needs 2 GPUs (one per rank, device cuda), 1 visible")
+    ]
 
 
 def test_auto_resolves_by_what_the_machine_has(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -55,10 +62,15 @@ def test_auto_resolves_by_what_the_machine_has(monkeypatch: pytest.MonkeyPatch) 
     assert resolve_backend("auto", "auto") == ("cpu", "gloo")
 
 
-def test_a_case_built_in_code_is_skipped_by_launch_before_any_process_starts(one_gpu_visible, tmp_path: Path) -> None:
+def test_a_case_built_in_code_is_skipped_by_launch_before_any_process_starts(
+    one_gpu_visible, tmp_path: Path
+) -> None:
     case = tiny_case(device="cuda", backend="gloo", world_size=2)
     outcome = launch_case(case, tmp_path / case.case_id)
-    assert (outcome.status, outcome.error) == ("skipped", "needs 2 GPUs (one per rank, device cuda), 1 visible")
+    assert (outcome.status, outcome.error) == (
+        "skipped",
+        "needs 2 GPUs (one per rank, device cuda), 1 visible",
+    )
     assert outcome.ranks == [] and not (tmp_path / case.case_id).exists()
 
 
@@ -78,7 +90,9 @@ def test_fsdp2_shards_on_the_case_device_even_where_the_accelerator_is_cuda(
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
     case = tiny_case(strategy=strategy, world_size=1)
     model = build_model(case.model, device="cpu")
-    ctx = ApplyContext(case=case, device=torch.device("cpu"), rank=0, world_size=1, units=get_wrap_units(model, case))
+    ctx = ApplyContext(
+        case=case, device=torch.device("cpu"), rank=0, world_size=1, units=get_wrap_units(model, case)
+    )
     model = get_strategy(strategy).apply(model, ctx)
     params = list(model.parameters())
     assert params and all(isinstance(p, DTensor) for p in params)

@@ -12,8 +12,18 @@ from tests.helpers import run
 
 # scenarios/ci.yaml's shape (its peak is not at gloo's asynchronous reduce-scatter, so a real run's
 # tracker is deterministic); CPU semantics pinned
-SHAPE = dict(model="decoder-tiny", batch_size=4, seq_len=64, warmup_steps=1, steps=1, memory_steps=1,
-             profile_steps=0, device="cpu", backend="gloo", timeout_s=120)  # fmt: skip
+SHAPE = dict(
+    model="decoder-tiny",
+    batch_size=4,
+    seq_len=64,
+    warmup_steps=1,
+    steps=1,
+    memory_steps=1,
+    profile_steps=0,
+    device="cpu",
+    backend="gloo",
+    timeout_s=120,
+)
 
 
 def _tracker(rank: dict) -> dict:
@@ -69,13 +79,26 @@ def test_only_this_ranks_shards_are_materialised():
     mdef, margs = resolve_model(case.model, case.model_args)
     init_fake_process_group(5, 64)
     try:
+
         def apply(model):
-            ctx = ApplyContext(case=case, device=torch.device("cpu"), rank=5, world_size=64,
-                               units=get_wrap_units(model, case))  # fmt: skip
+            ctx = ApplyContext(
+                case=case,
+                device=torch.device("cpu"),
+                rank=5,
+                world_size=64,
+                units=get_wrap_units(model, case),
+            )
             return strategy.apply(model, ctx)
 
-        model, n_params = build_rank_model(mdef, margs, apply, shard_on_meta=shards_on_meta(strategy),
-                                           device=torch.device("cpu"), seed=0, rank=5)  # fmt: skip
+        model, n_params = build_rank_model(
+            mdef,
+            margs,
+            apply,
+            shard_on_meta=shards_on_meta(strategy),
+            device=torch.device("cpu"),
+            seed=0,
+            rank=5,
+        )
         local = sum(p.to_local().numel() for p in model.parameters())
         assert all(not p.to_local().is_meta for p in model.parameters())
         assert all(p.to_local().abs().sum() > 0 for p in model.parameters() if p.to_local().numel())  # filled
@@ -113,14 +136,36 @@ def test_predict_method_emulated_prints_the_measured_rank_beside_analytic(capsys
     from fsdpbench.cli import main
 
     with pytest.raises(SystemExit) as exc:
-        main(["predict", "--model", "decoder-tiny", "--world-size", "4", "--strategy", "zero3", "--batch-size", "4",
-              "--seq-len", "64", "--device", "cpu", "--method", "emulated", "--device-memory", "5MB", "--json"])
+        main(
+            [
+                "predict",
+                "--model",
+                "decoder-tiny",
+                "--world-size",
+                "4",
+                "--strategy",
+                "zero3",
+                "--batch-size",
+                "4",
+                "--seq-len",
+                "64",
+                "--device",
+                "cpu",
+                "--method",
+                "emulated",
+                "--device-memory",
+                "5MB",
+                "--json",
+            ]
+        )
     assert (exc.value.code or 0) == 0
     analytic, emulated = json.loads(capsys.readouterr().out)
     assert (analytic["method"], emulated["method"]) == ("analytic", "emulated")
     assert emulated["peak_bytes"] == 5347356 and emulated["device_peak_bytes"] == 5347356
     assert sum(emulated["states_by_category"][c] for c in ("params", "grads", "optim")) == 689492
-    assert emulated["fits"] is False and emulated["needed_bytes"] == 5347356  # 5 MB < 5.35 MB; CPU: no allowance
+    assert (
+        emulated["fits"] is False and emulated["needed_bytes"] == 5347356
+    )  # 5 MB < 5.35 MB; CPU: no allowance
 
 
 def test_emulated_figures_are_labelled_in_summary_report_and_regress():
@@ -131,11 +176,26 @@ def test_emulated_figures_are_labelled_in_summary_report_and_regress():
     from fsdpbench.summary import case_table
 
     assert ranks_label(4, "cpu", "gloo", mode="emulated", emulated_ranks="0") == (
-        "rank 0 of 4 CPU ranks (gloo), emulated on one CPU")
+        "rank 0 of 4 CPU ranks (gloo), emulated on one CPU"
+    )
     assert ranks_label(4, "cuda", "nccl") == "4 GPUs (NCCL)"
-    row = dict(case_id="c", strategy="zero3", world_size=4, device="cpu", case_status="ok", case_error="",
-               case_step_time_ms=1.0, step_time_ms=1.0, status="ok", rank=0, mem_tracker_peak_bytes=10,
-               losses=[], mode="emulated", timed_steps=1, warmup_steps=1)  # fmt: skip
+    row = dict(
+        case_id="c",
+        strategy="zero3",
+        world_size=4,
+        device="cpu",
+        case_status="ok",
+        case_error="",
+        case_step_time_ms=1.0,
+        step_time_ms=1.0,
+        status="ok",
+        rank=0,
+        mem_tracker_peak_bytes=10,
+        losses=[],
+        mode="emulated",
+        timed_steps=1,
+        warmup_steps=1,
+    )
     frame = pd.DataFrame([row, {**row, "case_id": "r", "mode": "real"}])
     assert list(case_table(frame)["mode"]) == ["emulated", "real"]
     assert case_records(frame)["c"]["mode"] == "emulated"

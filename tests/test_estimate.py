@@ -22,7 +22,12 @@ from fsdpbench.memory_model import predict_memory
 )
 def test_traced_equals_the_measured_run(strategy, world, rank, peak, states):
     """Golden numbers from `fsdpbench run scenarios/quickstart.yaml` (gloo, CPU, tracker): equal to the byte."""
-    case = Case(model="decoder-tiny", strategy=strategy, world_size=world, shard_size=2 if strategy == "hsdp" else None)
+    case = Case(
+        model="decoder-tiny",
+        strategy=strategy,
+        world_size=world,
+        shard_size=2 if strategy == "hsdp" else None,
+    )
     est = estimate(case, rank=rank)
     assert (est.peak_bytes, est.model_states_bytes) == (peak, states)
     assert est.params == 172352
@@ -38,8 +43,14 @@ def test_traced_sees_the_gloo_reduce_scatter_copy():
 
 def test_traced_agrees_with_the_analytic_model_on_uneven_shards():
     """World 3 and a 509-token vocabulary: FSDP pads dim 0; traced and analytic model states agree exactly."""
-    case = Case(model="decoder", model_args={"d_model": 72, "n_heads": 4, "vocab": 509}, strategy="zero3",
-                world_size=3, batch_size=2, seq_len=16)  # fmt: skip
+    case = Case(
+        model="decoder",
+        model_args={"d_model": 72, "n_heads": 4, "vocab": 509},
+        strategy="zero3",
+        world_size=3,
+        batch_size=2,
+        seq_len=16,
+    )
     for rank in (0, 2):
         est, pred = estimate(case, rank=rank), predict_memory(case, rank=rank)
         assert est.model_states_bytes == pred.resting_states_bytes

@@ -15,10 +15,9 @@ from fsdpbench.case import Case
 from fsdpbench.models import build_model
 from fsdpbench.models.decoder import TransformerBlock
 from fsdpbench.scenario import build_case, parse_scenario
-from tests.helpers import CPU
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.fsdp1 import BACKWARD_PREFETCH_MODES, auto_wrap_policy_for, mixed_precision_for
-from tests.helpers import global_losses, run, tiny_case
+from tests.helpers import CPU, global_losses, run, tiny_case
 
 RTOL = 1e-5
 FSDP1 = ["fsdp1_full", "fsdp1_grad_op", "fsdp1_no_shard", "fsdp1_hybrid"]
@@ -34,7 +33,9 @@ def test_wrap_axis_maps_to_fsdp1_auto_wrap_policies() -> None:
     assert size.keywords == {"min_num_params": 20_000}
     block = auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="block"))
     assert isinstance(block, ModuleWrapPolicy) and block._module_classes == {TransformerBlock}
-    named = auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="classes", wrap_classes=("FeedForward",)))
+    named = auto_wrap_policy_for(
+        model, Case(model="decoder-tiny", wrap="classes", wrap_classes=("FeedForward",))
+    )
     assert {c.__name__ for c in named._module_classes} == {"FeedForward"}
     with pytest.raises(ValueError, match="Nope"):
         auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="classes", wrap_classes=("Nope",)))
@@ -42,10 +43,18 @@ def test_wrap_axis_maps_to_fsdp1_auto_wrap_policies() -> None:
 
 @pytest.mark.parametrize(
     ("model", "min_params", "n_units"),
-    [("mnist-cnn", 100, 4), ("mnist-cnn", 20_000, 1), ("decoder-mini", 30_000, 18), ("decoder-mini", 200_000, 4),
-     ("decoder-mini", 300_000, 0), ("mlp", 200_000, 0)],  # the last two: no layer is big enough, the ModuleList would be
+    [
+        ("mnist-cnn", 100, 4),
+        ("mnist-cnn", 20_000, 1),
+        ("decoder-mini", 30_000, 18),
+        ("decoder-mini", 200_000, 4),
+        ("decoder-mini", 300_000, 0),
+        ("mlp", 200_000, 0),
+    ],  # the last two: no layer is big enough, the ModuleList would be
 )
-def test_fsdp1_size_policy_wraps_what_fsdpbench_wrap_predicts(model: str, min_params: int, n_units: int) -> None:
+def test_fsdp1_size_policy_wraps_what_fsdpbench_wrap_predicts(
+    model: str, min_params: int, n_units: int
+) -> None:
     """FSDP1's own policy (run by its recursive wrapper, no process group) against ``get_wrap_units``,
     which the memory model and FSDP2 use, on the scenarios' models and sizes."""
     from torch.distributed.fsdp.wrap import _recursive_wrap
@@ -55,7 +64,9 @@ def test_fsdp1_size_policy_wraps_what_fsdpbench_wrap_predicts(model: str, min_pa
     meta = build_model(model, device="meta")
     wrapped: list[torch.nn.Module] = []
     policy = functools.partial(size_based_auto_wrap_policy, min_num_params=min_params)
-    _recursive_wrap(meta, policy, lambda m, **_: wrapped.append(m) or m, set(), set(), only_wrap_children=True)
+    _recursive_wrap(
+        meta, policy, lambda m, **_: wrapped.append(m) or m, set(), set(), only_wrap_children=True
+    )
     predicted = get_wrap_units(meta, Case(model=model, wrap="size", wrap_min_params=min_params))
     assert [id(m) for m in wrapped] == [id(m) for m in predicted] and len(wrapped) == n_units
 
@@ -67,8 +78,10 @@ def test_precision_and_prefetch_map_to_fsdp1_arguments() -> None:
     low = mixed_precision_for("fp16-lowreduce")
     assert (low.param_dtype, low.reduce_dtype) == (torch.float16, torch.float16)
     assert BACKWARD_PREFETCH_MODES == {
-        "pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST, "none": None,
-    }  # fmt: skip
+        "pre": BackwardPrefetch.BACKWARD_PRE,
+        "post": BackwardPrefetch.BACKWARD_POST,
+        "none": None,
+    }
 
 
 def test_sharding_declarations_feed_the_memory_model() -> None:
@@ -136,8 +149,14 @@ def test_fsdp1_hybrid_2x2_matches_one_rank(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_tutorial_mnist_with_adadelta_matches_one_rank(tmp_path: Path) -> None:
     """The tutorial's model and optimizer, fc1 as its own unit (min_num_params=20000)."""
-    common = dict(model="mnist-cnn", model_args={"dropout": False}, optimizer="adadelta", lr=1.0,
-                  wrap="size", wrap_min_params=20_000)  # fmt: skip
+    common = dict(
+        model="mnist-cnn",
+        model_args={"dropout": False},
+        optimizer="adadelta",
+        lr=1.0,
+        wrap="size",
+        wrap_min_params=20_000,
+    )
     ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=4, **common), tmp_path / "ref")
     outcome = run(tiny_case(strategy="fsdp1_full", world_size=2, **common), tmp_path)
     assert outcome.status == "ok", outcome.error

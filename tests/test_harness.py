@@ -13,14 +13,33 @@ from fsdpbench.metrics.harness import instruments_left_installed, interleaved_bl
 
 
 def test_bare_blocks_interleave_with_timed_blocks_in_balanced_order():
-    assert interleaved_blocks(20, 20) == [("timed", 5), ("bare", 5), ("bare", 5), ("timed", 5),
-                                          ("timed", 5), ("bare", 5), ("bare", 5), ("timed", 5)]  # fmt: skip
+    assert interleaved_blocks(20, 20) == [
+        ("timed", 5),
+        ("bare", 5),
+        ("bare", 5),
+        ("timed", 5),
+        ("timed", 5),
+        ("bare", 5),
+        ("bare", 5),
+        ("timed", 5),
+    ]
     assert interleaved_blocks(5, 0) == [("timed", 5)]  # no bare loop: the timed phase as it always was
-    assert interleaved_blocks(5, 7) == [("timed", 2), ("bare", 2), ("bare", 2), ("timed", 1),
-                                        ("timed", 1), ("bare", 2), ("bare", 1), ("timed", 1)]  # fmt: skip
+    assert interleaved_blocks(5, 7) == [
+        ("timed", 2),
+        ("bare", 2),
+        ("bare", 2),
+        ("timed", 1),
+        ("timed", 1),
+        ("bare", 2),
+        ("bare", 1),
+        ("timed", 1),
+    ]
     for timed, bare in ((1, 1), (3, 20), (20, 3), (7, 7)):
         blocks = interleaved_blocks(timed, bare)
-        assert sum(n for k, n in blocks if k == "timed") == timed and sum(n for k, n in blocks if k == "bare") == bare
+        assert (
+            sum(n for k, n in blocks if k == "timed") == timed
+            and sum(n for k, n in blocks if k == "bare") == bare
+        )
 
 
 def test_cupti_teardown_is_requested_unless_the_user_chose(monkeypatch):
@@ -34,6 +53,8 @@ def test_cupti_teardown_is_requested_unless_the_user_chose(monkeypatch):
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero3"])
 def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_group, tmp_path: Path):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
     from fsdpbench.case import Case
     from fsdpbench.metrics.profiled import profile_steps
     from fsdpbench.metrics.tracker import build_tracker
@@ -41,21 +62,40 @@ def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_gr
     from fsdpbench.step import train_step
     from fsdpbench.strategies import ApplyContext, get_strategy
     from fsdpbench.wrap import get_wrap_units
-    from torch.utils._python_dispatch import TorchDispatchMode
 
-    case = Case(model="decoder-tiny", strategy=strategy, world_size=1, batch_size=2, seq_len=16,
-                device="cpu", backend="gloo")  # fmt: skip
+    case = Case(
+        model="decoder-tiny",
+        strategy=strategy,
+        world_size=1,
+        batch_size=2,
+        seq_len=16,
+        device="cpu",
+        backend="gloo",
+    )
     mdef, margs = resolve_model(case.model, case.model_args)
     model, s = mdef.build(**margs), get_strategy(strategy)
-    ctx = ApplyContext(case=case, device=torch.device("cpu"), rank=0, world_size=1,
-                       units=get_wrap_units(model, case) if s.uses_wrap else [])  # fmt: skip
+    ctx = ApplyContext(
+        case=case,
+        device=torch.device("cpu"),
+        rank=0,
+        world_size=1,
+        units=get_wrap_units(model, case) if s.uses_wrap else [],
+    )
     model = s.apply(model, ctx)
     optimizer = s.build_optimizer(model, case)
     hooks_before = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
 
     def step(i: int) -> None:
-        train_step(case, model, optimizer, mdef.loss, rank=0, step=i, device=torch.device("cpu"),
-                   autocast=torch.autocast("cpu", enabled=False))  # fmt: skip
+        train_step(
+            case,
+            model,
+            optimizer,
+            mdef.loss,
+            rank=0,
+            step=i,
+            device=torch.device("cpu"),
+            autocast=torch.autocast("cpu", enabled=False),
+        )
 
     step(0)
     assert instruments_left_installed() == []

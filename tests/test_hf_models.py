@@ -23,7 +23,9 @@ needs_hf = pytest.mark.skipif(
 
 def test_without_transformers_the_models_register_and_explain(monkeypatch) -> None:
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a)
+    )
     mdef, args = resolve_model("hf-llama-tiny")
     assert args["hidden_size"] == 64
     with pytest.raises(ModuleNotFoundError, match=r"pip install 'fsdpbench\[hf\]'"):
@@ -48,8 +50,12 @@ def test_llama2_7b_from_transformers_matches_fsdpbench_decoder() -> None:
 
 @needs_hf
 @pytest.mark.parametrize(
-    ("model", "block", "n_blocks"), [("hf-llama-tiny", "LlamaDecoderLayer", 2), ("hf-bert-tiny", "BertLayer", 2),
-                                     ("hf-t5-tiny", "T5Block", 4)],  # fmt: skip
+    ("model", "block", "n_blocks"),
+    [
+        ("hf-llama-tiny", "LlamaDecoderLayer", 2),
+        ("hf-bert-tiny", "BertLayer", 2),
+        ("hf-t5-tiny", "T5Block", 4),
+    ],
 )
 def test_layer_classes_are_the_wrap_units(model: str, block: str, n_blocks: int) -> None:
     meta = build_model(model, device="meta")
@@ -69,7 +75,9 @@ def test_forward_gives_token_logits_and_a_loss(model: str) -> None:
     logits = net(x)
     assert logits.shape == (2, 8, args["vocab"])
     loss = mdef.loss(logits, y)
-    assert abs(loss.item() - torch.log(torch.tensor(float(args["vocab"]))).item()) < 1.0  # near-uniform at init
+    assert (
+        abs(loss.item() - torch.log(torch.tensor(float(args["vocab"]))).item()) < 1.0
+    )  # near-uniform at init
 
 
 @needs_hf

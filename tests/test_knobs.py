@@ -38,7 +38,11 @@ def test_cpu_offload_is_skipped_where_no_strategy_can_offload() -> None:
 def test_fsdp1_knobs_are_reset_on_strategies_that_ignore_them() -> None:
     case = Case(strategy="zero3", backward_prefetch="post", forward_prefetch=True, limit_all_gathers=False)
     normal = normalize_knobs(case, get_strategy("zero3"))
-    assert (normal.backward_prefetch, normal.forward_prefetch, normal.limit_all_gathers) == ("pre", False, True)
+    assert (normal.backward_prefetch, normal.forward_prefetch, normal.limit_all_gathers) == (
+        "pre",
+        False,
+        True,
+    )
     assert normalize_knobs(case.replace(strategy="fsdp1_full"), get_strategy("fsdp1_full")) == case.replace(
         strategy="fsdp1_full"
     )
@@ -48,7 +52,9 @@ def test_a_model_from_a_missing_extra_is_skipped_with_the_install_command(monkey
     import importlib.util
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "transformers" else real(name, *a)
+    )
     _, reason = build_case({"model": "hf-llama-tiny", "strategy": "zero3"})
     assert reason == "model 'hf-llama-tiny' needs transformers: pip install 'fsdpbench[hf]'"
 
@@ -71,7 +77,9 @@ def test_activation_checkpointing_wraps_each_block_and_keeps_the_maths() -> None
     case = Case(model="decoder-tiny", seq_len=32, activation_checkpointing=True)
     plain, ac = _model(case), apply_activation_checkpointing(_model(case), case)
     wrapped = [m for m in ac.modules() if type(m).__name__ == "CheckpointWrapper"]
-    assert len(wrapped) == 2 and all(isinstance(w._checkpoint_wrapped_module, TransformerBlock) for w in wrapped)
+    assert len(wrapped) == 2 and all(
+        isinstance(w._checkpoint_wrapped_module, TransformerBlock) for w in wrapped
+    )
     loss_plain, grads_plain = _loss_and_grads(plain, case)
     loss_ac, grads_ac = _loss_and_grads(ac, case)
     assert loss_ac == loss_plain
@@ -130,7 +138,9 @@ def test_compile_on_two_ranks_trains_the_same_and_records_the_compile_step(tmp_p
 
 @pytest.mark.slow
 def test_cpu_offload_on_two_ranks_trains_the_same(tmp_path: Path) -> None:
-    cases = [tiny_case(strategy="zero3", world_size=2, model="mlp-tiny", cpu_offload=o) for o in (False, True)]
+    cases = [
+        tiny_case(strategy="zero3", world_size=2, model="mlp-tiny", cpu_offload=o) for o in (False, True)
+    ]
     base, off = (run(c, tmp_path) for c in cases)
     assert base.status == off.status == "ok", off.error
     assert global_losses(off) == pytest.approx(global_losses(base), rel=1e-6)

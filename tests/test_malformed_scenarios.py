@@ -33,8 +33,9 @@ def test_there_are_at_least_60_malformed_scenarios() -> None:
 
 
 @pytest.mark.parametrize("path", MALFORMED, ids=[p.stem for p in MALFORMED])
-def test_malformed_scenario_is_rejected_in_one_line(path: Path, capsys: pytest.CaptureFixture,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_malformed_scenario_is_rejected_in_one_line(
+    path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FSDPBENCH_ALLOW_PLUGINS", raising=False)
     tracemalloc.start()
     try:
@@ -65,7 +66,9 @@ def test_bad_override_is_one_line(capsys: pytest.CaptureFixture) -> None:
     assert capsys.readouterr().err == "error: --set world_size: Input should be a valid integer\n"
 
 
-def test_exponent_numbers_are_numbers_in_files_and_overrides(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_exponent_numbers_are_numbers_in_files_and_overrides(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("name: s\ndefaults: {lr: 3e-4, device: cpu, backend: gloo}\nsweep: {strategy: [ddp]}\n")
     assert run_cli(str(path), "--set", "timeout_s=1e2", "--dry-run") == 0

@@ -79,7 +79,9 @@ def test_zero3_model_states_are_one_nth_of_ddp(results: pd.DataFrame, world_size
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero3"])
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
-def test_collective_bytes_match_the_analytic_volume(results: pd.DataFrame, strategy: str, world_size: int) -> None:
+def test_collective_bytes_match_the_analytic_volume(
+    results: pd.DataFrame, strategy: str, world_size: int
+) -> None:
     rows = results[(results.strategy == strategy) & (results.world_size == world_size)]
     for row in rows.itertuples():
         assert row.comm_total_bytes == pytest.approx(row.comm_pred_total_bytes, rel=0.02)
@@ -97,7 +99,9 @@ def test_collective_bytes_match_the_analytic_volume(results: pd.DataFrame, strat
 
 def test_every_memory_figure_names_its_source_and_the_timeline_is_stored(results: pd.DataFrame) -> None:
     mem_cols = [c for c in results.columns if c.startswith("mem_")]
-    assert mem_cols and all(c.split("_")[1] in ("tracker", "local", "alloc", "nvml", "rss", "placement") for c in mem_cols)
+    assert mem_cols and all(
+        c.split("_")[1] in ("tracker", "local", "alloc", "nvml", "rss", "placement") for c in mem_cols
+    )
     assert (results["mem_rss_peak_bytes"] > 0).all()
     assert (results["mem_tracker_peak_bytes"] >= results["mem_tracker_model_states_bytes"] / 2).all()
     overlap = results["overlap_ratio"]

@@ -29,18 +29,28 @@ def _load(name: str):
 def test_zero_paper_7_5b_on_64_gpus_exact():
     """The issue's figure: 31.4 / 16.6 / 1.9 GB — exactly (4+12/64)·7.5, (2+14/64)·7.5, 16/64·7.5."""
     facts = ModelFacts.from_count(7_500_000_000)
-    got = {s: predict_memory(Case(strategy=s, world_size=64, precision="mixed", optimizer="adam"),
-                             facts=facts).model_states_bytes for s in ("zero1", "zero2", "zero3")}  # fmt: skip
+    got = {
+        s: predict_memory(
+            Case(strategy=s, world_size=64, precision="mixed", optimizer="adam"), facts=facts
+        ).model_states_bytes
+        for s in ("zero1", "zero2", "zero3")
+    }
     assert got == {"zero1": 31_406_250_000, "zero2": 16_640_625_000, "zero3": 1_875_000_000}
 
 
-@pytest.mark.skipif(not (REFERENCE / "zero_paper_table1.csv").exists(),
-                    reason=f"reference data not found at {REFERENCE} (CI clones ../shared beside the repo)")
+@pytest.mark.skipif(
+    not (REFERENCE / "zero_paper_table1.csv").exists(),
+    reason=f"reference data not found at {REFERENCE} (CI clones ../shared beside the repo)",
+)
 def test_zero_paper_table1_every_cell_matches_printed_rounding():
     table1 = _load("zero_table1")
     records = table1.compare(REFERENCE / "zero_paper_table1.csv")
     assert len(records) == 54  # 18 rows × 3 stages
-    bad = [(r["params"], r["dp_degree"], r["stage"], r["printed"], r["predicted_gb"]) for r in records if not r["match"]]
+    bad = [
+        (r["params"], r["dp_degree"], r["stage"], r["printed"], r["predicted_gb"])
+        for r in records
+        if not r["match"]
+    ]
     assert bad == []
 
 
@@ -69,17 +79,33 @@ def test_printed_rounding_rule():
 )
 def test_model_states_equal_the_tracker_measurement(strategy, world, ranks, expected):
     """decoder-tiny, AdamW: params + grads + exp_avg/exp_avg_sq + a 4-byte step tensor per parameter."""
-    case = Case(model="decoder-tiny", strategy=strategy, world_size=world, shard_size=2 if strategy == "hsdp" else None)
+    case = Case(
+        model="decoder-tiny",
+        strategy=strategy,
+        world_size=world,
+        shard_size=2 if strategy == "hsdp" else None,
+    )
     assert [predict_memory(case, rank=r).resting_states_bytes for r in ranks] == expected
 
 
 @pytest.mark.parametrize(
     "strategy,world,expected",
-    [("ddp", 2, 6890332), ("zero1", 4, 5880088), ("zero2", 2, 6545628), ("zero3", 4, 5347356), ("hsdp", 4, 5864412)],
+    [
+        ("ddp", 2, 6890332),
+        ("zero1", 4, 5880088),
+        ("zero2", 2, 6545628),
+        ("zero3", 4, 5347356),
+        ("hsdp", 4, 5864412),
+    ],
 )
 def test_peak_equals_the_tracker_measurement_decoder_tiny(strategy, world, expected):
     """Quickstart's cases: the peak is the start of the loss backward (all activations + two B·S·V grads)."""
-    case = Case(model="decoder-tiny", strategy=strategy, world_size=world, shard_size=2 if strategy == "hsdp" else None)
+    case = Case(
+        model="decoder-tiny",
+        strategy=strategy,
+        world_size=world,
+        shard_size=2 if strategy == "hsdp" else None,
+    )
     pred = predict_memory(case)
     assert pred.peak_bytes == expected
     assert pred.peak_moment == "backward: head (loss)"
@@ -95,7 +121,9 @@ def test_peak_equals_the_tracker_measurement_decoder_tiny(strategy, world, expec
 )
 def test_peak_in_other_regimes_decoder_small(strategy, world, expected, moment):
     """decoder-small, batch 1 × 16 tokens (measured with gloo on CPU): within 0.2%, at the named moment."""
-    pred = predict_memory(Case(model="decoder-small", strategy=strategy, world_size=world, batch_size=1, seq_len=16))
+    pred = predict_memory(
+        Case(model="decoder-small", strategy=strategy, world_size=world, batch_size=1, seq_len=16)
+    )
     assert pred.peak_moment == moment
     assert abs(pred.peak_bytes - expected) / expected < 0.002
 
@@ -109,7 +137,12 @@ def test_fsdp_dim0_chunking_and_padding():
 
 
 def test_padding_is_reported_per_rank():
-    case = Case(model="decoder", model_args={"d_model": 72, "n_heads": 4, "vocab": 509}, strategy="zero3", world_size=4)
+    case = Case(
+        model="decoder",
+        model_args={"d_model": 72, "n_heads": 4, "vocab": 509},
+        strategy="zero3",
+        world_size=4,
+    )
     first, last = predict_memory(case, rank=0), predict_memory(case, rank=3)
     assert first.padding_bytes < last.padding_bytes
     assert first.params_bytes > last.params_bytes
@@ -135,7 +168,9 @@ def test_decoder_facts_match_a_meta_build():
     for preset in ("decoder-small", "llama-70b"):
         facts = get_model_facts(preset, wrap="block")
         model = build_model(preset, device="meta")
-        assert [(p.name, p.shape) for p in facts.params] == [(n, tuple(t.shape)) for n, t in model.named_parameters()]
+        assert [(p.name, p.shape) for p in facts.params] == [
+            (n, tuple(t.shape)) for n, t in model.named_parameters()
+        ]
         assert len(facts.units) == model_layers(model) + 1
 
 
@@ -146,7 +181,9 @@ def model_layers(model) -> int:
 def test_zero2_model_states_count_params_held_unsharded():
     case = Case(model="decoder-tiny", strategy="zero2", world_size=4)
     pred = predict_memory(case)
-    assert pred.model_states_bytes == pred.resting_states_bytes + 4 * 172352  # sharded rest + unsharded fp32 copy
+    assert (
+        pred.model_states_bytes == pred.resting_states_bytes + 4 * 172352
+    )  # sharded rest + unsharded fp32 copy
 
 
 def test_params_only_marks_the_rest_not_estimated():
@@ -158,7 +195,9 @@ def test_params_only_marks_the_rest_not_estimated():
 
 def test_cuda_rounds_storages_and_adds_the_context_allowance():
     cpu = predict_memory(Case(model="decoder-tiny", strategy="ddp", world_size=2))
-    gpu = predict_memory(Case(model="decoder-tiny", strategy="ddp", world_size=2, device="cuda", backend="nccl"))
+    gpu = predict_memory(
+        Case(model="decoder-tiny", strategy="ddp", world_size=2, device="cuda", backend="nccl")
+    )
     assert gpu.params_bytes % 512 == 0 and gpu.params_bytes >= cpu.params_bytes
     # every state tensor rounded to 512 bytes; the 4-byte step tensors live on the CPU: not device memory
     assert gpu.optim_bytes % 512 == 0
@@ -167,7 +206,9 @@ def test_cuda_rounds_storages_and_adds_the_context_allowance():
 
 # ---- the run's columns --------------------------------------------------------------------------------
 def test_cpu_offload_moves_the_sharded_states_to_the_host():
-    gpu = dict(model="decoder-small", strategy="zero3", world_size=4, precision="bf16", device="cuda", backend="nccl")
+    gpu = dict(
+        model="decoder-small", strategy="zero3", world_size=4, precision="bf16", device="cuda", backend="nccl"
+    )
     on, off = (predict_memory(Case(**gpu, cpu_offload=o)) for o in (True, False))
     assert off.host_bytes == off.params_host_bytes == 0 and off.params_device_bytes >= off.params_bytes
     # host tensors are not rounded to the CUDA allocator's 512-byte blocks
@@ -178,15 +219,22 @@ def test_cpu_offload_moves_the_sharded_states_to_the_host():
     # the device peak loses the states, and no more than all of them (its own peak may fall elsewhere)
     assert off.device_peak_bytes - on.host_bytes <= on.device_peak_bytes < off.device_peak_bytes
     bd = off.peak_breakdown
-    assert on.device_peak_bytes >= off.device_peak_bytes - sum(bd[c] for c in ("params", "padding", "grads", "optim"))
+    assert on.device_peak_bytes >= off.device_peak_bytes - sum(
+        bd[c] for c in ("params", "padding", "grads", "optim")
+    )
     # on a CPU run host and device are one memory: nothing leaves the peak
     assert cpu.device_peak_bytes == cpu.peak_bytes + cpu.untracked_bytes and cpu.host_bytes == on.host_bytes
 
 
 def test_prediction_columns_per_rank_with_errors():
     case = Case(model="decoder-tiny", strategy="zero1", world_size=2)
-    rows = pd.DataFrame({"rank": [0, 1], "mem_tracker_model_states_bytes": [2068524, 2068524],
-                         "mem_tracker_peak_bytes": [6201140, float("nan")]})  # fmt: skip
+    rows = pd.DataFrame(
+        {
+            "rank": [0, 1],
+            "mem_tracker_model_states_bytes": [2068524, 2068524],
+            "mem_tracker_peak_bytes": [6201140, float("nan")],
+        }
+    )
     cols = prediction_columns(case, rows)
     assert cols["pred_model_states_bytes"] == [2068524, 2068008]
     assert cols["pred_model_states_err"][0] == 0.0
@@ -218,8 +266,17 @@ def test_plugin_strategy_is_predicted_from_its_declared_sharding():
 
 
 # ---- fitting -----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("text,value", [("80GiB", 80 * 2**30), ("80 GB", 80 * 10**9), ("1.5TB", 1_500_000_000_000),
-                                        ("512MiB", 2**29), ("1024", 1024), ("2kib", 2048)])  # fmt: skip
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("80GiB", 80 * 2**30),
+        ("80 GB", 80 * 10**9),
+        ("1.5TB", 1_500_000_000_000),
+        ("512MiB", 2**29),
+        ("1024", 1024),
+        ("2kib", 2048),
+    ],
+)
 def test_parse_bytes(text, value):
     assert parse_bytes(text) == value
 
@@ -239,10 +296,14 @@ def test_largest_batch_and_smallest_world_size_are_the_boundaries():
     best = largest_batch(case, predict, limit)
     assert best == 6
     assert needed_bytes(predict(case.replace(batch_size=7)))[0] > limit
-    world = smallest_world_size(case.replace(batch_size=1), predict, needed_bytes(predict(case.replace(batch_size=1)))[0])
+    world = smallest_world_size(
+        case.replace(batch_size=1), predict, needed_bytes(predict(case.replace(batch_size=1)))[0]
+    )
     assert world is not None and world <= 4
-    assert needed_bytes(predict(case.replace(batch_size=1, world_size=world)))[0] <= needed_bytes(
-        predict(case.replace(batch_size=1)))[0]  # fmt: skip
+    assert (
+        needed_bytes(predict(case.replace(batch_size=1, world_size=world)))[0]
+        <= needed_bytes(predict(case.replace(batch_size=1)))[0]
+    )
 
 
 # ---- against a real run (2 gloo ranks) --------------------------------------------------------------
@@ -253,8 +314,16 @@ def test_runner_stores_predictions_beside_the_measurement(tmp_path):
     from fsdpbench.runner import add_predictions
 
     # scenarios/ci.yaml's shape: its peak is not at a reduce-scatter, whose timing moves the tracker's peak
-    case = Case(model="decoder-tiny", strategy="zero3", world_size=2, batch_size=4, seq_len=64, warmup_steps=1,
-                steps=1, timeout_s=90)  # fmt: skip
+    case = Case(
+        model="decoder-tiny",
+        strategy="zero3",
+        world_size=2,
+        batch_size=4,
+        seq_len=64,
+        warmup_steps=1,
+        steps=1,
+        timeout_s=90,
+    )
     outcome = launch_case(case, tmp_path / case.case_id)
     assert outcome.status == "ok", outcome.error
     rows = add_predictions(case, build_rows(case, outcome, {}))
@@ -267,7 +336,9 @@ def test_unsharded_gradients_are_in_backward_until_their_units_post_backward():
     are temporaries to it. The model keeps the two apart (and the root's stay in backward to the end)."""
     from fsdpbench.memory_model import peak_moments
 
-    by_label = {m.label: m.bytes for m in peak_moments(Case(model="decoder-tiny", strategy="zero3", world_size=2))}
+    by_label = {
+        m.label: m.bytes for m in peak_moments(Case(model="decoder-tiny", strategy="zero3", world_size=2))
+    }
     root_pending = by_label["backward: all-gather block1"]["grads_unsharded_in_bwd"]
     assert root_pending > 0 and by_label["backward: all-gather block1"].get("grads_unsharded", 0) == 0
     end = by_label["backward: block1 (end)"]
@@ -278,11 +349,18 @@ def test_unsharded_gradients_are_in_backward_until_their_units_post_backward():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("strategy", "world", "shape", "moment"), [
-    ("ddp", 2, (2, 16), "optimizer step"), ("zero1", 2, (2, 16), "optimizer step"),
-    ("zero3", 2, (4, 64), "backward: head (loss)"), ("hsdp", 4, (4, 64), "backward: head (loss)"),
-])  # fmt: skip
-def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(strategy, world, shape, moment, tmp_path):
+@pytest.mark.parametrize(
+    ("strategy", "world", "shape", "moment"),
+    [
+        ("ddp", 2, (2, 16), "optimizer step"),
+        ("zero1", 2, (2, 16), "optimizer step"),
+        ("zero3", 2, (4, 64), "backward: head (loss)"),
+        ("hsdp", 4, (4, 64), "backward: head (loss)"),
+    ],
+)
+def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(
+    strategy, world, shape, moment, tmp_path
+):
     """Category by category, the predicted peak equals the tracker's: the tracker files DDP's buckets and
     the unsharded gradients of a unit still in backward as temp, the optimizer update's temporaries as
     optimizer state, the batch as activations; the prediction's pred_peak_<category> columns follow it.
@@ -293,8 +371,16 @@ def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(strategy,
     from fsdpbench.results import build_rows
     from fsdpbench.runner import add_predictions
 
-    case = Case(model="decoder-tiny", strategy=strategy, world_size=world, batch_size=shape[0], seq_len=shape[1],
-                warmup_steps=1, steps=1, timeout_s=90)  # fmt: skip
+    case = Case(
+        model="decoder-tiny",
+        strategy=strategy,
+        world_size=world,
+        batch_size=shape[0],
+        seq_len=shape[1],
+        warmup_steps=1,
+        steps=1,
+        timeout_s=90,
+    )
     outcome = launch_case(case, tmp_path / case.case_id)
     assert outcome.status == "ok", outcome.error
     rows = add_predictions(case, build_rows(case, outcome, {}))
@@ -316,8 +402,19 @@ def test_run_with_traced_predictions_stores_them_per_rank_without_joining_a_grou
     from fsdpbench.runner import run_cases
 
     # scenarios/ci.yaml's shape: the measured peak does not depend on when gloo's reduce-scatter finishes
-    cases = [Case(model="decoder-tiny", strategy=s, world_size=2, batch_size=4, seq_len=64, warmup_steps=1,
-                  steps=1, timeout_s=90) for s in ("zero1", "zero3")]  # fmt: skip
+    cases = [
+        Case(
+            model="decoder-tiny",
+            strategy=s,
+            world_size=2,
+            batch_size=4,
+            seq_len=64,
+            warmup_steps=1,
+            steps=1,
+            timeout_s=90,
+        )
+        for s in ("zero1", "zero3")
+    ]
     meta = {"env": {}}
     frame = run_cases(cases, [], RunStore(tmp_path / "run"), meta, traced=True)
     assert meta["predictions"] == ["analytic", "traced"]

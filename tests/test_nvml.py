@@ -93,17 +93,25 @@ def make_fake_pynvml(gpus, *, init_error=None, with_v2=True, fail_after=None):
             if not with_v2:
                 raise NVMLError(13)  # FUNCTION_NOT_FOUND
             used = gpu.used[min(gpu.reads, len(gpu.used) - 1)]
-            return types.SimpleNamespace(total=gpu.total, reserved=gpu.reserved,
-                                         free=gpu.total - used - gpu.reserved, used=used)
+            return types.SimpleNamespace(
+                total=gpu.total, reserved=gpu.reserved, free=gpu.total - used - gpu.reserved, used=used
+            )
         if fail_after is not None and gpu.reads >= fail_after:
             raise NVMLError(NVML_ERROR_GPU_IS_LOST)
         used = gpu.used[min(gpu.reads, len(gpu.used) - 1)]
         gpu.reads += 1
         return types.SimpleNamespace(total=gpu.total, free=gpu.total - used, used=used)
 
-    for fn in (nvmlInit, nvmlShutdown, nvmlDeviceGetCount, nvmlDeviceGetHandleByIndex,
-               nvmlDeviceGetUUID, nvmlDeviceGetMaxMigDeviceCount,
-               nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetMemoryInfo):
+    for fn in (
+        nvmlInit,
+        nvmlShutdown,
+        nvmlDeviceGetCount,
+        nvmlDeviceGetHandleByIndex,
+        nvmlDeviceGetUUID,
+        nvmlDeviceGetMaxMigDeviceCount,
+        nvmlDeviceGetMigDeviceHandleByIndex,
+        nvmlDeviceGetMemoryInfo,
+    ):
         setattr(fake, fn.__name__, fn)
     fake.nvmlDeviceGetName = lambda handle: "NVIDIA H100 80GB HBM3"
     fake.nvmlSystemGetDriverVersion = lambda: b"550.54.15"
@@ -207,9 +215,10 @@ def test_visible_devices_uuids(four_gpus, monkeypatch):
 
 
 def test_visible_devices_mig_uuid(monkeypatch):
-    gpus = [FakeGpu(uuid=GPU_UUIDS[0]),
-            FakeGpu(uuid=GPU_UUIDS[1], used=[777],
-                    mig_uuids=[None, "MIG-11112222-3333-4444-5555-666677778888"])]
+    gpus = [
+        FakeGpu(uuid=GPU_UUIDS[0]),
+        FakeGpu(uuid=GPU_UUIDS[1], used=[777], mig_uuids=[None, "MIG-11112222-3333-4444-5555-666677778888"]),
+    ]
     monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml(gpus))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-11112222-3333-4444-5555-666677778888")
     assert nvml.resolve_nvml_index(0) == 1  # the parent GPU
@@ -229,8 +238,9 @@ def test_library_not_found(monkeypatch):
 
 
 def test_driver_not_loaded_and_no_device(monkeypatch):
-    monkeypatch.setitem(sys.modules, "pynvml",
-                        make_fake_pynvml([], init_error=lambda m: m.NVMLError_DriverNotLoaded()))
+    monkeypatch.setitem(
+        sys.modules, "pynvml", make_fake_pynvml([], init_error=lambda m: m.NVMLError_DriverNotLoaded())
+    )
     ok, reason = nvml.nvml_status()
     assert not ok and "driver" in reason.lower() and "not loaded" in reason
     monkeypatch.setitem(sys.modules, "pynvml", make_fake_pynvml([]))

@@ -44,15 +44,31 @@ def test_nvml_samples_the_real_device_and_sees_what_torch_reserved() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_one_rank_on_cuda_measures_every_source_and_predicts_beside_it(strategy: str, tmp_path: Path) -> None:
-    case = Case(model="decoder-tiny", strategy=strategy, world_size=1, batch_size=2, seq_len=16, warmup_steps=1,
-                steps=2, memory_steps=1, profile_steps=1, device="cuda", backend="nccl", timeout_s=180)  # fmt: skip
+    case = Case(
+        model="decoder-tiny",
+        strategy=strategy,
+        world_size=1,
+        batch_size=2,
+        seq_len=16,
+        warmup_steps=1,
+        steps=2,
+        memory_steps=1,
+        profile_steps=1,
+        device="cuda",
+        backend="nccl",
+        timeout_s=180,
+    )
     outcome = launch_case(case, tmp_path / case.case_id)
     assert outcome.status == "ok", outcome.error
     row = add_predictions(case, build_rows(case, outcome, {})).iloc[0]
     assert (row["device"], row["backend"]) == ("cuda", "nccl")
     # live tensors ≤ what the allocator handed out ≤ what it reserved ≤ what the device has in use
     assert 0 < row["mem_tracker_peak_bytes"] <= row["mem_alloc_peak_allocated_bytes"]
-    assert row["mem_alloc_peak_allocated_bytes"] <= row["mem_alloc_peak_reserved_bytes"] <= row["mem_nvml_peak_bytes"]
+    assert (
+        row["mem_alloc_peak_allocated_bytes"]
+        <= row["mem_alloc_peak_reserved_bytes"]
+        <= row["mem_nvml_peak_bytes"]
+    )
     assert row["mem_alloc_num_ooms"] == 0 and row["mem_nvml_samples"] > 0
     # the prediction for the same case stands beside the measurement (its accuracy is tested elsewhere)
     assert row["pred_peak_bytes"] > 0 and row["pred_model_states_bytes"] > 0

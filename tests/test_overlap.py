@@ -39,7 +39,10 @@ def test_intersection_length_unsorted_and_overlapping():
 
 def test_subtract():
     assert subtract_intervals([(0, 10), (20, 30)], [(2, 4), (8, 22), (29, 40)]) == [
-        (0.0, 2.0), (4.0, 8.0), (22.0, 29.0)]
+        (0.0, 2.0),
+        (4.0, 8.0),
+        (22.0, 29.0),
+    ]
 
 
 def test_overlap_stats_exact():
@@ -67,8 +70,7 @@ def test_no_comm_gives_zero_ratio_and_says_so():
 
 
 def x(name, ts, dur, tid, cat="cpu_op", pid=100, **args):
-    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur,
-            "args": args}
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
 def gpu_trace():
@@ -77,8 +79,14 @@ def gpu_trace():
         x("sm90_xmma_gemm_bf16", 0, 100, 7, cat="kernel", pid=0),
         x("elementwise_kernel", 100, 100, 7, cat="kernel", pid=0),
         x("sm90_xmma_gemm_bf16", 300, 100, 7, cat="kernel", pid=0),
-        x("ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 50, 100, 20,
-          cat="kernel", pid=0),
+        x(
+            "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+            50,
+            100,
+            20,
+            cat="kernel",
+            pid=0,
+        ),
         x("ncclKernel_ReduceScatter_RING_LL_Sum_bfloat16", 350, 100, 20, cat="kernel", pid=0),
         x("Memcpy DtoD (Device -> Device)", 150, 200, 21, cat="gpu_memcpy", pid=0),
         x("nccl:all_gather", 40, 500, 1, cat="cpu_op"),  # CPU side: not a kernel
@@ -105,22 +113,39 @@ def cpu_trace():
         x("autograd::engine::evaluate_function: AddmmBackward0", 0, 400, 100),
         x("aten::addmm", 0, 100, 100, **{"Input Dims": [[64], [8, 64], [64, 64]]}),
         x("aten::mm", 10, 40, 100),  # nested in addmm
-        x("c10d::allreduce_", 100, 10, 100,
-          **{"Input Dims": [[[16640]], [], [], [], [], []],
-             "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"]}),
+        x(
+            "c10d::allreduce_",
+            100,
+            10,
+            100,
+            **{
+                "Input Dims": [[[16640]], [], [], [], [], []],
+                "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"],
+            },
+        ),
         x("aten::clone", 102, 6, 100),  # gloo's staging copy inside the c10d op: not compute
         x("aten::mm", 150, 100, 100),
         x("FSDP::post_backward_reduce (1)", 90, 300, 100, cat="user_annotation"),
-        x("gloo:all_reduce", 100, 100, 201, cat="user_annotation",
-          **{"Input Dims": [[16640]], "Input type": ["float"]}),
+        x(
+            "gloo:all_reduce",
+            100,
+            100,
+            201,
+            cat="user_annotation",
+            **{"Input Dims": [[16640]], "Input type": ["float"]},
+        ),
         x("aten::copy_", 110, 10, 201),  # work on the gloo thread is communication
         x("gloo:all_gather", 300, 50, 202, cat="user_annotation"),
         x("aten::view", 305, 1, 202),
-        {"ph": "M", "name": "thread_name", "pid": 100, "tid": 201,
-         "args": {"name": "thread 201 (pt_gloo_runloop)"}},
+        {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": 100,
+            "tid": 201,
+            "args": {"name": "thread 201 (pt_gloo_runloop)"},
+        },
     ]
-    return {"traceEvents": events,
-            "distributedInfo": {"backend": "gloo", "rank": 1, "world_size": 2}}
+    return {"traceEvents": events, "distributedInfo": {"backend": "gloo", "rank": 1, "world_size": 2}}
 
 
 def test_cpu_trace_classification():

@@ -16,8 +16,18 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return exc.value.code or 0, out.out, out.err
 
 
-ZERO_PAPER = ("--params", "7.5e9", "--world-size", "64", "--strategy", "zero1,zero2,zero3", "--precision", "mixed",
-              "--optimizer", "adam")  # fmt: skip
+ZERO_PAPER = (
+    "--params",
+    "7.5e9",
+    "--world-size",
+    "64",
+    "--strategy",
+    "zero1,zero2,zero3",
+    "--precision",
+    "mixed",
+    "--optimizer",
+    "adam",
+)
 
 
 def test_zero_paper_figure_json(capsys):
@@ -25,10 +35,20 @@ def test_zero_paper_figure_json(capsys):
     assert code == 0
     records = json.loads(out)
     assert [(r["strategy"], r["method"], r["model_states_bytes"]) for r in records] == [
-        ("zero1", "analytic", 31_406_250_000), ("zero2", "analytic", 16_640_625_000), ("zero3", "analytic", 1_875_000_000),
-    ]  # fmt: skip
+        ("zero1", "analytic", 31_406_250_000),
+        ("zero2", "analytic", 16_640_625_000),
+        ("zero3", "analytic", 1_875_000_000),
+    ]
     for r in records:
-        assert {"strategy", "world_size", "params", "method", "model_states_bytes", "peak_bytes", "bytes"} <= set(r)
+        assert {
+            "strategy",
+            "world_size",
+            "params",
+            "method",
+            "model_states_bytes",
+            "peak_bytes",
+            "bytes",
+        } <= set(r)
         assert r["world_size"] == 64 and r["params"] == 7_500_000_000
         assert r["peak_bytes"] is None and r["bytes"]["activations"] is None  # not estimated without a model
 
@@ -42,8 +62,22 @@ def test_zero_paper_figure_table(capsys):
 
 
 def test_model_prediction_with_device_memory(capsys):
-    code, out, _ = run_cli(capsys, "--model", "decoder-small", "--world-size", "4", "--strategy", "zero3",
-                           "--seq-len", "128", "--batch-size", "4", "--device-memory", "80GiB", "--json")  # fmt: skip
+    code, out, _ = run_cli(
+        capsys,
+        "--model",
+        "decoder-small",
+        "--world-size",
+        "4",
+        "--strategy",
+        "zero3",
+        "--seq-len",
+        "128",
+        "--batch-size",
+        "4",
+        "--device-memory",
+        "80GiB",
+        "--json",
+    )
     assert code == 0
     [rec] = json.loads(out)
     assert rec["fits"] is True and rec["fit_complete"] is True
@@ -53,16 +87,33 @@ def test_model_prediction_with_device_memory(capsys):
 
 
 def test_does_not_fit(capsys):
-    code, out, _ = run_cli(capsys, "--model", "llama-7b", "--world-size", "8", "--strategy", "ddp",
-                           "--device-memory", "80GiB")  # fmt: skip
+    code, out, _ = run_cli(
+        capsys, "--model", "llama-7b", "--world-size", "8", "--strategy", "ddp", "--device-memory", "80GiB"
+    )
     assert code == 0
     assert "does NOT fit in 85.9 GB" in out
     assert "largest per-rank batch that fits: none" in out
 
 
 def test_traced_and_analytic_side_by_side(capsys):
-    code, out, _ = run_cli(capsys, "--model", "decoder-tiny", "--world-size", "2", "--strategy", "zero3",
-                           "--device", "cpu", "--batch-size", "4", "--seq-len", "64", "--method", "both", "--json")  # fmt: skip
+    code, out, _ = run_cli(
+        capsys,
+        "--model",
+        "decoder-tiny",
+        "--world-size",
+        "2",
+        "--strategy",
+        "zero3",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "64",
+        "--method",
+        "both",
+        "--json",
+    )
     assert code == 0
     analytic, traced = json.loads(out)
     assert (analytic["method"], traced["method"]) == ("analytic", "traced")

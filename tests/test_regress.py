@@ -38,12 +38,23 @@ def case_rows(case: Case, *, peak: list[int], step_ms: float, losses=LOSSES, sta
     """One row per rank, with the real configuration columns of a results table."""
     rows = []
     for rank, p in enumerate(peak):
-        rows.append({
-            **case_columns(case), **MACHINE, "rank": rank, "status": status, "error": error,
-            "case_status": status, "case_error": error, "mem_tracker_peak_bytes": p,
-            "mem_tracker_model_states_bytes": 500, "mem_tracker_peak_buffers_bytes": 0,
-            "case_step_time_ms": step_ms, "losses": list(losses), **extra,
-        })  # fmt: skip
+        rows.append(
+            {
+                **case_columns(case),
+                **MACHINE,
+                "rank": rank,
+                "status": status,
+                "error": error,
+                "case_status": status,
+                "case_error": error,
+                "mem_tracker_peak_bytes": p,
+                "mem_tracker_model_states_bytes": 500,
+                "mem_tracker_peak_buffers_bytes": 0,
+                "case_step_time_ms": step_ms,
+                "losses": list(losses),
+                **extra,
+            }
+        )
     return rows
 
 
@@ -71,9 +82,13 @@ def verdicts(result) -> dict[tuple[str, str], str]:
 
 def test_case_from_row_rebuilds_the_case_id(tmp_path):
     cases = [
-        DDP, ZERO3, Case(strategy="hsdp", world_size=4, shard_size=2, model_args={"n_layers": 3}),
-        Case(strategy="zero2", wrap="classes", wrap_classes=("Block", "Embed"), strategy_args={"x": 1}, lr=3e-4),
-    ]  # fmt: skip
+        DDP,
+        ZERO3,
+        Case(strategy="hsdp", world_size=4, shard_size=2, model_args={"n_layers": 3}),
+        Case(
+            strategy="zero2", wrap="classes", wrap_classes=("Block", "Embed"), strategy_args={"x": 1}, lr=3e-4
+        ),
+    ]
     for case in cases:
         row = pd.DataFrame([case_columns(case)]).iloc[0]  # through pandas, as read from Parquet
         assert case_from_row(row).case_id == case.case_id
@@ -103,7 +118,9 @@ def test_baseline_holds_largest_rank_ratio_and_provenance(tmp_path):
 
 
 def test_baseline_refuses_failed_cases():
-    frame = pd.DataFrame(case_rows(DDP, peak=[1, 1], step_ms=1.0, status="failed", error="RuntimeError: boom"))
+    frame = pd.DataFrame(
+        case_rows(DDP, peak=[1, 1], step_ms=1.0, status="failed", error="RuntimeError: boom")
+    )
     with pytest.raises(BaselineError, match="RuntimeError: boom"):
         build_baseline(frame)
 
@@ -116,7 +133,9 @@ def test_load_baseline_errors_name_the_file_and_field(tmp_path):
     data = build_baseline(run_frame())
     data["cases"][DDP.case_id]["metrics"]["mem_bogus_bytes"] = 1
     write_baseline(path, data)
-    with pytest.raises(BaselineError, match=rf"cases\.{DDP.case_id}\.metrics.*'mem_bogus_bytes'.*allowed: memory"):
+    with pytest.raises(
+        BaselineError, match=rf"cases\.{DDP.case_id}\.metrics.*'mem_bogus_bytes'.*allowed: memory"
+    ):
         load_baseline(path)
 
 
@@ -190,9 +209,10 @@ def test_missing_failed_and_new_cases(baseline):
     missing = compare(baseline, ddp_only)
     assert verdicts(missing)[(ZERO3.case_id, "case")] == "missing" and not missing.passed
 
-    failed = pd.DataFrame(case_rows(DDP, peak=[2000, 2000], step_ms=20.0)
-                          + case_rows(ZERO3, peak=[0, 0], step_ms=float("nan"), status="timeout",
-                                      error="timed out after 120 s"))  # fmt: skip
+    failed = pd.DataFrame(
+        case_rows(DDP, peak=[2000, 2000], step_ms=20.0)
+        + case_rows(ZERO3, peak=[0, 0], step_ms=float("nan"), status="timeout", error="timed out after 120 s")
+    )
     result = compare(baseline, failed)
     fail = result.failures.iloc[0]
     assert (fail.case_id, fail.verdict) == (ZERO3.case_id, "failed") and "timed out after 120 s" in fail.note
@@ -204,11 +224,18 @@ def test_missing_failed_and_new_cases(baseline):
 
 def test_thresholds_precedence_and_parsing(baseline):
     assert parse_threshold("memory=2%") == ("memory", Threshold(tolerance=0.02))
-    assert parse_threshold("step_time_ratio=0.5:warn") == ("step_time_ratio", Threshold(tolerance=0.5, gate="warn"))
+    assert parse_threshold("step_time_ratio=0.5:warn") == (
+        "step_time_ratio",
+        Threshold(tolerance=0.5, gate="warn"),
+    )
     for bad in ("memory", "mem_bogus=1%", "memory=lots", "memory=1%:sometimes"):
         with pytest.raises(BaselineError):
             parse_threshold(bad)
-    cli, case, top = {"memory": Threshold(tolerance=0.05)}, {"mem_tracker_peak_bytes": Threshold(tolerance=0.02)}, {}
+    cli, case, top = (
+        {"memory": Threshold(tolerance=0.05)},
+        {"mem_tracker_peak_bytes": Threshold(tolerance=0.02)},
+        {},
+    )
     assert resolve_threshold("mem_tracker_peak_bytes", [cli, case, top]).tolerance == 0.05
     assert resolve_threshold("mem_tracker_peak_bytes", [{}, case, top]).tolerance == 0.02
     assert resolve_threshold("losses", [{}, {}, {}]).tolerance == 1e-4
@@ -219,12 +246,17 @@ def test_thresholds_precedence_and_parsing(baseline):
 
 def test_strategy_map_matches_a_plugin_to_the_baseline_strategy(baseline):
     plugin = ZERO3.replace(strategy="regressions:ParamCopyZero3")
-    frame = pd.DataFrame(case_rows(DDP, peak=[2000, 2000], step_ms=20.0)
-                         + case_rows(plugin, peak=[1500, 1500], step_ms=50.0))  # fmt: skip
+    frame = pd.DataFrame(
+        case_rows(DDP, peak=[2000, 2000], step_ms=20.0) + case_rows(plugin, peak=[1500, 1500], step_ms=50.0)
+    )
     mapped = apply_strategy_map(frame, {"regressions:ParamCopyZero3": "zero3"})
     assert set(mapped["case_id"]) == {DDP.case_id, ZERO3.case_id}
     fail = compare(baseline, mapped).failures.iloc[0]
-    assert (fail.case_id, fail.metric, fail.run_case_id) == (ZERO3.case_id, "mem_tracker_peak_bytes", plugin.case_id)
+    assert (fail.case_id, fail.metric, fail.run_case_id) == (
+        ZERO3.case_id,
+        "mem_tracker_peak_bytes",
+        plugin.case_id,
+    )
     with pytest.raises(BaselineError, match="not in the run"):
         apply_strategy_map(frame, {"zero9": "zero3"})
     both = pd.concat([frame, pd.DataFrame(case_rows(ZERO3, peak=[1000, 1000], step_ms=50.0))])
@@ -268,8 +300,16 @@ def test_command_writes_baseline_then_gates(tmp_path, capsys):
 def test_command_bad_input_exits_2(tmp_path, capsys):
     assert cli(tmp_path / "nothing", "--baseline", tmp_path / "none.json") == 2
     assert "cannot read baseline" in capsys.readouterr().err
-    assert cli(write_run(tmp_path / "a", run_frame()), "--write-baseline", tmp_path / "b.json",
-               "--threshold", "speed=1%") == 2  # fmt: skip
+    assert (
+        cli(
+            write_run(tmp_path / "a", run_frame()),
+            "--write-baseline",
+            tmp_path / "b.json",
+            "--threshold",
+            "speed=1%",
+        )
+        == 2
+    )
     assert "unknown metric 'speed'" in capsys.readouterr().err
 
 
@@ -286,8 +326,9 @@ sweep:
 def run_scenario(tmp: Path, name: str, strategies: list[str]) -> Path:
     (tmp / f"{name}.yaml").write_text(SCENARIO.format(strategies=json.dumps(strategies)))
     out = tmp / name
-    args = build_parser().parse_args(["run", str(tmp / f"{name}.yaml"), "--out", str(out), "--no-report",
-                                      "--allow-plugins"])
+    args = build_parser().parse_args(
+        ["run", str(tmp / f"{name}.yaml"), "--out", str(out), "--no-report", "--allow-plugins"]
+    )
     assert args._main(args) == 0
     return out
 
@@ -315,7 +356,9 @@ def test_unchanged_rerun_passes(real_baseline, capsys):
     capsys.readouterr()
     # time only warns here: a re-run on a busy 2-core machine may be 50% slower; memory and
     # losses are deterministic and must match
-    assert cli(rerun, "--baseline", base, "--time-gate", "warn", "--strict", "--json", tmp / "rerun.json") == 0
+    assert (
+        cli(rerun, "--baseline", base, "--time-gate", "warn", "--strict", "--json", tmp / "rerun.json") == 0
+    )
     records = pd.DataFrame(json.loads((tmp / "rerun.json").read_text())["records"])
     memory, loss = records[records["kind"] == "memory"], records[records["kind"] == "loss"]
     assert len(memory) == 2 * 14 and (memory["change"] == 0).all()  # 12 categories, peak, model states
@@ -327,17 +370,30 @@ def test_extra_param_copy_fails_on_memory(real_baseline, capsys):
     tmp, base = real_baseline
     run = run_scenario(tmp, "copy", ["ddp", "regressions:ParamCopyZero3", "regressions:HiddenParamCopyZero3"])
     capsys.readouterr()
-    code = cli(run, "--baseline", base, "--map-strategy", "regressions:ParamCopyZero3=zero3", "--time-gate", "warn",
-               "--json", tmp / "copy.json")  # fmt: skip
+    code = cli(
+        run,
+        "--baseline",
+        base,
+        "--map-strategy",
+        "regressions:ParamCopyZero3=zero3",
+        "--time-gate",
+        "warn",
+        "--json",
+        tmp / "copy.json",
+    )
     out = capsys.readouterr().out
     assert code == 1
     zero3_id = ZERO3.replace(warmup_steps=1, steps=3).case_id
     assert f"REGRESSION {zero3_id} mem_tracker_peak_bytes: regressed" in out
-    records = pd.DataFrame(json.loads((tmp / "copy.json").read_text())["records"]).set_index(["case_id", "metric"])
+    records = pd.DataFrame(json.loads((tmp / "copy.json").read_text())["records"]).set_index(
+        ["case_id", "metric"]
+    )
     buffers = records.loc[(zero3_id, "mem_tracker_peak_buffers_bytes")]
     assert (buffers["baseline"], buffers["now"]) == (0, 172_352 * 4)  # a full fp32 copy of decoder-tiny
     assert set(records[records["fails"]].index.get_level_values("metric")) == {
-        "mem_tracker_peak_bytes", "mem_tracker_peak_buffers_bytes"}  # fmt: skip
+        "mem_tracker_peak_bytes",
+        "mem_tracker_peak_buffers_bytes",
+    }
     # the same copy in a plain attribute is invisible to the tracker: a known blind spot (docs/ci.md)
     frame = pd.read_parquet(run / "results.parquet")
     hidden = frame[frame["strategy"] == "regressions:HiddenParamCopyZero3"]["mem_tracker_peak_bytes"].max()
@@ -351,8 +407,15 @@ def test_sleep_per_step_fails_on_step_time_ratio(real_baseline, capsys):
     tmp, base = real_baseline
     run = run_scenario(tmp, "sleepy", ["ddp", "regressions:SleepyZero3"])
     capsys.readouterr()
-    code = cli(run, "--baseline", base, "--map-strategy", "regressions:SleepyZero3=zero3",
-               "--json", tmp / "sleepy.json")  # fmt: skip
+    code = cli(
+        run,
+        "--baseline",
+        base,
+        "--map-strategy",
+        "regressions:SleepyZero3=zero3",
+        "--json",
+        tmp / "sleepy.json",
+    )
     out = capsys.readouterr().out
     assert code == 1
     zero3_id = ZERO3.replace(warmup_steps=1, steps=3).case_id

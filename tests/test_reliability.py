@@ -28,7 +28,9 @@ from tests.helpers import run, tiny_case
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGINS = "tests.plugins.faults"
-SMALL = "{model: decoder-tiny, batch_size: 2, seq_len: 16, warmup_steps: 1, steps: 2, device: cpu, backend: gloo}"
+SMALL = (
+    "{model: decoder-tiny, batch_size: 2, seq_len: 16, warmup_steps: 1, steps: 2, device: cpu, backend: gloo}"
+)
 START_TIMEOUT_S = 240  # a fresh orchestrator imports torch and starts a fork server: slow on a shared machine
 
 
@@ -101,7 +103,9 @@ def test_rank_sigkill_mid_step_names_the_signal_and_phase_and_the_sweep_goes_on(
 def test_out_of_memory_on_one_rank_is_recorded_as_oom(tmp_path: Path) -> None:
     outcome = run(tiny_case(strategy=f"{PLUGINS}:OomOnRank1", world_size=2), tmp_path)
     assert outcome.status == "oom"
-    assert outcome.error.startswith("rank 1 in setup: OutOfMemoryError: injected: CUDA out of memory"), outcome.error
+    assert outcome.error.startswith("rank 1 in setup: OutOfMemoryError: injected: CUDA out of memory"), (
+        outcome.error
+    )
     assert_all_gone(outcome.pids)
 
 
@@ -111,7 +115,9 @@ def test_out_of_memory_on_one_rank_is_recorded_as_oom(tmp_path: Path) -> None:
 def write_hang_scenario(tmp_path: Path, with_ok_case: bool) -> tuple[Path, Case]:
     strategies = (["ddp"] if with_ok_case else []) + [f"{PLUGINS}:HangOnRank1InTimedSteps"]
     path = tmp_path / "hang.yaml"
-    path.write_text(f"name: hang\ndefaults: {SMALL}\nsweep:\n  world_size: [2]\n  strategy: {json.dumps(strategies)}\n")
+    path.write_text(
+        f"name: hang\ndefaults: {SMALL}\nsweep:\n  world_size: [2]\n  strategy: {json.dumps(strategies)}\n"
+    )
     hang = load_scenario(path, allow_plugins=True).cases[-1]
     return path, hang
 
@@ -119,9 +125,23 @@ def write_hang_scenario(tmp_path: Path, with_ok_case: bool) -> tuple[Path, Case]
 def start_orchestrator(scenario: Path, out: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
-        [sys.executable, "-m", "fsdpbench", "run", str(scenario), "--out", str(out), "--no-report",
-         "--allow-plugins"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "fsdpbench",
+            "run",
+            str(scenario),
+            "--out",
+            str(out),
+            "--no-report",
+            "--allow-plugins",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -131,7 +151,9 @@ def test_ctrl_c_stops_the_ranks_keeps_results_marks_interrupted_exits_130(tmp_pa
     proc = start_orchestrator(scenario, out)
     family: list[int] = []
     try:
-        wait_until(lambda: rank_phase(out / "cases" / hang.case_id, 1) == "timed", START_TIMEOUT_S, "the hang case")
+        wait_until(
+            lambda: rank_phase(out / "cases" / hang.case_id, 1) == "timed", START_TIMEOUT_S, "the hang case"
+        )
         family = descendants(proc.pid)
         assert len(family) >= 3  # fork server and two ranks
 
@@ -162,7 +184,9 @@ def test_sigkill_of_the_orchestrator_leaves_no_process_and_no_lock(tmp_path: Pat
     proc = start_orchestrator(scenario, out)
     family: list[int] = []
     try:
-        wait_until(lambda: rank_phase(out / "cases" / hang.case_id, 1) == "timed", START_TIMEOUT_S, "the hang case")
+        wait_until(
+            lambda: rank_phase(out / "cases" / hang.case_id, 1) == "timed", START_TIMEOUT_S, "the hang case"
+        )
         family = descendants(proc.pid)
         assert len(family) >= 3
         proc.kill()
@@ -187,7 +211,9 @@ def fake_launch(case: Case, case_dir: Path) -> CaseOutcome:
 
 def two_case_scenario(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "s.yaml"
-    path.write_text(f"name: s\ndefaults: {SMALL}\nsweep: {{strategy: [ddp, zero3], world_size: [2]}}\n{extra}")
+    path.write_text(
+        f"name: s\ndefaults: {SMALL}\nsweep: {{strategy: [ddp, zero3], world_size: [2]}}\n{extra}"
+    )
     return path
 
 
@@ -219,8 +245,9 @@ def test_disk_full_is_one_line_leaves_no_temporary_file_and_resume_completes(
     assert set(load_results(out)["strategy"]) == {"ddp", "zero3"}
 
 
-def test_unwritable_out_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    capsys: pytest.CaptureFixture) -> None:
+def test_unwritable_out_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     def read_only(self) -> None:
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self.cases_dir))
 
@@ -236,13 +263,16 @@ def test_a_second_run_on_a_locked_out_refuses(tmp_path: Path, capsys: pytest.Cap
     with RunLock(out):
         assert run_cli(str(two_case_scenario(tmp_path)), "--out", str(out), "--no-report") == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == (f"error: {out} is in use by another fsdpbench run (pid {os.getpid()}); "
-                       "wait for it to finish or choose another --out")  # fmt: skip
+    assert err[-1] == (
+        f"error: {out} is in use by another fsdpbench run (pid {os.getpid()}); "
+        "wait for it to finish or choose another --out"
+    )
     assert not (out / "cases").exists() or not list((out / "cases").iterdir())
 
 
-def test_resume_never_deletes_a_case_directory_a_live_rank_writes_to(tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resume_never_deletes_a_case_directory_a_live_rank_writes_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr("fsdpbench.launch._LIVE_RANK_WAIT_S", 0.5)
     case_dir = tmp_path / "cases" / "c"
     case_dir.mkdir(parents=True)
@@ -262,14 +292,18 @@ def test_resume_never_deletes_a_case_directory_a_live_rank_writes_to(tmp_path: P
 # ---- the input: error text, values and names that would leave --out ------------------------------
 
 
-def test_library_error_text_with_markup_is_printed_verbatim(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture) -> None:
+def test_library_error_text_with_markup_is_printed_verbatim(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     gloo = "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"
 
     def failing_launch(case: Case, case_dir: Path) -> CaseOutcome:
         _clear_case_dir(case_dir)
-        return CaseOutcome(status="failed", error=f"rank 0 in timed: {gloo}",
-                           ranks=[{"rank": 0, "status": "failed", "error": gloo}])  # fmt: skip
+        return CaseOutcome(
+            status="failed",
+            error=f"rank 0 in timed: {gloo}",
+            ranks=[{"rank": 0, "status": "failed", "error": gloo}],
+        )
 
     monkeypatch.setattr("fsdpbench.runner.launch_case", failing_launch)
     assert run_cli(str(two_case_scenario(tmp_path)), "--out", str(tmp_path / "run"), "--no-report") == 1
@@ -280,7 +314,9 @@ def test_library_error_text_with_markup_is_printed_verbatim(tmp_path: Path, monk
 
 def test_cases_that_are_all_skipped_end_with_a_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = tmp_path / "s.yaml"
-    path.write_text(f"name: s\ndefaults: {SMALL}\ncases: [{{strategy: hsdp, world_size: 3, shard_size: 2}}]\n")
+    path.write_text(
+        f"name: s\ndefaults: {SMALL}\ncases: [{{strategy: hsdp, world_size: 3, shard_size: 2}}]\n"
+    )
     assert run_cli(str(path), "--out", str(tmp_path / "run"), "--no-report") == 0
     assert "skipped" in capsys.readouterr().out
 
@@ -308,8 +344,9 @@ def test_unsafe_values_never_reach_a_path(tmp_path: Path, monkeypatch: pytest.Mo
         check_inside(out / "link" / "target", out)
 
 
-def test_a_scenario_name_cannot_leave_reports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture) -> None:
+def test_a_scenario_name_cannot_leave_reports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "s.yaml"
     path.write_text("name: ../../../somewhere\nsweep: {strategy: [ddp]}\n")
@@ -317,8 +354,9 @@ def test_a_scenario_name_cannot_leave_reports(tmp_path: Path, monkeypatch: pytes
     assert not (tmp_path.parent.parent / "somewhere").exists() and not (tmp_path / "reports").exists()
 
 
-def test_a_planted_plugin_is_not_imported_without_allow_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                capsys: pytest.CaptureFixture) -> None:
+def test_a_planted_plugin_is_not_imported_without_allow_plugins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
     monkeypatch.delenv("FSDPBENCH_ALLOW_PLUGINS", raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))  # even where the module is importable

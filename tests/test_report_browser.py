@@ -20,11 +20,21 @@ from fsdpbench.report import write_report
 from fsdpbench.report.synthetic import FAIL_ERROR, write_synthetic_run
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--disable-extensions", "--host-resolver-rules=MAP * ~NOTFOUND",  # no network at all
-    "--enable-logging=stderr", "--v=0", "--virtual-time-budget=15000",
-]  # fmt: skip
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--host-resolver-rules=MAP * ~NOTFOUND",  # no network at all
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=15000",
+]
 CONSOLE_LINE = re.compile(r":CONSOLE(?::\d+)?\]\s*(.*)")
 
 
@@ -41,8 +51,10 @@ def chromium() -> str:
     # tests never change the machine: .ci/run installs chromium; here an absent one is a skip
     path = _find_chromium()
     if path is None:
-        pytest.skip("no headless browser for the report test: chromium is not installed "
-                    "(.ci/run installs it; by hand: apt-get install chromium)")
+        pytest.skip(
+            "no headless browser for the report test: chromium is not installed "
+            "(.ci/run installs it; by hand: apt-get install chromium)"
+        )
     return path
 
 
@@ -106,8 +118,13 @@ def test_report_loads_offline_without_console_errors_and_draws_every_figure(chro
     assert FAIL_ERROR in proc.stdout  # the case table rendered with the failed case
 
     shot = report.parent / "report.png"
-    proc = _run_chromium(chromium, tmp_path / "profile2", f"--screenshot={shot}", "--window-size=1400,4000",
-                         report.resolve().as_uri())  # fmt: skip
+    proc = _run_chromium(
+        chromium,
+        tmp_path / "profile2",
+        f"--screenshot={shot}",
+        "--window-size=1400,4000",
+        report.resolve().as_uri(),
+    )
     assert proc.returncode == 0 and shot.exists() and shot.stat().st_size > 50_000, proc.stderr[-2000:]
     review = os.environ.get("FSDPBENCH_SCREENSHOT_DIR")
     if review:

@@ -12,17 +12,32 @@ import pytest
 from fsdpbench.report import build_panels, write_report
 from fsdpbench.report.data import build_case_frame, load_runs, ranks_label
 from fsdpbench.report.figures import (
-    build_memory_breakdown_panel, build_memory_scaling_panel, build_memory_timeline_panel,
-)  # fmt: skip
+    build_memory_breakdown_panel,
+    build_memory_scaling_panel,
+    build_memory_timeline_panel,
+)
 from fsdpbench.report.figures_perf import (
-    build_comm_bytes_panel, build_overlap_panel, build_speedup_panel, build_step_time_panel, build_sweep_panels,
+    build_comm_bytes_panel,
+    build_overlap_panel,
+    build_speedup_panel,
+    build_step_time_panel,
+    build_sweep_panels,
     build_tradeoff_panel,
-)  # fmt: skip
+)
 from fsdpbench.report.panel import describe_ranks
 from fsdpbench.report.synthetic import (
-    ACTIVATIONS_BYTES, FAIL_ERROR, PRED_PEAK_ERR, PSI, SKIP_REASON, TEMP_BYTES, case_id_of, synthetic_cases,
-    synthetic_results, synthetic_timeline, write_synthetic_run,
-)  # fmt: skip
+    ACTIVATIONS_BYTES,
+    FAIL_ERROR,
+    PRED_PEAK_ERR,
+    PSI,
+    SKIP_REASON,
+    TEMP_BYTES,
+    case_id_of,
+    synthetic_cases,
+    synthetic_results,
+    synthetic_timeline,
+    write_synthetic_run,
+)
 from fsdpbench.report.tables import case_table, compare_rows, glance_groups, verdict_lines
 
 MiB = 2.0**20
@@ -38,9 +53,16 @@ def cases(rows: pd.DataFrame) -> pd.DataFrame:
     return build_case_frame(rows)
 
 
-def _case(cases: pd.DataFrame, strategy: str, n: int, prefetch: int = 0, precision: str = "fp32") -> pd.Series:
-    sel = cases[(cases["strategy"] == strategy) & (cases["world_size"] == n) & (cases["prefetch"] == prefetch)
-                & (cases["precision"] == precision) & (cases["status"] == "ok")]  # fmt: skip
+def _case(
+    cases: pd.DataFrame, strategy: str, n: int, prefetch: int = 0, precision: str = "fp32"
+) -> pd.Series:
+    sel = cases[
+        (cases["strategy"] == strategy)
+        & (cases["world_size"] == n)
+        & (cases["prefetch"] == prefetch)
+        & (cases["precision"] == precision)
+        & (cases["status"] == "ok")
+    ]
     assert len(sel) == 1, sel
     return sel.iloc[0]
 
@@ -89,10 +111,22 @@ def test_failed_and_skipped_cases_keep_their_reason(cases):
 
 def test_labels_name_only_what_varies_and_leave_wrap_out_for_ddp(cases):
     labels = dict(zip(cases["case_id"], cases["label"]))
-    assert labels[case_id_of({"strategy": "ddp", "world_size": 2, "wrap": "none", "prefetch": 0,
-                              "precision": "fp32"})] == "ddp n2 prefetch=0 fp32"  # fmt: skip
-    assert labels[case_id_of({"strategy": "zero3", "world_size": 4, "wrap": "block", "prefetch": 1,
-                              "precision": "fp32"})] == "zero3 n4 wrap=block prefetch=1 fp32"  # fmt: skip
+    assert (
+        labels[
+            case_id_of(
+                {"strategy": "ddp", "world_size": 2, "wrap": "none", "prefetch": 0, "precision": "fp32"}
+            )
+        ]
+        == "ddp n2 prefetch=0 fp32"
+    )
+    assert (
+        labels[
+            case_id_of(
+                {"strategy": "zero3", "world_size": 4, "wrap": "block", "prefetch": 1, "precision": "fp32"}
+            )
+        ]
+        == "zero3 n4 wrap=block prefetch=1 fp32"
+    )
     assert cases["label"].is_unique
 
 
@@ -103,7 +137,10 @@ def test_a_cpu_rank_is_never_called_a_gpu():
     gpu = pd.DataFrame({"device": ["cuda"], "backend": ["nccl"], "device_name": ["NVIDIA H100"]})
     cpu = pd.DataFrame({"device": ["cpu"], "backend": ["gloo"], "device_name": ["CPU: X (2 cores)"]})
     assert describe_ranks(gpu) == "GPUs (NCCL): NVIDIA H100"
-    assert describe_ranks(cpu).startswith("CPU ranks (gloo)") and "GPU" not in describe_ranks(cpu).split(" for ")[0]
+    assert (
+        describe_ranks(cpu).startswith("CPU ranks (gloo)")
+        and "GPU" not in describe_ranks(cpu).split(" for ")[0]
+    )
 
 
 # --- memory figures -------------------------------------------------------------------------------------------
@@ -114,14 +151,21 @@ def test_memory_scaling_draws_measured_markers_and_predicted_lines_per_strategy(
     fig = panel.figure
     assert fig is not None and panel.missing is None
     groups = sorted(dict.fromkeys(t.legendgroup for t in fig.data))
-    assert groups == ["ddp prefetch=0 fp32", "zero2 prefetch=0 fp32", "zero3 prefetch=0 bf16",
-                      "zero3 prefetch=0 fp32", "zero3 prefetch=1 fp32"]  # fmt: skip
+    assert groups == [
+        "ddp prefetch=0 fp32",
+        "zero2 prefetch=0 fp32",
+        "zero3 prefetch=0 bf16",
+        "zero3 prefetch=0 fp32",
+        "zero3 prefetch=1 fp32",
+    ]
     (meas,) = _traces(fig, "measured peak", "zero3 prefetch=0 fp32")
     assert meas.mode == "markers" and list(meas.x) == [1, 2, 4]
     expected = [_case(cases, "zero3", n)["mem_tracker_peak_bytes"] / MiB for n in (1, 2, 4)]
     assert list(meas.y) == pytest.approx(expected)
     (states,) = _traces(fig, "measured model states", "zero3 prefetch=0 fp32")
-    assert list(states.y) == pytest.approx([16 * PSI / n / MiB for n in (1, 2, 4)])  # (4+K)Ψ/N, K=8 (AdamW fp32)
+    assert list(states.y) == pytest.approx(
+        [16 * PSI / n / MiB for n in (1, 2, 4)]
+    )  # (4+K)Ψ/N, K=8 (AdamW fp32)
     (analytic,) = _traces(fig, "analytic peak", "zero3 prefetch=0 fp32")
     assert analytic.mode == "lines" and analytic.line.dash == "solid"
     assert list(analytic.y) == pytest.approx([v * (1 + PRED_PEAK_ERR) for v in expected])
@@ -160,8 +204,14 @@ def test_memory_breakdown_stacks_categories_measured_beside_predicted(cases):
     panel = build_memory_breakdown_panel(cases)
     fig = panel.figure
     bars = [t for t in fig.data if t.type == "bar"]
-    assert [t.name for t in bars] == ["params", "grads", "optimizer state", "activations",
-                                      "unsharded params/grads + comm buffers", "other"]  # fmt: skip
+    assert [t.name for t in bars] == [
+        "params",
+        "grads",
+        "optimizer state",
+        "activations",
+        "unsharded params/grads + comm buffers",
+        "other",
+    ]
     n_ok = int((cases["status"] == "ok").sum())
     assert all(len(t.x) == 2 * n_ok for t in bars) and all(t.orientation == "h" for t in bars)
     labels = list(bars[0].y[0])
@@ -186,8 +236,12 @@ def test_memory_breakdown_stacks_categories_measured_beside_predicted(cases):
 
 
 def test_memory_breakdown_uses_predicted_categories_at_the_peak_when_the_model_writes_them(cases):
-    at_peak = cases.assign(pred_peak_params_bytes=1.0 * MiB, pred_peak_grads_bytes=2.0 * MiB,
-                           pred_peak_inputs_bytes=0.5 * MiB, pred_peak_all_gather_bytes=0.25 * MiB)  # fmt: skip
+    at_peak = cases.assign(
+        pred_peak_params_bytes=1.0 * MiB,
+        pred_peak_grads_bytes=2.0 * MiB,
+        pred_peak_inputs_bytes=0.5 * MiB,
+        pred_peak_all_gather_bytes=0.25 * MiB,
+    )
     panel = build_memory_breakdown_panel(at_peak)
     by_name = {t.name: t for t in panel.figure.data if t.type == "bar"}
     assert by_name["params"].x[1] == pytest.approx(1.0) and by_name["grads"].x[1] == pytest.approx(2.0)
@@ -282,12 +336,16 @@ def test_overlap_bars_and_ratio(cases):
 
 def test_sweep_views_for_the_axes_the_run_varies(cases):
     panels = build_sweep_panels(cases)
-    assert [p.key for p in panels] == ["sweep_prefetch", "sweep_precision"]  # wrap=whole failed: no wrap sweep
+    assert [p.key for p in panels] == [
+        "sweep_prefetch",
+        "sweep_precision",
+    ]  # wrap=whole failed: no wrap sweep
     fig = panels[0].figure
     (mem,) = [t for t in fig.data if t.xaxis == "x"]
     assert list(mem.x) == ["0", "1"]
-    assert list(mem.y) == pytest.approx([_case(cases, "zero3", 4, prefetch=p)["mem_tracker_peak_bytes"] / MiB
-                                         for p in (0, 1)])  # fmt: skip
+    assert list(mem.y) == pytest.approx(
+        [_case(cases, "zero3", 4, prefetch=p)["mem_tracker_peak_bytes"] / MiB for p in (0, 1)]
+    )
     one_axis = cases[(cases["prefetch"] == 0) & (cases["precision"] == "fp32")]
     (none,) = build_sweep_panels(one_axis)
     assert none.figure is None and "does not vary" in none.missing
@@ -297,8 +355,12 @@ def test_sweep_views_for_the_axes_the_run_varies(cases):
 
 
 def test_compare_rows_mark_the_winner_per_metric(cases):
-    n4 = cases[(cases["world_size"] == 4) & (cases["prefetch"] == 0) & (cases["precision"] == "fp32")
-               & (cases["status"] == "ok")]  # fmt: skip
+    n4 = cases[
+        (cases["world_size"] == 4)
+        & (cases["prefetch"] == 0)
+        & (cases["precision"] == "fp32")
+        & (cases["status"] == "ok")
+    ]
     rows = {r.metric: r for r in compare_rows(n4)}
     z3, ddp = _case(cases, "zero3", 4)["label"], _case(cases, "ddp", 4)["label"]
     assert rows["peak / rank: measured / predicted"].winners == [z3]
@@ -333,8 +395,11 @@ def test_case_table_lists_failed_and_skipped_cases_with_reasons(cases):
 
 
 def test_offloaded_cases_show_host_parameters_measured_beside_predicted(cases):
-    off = cases.assign(cpu_offload=cases["strategy"] == "zero3", mem_placement_params_host_bytes=3 * MiB,
-                       pred_params_host_bytes=4 * MiB)  # fmt: skip
+    off = cases.assign(
+        cpu_offload=cases["strategy"] == "zero3",
+        mem_placement_params_host_bytes=3 * MiB,
+        pred_params_host_bytes=4 * MiB,
+    )
     table = case_table(off)
     assert set(table["params on host: measured / predicted"]) == {"3.00 MiB / 4.00 MiB"}
     rows = {r.metric: r for r in compare_rows(off.head(3).assign(label=["a", "b", "c"]))}
@@ -354,12 +419,24 @@ def test_write_report_is_self_contained_with_every_figure(tmp_path):
     data = load_runs([run_dir])
     panels = build_panels(data)
     drawn = [p.key for p in panels if p.figure is not None]
-    assert drawn == ["memory_scaling", "tradeoff", "memory_breakdown", "memory_timeline", "step_time", "speedup",
-                     "comm_bytes", "overlap", "sweep_prefetch", "sweep_precision"]  # fmt: skip
+    assert drawn == [
+        "memory_scaling",
+        "tradeoff",
+        "memory_breakdown",
+        "memory_timeline",
+        "step_time",
+        "speedup",
+        "comm_bytes",
+        "overlap",
+        "sweep_prefetch",
+        "sweep_precision",
+    ]
     for key in drawn:
         assert f'id="fig-{key}"' in page
     assert f'data-figures-expected="{len(drawn)}"' in page
-    figure_json = re.findall(r'<script type="application/json" class="figure-data"[^>]*>(.*?)</script>', page, re.S)
+    figure_json = re.findall(
+        r'<script type="application/json" class="figure-data"[^>]*>(.*?)</script>', page, re.S
+    )
     assert len(figure_json) == len(drawn)
     assert all(json.loads(s.replace("<\\/", "</"))["data"] for s in figure_json)
     assert FAIL_ERROR in page and SKIP_REASON in page  # failed and skipped cases with their reason

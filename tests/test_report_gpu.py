@@ -35,4 +35,7 @@ def test_one_rank_cases_say_no_communication_between_ranks(cases):
         assert set(rows["overlap"].text.values()) == {NO_COMM}
         # the GPU's own sources are there, named
         assert all(t != "—" for t in rows["NVML peak (GPU)"].text.values())
-    assert build_comm_bytes_panel(cases).missing == "no communication between ranks: every case ran on one rank (world size 1)"
+    assert (
+        build_comm_bytes_panel(cases).missing
+        == "no communication between ranks: every case ran on one rank (world size 1)"
+    )

@@ -39,7 +39,7 @@ def test_thread_peak_is_max_of_scripted_values():
     assert sampler.peak_bytes == 90
     got = [s.bytes for s in sampler.samples]
     assert got[: len(values)] == values  # in order, none skipped
-    assert all(v == 5 for v in got[len(values):])
+    assert all(v == 5 for v in got[len(values) :])
     assert not sampler.running
 
 
@@ -112,7 +112,7 @@ def test_start_twice_and_bad_interval():
 def test_read_rss_tracks_an_allocation():
     before = rss.read_rss_bytes()
     block = bytearray(64 * 1024 * 1024)
-    block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page
+    block[::4096] = b"x" * len(block[::4096])  # touch every page
     after = rss.read_rss_bytes()
     assert after - before >= 60 * 1024 * 1024
     # ru_maxrss is the kernel's high-water mark; it can trail statm: each thread batches its RSS

@@ -25,18 +25,36 @@ def expand_on_cpu(text: str):
     ("text", "expected"),
     [
         ("name: x\nsweep: {wrld_size: [1]}", "s.yaml: sweep.wrld_size: unknown field; allowed: model,"),
-        ("name: x\nsweep: {world_size: [2, 0]}", "s.yaml: sweep.world_size[1]: Input should be greater than 0"),
+        (
+            "name: x\nsweep: {world_size: [2, 0]}",
+            "s.yaml: sweep.world_size[1]: Input should be greater than 0",
+        ),
         ("name: x\nsweep: {world_size: two}", "s.yaml: sweep.world_size[0]: Input should be a valid integer"),
         ("name: x\nsweep: {}", "s.yaml: sweep: empty"),
         ("name: x\nsweep: {strategy: []}", "s.yaml: sweep.strategy: empty list"),
-        ("name: x\nsweep: {strategy: [ddp, zero9]}", "s.yaml: sweep.strategy[1]: unknown strategy 'zero9'; allowed: ddp"),
+        (
+            "name: x\nsweep: {strategy: [ddp, zero9]}",
+            "s.yaml: sweep.strategy[1]: unknown strategy 'zero9'; allowed: ddp",
+        ),
         ("name: x\nsweep: {model: [gpt9]}", "s.yaml: sweep.model[0]: unknown model 'gpt9'; allowed:"),
-        ("name: x\ndefaults: {precision: fp8}\nsweep: {world_size: 1}", "s.yaml: defaults.precision: Input should be 'fp32'"),
-        ("name: x\ndefaults: {batch_size: 0}\nsweep: {world_size: 1}", "s.yaml: defaults.batch_size: Input should be greater than 0"),
-        ("name: x\nfoo: 1\nsweep: {world_size: [1]}", "s.yaml: foo: unknown field; allowed: name, description"),
+        (
+            "name: x\ndefaults: {precision: fp8}\nsweep: {world_size: 1}",
+            "s.yaml: defaults.precision: Input should be 'fp32'",
+        ),
+        (
+            "name: x\ndefaults: {batch_size: 0}\nsweep: {world_size: 1}",
+            "s.yaml: defaults.batch_size: Input should be greater than 0",
+        ),
+        (
+            "name: x\nfoo: 1\nsweep: {world_size: [1]}",
+            "s.yaml: foo: unknown field; allowed: name, description",
+        ),
         ("sweep: {world_size: [1]}", "s.yaml: name: Field required"),
         ("name: x\nsweep: {world_size: 1}\nexclude: [{wrld: 1}]", "s.yaml: exclude[0].wrld: unknown field"),
-        ("name: x\nsweep: {model_args.d_modl: [8]}", "s.yaml: model_args: model 'decoder-tiny' has no argument(s) ['d_modl']"),
+        (
+            "name: x\nsweep: {model_args.d_modl: [8]}",
+            "s.yaml: model_args: model 'decoder-tiny' has no argument(s) ['d_modl']",
+        ),
         ("name: x\ncases: [{strategy: ddp, world_sise: 2}]", "s.yaml: cases[0].world_sise: unknown field"),
         ("name: [x", "s.yaml: not valid YAML"),
         ("- a\n- b", "s.yaml: a scenario is a mapping"),
@@ -96,7 +114,11 @@ def test_ddp_bf16_compression_is_skipped_on_gloo_but_not_on_nccl() -> None:
 
 def test_axes_a_strategy_ignores_collapse_to_one_case() -> None:
     s = expand_on_cpu("name: q\nsweep: {strategy: [ddp, zero3], wrap: [block, whole], world_size: 2}")
-    assert sorted((c.strategy, c.wrap) for c in s.cases) == [("ddp", "none"), ("zero3", "block"), ("zero3", "whole")]
+    assert sorted((c.strategy, c.wrap) for c in s.cases) == [
+        ("ddp", "none"),
+        ("zero3", "block"),
+        ("zero3", "whole"),
+    ]
 
 
 def test_exclude_drops_matching_combinations() -> None:
@@ -131,8 +153,12 @@ def test_case_ids_name_the_knobs_switched_on_and_keep_plain_ids() -> None:
     from fsdpbench.case import Case
 
     plain = Case(strategy="zero3", world_size=2)
-    assert plain.case_id.startswith("zero3_n2_decoder-tiny_block_pf0_fp32_b4_") and plain.case_id.count("_") == 7
-    knobs = plain.replace(cpu_offload=True, activation_checkpointing=True, backward_prefetch="post", forward_prefetch=True)
+    assert (
+        plain.case_id.startswith("zero3_n2_decoder-tiny_block_pf0_fp32_b4_") and plain.case_id.count("_") == 7
+    )
+    knobs = plain.replace(
+        cpu_offload=True, activation_checkpointing=True, backward_prefetch="post", forward_prefetch=True
+    )
     assert "_fp32_b4_ac_offload_bwd-post_fwdpf_" in knobs.case_id
     assert plain.replace(cpu_offload=True).case_id != plain.case_id
 

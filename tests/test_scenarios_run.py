@@ -27,17 +27,30 @@ def test_scenario_expands_with_reasons_for_every_skip(path: Path) -> None:
 
 def test_knob_studies_exist_and_sweep_their_knob() -> None:
     names = {p.stem for p in SCENARIOS}
-    assert {"strategies", "wrap_granularity", "prefetch", "precision", "offload", "fsdp1_vs_fsdp2",
-            "tutorial_mnist"} <= names  # fmt: skip
+    assert {
+        "strategies",
+        "wrap_granularity",
+        "prefetch",
+        "precision",
+        "offload",
+        "fsdp1_vs_fsdp2",
+        "tutorial_mnist",
+    } <= names
     prefetch = load_scenario(Path(SCENARIOS[0].parent, "prefetch.yaml"), overrides=CPU)
-    assert {c.backward_prefetch for c in prefetch.cases if c.strategy == "fsdp1_full"} == {"pre", "post", "none"}
+    assert {c.backward_prefetch for c in prefetch.cases if c.strategy == "fsdp1_full"} == {
+        "pre",
+        "post",
+        "none",
+    }
     offload = load_scenario(Path(SCENARIOS[0].parent, "offload.yaml"), overrides=CPU)
     assert {c.strategy for c in offload.cases if c.cpu_offload} == {"zero2", "zero3"}
     assert [s.case.strategy for s in offload.skipped] == ["fsdp1_full"]  # pinned host memory needs a GPU
     tutorial = load_scenario(Path(SCENARIOS[0].parent, "tutorial_mnist.yaml"), overrides=CPU)
-    assert {(c.wrap, c.wrap_min_params if c.wrap == "size" else None) for c in tutorial.cases if c.strategy != "ddp"} == {
-        ("whole", None), ("size", 100), ("size", 20_000)
-    }  # fmt: skip
+    assert {
+        (c.wrap, c.wrap_min_params if c.wrap == "size" else None)
+        for c in tutorial.cases
+        if c.strategy != "ddp"
+    } == {("whole", None), ("size", 100), ("size", 20_000)}
     assert {(c.optimizer, c.lr, c.batch_size) for c in tutorial.cases} == {("adadelta", 1.0, 64)}
 
 

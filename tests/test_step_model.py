@@ -30,7 +30,9 @@ def test_one_rank_blocking_and_overlapped_collectives_known_answer() -> None:
     # 500 and needed at 700 of compute. It starts at wall 600 (after the first stall), lasts 300,
     # ends at 900, while compute reaches its needed point at wall 800: 100 µs more exposed.
     ag = PlacedCollective("all_gather", payload_bytes=12_000_000, group_size=4, issue_us=0.0, needed_us=0.0)
-    ar = PlacedCollective("all_reduce", payload_bytes=19_333_334, group_size=4, issue_us=500.0, needed_us=700.0)
+    ar = PlacedCollective(
+        "all_reduce", payload_bytes=19_333_334, group_size=4, issue_us=500.0, needed_us=700.0
+    )
     link = Link("l", alpha_us=10.0, busbw_GBps=100.0)
     assert collective_time_us(link, "all_gather", ag.payload_bytes, 4) == pytest.approx(100.0)
     assert collective_time_us(link, "all_reduce", ar.payload_bytes, 4) == pytest.approx(300.0, abs=1e-3)
@@ -120,8 +122,11 @@ def test_a_profiler_correction_over_half_the_compute_is_not_applied_and_says_so(
 
 def test_fit_link_recovers_alpha_and_busbw_from_exact_points() -> None:
     alpha, busbw = 300.0, 0.5  # µs, GB/s
-    points = [{"kind": k, "payload_bytes": s, "time_us": alpha + s * f / (busbw * 1e3)}
-              for k, f in (("all_reduce", 1.5), ("all_gather", 0.75)) for s in (4096, 65536, 2 << 20)]  # fmt: skip
+    points = [
+        {"kind": k, "payload_bytes": s, "time_us": alpha + s * f / (busbw * 1e3)}
+        for k, f in (("all_reduce", 1.5), ("all_gather", 0.75))
+        for s in (4096, 65536, 2 << 20)
+    ]
     link = fit_link(points, world_size=4)
     assert link.alpha_us == pytest.approx(alpha)
     assert link.busbw_GBps == pytest.approx(busbw)
@@ -160,8 +165,14 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert set(frame["status"]) == {"ok"}
     probe = store.run_dir / "comm_probe" / "gloo_n2.json"
     assert probe.exists()  # cached in the run directory
-    for col in ("model_step_time_ms", "model_compute_ms", "model_comm_ms", "model_exposed_comm_ms",
-                "model_overlap_ratio", "case_model_step_time_ms"):  # fmt: skip
+    for col in (
+        "model_step_time_ms",
+        "model_compute_ms",
+        "model_comm_ms",
+        "model_exposed_comm_ms",
+        "model_overlap_ratio",
+        "case_model_step_time_ms",
+    ):
         assert frame[col].notna().all() and (frame[col] >= 0).all(), col
     assert (frame["model_step_time_ms"] >= frame["model_compute_ms"]).all()
     assert frame["case_model_step_time_ms"].iloc[0] == pytest.approx(frame["model_step_time_ms"].max())

@@ -58,7 +58,12 @@ def test_block_ratios_use_the_slowest_rank_per_pair_and_cpu_time_on_cpu():
     refs = [[5, 6, 10, 5], [4, 5, 9, 4]]
     assert block_ratios(steps, refs, 2) == pytest.approx([22 / 11, 30 / 15])
     assert block_ratios(steps, refs, 3) == pytest.approx([42 / 21])  # an incomplete block is dropped
-    rank = {"paired_step_ms": [9.0], "paired_ref_ms": [3.0], "paired_step_cpu_ms": [4.0], "paired_ref_cpu_ms": [2.0]}
+    rank = {
+        "paired_step_ms": [9.0],
+        "paired_ref_ms": [3.0],
+        "paired_step_cpu_ms": [4.0],
+        "paired_ref_cpu_ms": [2.0],
+    }
     assert ratio_series(rank, "cpu") == ([4.0], [2.0])
     assert ratio_series(rank, "cuda") == ([9.0], [3.0])
 
@@ -97,7 +102,9 @@ def test_pool_joins_samples_of_other_runs(tmp_path):
     a = write_run(tmp_path / "a", sampled_frame(BASE))
     b = write_run(tmp_path / "b", sampled_frame([2.0, 2.0]))
     assert cli(a, "--write-baseline", base, "--pool", b) == 0
-    assert json.loads(base.read_text())["cases"][ZERO3.case_id]["metrics"][SAMPLED] == sorted([*BASE, 2.0, 2.0])
+    assert json.loads(base.read_text())["cases"][ZERO3.case_id]["metrics"][SAMPLED] == sorted(
+        [*BASE, 2.0, 2.0]
+    )
 
 
 def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, capsys):
@@ -128,8 +135,9 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     assert launched == [(ZERO3.case_id, "repeat1"), (ZERO3.case_id, "repeat2")]
     assert f"re-measured {ZERO3.case_id} (2/2)" in capsys.readouterr().err
     # a real slowdown stays slow in the re-launches: still fails
-    monkeypatch.setattr(fsdpbench.results, "build_rows",
-                        lambda c, o, e: pd.DataFrame([{SAMPLED: [x * 1.3 for x in BASE]}]))  # fmt: skip
+    monkeypatch.setattr(
+        fsdpbench.results, "build_rows", lambda c, o, e: pd.DataFrame([{SAMPLED: [x * 1.3 for x in BASE]}])
+    )
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 1
 
 
@@ -145,8 +153,11 @@ HSDP_ID = "hsdp_n4_decoder-tiny_s2_block_pf0_fp32_b4_9eaa80"
 
 def old_rule_alarms(run: dict) -> list[str]:
     base = RECORDED["baseline_step_time_ratio"]
-    return [cid for cid, c in run["cases"].items()
-            if cid in base and c["step_time_ratio"] / base[cid] - 1 > OLD_TOLERANCE]  # fmt: skip
+    return [
+        cid
+        for cid, c in run["cases"].items()
+        if cid in base and c["step_time_ratio"] / base[cid] - 1 > OLD_TOLERANCE
+    ]
 
 
 def new_rule_alarms(run: dict, scale: float = 1.0, *, repeat: bool = True) -> list[str]:

@@ -32,8 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", default="decoder-tiny", help="model preset (default: decoder-tiny)")
     parser.add_argument("--world-size", type=int, required=True, help="ranks (CPU processes or GPUs)")
-    parser.add_argument("--strategies", default=DEFAULT_STRATEGIES,
-                        help=f"comma-separated strategies (default: {DEFAULT_STRATEGIES})")
+    parser.add_argument(
+        "--strategies",
+        default=DEFAULT_STRATEGIES,
+        help=f"comma-separated strategies (default: {DEFAULT_STRATEGIES})",
+    )
     parser.add_argument("--precision", choices=PRECISIONS, help="mixed precision (default: fp32)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="optimizer (default: adamw)")
     parser.add_argument("--wrap", choices=WRAPS, help="FSDP wrap granularity (default: block)")
@@ -41,12 +44,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, help="sequence length (default: 64)")
     parser.add_argument("--steps", type=int, help="timed steps (default: 5)")
     parser.add_argument("--warmup-steps", type=int, help="warm-up steps (default: 2)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="any other case field, e.g. --set prefetch=1 (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="any other case field, e.g. --set prefetch=1 (repeatable)",
+    )
     parser.add_argument("--out", help="run directory (default: reports/compare/<timestamp>)")
     parser.add_argument("--no-report", action="store_true", help="do not write report.html")
-    parser.add_argument("--traced", action="store_true",
-                        help="also run the traced memory predictor for every case (traced_* columns)")
+    parser.add_argument(
+        "--traced",
+        action="store_true",
+        help="also run the traced memory predictor for every case (traced_* columns)",
+    )
     from fsdpbench.commands.run import add_link_argument
 
     add_link_argument(parser)
@@ -112,7 +123,9 @@ def main(args: argparse.Namespace) -> int:
         plugins = any(":" in s for s in args.strategies.split(","))
         if plugins:
             enable_plugin_imports()
-        scenario = parse_scenario(text, source="fsdpbench compare", overrides=overrides, allow_plugins=plugins or None)
+        scenario = parse_scenario(
+            text, source="fsdpbench compare", overrides=overrides, allow_plugins=plugins or None
+        )
     except ScenarioError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
@@ -120,25 +133,42 @@ def main(args: argparse.Namespace) -> int:
     run_dir = Path(args.out) if args.out else default_run_dir("compare")
     store = RunStore(run_dir)
     meta: dict[str, Any] = {
-        "scenario": {"name": scenario.name, "description": scenario.description, "path": None, "text": text,
-                     "overrides": overrides},
-        "command": " ".join(shlex.quote(a) for a in sys.argv), "env": collect_env(), "started": now_iso(),
+        "scenario": {
+            "name": scenario.name,
+            "description": scenario.description,
+            "path": None,
+            "text": text,
+            "overrides": overrides,
+        },
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "env": collect_env(),
+        "started": now_iso(),
         "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
-    }  # fmt: skip
-    err.print(f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped → {escape(str(run_dir))}",
-              highlight=False)
+    }
+    err.print(
+        f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped → {escape(str(run_dir))}",
+        highlight=False,
+    )
     for s in scenario.skipped:
         err.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
 
     def on_done(case: Any, outcome: Any, rows: Any) -> None:
         ms = rows["case_step_time_ms"].iloc[0] if "case_step_time_ms" in rows else None
-        err.print(f"  {outcome.status:7} {case.case_id}" + (f"  {ms:.1f} ms/step" if ms == ms and ms else "")
-                  + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else ""), highlight=False)
+        err.print(
+            f"  {outcome.status:7} {case.case_id}"
+            + (f"  {ms:.1f} ms/step" if ms == ms and ms else "")
+            + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else ""),
+            highlight=False,
+        )
 
     try:
-        run_cases(scenario.cases, scenario.skipped, store, meta, on_done=on_done, traced=args.traced, link=link)
+        run_cases(
+            scenario.cases, scenario.skipped, store, meta, on_done=on_done, traced=args.traced, link=link
+        )
     except KeyboardInterrupt:
-        err.print(f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}", highlight=False)
+        err.print(
+            f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}", highlight=False
+        )
         return 130
     out = Console() if sys.stdout.isatty() else Console(width=160)
     cases = print_compare(run_dir, out)
@@ -153,16 +183,20 @@ def main(args: argparse.Namespace) -> int:
 
 def build_compare_table(cases: Any) -> Table:
     """Strategies side by side (columns), one metric per row, the winner of each metric marked."""
+    from rich.markup import escape
+
     from fsdpbench.report.panel import describe_ranks
     from fsdpbench.report.tables import compare_rows
 
-    from rich.markup import escape
-
     labels = cases["label"].tolist()
     title = f"{cases['model'].iloc[0]} on {cases['ranks_label'].iloc[0]} — {describe_ranks(cases)}"
-    table = Table(title=title, caption="memory: tracker (live tensors), largest rank, memory-tracked step; "
-                  "cells: measured, then predicted (error); step time: slowest rank's median (p10–p90); "
-                  "★ = best", caption_justify="left")  # fmt: skip
+    table = Table(
+        title=title,
+        caption="memory: tracker (live tensors), largest rank, memory-tracked step; "
+        "cells: measured, then predicted (error); step time: slowest rank's median (p10–p90); "
+        "★ = best",
+        caption_justify="left",
+    )
     table.add_column("metric")
     for label in labels:
         table.add_column(escape(label), justify="right")
@@ -189,5 +223,8 @@ def print_compare(run_dir: Path, console: Console) -> Any:
         return cases
     console.print(build_compare_table(cases))
     for _, r in cases[cases["status"] != "ok"].iterrows():
-        console.print(f"[red]{escape(str(r['label']))}: {r['status']}[/] — {escape(str(r['error'])[:300])}", highlight=False)
+        console.print(
+            f"[red]{escape(str(r['label']))}: {r['status']}[/] — {escape(str(r['error'])[:300])}",
+            highlight=False,
+        )
     return cases

@@ -24,26 +24,39 @@ from rich.markup import escape
 from rich.table import Table
 
 ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or its peak breakdown
-    ("params", "params (resident shard or replica)"), ("padding", "FSDP padding (params + grads)"),
-    ("grads", "grads (resident, after backward)"), ("optim", "optimizer state"),
-    ("model_states", "model states (ZeRO accounting)"), ("resting", "model states at rest (after optimizer step)"),
-    ("params_unsharded", "· unsharded params in flight"), ("grads_unsharded", "· unsharded grads (their unit in post-backward)"),
+    ("params", "params (resident shard or replica)"),
+    ("padding", "FSDP padding (params + grads)"),
+    ("grads", "grads (resident, after backward)"),
+    ("optim", "optimizer state"),
+    ("model_states", "model states (ZeRO accounting)"),
+    ("resting", "model states at rest (after optimizer step)"),
+    ("params_unsharded", "· unsharded params in flight"),
+    ("grads_unsharded", "· unsharded grads (their unit in post-backward)"),
     ("grads_unsharded_in_bwd", "· unsharded grads (their unit still in backward)"),
-    ("all_gather", "· all-gather buffers"), ("reduce_scatter", "· reduce-scatter buffers"),
-    ("ddp_buckets", "· DDP gradient buckets"), ("activations", "· activations"), ("inputs", "· batch"),
+    ("all_gather", "· all-gather buffers"),
+    ("reduce_scatter", "· reduce-scatter buffers"),
+    ("ddp_buckets", "· DDP gradient buckets"),
+    ("activations", "· activations"),
+    ("inputs", "· batch"),
     ("fwd_temp", "· forward temporaries (logits while the loss runs)"),
     ("temp", "· backward temporaries (gradients of activations)"),
     ("optim_temp", "· optimizer update temporaries"),
-    ("peak", "peak: live tensors (tracker view)"), ("untracked", "+ allocated, not yet seen by trackers"),
+    ("peak", "peak: live tensors (tracker view)"),
+    ("untracked", "+ allocated, not yet seen by trackers"),
     ("context", "+ CUDA context / NCCL allowance"),
     ("host", "states kept on the host (CPU offload), not on the device"),
     ("device_peak", "peak on the device"),
-)  # fmt: skip
+)
 
 
 # --method → which predictors run; "emulated" prints the measurement beside the (instant) analytic figure
-METHODS = {"analytic": ("analytic",), "traced": ("traced",), "both": ("analytic", "traced"),
-           "emulated": ("analytic", "emulated"), "all": ("analytic", "traced", "emulated")}  # fmt: skip
+METHODS = {
+    "analytic": ("analytic",),
+    "traced": ("traced",),
+    "both": ("analytic", "traced"),
+    "emulated": ("analytic", "emulated"),
+    "all": ("analytic", "traced", "emulated"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,26 +69,49 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--world-size", type=int, required=True, help="ranks (GPUs)")
     parser.add_argument("--strategy", default="zero3", help="comma-separated strategies (default: zero3)")
     parser.add_argument("--shard-size", type=int, help="HSDP ranks per shard group (default: 2)")
-    parser.add_argument("--precision", default="fp32", choices=list(PRECISIONS),
-                        help="fp32 | bf16 | fp16 | *-lowreduce | mixed (ZeRO accounting) (default: fp32)")
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=list(PRECISIONS),
+        help="fp32 | bf16 | fp16 | *-lowreduce | mixed (ZeRO accounting) (default: fp32)",
+    )
     parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS, help="(default: adamw)")
     parser.add_argument("--batch-size", type=int, default=1, help="per-rank batch (default: 1)")
     parser.add_argument("--seq-len", type=int, default=2048, help="sequence length (default: 2048)")
     parser.add_argument("--wrap", default="block", choices=WRAPS, help="FSDP wrap units (default: block)")
     parser.add_argument("--prefetch", type=int, default=0, help="FSDP2 explicit prefetch depth (default: 0)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
-    parser.add_argument("--cpu-offload", action="store_true",
-                        help="FSDP CPU offload: sharded params, grads and optimizer state in host memory")
-    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
-                        help="cuda (nccl, 512-byte blocks, context allowance) or cpu (gloo) (default: cuda)")
+    parser.add_argument(
+        "--cpu-offload",
+        action="store_true",
+        help="FSDP CPU offload: sharded params, grads and optimizer state in host memory",
+    )
+    parser.add_argument(
+        "--device",
+        default="cuda",
+        choices=("cuda", "cpu"),
+        help="cuda (nccl, 512-byte blocks, context allowance) or cpu (gloo) (default: cuda)",
+    )
     parser.add_argument("--rank", type=int, default=0, help="which rank (ZeRO-1's partition differs by rank)")
-    parser.add_argument("--method", default="analytic", choices=METHODS,
-                        help="analytic (formula); traced (fake tensors); both; emulated (one real rank alone on "
-                             "this machine's device with a fake process group, printed beside analytic); all")
-    parser.add_argument("--device-memory", help="device memory per rank, e.g. 80GiB: fits? largest batch? fewest ranks?")
-    parser.add_argument("--max-world-size", type=int, default=65536, help="search limit for the smallest world size")
-    parser.add_argument("--context-allowance", default="1GiB", help="CUDA context + NCCL allowance (default: 1GiB)")
-    parser.add_argument("--units", default="GB", choices=("GB", "GiB"), help="GB = 1e9 bytes (default), GiB = 2^30")
+    parser.add_argument(
+        "--method",
+        default="analytic",
+        choices=METHODS,
+        help="analytic (formula); traced (fake tensors); both; emulated (one real rank alone on "
+        "this machine's device with a fake process group, printed beside analytic); all",
+    )
+    parser.add_argument(
+        "--device-memory", help="device memory per rank, e.g. 80GiB: fits? largest batch? fewest ranks?"
+    )
+    parser.add_argument(
+        "--max-world-size", type=int, default=65536, help="search limit for the smallest world size"
+    )
+    parser.add_argument(
+        "--context-allowance", default="1GiB", help="CUDA context + NCCL allowance (default: 1GiB)"
+    )
+    parser.add_argument(
+        "--units", default="GB", choices=("GB", "GiB"), help="GB = 1e9 bytes (default), GiB = 2^30"
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
 
 
@@ -127,12 +163,21 @@ def _build_cases(args: argparse.Namespace) -> list:
     for name in strategies:
         strategy = get_strategy(name)  # KeyError names the allowed strategies
         case = Case(
-            model=args.model or "decoder", strategy=name, world_size=args.world_size, shard_size=args.shard_size,
-            precision=args.precision, optimizer=args.optimizer, batch_size=args.batch_size, seq_len=args.seq_len,
-            wrap=args.wrap, prefetch=args.prefetch, activation_checkpointing=args.activation_checkpointing,
+            model=args.model or "decoder",
+            strategy=name,
+            world_size=args.world_size,
+            shard_size=args.shard_size,
+            precision=args.precision,
+            optimizer=args.optimizer,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            wrap=args.wrap,
+            prefetch=args.prefetch,
+            activation_checkpointing=args.activation_checkpointing,
             cpu_offload=args.cpu_offload,
-            device=args.device, backend="nccl" if args.device == "cuda" else "gloo",
-        )  # fmt: skip
+            device=args.device,
+            backend="nccl" if args.device == "cuda" else "gloo",
+        )
         from fsdpbench.knobs import check_knobs
 
         reason = strategy.check(case) or check_knobs(case, strategy)
@@ -142,7 +187,9 @@ def _build_cases(args: argparse.Namespace) -> list:
     return cases
 
 
-def _predict_one(args: argparse.Namespace, case: Any, device_memory: int | None, context: int) -> dict[str, Any]:
+def _predict_one(
+    args: argparse.Namespace, case: Any, device_memory: int | None, context: int
+) -> dict[str, Any]:
     from fsdpbench.memory_model import ModelFacts, predict_memory, resolve_shard_size
     from fsdpbench.memory_model.search import fit_report
     from fsdpbench.strategies import get_strategy
@@ -158,7 +205,9 @@ def _predict_one(args: argparse.Namespace, case: Any, device_memory: int | None,
     fit = None
     if device_memory is not None:
         shard = resolve_shard_size(case, get_strategy(case.strategy).sharding) or 1
-        fit = fit_report(case, predict, device_memory, max_world_size=args.max_world_size, shard_multiple=shard)
+        fit = fit_report(
+            case, predict, device_memory, max_world_size=args.max_world_size, shard_multiple=shard
+        )
     out["fit"] = fit
     methods = METHODS[args.method]
     if "analytic" in methods:
@@ -166,8 +215,13 @@ def _predict_one(args: argparse.Namespace, case: Any, device_memory: int | None,
         out["analytic"] = pred
         rec = pred.to_dict()
         if fit:
-            rec.update(device_memory_bytes=fit.device_memory_bytes, fits=fit.fits, fit_complete=fit.complete,
-                       largest_batch=fit.largest_batch, smallest_world_size=fit.smallest_world_size)  # fmt: skip
+            rec.update(
+                device_memory_bytes=fit.device_memory_bytes,
+                fits=fit.fits,
+                fit_complete=fit.complete,
+                largest_batch=fit.largest_batch,
+                smallest_world_size=fit.smallest_world_size,
+            )
         out["json"].append(rec)
     if "emulated" in methods:
         if facts is not None:
@@ -206,8 +260,10 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
     case, units = res["case"], args.units
     pred, est, emu = res.get("analytic"), res.get("traced"), res.get("emulated")
     size = f"Ψ = {args.params:.4g}" if args.params is not None else case.model
-    title = (f"{case.strategy} — {size}, {case.world_size} ranks, {case.precision}, {case.optimizer}, "
-             f"batch {case.batch_size} × seq {case.seq_len}, {case.device}, rank {args.rank} ({units})")  # fmt: skip
+    title = (
+        f"{case.strategy} — {size}, {case.world_size} ranks, {case.precision}, {case.optimizer}, "
+        f"batch {case.batch_size} × seq {case.seq_len}, {case.device}, rank {args.rank} ({units})"
+    )
     table = Table(title=title, title_justify="left")
     table.add_column("term")
     if pred:
@@ -238,8 +294,10 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
             label += f" — at {pred.peak_moment}"
         table.add_row(label, *cells)
     if skipped:
-        table.add_row("activations, unsharded units, buffers, peak",
-                      "needs --model" if args.params is not None else "use --method traced")
+        table.add_row(
+            "activations, unsharded units, buffers, peak",
+            "needs --model" if args.params is not None else "use --method traced",
+        )
     console = Console()
     console.print(table)
     for note in (pred.notes if pred else ()) + (est.notes if est else ()):
@@ -252,24 +310,36 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
         mem = _fmt(fit.device_memory_bytes, units)
         if fit.complete:
             verdict = "fits" if fit.fits else "does NOT fit"
-            console.print(f"  {verdict} in {mem} {units} (needs {_fmt(fit.needed_bytes, units)}); "
-                          f"largest per-rank batch that fits: {fit.largest_batch or 'none'}; smallest world size "
-                          f"that fits (powers of two ≤ {args.max_world_size}): {fit.smallest_world_size or 'none'}",
-                          highlight=False)  # fmt: skip
+            console.print(
+                f"  {verdict} in {mem} {units} (needs {_fmt(fit.needed_bytes, units)}); "
+                f"largest per-rank batch that fits: {fit.largest_batch or 'none'}; smallest world size "
+                f"that fits (powers of two ≤ {args.max_world_size}): {fit.smallest_world_size or 'none'}",
+                highlight=False,
+            )
         else:
             verdict = "model states fit" if fit.fits else "model states alone do NOT fit"
-            console.print(f"  {verdict} in {mem} {units} (model states {_fmt(fit.needed_bytes, units)}; "
-                          f"activations not estimated without --model); smallest world size where the model "
-                          f"states fit: {fit.smallest_world_size or 'none'}", highlight=False)  # fmt: skip
+            console.print(
+                f"  {verdict} in {mem} {units} (model states {_fmt(fit.needed_bytes, units)}; "
+                f"activations not estimated without --model); smallest world size where the model "
+                f"states fit: {fit.smallest_world_size or 'none'}",
+                highlight=False,
+            )
 
 
 def _analytic_value(pred: Any, key: str) -> int | None:
     direct = {
-        "params": pred.params_bytes, "padding": pred.padding_bytes, "grads": pred.grads_bytes,
-        "optim": pred.optim_bytes, "model_states": pred.model_states_bytes, "resting": pred.resting_states_bytes,
-        "peak": pred.peak_bytes, "untracked": pred.untracked_bytes, "context": pred.context_bytes,
-        "device_peak": pred.device_peak_bytes, "host": pred.host_bytes if pred.device == "cuda" else 0,
-    }  # fmt: skip
+        "params": pred.params_bytes,
+        "padding": pred.padding_bytes,
+        "grads": pred.grads_bytes,
+        "optim": pred.optim_bytes,
+        "model_states": pred.model_states_bytes,
+        "resting": pred.resting_states_bytes,
+        "peak": pred.peak_bytes,
+        "untracked": pred.untracked_bytes,
+        "context": pred.context_bytes,
+        "device_peak": pred.device_peak_bytes,
+        "host": pred.host_bytes if pred.device == "cuda" else 0,
+    }
     if key in direct:
         if key == "resting" and pred.resting_states_bytes == pred.model_states_bytes:
             return 0  # same as model states: not repeated
@@ -289,20 +359,31 @@ def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, un
     from fsdpbench.emulate import EMULATION_LIMITS
 
     where = "cuda:0" if emu.device == "cuda" else "the CPU"
-    console.print(f"  emulated: rank {emu.rank} alone on {where} with a fake process group, one warm-up, one timed "
-                  f"and one tracked step, {emu.wall_s:.1f} s in all; compute-only step "
-                  f"{(emu.step_time_ms or 0) / 1e3:.2f} s", highlight=False)  # fmt: skip
+    console.print(
+        f"  emulated: rank {emu.rank} alone on {where} with a fake process group, one warm-up, one timed "
+        f"and one tracked step, {emu.wall_s:.1f} s in all; compute-only step "
+        f"{(emu.step_time_ms or 0) / 1e3:.2f} s",
+        highlight=False,
+    )
     if emu.alloc_peak_allocated_bytes is not None:
-        console.print(f"  emulated CUDA allocator peak: allocated {_fmt(emu.alloc_peak_allocated_bytes, units)}, "
-                      f"reserved {_fmt(emu.alloc_peak_reserved_bytes, units)} {units}; NVML peak "
-                      f"{_fmt(emu.nvml_peak_bytes, units)}", highlight=False)  # fmt: skip
-    console.print(f"  emulation cannot see: {EMULATION_LIMITS['collective_time']}; {EMULATION_LIMITS['nccl_buffers']}",
-                  highlight=False)  # fmt: skip
+        console.print(
+            f"  emulated CUDA allocator peak: allocated {_fmt(emu.alloc_peak_allocated_bytes, units)}, "
+            f"reserved {_fmt(emu.alloc_peak_reserved_bytes, units)} {units}; NVML peak "
+            f"{_fmt(emu.nvml_peak_bytes, units)}",
+            highlight=False,
+        )
+    console.print(
+        f"  emulation cannot see: {EMULATION_LIMITS['collective_time']}; {EMULATION_LIMITS['nccl_buffers']}",
+        highlight=False,
+    )
     if fit:
         needed, fits = fit
         extra = f" + {args.context_allowance} CUDA context/NCCL allowance" if emu.device == "cuda" else ""
-        console.print(f"  emulated: {'fits' if fits else 'does NOT fit'} in {_fmt(parse_device_memory(args), units)} "
-                      f"{units} (needs {_fmt(needed, units)}: emulated device peak{extra})", highlight=False)
+        console.print(
+            f"  emulated: {'fits' if fits else 'does NOT fit'} in {_fmt(parse_device_memory(args), units)} "
+            f"{units} (needs {_fmt(needed, units)}: emulated device peak{extra})",
+            highlight=False,
+        )
 
 
 def parse_device_memory(args: Any) -> int:
@@ -315,10 +396,15 @@ def _traced_rows(est: Any) -> dict[str, int]:
     cat = est.peak_by_category
     states = est.states_by_category
     return {
-        "params": states.get("params"), "grads": states.get("grads"), "optim": states.get("optim"),
-        "resting": est.model_states_bytes, "params_unsharded": cat.get("params_unsharded"),
-        "grads_unsharded": cat.get("grads_unsharded"), "all_gather": cat.get("all_gather"),
-        "reduce_scatter": cat.get("reduce_scatter"), "activations": cat.get("activations", 0) + cat.get("inputs", 0),
-        "temp": cat.get("temp"), "peak": est.peak_bytes,
-    }  # fmt: skip
-
+        "params": states.get("params"),
+        "grads": states.get("grads"),
+        "optim": states.get("optim"),
+        "resting": est.model_states_bytes,
+        "params_unsharded": cat.get("params_unsharded"),
+        "grads_unsharded": cat.get("grads_unsharded"),
+        "all_gather": cat.get("all_gather"),
+        "reduce_scatter": cat.get("reduce_scatter"),
+        "activations": cat.get("activations", 0) + cat.get("inputs", 0),
+        "temp": cat.get("temp"),
+        "peak": est.peak_bytes,
+    }

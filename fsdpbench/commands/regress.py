@@ -28,31 +28,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="run directory written by fsdpbench run (results.parquet)")
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--baseline", metavar="PATH", help="baseline JSON to compare against")
-    mode.add_argument("--write-baseline", metavar="PATH", help="write the run as a baseline JSON, compare nothing")
-    parser.add_argument("--threshold", action="append", default=[], metavar="METRIC=TOL[:GATE]",
-                        help="tolerance (0.01 or 1%%) and gate (fail|warn|off) of a metric or a kind "
-                             "(memory, comm, time, loss); overrides the baseline's (repeatable)")
-    parser.add_argument("--time-gate", choices=("fail", "warn", "off"),
-                        help="make every time metric fail, only warn, or skip (noisy machines: warn)")
-    parser.add_argument("--strict", action="store_true",
-                        help="also fail when a deterministic metric (memory, comm, loss) improved beyond "
-                             "its tolerance: the baseline is stale and must be re-written")
-    parser.add_argument("--repeat", type=int, default=0, metavar="K",
-                        help="re-launch a case whose step time looks regressed K more times and judge it "
-                             "again on the pooled samples, before failing (asv-style; default 0)")
-    parser.add_argument("--map-strategy", action="append", default=[], metavar="RUN=BASELINE",
-                        help="match the run's cases of strategy RUN with the baseline's cases of BASELINE, "
-                             "e.g. mypkg.fsdp:MyZero3=zero3 (repeatable)")
-    parser.add_argument("--pool", action="append", default=[], metavar="RUN_DIR",
-                        help="with --write-baseline: also take the step-time samples of these runs of the same "
-                             "scenario (pooled per case), so the baseline's distribution spans several "
-                             "moments of the machine, not one (repeatable)")
-    parser.add_argument("--time-reference", default="ddp", metavar="STRATEGY|CASE_ID",
-                        help="with --write-baseline: step times are stored as ratios to this strategy's case "
-                             "with the same model, batch and world size, or to this one calibration case "
-                             "(default: ddp)")
-    parser.add_argument("--markdown", metavar="PATH", help="also write the table as Markdown ('-': print it instead of the terminal table)")
-    parser.add_argument("--json", metavar="PATH", help="also write every compared metric as JSON ('-': stdout)")
+    mode.add_argument(
+        "--write-baseline", metavar="PATH", help="write the run as a baseline JSON, compare nothing"
+    )
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="METRIC=TOL[:GATE]",
+        help="tolerance (0.01 or 1%%) and gate (fail|warn|off) of a metric or a kind "
+        "(memory, comm, time, loss); overrides the baseline's (repeatable)",
+    )
+    parser.add_argument(
+        "--time-gate",
+        choices=("fail", "warn", "off"),
+        help="make every time metric fail, only warn, or skip (noisy machines: warn)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="also fail when a deterministic metric (memory, comm, loss) improved beyond "
+        "its tolerance: the baseline is stale and must be re-written",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=0,
+        metavar="K",
+        help="re-launch a case whose step time looks regressed K more times and judge it "
+        "again on the pooled samples, before failing (asv-style; default 0)",
+    )
+    parser.add_argument(
+        "--map-strategy",
+        action="append",
+        default=[],
+        metavar="RUN=BASELINE",
+        help="match the run's cases of strategy RUN with the baseline's cases of BASELINE, "
+        "e.g. mypkg.fsdp:MyZero3=zero3 (repeatable)",
+    )
+    parser.add_argument(
+        "--pool",
+        action="append",
+        default=[],
+        metavar="RUN_DIR",
+        help="with --write-baseline: also take the step-time samples of these runs of the same "
+        "scenario (pooled per case), so the baseline's distribution spans several "
+        "moments of the machine, not one (repeatable)",
+    )
+    parser.add_argument(
+        "--time-reference",
+        default="ddp",
+        metavar="STRATEGY|CASE_ID",
+        help="with --write-baseline: step times are stored as ratios to this strategy's case "
+        "with the same model, batch and world size, or to this one calibration case "
+        "(default: ddp)",
+    )
+    parser.add_argument(
+        "--markdown",
+        metavar="PATH",
+        help="also write the table as Markdown ('-': print it instead of the terminal table)",
+    )
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write every compared metric as JSON ('-': stdout)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -72,7 +110,9 @@ def _load_run(run_dir: str) -> tuple[Any, dict[str, Any]]:
 
     frame = load_results(run_dir)
     if frame.empty:
-        raise BaselineError(f"{run_dir}: no results (results.parquet or cases/*.parquet); run fsdpbench run first")
+        raise BaselineError(
+            f"{run_dir}: no results (results.parquet or cases/*.parquet); run fsdpbench run first"
+        )
     return frame, RunStore(run_dir).read_run_json()
 
 
@@ -87,19 +127,35 @@ def _write(args: argparse.Namespace, err: Console) -> int:
 
     frame, meta = _load_run(args.run_dir)
     pooled = [_load_run(run_dir)[0] for run_dir in args.pool]
-    baseline = build_baseline(frame, meta, thresholds=_threshold_args(args.threshold),
-                              time_reference=args.time_reference, pool=pooled)  # fmt: skip
+    baseline = build_baseline(
+        frame,
+        meta,
+        thresholds=_threshold_args(args.threshold),
+        time_reference=args.time_reference,
+        pool=pooled,
+    )
     write_baseline(args.write_baseline, baseline)
     n_metrics = sum(len(c["metrics"]) for c in baseline["cases"].values())
     prov = baseline["provenance"]
-    print(f"wrote {args.write_baseline}: {len(baseline['cases'])} cases, {n_metrics} metrics "
-          f"(commit {prov['commit']}, torch {prov['torch_version']}, {prov['device_name']}, host {prov['hostname']})")
-    no_ref = [cid for cid, c in baseline["cases"].items()
-              if c["status"] == "ok" and "step_time_ratio" not in c["metrics"] and "time_reference" not in c
-              and c["strategy"] != args.time_reference and cid != args.time_reference]  # fmt: skip
+    print(
+        f"wrote {args.write_baseline}: {len(baseline['cases'])} cases, {n_metrics} metrics "
+        f"(commit {prov['commit']}, torch {prov['torch_version']}, {prov['device_name']}, host {prov['hostname']})"
+    )
+    no_ref = [
+        cid
+        for cid, c in baseline["cases"].items()
+        if c["status"] == "ok"
+        and "step_time_ratio" not in c["metrics"]
+        and "time_reference" not in c
+        and c["strategy"] != args.time_reference
+        and cid != args.time_reference
+    ]
     for cid in no_ref:
-        err.print(f"[yellow]note:[/] {cid}: no {args.time_reference} case with the same model, batch and world "
-                  "size in the run, so its step time is gated only on the same machine", highlight=False)
+        err.print(
+            f"[yellow]note:[/] {cid}: no {args.time_reference} case with the same model, batch and world "
+            "size in the run, so its step time is gated only on the same machine",
+            highlight=False,
+        )
     return 0
 
 
@@ -118,7 +174,9 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
     gates = {"time": args.time_gate} if args.time_gate else {}
 
     def judge(frame: Any) -> Any:
-        return compare(baseline, frame, thresholds=_threshold_args(args.threshold), gates=gates, strict=args.strict)
+        return compare(
+            baseline, frame, thresholds=_threshold_args(args.threshold), gates=gates, strict=args.strict
+        )
 
     result = judge(frame)
     if args.repeat < 0:
@@ -126,8 +184,15 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
     if args.repeat:
         from fsdpbench.remeasure import remeasure
 
-        result = remeasure(result, frame, run_frame, args.repeat, Path(args.run_dir) / "remeasured", judge,
-                           log=lambda line: err.print(line, highlight=False))  # fmt: skip
+        result = remeasure(
+            result,
+            frame,
+            run_frame,
+            args.repeat,
+            Path(args.run_dir) / "remeasured",
+            judge,
+            log=lambda line: err.print(line, highlight=False),
+        )
 
     out = Console() if sys.stdout.isatty() else Console(width=250)  # CI logs: no folding
     if args.markdown == "-":  # the Markdown is the table (CI logs, job summaries)
@@ -140,7 +205,9 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
             _emit(args.markdown, render_markdown(result, baseline, args.baseline, args.run_dir))
     out.print(verdict_line(result), highlight=False)
     if args.json:
-        _emit(args.json, json.dumps(to_json(result, args.baseline, args.run_dir), indent=1, default=str) + "\n")
+        _emit(
+            args.json, json.dumps(to_json(result, args.baseline, args.run_dir), indent=1, default=str) + "\n"
+        )
     return 0 if result.passed else 1
 
 
@@ -182,14 +249,25 @@ def fmt_change(metric: str, change: Any) -> str:
 
 
 def _cells(row: Any) -> list[str]:
-    tol = "" if row.tolerance is None or row.tolerance != row.tolerance else (
-        f"{row.tolerance:.0e}" if row.metric == "losses" else f"{row.tolerance:.0%}")  # fmt: skip
+    tol = (
+        ""
+        if row.tolerance is None or row.tolerance != row.tolerance
+        else (f"{row.tolerance:.0e}" if row.metric == "losses" else f"{row.tolerance:.0%}")
+    )
     verdict = row.verdict + (" ✗" if row.fails else "")
     case = row.case_id if row.run_case_id == row.case_id else f"{row.case_id} (ran as {row.run_case_id})"
     if getattr(row, "mode", "real") == "emulated":
         case += " [emulated]"
-    return [case, row.metric, fmt_value(row.metric, row.baseline), fmt_value(row.metric, row.now),
-            fmt_change(row.metric, row.change), f"{tol} {row.gate or ''}".strip(), verdict, row.note or ""]  # fmt: skip
+    return [
+        case,
+        row.metric,
+        fmt_value(row.metric, row.baseline),
+        fmt_value(row.metric, row.now),
+        fmt_change(row.metric, row.change),
+        f"{tol} {row.gate or ''}".strip(),
+        verdict,
+        row.note or "",
+    ]
 
 
 _HEADERS = ["case", "metric", "baseline", "now", "change", "tolerance", "verdict", "note"]
@@ -198,7 +276,9 @@ _HEADERS = ["case", "metric", "baseline", "now", "change", "tolerance", "verdict
 def build_table(result: Any, baseline_path: str, run_dir: str) -> Table:
     table = Table(title=f"regress {run_dir} against {baseline_path} (memory: largest rank)")
     for h in _HEADERS:
-        table.add_column(h, overflow="fold", justify="right" if h in ("baseline", "now", "change") else "left")
+        table.add_column(
+            h, overflow="fold", justify="right" if h in ("baseline", "now", "change") else "left"
+        )
     previous = None
     for row in result.records.itertuples():
         cells = _cells(row)
@@ -215,9 +295,12 @@ def build_table(result: Any, baseline_path: str, run_dir: str) -> Table:
 def verdict_line(result: Any) -> str:
     """One line per failure, naming the case and the metric, then PASS/FAIL."""
     fails = result.failures
-    lines = [f"REGRESSION {r.case_id} {r.metric}: {r.verdict} ({fmt_value(r.metric, r.baseline)} → "
-             f"{fmt_value(r.metric, r.now)}{', ' + fmt_change(r.metric, r.change) if r.change is not None else ''}"
-             f"{', ' + r.note if r.note else ''})" for r in fails.itertuples()]  # fmt: skip
+    lines = [
+        f"REGRESSION {r.case_id} {r.metric}: {r.verdict} ({fmt_value(r.metric, r.baseline)} → "
+        f"{fmt_value(r.metric, r.now)}{', ' + fmt_change(r.metric, r.change) if r.change is not None else ''}"
+        f"{', ' + r.note if r.note else ''})"
+        for r in fails.itertuples()
+    ]
     counts = result.records["verdict"].value_counts().to_dict()
     summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
     lines.append(("FAIL" if not result.passed else "PASS") + f": {len(result.records)} compared ({summary})")
@@ -228,21 +311,35 @@ def render_markdown(result: Any, baseline: dict[str, Any], baseline_path: str, r
     """A pull-request comment: the verdict, failures and warnings first, every metric folded below."""
     prov = baseline.get("provenance", {})
     head = "### ❌ fsdpbench regress: FAIL" if not result.passed else "### ✅ fsdpbench regress: PASS"
-    lines = [head, "",
-             f"Run `{run_dir}` against `{baseline_path}` (baseline commit {prov.get('commit')}, "
-             f"torch {prov.get('torch_version')}, {prov.get('device_name')}). Memory: largest rank of each case.", ""]  # fmt: skip
+    lines = [
+        head,
+        "",
+        f"Run `{run_dir}` against `{baseline_path}` (baseline commit {prov.get('commit')}, "
+        f"torch {prov.get('torch_version')}, {prov.get('device_name')}). Memory: largest rank of each case.",
+        "",
+    ]
     lines += [f"> {note}" for note in result.notes] + ([""] if result.notes else [])
 
     def table(frame: Any) -> list[str]:
         rows = ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
-        rows += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in frame.itertuples()]
+        rows += [
+            "| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in frame.itertuples()
+        ]
         return rows
 
-    notable = result.records[result.records["fails"] | result.records["verdict"].isin(["warn", "improved", "new"])]
+    notable = result.records[
+        result.records["fails"] | result.records["verdict"].isin(["warn", "improved", "new"])
+    ]
     if not notable.empty:
         lines += table(notable) + [""]
-    lines += ["<details><summary>every compared metric "
-              f"({len(result.records)})</summary>", "", *table(result.records), "", "</details>", ""]  # fmt: skip
+    lines += [
+        f"<details><summary>every compared metric ({len(result.records)})</summary>",
+        "",
+        *table(result.records),
+        "",
+        "</details>",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -251,5 +348,11 @@ def to_json(result: Any, baseline_path: str, run_dir: str) -> dict[str, Any]:
     for r in records:
         if isinstance(r.get("change"), float) and math.isinf(r["change"]):
             r["change"] = "inf"
-    return {"passed": result.passed, "baseline": baseline_path, "run_dir": run_dir,
-            "machine_matches": result.machine_matches, "notes": result.notes, "records": records}  # fmt: skip
+    return {
+        "passed": result.passed,
+        "baseline": baseline_path,
+        "run_dir": run_dir,
+        "machine_matches": result.machine_matches,
+        "notes": result.notes,
+        "records": records,
+    }

@@ -16,10 +16,15 @@ from rich.markup import escape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by fsdpbench run")
-    parser.add_argument("--out", metavar="FILE",
-                        help="HTML file to write (default: RUN_DIR/report.html for one run, "
-                             "reports/overlay/<timestamp>/report.html for several)")  # fmt: skip
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by fsdpbench run"
+    )
+    parser.add_argument(
+        "--out",
+        metavar="FILE",
+        help="HTML file to write (default: RUN_DIR/report.html for one run, "
+        "reports/overlay/<timestamp>/report.html for several)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -29,8 +34,11 @@ def main(args: argparse.Namespace) -> int:
     run_dirs = [Path(d) for d in args.run_dirs]
     for run_dir in run_dirs:
         if not (run_dir / "run.json").exists() and not (run_dir / "results.parquet").exists():
-            err.print(f"[red]error:[/] {escape(str(run_dir))}: not a run directory (no run.json or results.parquet); "
-                      "give a directory written by fsdpbench run or fsdpbench compare", highlight=False)  # fmt: skip
+            err.print(
+                f"[red]error:[/] {escape(str(run_dir))}: not a run directory (no run.json or results.parquet); "
+                "give a directory written by fsdpbench run or fsdpbench compare",
+                highlight=False,
+            )
             return 2
     path = write_report(run_dirs, Path(args.out) if args.out else None)
     print(f"report:  {path}")

@@ -9,8 +9,9 @@ import shlex
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,40 +24,72 @@ from fsdpbench.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario YAML file (see scenarios/)")
     parser.add_argument("--out", help="run directory (default: reports/<scenario>/<timestamp>)")
-    parser.add_argument("--resume", action="store_true",
-                        help="run only the cases missing from --out (default: the latest run of this scenario)")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                        help="override a case field for every case, e.g. --set steps=10 (repeatable)")
-    parser.add_argument("--dry-run", action="store_true", help="list the cases (and skipped ones), run nothing")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="run only the cases missing from --out (default: the latest run of this scenario)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a case field for every case, e.g. --set steps=10 (repeatable)",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="list the cases (and skipped ones), run nothing"
+    )
     parser.add_argument("--no-report", action="store_true", help="do not write report.html")
-    parser.add_argument("--traced", action="store_true",
-                        help="also run the traced memory predictor for every case and rank (traced_* columns "
-                             "beside the analytic pred_*; seconds per case)")
+    parser.add_argument(
+        "--traced",
+        action="store_true",
+        help="also run the traced memory predictor for every case and rank (traced_* columns "
+        "beside the analytic pred_*; seconds per case)",
+    )
     add_link_argument(parser)
-    parser.add_argument("--emulate", action="store_true",
-                        help="emulate every case: its rank 0 (or --set emulate_ranks=all / [0,3]) alone on one device "
-                             "with a fake process group of the case's world size; real allocations, compute-only "
-                             "step time, no losses (see docs/emulation.md)")
-    parser.add_argument("--export-cases", metavar="DIR",
-                        help="write one JSON file per case (for torchrun/srun across nodes), run nothing")
-    parser.add_argument("--allow-plugins", action="store_true",
-                        help="let the scenario name plugin strategies (module:Class): importing one runs its "
-                             "code; the current directory is searched last (also: FSDPBENCH_ALLOW_PLUGINS=1)")
-    parser.add_argument("--allow-oversubscribe", action="store_true",
-                        help=f"run more than {CPU_RANKS_PER_CORE} CPU ranks per core")
-    parser.add_argument("--collect", action="store_true",
-                        help="launch nothing: build results from rank files that external launchers wrote "
-                             "into --out/cases/<case_id>/")
+    parser.add_argument(
+        "--emulate",
+        action="store_true",
+        help="emulate every case: its rank 0 (or --set emulate_ranks=all / [0,3]) alone on one device "
+        "with a fake process group of the case's world size; real allocations, compute-only "
+        "step time, no losses (see docs/emulation.md)",
+    )
+    parser.add_argument(
+        "--export-cases",
+        metavar="DIR",
+        help="write one JSON file per case (for torchrun/srun across nodes), run nothing",
+    )
+    parser.add_argument(
+        "--allow-plugins",
+        action="store_true",
+        help="let the scenario name plugin strategies (module:Class): importing one runs its "
+        "code; the current directory is searched last (also: FSDPBENCH_ALLOW_PLUGINS=1)",
+    )
+    parser.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help=f"run more than {CPU_RANKS_PER_CORE} CPU ranks per core",
+    )
+    parser.add_argument(
+        "--collect",
+        action="store_true",
+        help="launch nothing: build results from rank files that external launchers wrote "
+        "into --out/cases/<case_id>/",
+    )
 
 
 def add_link_argument(parser: argparse.ArgumentParser) -> None:
     """--link, shared by run and compare."""
     from fsdpbench.comm_model import AUTO, link_choices
 
-    parser.add_argument("--link", default=AUTO, metavar="LINK",
-                        help="link of the modelled step time (model_* columns: measured compute + α–β "
-                             f"communication): {link_choices()}, or none (default: {AUTO}: gloo, probed "
-                             "once per run, for gloo cases; nvlink4 for nccl cases)")  # fmt: skip
+    parser.add_argument(
+        "--link",
+        default=AUTO,
+        metavar="LINK",
+        help="link of the modelled step time (model_* columns: measured compute + α–β "
+        f"communication): {link_choices()}, or none (default: {AUTO}: gloo, probed "
+        "once per run, for gloo cases; nvlink4 for nccl cases)",
+    )
 
 
 def link_spec(value: str) -> str | None:
@@ -90,12 +123,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, console: Console) -> int:
+    from fsdpbench.comm_model import LinkError
     from fsdpbench.env import collect_env
     from fsdpbench.results import RunStore
     from fsdpbench.rundir import RunDirError
     from fsdpbench.runner import default_run_dir, latest_run_dir, now_iso, run_cases
-
-    from fsdpbench.comm_model import LinkError
 
     try:
         link = link_spec(args.link)
@@ -113,8 +145,12 @@ def _main(args: argparse.Namespace, console: Console) -> int:
             _validate_overrides(overrides, CaseFields)
         if args.allow_plugins:
             enable_plugin_imports()
-        scenario = load_scenario(args.scenario, overrides=overrides, allow_plugins=allow_plugins,
-                                 allow_oversubscribe=args.allow_oversubscribe)  # fmt: skip
+        scenario = load_scenario(
+            args.scenario,
+            overrides=overrides,
+            allow_plugins=allow_plugins,
+            allow_oversubscribe=args.allow_oversubscribe,
+        )
     except ScenarioError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
@@ -138,42 +174,59 @@ def _main(args: argparse.Namespace, console: Console) -> int:
     try:
         meta = store.read_run_json() if args.resume else {}
     except (OSError, ValueError) as exc:
-        console.print(f"[red]error:[/] {escape(str(run_dir / 'run.json'))}: cannot read: {escape(str(exc))}",
-                      highlight=False)  # fmt: skip
+        console.print(
+            f"[red]error:[/] {escape(str(run_dir / 'run.json'))}: cannot read: {escape(str(exc))}",
+            highlight=False,
+        )
         return 2
     meta.update(
-        scenario={"name": scenario.name, "description": scenario.description,
-                  "path": str(scenario.path), "text": scenario.text, "overrides": overrides},
+        scenario={
+            "name": scenario.name,
+            "description": scenario.description,
+            "path": str(scenario.path),
+            "text": scenario.text,
+            "overrides": overrides,
+        },
         command=" ".join(shlex.quote(a) for a in sys.argv),
         env=collect_env(),
         started=meta.get("started") or now_iso(),
         skipped=[{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
-    )  # fmt: skip
+    )
     emulated = [c for c in scenario.cases if c.emulate]
     if emulated:
         from fsdpbench.emulate import EMULATION_LIMITS
 
         meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
-    n_todo = len(scenario.cases) - (len(store.completed_ids() & {c.case_id for c in scenario.cases}) if args.resume else 0)
+    n_todo = len(scenario.cases) - (
+        len(store.completed_ids() & {c.case_id for c in scenario.cases}) if args.resume else 0
+    )
     console.print(
         f"[bold]{escape(scenario.name)}[/]: {len(scenario.cases)} cases ({n_todo} to run), "
-        f"{len(scenario.skipped)} skipped → {escape(str(run_dir))}", highlight=False,
-    )  # fmt: skip
+        f"{len(scenario.skipped)} skipped → {escape(str(run_dir))}",
+        highlight=False,
+    )
     for s in scenario.skipped:
         console.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
 
     progress = Progress(
-        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=False,
-    )  # fmt: skip
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
     interrupted: KeyboardInterrupt | None = None
     try:
         with progress:
             task = progress.add_task("cases", total=n_todo)
 
             def on_start(case, i):
-                ranks = (f"rank {','.join(map(str, case.emulate_ranks))} of {case.world_size}, emulated" if case.emulate
-                         else f"{case.world_size} {case.device} ranks")  # fmt: skip
+                ranks = (
+                    f"rank {','.join(map(str, case.emulate_ranks))} of {case.world_size}, emulated"
+                    if case.emulate
+                    else f"{case.world_size} {case.device} ranks"
+                )
                 progress.update(task, description=f"{case.case_id} ({ranks})")
 
             def on_done(case, outcome, rows):
@@ -188,9 +241,18 @@ def _main(args: argparse.Namespace, console: Console) -> int:
                 progress.advance(task)
 
             try:
-                frame = run_cases(scenario.cases, scenario.skipped, store, meta, resume=args.resume,
-                                  collect=args.collect, on_start=on_start, on_done=on_done,
-                                  traced=args.traced or scenario.traced, link=link)  # fmt: skip
+                frame = run_cases(
+                    scenario.cases,
+                    scenario.skipped,
+                    store,
+                    meta,
+                    resume=args.resume,
+                    collect=args.collect,
+                    on_start=on_start,
+                    on_done=on_done,
+                    traced=args.traced or scenario.traced,
+                    link=link,
+                )
             except KeyboardInterrupt as exc:
                 interrupted = exc
     except RunDirError as exc:
@@ -198,14 +260,19 @@ def _main(args: argparse.Namespace, console: Console) -> int:
         return 2
     except OSError as exc:  # a full disk or an unwritable --out: the stored cases stay; resume works
         where = exc.filename or run_dir
-        console.print(f"[red]error:[/] cannot write {escape(str(where))}: {escape(exc.strerror or str(exc))}; "
-                      f"finished cases are kept; after fixing it continue with: {escape(resume_hint)}",
-                      highlight=False)  # fmt: skip
+        console.print(
+            f"[red]error:[/] cannot write {escape(str(where))}: {escape(exc.strerror or str(exc))}; "
+            f"finished cases are kept; after fixing it continue with: {escape(resume_hint)}",
+            highlight=False,
+        )
         return 1
     if interrupted is not None:
         # the last line says how to go on; the exit code is the shell's for that signal (130: Ctrl-C)
-        console.print(f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}; "
-                      f"continue with: {escape(resume_hint)}", highlight=False)  # fmt: skip
+        console.print(
+            f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}; "
+            f"continue with: {escape(resume_hint)}",
+            highlight=False,
+        )
         return 128 + getattr(interrupted, "signum", signal.SIGINT)
 
     from fsdpbench.summary import print_summary
@@ -257,7 +324,9 @@ def _validate_overrides(overrides: dict[str, Any], fields_model: Any) -> None:
 
     for key, value in overrides.items():
         if key not in fields_model.model_fields:
-            raise ScenarioError(f"--set {key}: unknown field; allowed: {', '.join(fields_model.model_fields)}")
+            raise ScenarioError(
+                f"--set {key}: unknown field; allowed: {', '.join(fields_model.model_fields)}"
+            )
         try:
             fields_model.model_validate({key: value})
         except ValidationError as exc:
@@ -266,7 +335,9 @@ def _validate_overrides(overrides: dict[str, Any], fields_model: Any) -> None:
 
 def _print_dry_run(scenario: Any) -> int:
     console = Console()
-    console.print(f"[bold]{escape(scenario.name)}[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped")
+    console.print(
+        f"[bold]{escape(scenario.name)}[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped"
+    )
     for case in scenario.cases:
         console.print(f"  {case.case_id}", highlight=False)
     for s in scenario.skipped:
@@ -280,11 +351,13 @@ def _export_cases(scenario: Any, out: Path) -> int:
         (out / f"{case.case_id}.json").write_text(case.to_json(indent=2))
     print(f"wrote {len(scenario.cases)} case files to {out}")
     for case in scenario.cases[:1]:
-        print("run each on every node, e.g.:\n"
-              f"  torchrun --nnodes NODES --nproc_per_node GPUS_PER_NODE --rdzv_backend c10d "
-              f"--rdzv_endpoint HOST:29500 -m fsdpbench.worker --case {out / case.case_id}.json "
-              f"--out RUN_DIR/cases/{case.case_id}\n"
-              f"then: fsdpbench run {scenario.path} --out RUN_DIR --collect")  # fmt: skip
+        print(
+            "run each on every node, e.g.:\n"
+            f"  torchrun --nnodes NODES --nproc_per_node GPUS_PER_NODE --rdzv_backend c10d "
+            f"--rdzv_endpoint HOST:29500 -m fsdpbench.worker --case {out / case.case_id}.json "
+            f"--out RUN_DIR/cases/{case.case_id}\n"
+            f"then: fsdpbench run {scenario.path} --out RUN_DIR --collect"
+        )
     return 0
 
 
@@ -296,7 +369,9 @@ def _write_report(run_dir: Path, console: Console) -> None:
     try:
         path = write_report([run_dir])
     except Exception as exc:  # noqa: BLE001 — the results are stored; a report bug must not hide them
-        console.print(f"[red]report failed[/]: {escape(str(exc))} (results are in {escape(str(run_dir))})",
-                      highlight=False)  # fmt: skip
+        console.print(
+            f"[red]report failed[/]: {escape(str(exc))} (results are in {escape(str(run_dir))})",
+            highlight=False,
+        )
         return
     print(f"report:  {path}")

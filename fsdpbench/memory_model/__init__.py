@@ -67,7 +67,9 @@ class MemoryPrediction:
     # state, padding included), and the parameters' part of it; 0 without offload
     host_bytes: int = 0
     params_host_bytes: int = 0
-    device_resident_peak_bytes: int | None = None  # offload: max over the step of the live bytes not on the host
+    device_resident_peak_bytes: int | None = (
+        None  # offload: max over the step of the live bytes not on the host
+    )
     params_device_bytes: int = 0  # resident parameter storage (padding included) on the compute device
     device: str = "cpu"
     notes: tuple[str, ...] = ()
@@ -88,29 +90,51 @@ class MemoryPrediction:
             out: dict[str, int | None] = {c: self.peak_breakdown.get(c, 0) for c in CATEGORIES}
         else:
             out = dict.fromkeys(CATEGORIES, None)
-            out.update(params=self.params_bytes, padding=self.padding_bytes, optim=self.optim_bytes,
-                       grads=self.grads_bytes)  # fmt: skip
+            out.update(
+                params=self.params_bytes,
+                padding=self.padding_bytes,
+                optim=self.optim_bytes,
+                grads=self.grads_bytes,
+            )
         out["context"] = self.context_bytes
         return out
 
     def to_dict(self) -> dict:
         return {
-            "strategy": self.strategy, "world_size": self.world_size, "shard_size": self.shard_size,
-            "rank": self.rank, "params": self.params, "precision": self.precision, "optimizer": self.optimizer,
-            "batch_size": self.batch_size, "seq_len": self.seq_len, "method": self.method, "device": self.device,
-            "model_states_bytes": self.model_states_bytes, "resting_states_bytes": self.resting_states_bytes,
-            "peak_bytes": self.peak_bytes, "device_peak_bytes": self.device_peak_bytes,
+            "strategy": self.strategy,
+            "world_size": self.world_size,
+            "shard_size": self.shard_size,
+            "rank": self.rank,
+            "params": self.params,
+            "precision": self.precision,
+            "optimizer": self.optimizer,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "method": self.method,
+            "device": self.device,
+            "model_states_bytes": self.model_states_bytes,
+            "resting_states_bytes": self.resting_states_bytes,
+            "peak_bytes": self.peak_bytes,
+            "device_peak_bytes": self.device_peak_bytes,
             "host_bytes": self.host_bytes,
-            "peak_moment": self.peak_moment, "bytes": self.bytes_by_category(),
+            "peak_moment": self.peak_moment,
+            "bytes": self.bytes_by_category(),
             "terms": {
-                "params": self.params_bytes, "padding": self.padding_bytes, "grads": self.grads_bytes,
-                "optim": self.optim_bytes, "unsharded_in_flight": self.unsharded_in_flight_bytes,
-                "comm_buffers": self.comm_buffers_bytes, "activations": self.activations_bytes,
-                "optimizer_temp": self.optimizer_temp_bytes, "context": self.context_bytes,
-                "untracked": self.untracked_bytes, "host": self.host_bytes,
+                "params": self.params_bytes,
+                "padding": self.padding_bytes,
+                "grads": self.grads_bytes,
+                "optim": self.optim_bytes,
+                "unsharded_in_flight": self.unsharded_in_flight_bytes,
+                "comm_buffers": self.comm_buffers_bytes,
+                "activations": self.activations_bytes,
+                "optimizer_temp": self.optimizer_temp_bytes,
+                "context": self.context_bytes,
+                "untracked": self.untracked_bytes,
+                "host": self.host_bytes,
             },
-            "exact_states": self.exact_states, "notes": list(self.notes),
-        }  # fmt: skip
+            "exact_states": self.exact_states,
+            "notes": list(self.notes),
+        }
 
 
 def resolve_shard_size(case: Case, sharding: Sharding) -> int | None:
@@ -122,8 +146,15 @@ def resolve_shard_size(case: Case, sharding: Sharding) -> int | None:
     return hsdp_shard_size(case)
 
 
-def zero_model_states_bytes(params: float, sharding: Sharding, world_size: int, shard_size: int | None,
-                            param_bytes: float, grad_bytes: float, k: float) -> float:
+def zero_model_states_bytes(
+    params: float,
+    sharding: Sharding,
+    world_size: int,
+    shard_size: int | None,
+    param_bytes: float,
+    grad_bytes: float,
+    k: float,
+) -> float:
     """The textbook M = b_p·Ψ/d_p + b_g·Ψ/d_g + K·Ψ/d_o, with d_p = 1 for params held unsharded
     from forward to backward (ZeRO-2 through FSDP's SHARD_GRAD_OP)."""
     d_p, d_g, d_o = sharding.degrees(world_size, shard_size)
@@ -133,7 +164,11 @@ def zero_model_states_bytes(params: float, sharding: Sharding, world_size: int, 
 
 
 def predict_memory(
-    case: Case, *, rank: int = 0, facts: ModelFacts | None = None, strategy: Strategy | None = None,
+    case: Case,
+    *,
+    rank: int = 0,
+    facts: ModelFacts | None = None,
+    strategy: Strategy | None = None,
     context_bytes: int | None = None,
 ) -> MemoryPrediction:
     """The analytic prediction for one rank of a case (``facts`` overrides the model, e.g. a bare Ψ)."""
@@ -144,31 +179,59 @@ def predict_memory(
     uses_units = bool(strategy.uses_wrap and sharding.per_unit_gather)
     if facts is None:
         facts = get_model_facts(
-            case.model, case.model_args, wrap=case.wrap if uses_units else "none",
-            wrap_min_params=case.wrap_min_params, wrap_classes=tuple(case.wrap_classes),
-        )  # fmt: skip
+            case.model,
+            case.model_args,
+            wrap=case.wrap if uses_units else "none",
+            wrap_min_params=case.wrap_min_params,
+            wrap_classes=tuple(case.wrap_classes),
+        )
     states = get_rank_states(
-        facts, sharding, prec, case.optimizer, world_size=case.world_size, shard_size=shard, rank=rank,
-        device=case.device, uses_units=uses_units,
-    )  # fmt: skip
+        facts,
+        sharding,
+        prec,
+        case.optimizer,
+        world_size=case.world_size,
+        shard_size=shard,
+        rank=rank,
+        device=case.device,
+        uses_units=uses_units,
+    )
     host_states = None  # CPU offload: the same states as host tensors (no CUDA allocator rounding)
     if case.cpu_offload:
-        host_states = states if case.device == "cpu" else get_rank_states(
-            facts, sharding, prec, case.optimizer, world_size=case.world_size, shard_size=shard, rank=rank,
-            device="cpu", uses_units=uses_units,
-        )  # fmt: skip
+        host_states = (
+            states
+            if case.device == "cpu"
+            else get_rank_states(
+                facts,
+                sharding,
+                prec,
+                case.optimizer,
+                world_size=case.world_size,
+                shard_size=shard,
+                rank=rank,
+                device="cpu",
+                uses_units=uses_units,
+            )
+        )
     notes: list[str] = []
     if getattr(strategy, "uses_fsdp1_knobs", False):
-        notes.append("FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
-                     "unit and keeps the root unsharded between forward and backward): use --method traced")  # fmt: skip
+        notes.append(
+            "FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
+            "unit and keeps the root unsharded between forward and backward): use --method traced"
+        )
     if case.cpu_offload:
-        notes.append("cpu_offload: sharded params, grads and optimizer state are host memory (host_bytes), left "
-                     "out of the device peak on a GPU; the host-to-device staging copies are not modelled")
+        notes.append(
+            "cpu_offload: sharded params, grads and optimizer state are host memory (host_bytes), left "
+            "out of the device peak on a GPU; the host-to-device staging copies are not modelled"
+        )
     if case.compile:
         notes.append("torch.compile is not modelled: activations are those of the eager model")
     k = optimizer_k(case.optimizer, prec)
-    zero_states = round(zero_model_states_bytes(facts.n_params, sharding, case.world_size, shard,
-                                                prec.param_bytes, prec.grad_bytes, k))  # fmt: skip
+    zero_states = round(
+        zero_model_states_bytes(
+            facts.n_params, sharding, case.world_size, shard, prec.param_bytes, prec.grad_bytes, k
+        )
+    )
     if prec.master_in_optimizer or not states.exact:
         model_states = zero_states
     else:  # the real layout, plus params held unsharded from forward to backward (zero2)
@@ -176,30 +239,55 @@ def predict_memory(
             sum(states.unit_unsharded.values()) if sharding.params_unsharded_fwd_to_bwd else 0
         )
     if not states.exact:
-        notes.append("model states from the parameter count alone (textbook b·Ψ/d: no padding, no ZeRO-1 "
-                     "partition imbalance, no step tensors)")  # fmt: skip
+        notes.append(
+            "model states from the parameter count alone (textbook b·Ψ/d: no padding, no ZeRO-1 "
+            "partition imbalance, no step tensors)"
+        )
     context = (CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes) if case.device == "cuda" else 0
     pred = MemoryPrediction(
-        strategy=case.strategy, world_size=case.world_size, shard_size=shard, rank=rank, params=facts.n_params,
-        precision=case.precision, optimizer=case.optimizer, batch_size=case.batch_size, seq_len=case.seq_len,
-        method="analytic", params_bytes=states.params, padding_bytes=states.params_padding + states.grads_padding,
-        grads_bytes=states.grads, optim_bytes=states.optim, resting_states_bytes=states.model_states,
-        model_states_bytes=model_states, exact_states=states.exact, context_bytes=context, device=case.device,
+        strategy=case.strategy,
+        world_size=case.world_size,
+        shard_size=shard,
+        rank=rank,
+        params=facts.n_params,
+        precision=case.precision,
+        optimizer=case.optimizer,
+        batch_size=case.batch_size,
+        seq_len=case.seq_len,
+        method="analytic",
+        params_bytes=states.params,
+        padding_bytes=states.params_padding + states.grads_padding,
+        grads_bytes=states.grads,
+        optim_bytes=states.optim,
+        resting_states_bytes=states.model_states,
+        model_states_bytes=model_states,
+        exact_states=states.exact,
+        context_bytes=context,
+        device=case.device,
         host_bytes=host_states.model_states if host_states else 0,
         params_host_bytes=host_states.params + host_states.params_padding if host_states else 0,
         params_device_bytes=0 if case.cpu_offload else states.params + states.params_padding,
-    )  # fmt: skip
+    )
     if not facts.known:
-        notes.append("activations, unsharded units and communication buffers need a model (--model): not estimated")
+        notes.append(
+            "activations, unsharded units and communication buffers need a model (--model): not estimated"
+        )
         return replace(pred, notes=tuple(notes))
     terms = _named_terms(facts, states, case.prefetch, sharding)
     profile = _profile(case, facts, strategy, prec)
     if profile is None:
         notes.append(f"no activation model for {case.model!r}: peak not estimated (use --method traced)")
         return replace(pred, notes=tuple(notes), **terms)
-    moments = walk_step(facts, states, profile, sharding, prefetch=case.prefetch,
-                        shard_group=_group_size(case, sharding, shard),
-                        replicas=case.world_size // _group_size(case, sharding, shard), backend=case.backend)  # fmt: skip
+    moments = walk_step(
+        facts,
+        states,
+        profile,
+        sharding,
+        prefetch=case.prefetch,
+        shard_group=_group_size(case, sharding, shard),
+        replicas=case.world_size // _group_size(case, sharding, shard),
+        backend=case.backend,
+    )
     peak = max(moments, key=lambda m: m.total)
     device_resident = None
     if case.cpu_offload:  # the host keeps the sharded states: the device's own peak may fall elsewhere
@@ -209,10 +297,16 @@ def predict_memory(
     if prec.name == "mixed":
         notes.append("'mixed' is an accounting (ZeRO paper); the peak assumes FSDP-style 16-bit compute")
     return replace(
-        pred, **terms, activations_bytes=profile.inputs_bytes + profile.saved_bytes, peak_bytes=peak.total,
-        peak_moment=peak.label, peak_breakdown={c: peak.bytes.get(c, 0) for c in CATEGORIES},
-        untracked_bytes=peak.untracked_bytes, notes=tuple(notes), device_resident_peak_bytes=device_resident,
-    )  # fmt: skip
+        pred,
+        **terms,
+        activations_bytes=profile.inputs_bytes + profile.saved_bytes,
+        peak_bytes=peak.total,
+        peak_moment=peak.label,
+        peak_breakdown={c: peak.bytes.get(c, 0) for c in CATEGORIES},
+        untracked_bytes=peak.untracked_bytes,
+        notes=tuple(notes),
+        device_resident_peak_bytes=device_resident,
+    )
 
 
 def peak_moments(case: Case, *, rank: int = 0) -> list[Moment]:
@@ -220,18 +314,38 @@ def peak_moments(case: Case, *, rank: int = 0) -> list[Moment]:
     strategy = get_strategy(case.strategy)
     prec = get_precision(case.precision)
     uses_units = bool(strategy.uses_wrap and strategy.sharding.per_unit_gather)
-    facts = get_model_facts(case.model, case.model_args, wrap=case.wrap if uses_units else "none",
-                            wrap_min_params=case.wrap_min_params, wrap_classes=tuple(case.wrap_classes))  # fmt: skip
-    states = get_rank_states(facts, strategy.sharding, prec, case.optimizer, world_size=case.world_size,
-                             shard_size=resolve_shard_size(case, strategy.sharding), rank=rank,
-                             device=case.device, uses_units=uses_units)  # fmt: skip
+    facts = get_model_facts(
+        case.model,
+        case.model_args,
+        wrap=case.wrap if uses_units else "none",
+        wrap_min_params=case.wrap_min_params,
+        wrap_classes=tuple(case.wrap_classes),
+    )
+    states = get_rank_states(
+        facts,
+        strategy.sharding,
+        prec,
+        case.optimizer,
+        world_size=case.world_size,
+        shard_size=resolve_shard_size(case, strategy.sharding),
+        rank=rank,
+        device=case.device,
+        uses_units=uses_units,
+    )
     profile = _profile(case, facts, strategy, prec)
     if profile is None:
         return []
     shard = resolve_shard_size(case, strategy.sharding)
-    return walk_step(facts, states, profile, strategy.sharding, prefetch=case.prefetch,
-                     shard_group=_group_size(case, strategy.sharding, shard),
-                     replicas=case.world_size // _group_size(case, strategy.sharding, shard), backend=case.backend)  # fmt: skip
+    return walk_step(
+        facts,
+        states,
+        profile,
+        strategy.sharding,
+        prefetch=case.prefetch,
+        shard_group=_group_size(case, strategy.sharding, shard),
+        replicas=case.world_size // _group_size(case, strategy.sharding, shard),
+        backend=case.backend,
+    )
 
 
 def _group_size(case: Case, sharding: Sharding, shard: int | None) -> int:
@@ -246,8 +360,14 @@ def _profile(case: Case, facts: ModelFacts, strategy: Strategy, prec: Precision)
         mode = FP32
     else:
         mode = PURE16 if strategy.native_mixed_precision else AUTOCAST16
-    shape = Shape(batch=case.batch_size, seq_len=case.seq_len, global_batch=case.global_batch_size, mode=mode,
-                  checkpointing=case.activation_checkpointing, device=case.device)  # fmt: skip
+    shape = Shape(
+        batch=case.batch_size,
+        seq_len=case.seq_len,
+        global_batch=case.global_batch_size,
+        mode=mode,
+        checkpointing=case.activation_checkpointing,
+        device=case.device,
+    )
     return get_activation_profile(mdef.name, args, shape)
 
 
@@ -256,18 +376,36 @@ def _named_terms(facts: ModelFacts, states: RankStates, prefetch: int, sharding:
         blocks = {u: b for u, b in states.unit_unsharded.items() if u != facts.root}
         largest = max(blocks.values(), default=0)
         root = states.unit_unsharded.get(facts.root, 0)
-        in_flight = sum(states.unit_unsharded.values()) if sharding.params_unsharded_fwd_to_bwd \
-            else root + largest * (1 + prefetch)  # fmt: skip
-        comm = max(states.unit_all_gather.values(), default=0) + max(states.unit_reduce_scatter.values(), default=0)
+        in_flight = (
+            sum(states.unit_unsharded.values())
+            if sharding.params_unsharded_fwd_to_bwd
+            else root + largest * (1 + prefetch)
+        )
+        comm = max(states.unit_all_gather.values(), default=0) + max(
+            states.unit_reduce_scatter.values(), default=0
+        )
     else:
         in_flight, comm = 0, sum(b for b, _ in states.buckets)
-    return {"unsharded_in_flight_bytes": in_flight, "comm_buffers_bytes": comm,
-            "optimizer_temp_bytes": states.optim_temp}  # fmt: skip
+    return {
+        "unsharded_in_flight_bytes": in_flight,
+        "comm_buffers_bytes": comm,
+        "optimizer_temp_bytes": states.optim_temp,
+    }
 
 
 from fsdpbench.memory_model.columns import prediction_columns  # noqa: E402
 
 __all__ = [
-    "CUDA_CONTEXT_BYTES", "MemoryPrediction", "ModelFacts", "PRECISIONS", "Precision", "RankStates", "get_model_facts",
-    "get_precision", "peak_moments", "predict_memory", "prediction_columns", "zero_model_states_bytes",
-]  # fmt: skip
+    "CUDA_CONTEXT_BYTES",
+    "MemoryPrediction",
+    "ModelFacts",
+    "PRECISIONS",
+    "Precision",
+    "RankStates",
+    "get_model_facts",
+    "get_precision",
+    "peak_moments",
+    "predict_memory",
+    "prediction_columns",
+    "zero_model_states_bytes",
+]

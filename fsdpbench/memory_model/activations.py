@@ -16,8 +16,9 @@ copy of its input, and autocast's cached 16-bit weight copies stay alive until t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from fsdpbench.memory_model.kernels import ASSUMED_CASE, kernels_for, storage_bytes
 
@@ -111,14 +112,18 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
     h1 = r(res * bd) if keeps_residual else 0  # residual after attention (saved by ffn_norm)
     lse = 4 * math.prod(attn.lse_shape(b, heads, s))  # fp32 logsumexp
     attention = (
-        2 * r(e * bd) + 2 * r(e * kvd)  # q, out; k, v
+        2 * r(e * bd)
+        + 2 * r(e * kvd)  # q, out; k, v
         + (0 if attn.output_heads_last else r(e * bd))  # the (b, s, h·d) copy of out that wo reads
-        + r(lse) + (2 * r(8) if attn.rng_state else 0)  # RNG seed and offset (int64 scalars)
-    )  # fmt: skip
+        + r(lse)
+        + (2 * r(8) if attn.rng_state else 0)  # RNG seed and offset (int64 scalars)
+    )
     rope = 4 * r(s * (hd // 2) * e)  # cos and sin for q and for k (s × hd/2 each)
     ffn = 4 * r(e * bf)  # w1 out, silu out, w3 out, product
     block_saved = block_input + 2 * norm_bytes() + norm_out_attn + norm_out_ffn + attention + rope + h1 + ffn
-    autocast_weights = 2 * ((heads + 2 * kv) * hd * d + d * heads * hd + 3 * d * f) if sh.mode == AUTOCAST16 else 0
+    autocast_weights = (
+        2 * ((heads + 2 * kv) * hd * d + d * heads * hd + 3 * d * f) if sh.mode == AUTOCAST16 else 0
+    )
     block_saved += autocast_weights
 
     blocks = []
@@ -127,11 +132,17 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         names = tuple(
             p + n
             for n in (
-                "attention_norm.weight", "attention.wq.weight", "attention.wk.weight", "attention.wv.weight",
-                "attention.wo.weight", "ffn_norm.weight", "feed_forward.w1.weight", "feed_forward.w3.weight",
+                "attention_norm.weight",
+                "attention.wq.weight",
+                "attention.wk.weight",
+                "attention.wv.weight",
+                "attention.wo.weight",
+                "ffn_norm.weight",
+                "feed_forward.w1.weight",
+                "feed_forward.w3.weight",
                 "feed_forward.w2.weight",
             )
-        )  # fmt: skip
+        )
         bwd = (
             BwdMoment("start", block_saved, (), res * bd, pre_backward=True),  # grad of the block output
             # w2 backward then the SwiGLU product: grad of the block output, grad of w2's input and the
@@ -147,10 +158,18 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
     logsm = r(4 * tok * vocab)  # log_softmax of fp32 logits (the loss upcasts 16-bit logits)
     head_autocast = r(2 * vocab * d) if sh.mode == AUTOCAST16 else 0
     loss_scalar = r(8)  # nll_loss's total weight
-    head_saved = block_input + norm_bytes() + r(2 * bd if sh.mode == AUTOCAST16 else e * bd) + logsm + loss_scalar \
-        + head_autocast  # fmt: skip
+    head_saved = (
+        block_input
+        + norm_bytes()
+        + r(2 * bd if sh.mode == AUTOCAST16 else e * bd)
+        + logsm
+        + loss_scalar
+        + head_autocast
+    )
     head = Stage(
-        "head", ("norm.weight", "output.weight"), head_saved,
+        "head",
+        ("norm.weight", "output.weight"),
+        head_saved,
         logits_e + (r(4 * tok * vocab) if e != 4 else 0),
         (
             BwdMoment("loss", head_saved, (), 2 * 4 * tok * vocab),  # nll grad + log_softmax grad, fp32
@@ -159,11 +178,14 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
             BwdMoment("end", 0, ("norm.weight", "output.weight"), 2 * res * bd),
         ),
         in_model=(head_saved - logsm - loss_scalar, logits_e),
-    )  # fmt: skip
+    )
     emb = Stage(
-        "embedding", ("tok_embeddings.weight",), 0, 0,
+        "embedding",
+        ("tok_embeddings.weight",),
+        0,
+        0,
         (BwdMoment("end", 0, ("tok_embeddings.weight",), res * bd),),
-    )  # fmt: skip
+    )
     inputs = 2 * sh.global_batch * s * 8  # tokens and targets (int64) of the global batch
     return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""))
 
@@ -192,16 +214,24 @@ def _mlp(a: dict[str, Any], sh: Shape) -> ActivationProfile:
     logsm_e = 4 if sh.mode != PURE16 else 2
     head_saved = logsm_e * b * classes + 8 + (2 * (classes * w + classes) if sh.mode == AUTOCAST16 else 0)
     head = Stage(
-        "head", ("head.weight", "head.bias"), head_saved, e * b * classes,
+        "head",
+        ("head.weight", "head.bias"),
+        head_saved,
+        e * b * classes,
         (
             BwdMoment("loss", head_saved, (), 2 * logsm_e * b * classes),
-            BwdMoment("logits grad", head_saved - logsm_e * b * classes, (), e * b * classes, pre_backward=True),
+            BwdMoment(
+                "logits grad", head_saved - logsm_e * b * classes, (), e * b * classes, pre_backward=True
+            ),
             BwdMoment("end", 0, ("head.weight", "head.bias"), e * b * w),
         ),
         in_model=(head_saved - logsm_e * b * classes - 8, e * b * classes),
-    )  # fmt: skip
+    )
     inputs = sh.global_batch * w * 4 + sh.global_batch * 8  # fp32 features, int64 labels
     return ActivationProfile(inputs, (*stages, head), sh.mode)
 
 
-_PROFILES: dict[str, Callable[[dict[str, Any], Shape], ActivationProfile]] = {"decoder": _decoder, "mlp": _mlp}
+_PROFILES: dict[str, Callable[[dict[str, Any], Shape], ActivationProfile]] = {
+    "decoder": _decoder,
+    "mlp": _mlp,
+}

@@ -23,19 +23,39 @@ from fsdpbench.case import Case
 # (activations: the tracker's "inputs" are module inputs it registers, which the batch slices are not), as
 # are forward temporaries (the logits while the loss runs: anything made in forward is an activation to it)
 TRACKER_CATEGORIES = {
-    "params": ("params", "padding"), "params_unsharded": ("params_unsharded",), "grads": ("grads",),
-    "grads_unsharded": ("grads_unsharded",), "optim": ("optim", "optim_temp"),
-    "activations": ("activations", "inputs", "fwd_temp"), "inputs": (), "temp": ("temp", "ddp_buckets", "grads_unsharded_in_bwd"),
+    "params": ("params", "padding"),
+    "params_unsharded": ("params_unsharded",),
+    "grads": ("grads",),
+    "grads_unsharded": ("grads_unsharded",),
+    "optim": ("optim", "optim_temp"),
+    "activations": ("activations", "inputs", "fwd_temp"),
+    "inputs": (),
+    "temp": ("temp", "ddp_buckets", "grads_unsharded_in_bwd"),
     "all_gather": ("all_gather",),
-    "reduce_scatter": ("reduce_scatter",), "buffers": (), "other": (),
-}  # fmt: skip
+    "reduce_scatter": ("reduce_scatter",),
+    "buffers": (),
+    "other": (),
+}
 PRED_COLUMNS = (
-    "pred_params_bytes", "pred_grads_bytes", "pred_optim_bytes", "pred_padding_bytes", "pred_model_states_bytes",
-    "pred_activations_bytes", "pred_unsharded_bytes", "pred_comm_buffers_bytes", "pred_temp_bytes",
-    "pred_peak_bytes", "pred_peak_moment", "pred_device_peak_bytes", "pred_model_states_err", "pred_peak_err",
-    "pred_host_bytes", "pred_params_host_bytes", "pred_params_device_bytes",
+    "pred_params_bytes",
+    "pred_grads_bytes",
+    "pred_optim_bytes",
+    "pred_padding_bytes",
+    "pred_model_states_bytes",
+    "pred_activations_bytes",
+    "pred_unsharded_bytes",
+    "pred_comm_buffers_bytes",
+    "pred_temp_bytes",
+    "pred_peak_bytes",
+    "pred_peak_moment",
+    "pred_device_peak_bytes",
+    "pred_model_states_err",
+    "pred_peak_err",
+    "pred_host_bytes",
+    "pred_params_host_bytes",
+    "pred_params_device_bytes",
     *(f"pred_peak_{c}_bytes" for c in TRACKER_CATEGORIES),
-)  # fmt: skip
+)
 # a third prediction where the engine's authors publish one (DeepSpeed's estimators: ds_zero2/3)
 VENDOR_COLUMNS = ("ds_est_model_states_bytes", "ds_est_model_states_err")
 
@@ -53,8 +73,9 @@ def vendor_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
         return {}
     return {
         "ds_est_model_states_bytes": [nbytes] * len(rows),
-        "ds_est_model_states_err": [relative_error(nbytes, _cell(rows, i, "mem_tracker_model_states_bytes"))
-                                    for i in range(len(rows))],  # fmt: skip
+        "ds_est_model_states_err": [
+            relative_error(nbytes, _cell(rows, i, "mem_tracker_model_states_bytes")) for i in range(len(rows))
+        ],
     }
 
 
@@ -80,15 +101,27 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             "pred_padding_bytes": p.padding_bytes,
             "pred_model_states_bytes": p.resting_states_bytes,
             "pred_activations_bytes": (bd.get("activations", 0) + bd.get("inputs", 0)) if bd else None,
-            "pred_unsharded_bytes": (bd.get("params_unsharded", 0) + bd.get("grads_unsharded", 0)
-                                     + bd.get("grads_unsharded_in_bwd", 0)) if bd else None,  # fmt: skip
-            "pred_comm_buffers_bytes": (bd.get("all_gather", 0) + bd.get("reduce_scatter", 0)
-                                        + bd.get("ddp_buckets", 0)) if bd else None,  # fmt: skip
-            "pred_temp_bytes": bd.get("temp", 0) + bd.get("fwd_temp", 0) + bd.get("optim_temp", 0) if bd else None,
+            "pred_unsharded_bytes": (
+                bd.get("params_unsharded", 0)
+                + bd.get("grads_unsharded", 0)
+                + bd.get("grads_unsharded_in_bwd", 0)
+            )
+            if bd
+            else None,
+            "pred_comm_buffers_bytes": (
+                bd.get("all_gather", 0) + bd.get("reduce_scatter", 0) + bd.get("ddp_buckets", 0)
+            )
+            if bd
+            else None,
+            "pred_temp_bytes": bd.get("temp", 0) + bd.get("fwd_temp", 0) + bd.get("optim_temp", 0)
+            if bd
+            else None,
             "pred_peak_bytes": p.peak_bytes,
             "pred_peak_moment": p.peak_moment,
             "pred_device_peak_bytes": p.device_peak_bytes,
-            "pred_model_states_err": relative_error(p.resting_states_bytes, _cell(rows, i, "mem_tracker_model_states_bytes")),
+            "pred_model_states_err": relative_error(
+                p.resting_states_bytes, _cell(rows, i, "mem_tracker_model_states_bytes")
+            ),
             "pred_peak_err": relative_error(p.peak_bytes, _cell(rows, i, "mem_tracker_peak_bytes")),
             # where the parameters live (CPU offload), beside mem_placement_params_{host,device}_bytes
             "pred_host_bytes": p.host_bytes,
@@ -108,8 +141,11 @@ def _tracker_filing(p: Any) -> dict[str, tuple[str, ...]]:
     the collective runs; with one rank per shard group FSDP2 skips it and the buffer is a temporary."""
     if (p.shard_size or p.world_size) != 1:
         return TRACKER_CATEGORIES
-    return {**TRACKER_CATEGORIES, "reduce_scatter": (),
-            "temp": (*TRACKER_CATEGORIES["temp"], "reduce_scatter")}  # fmt: skip
+    return {
+        **TRACKER_CATEGORIES,
+        "reduce_scatter": (),
+        "temp": (*TRACKER_CATEGORIES["temp"], "reduce_scatter"),
+    }
 
 
 def _runnable_precisions() -> set[str]:

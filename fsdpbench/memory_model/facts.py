@@ -52,12 +52,16 @@ class ModelFacts:
         return [p for p in self.params or () if p.unit == unit]
 
     @classmethod
-    def from_count(cls, n_params: int) -> "ModelFacts":
+    def from_count(cls, n_params: int) -> ModelFacts:
         return cls(model=None, args=(), n_params=int(n_params), params=None)
 
 
 def get_model_facts(
-    model: str, args: dict[str, Any] | None = None, *, wrap: str = "none", wrap_min_params: int = 100_000,
+    model: str,
+    args: dict[str, Any] | None = None,
+    *,
+    wrap: str = "none",
+    wrap_min_params: int = 100_000,
     wrap_classes: tuple[str, ...] = (),
 ) -> ModelFacts:
     """Facts for a registered model (family or preset) under a wrap policy; cached."""
@@ -67,7 +71,9 @@ def get_model_facts(
 
 
 @functools.lru_cache(maxsize=256)
-def _facts(family: str, args_key: str, wrap: str, min_params: int, classes: tuple[str, ...], name: str) -> ModelFacts:
+def _facts(
+    family: str, args_key: str, wrap: str, min_params: int, classes: tuple[str, ...], name: str
+) -> ModelFacts:
     args = json.loads(args_key)
     per_block = wrap == "block" or (wrap == "classes" and classes == _BLOCK_CLASS.get(family))
     if family in _ANALYTIC and (per_block or wrap in ("none", "whole")):
@@ -83,7 +89,9 @@ def _facts(family: str, args_key: str, wrap: str, min_params: int, classes: tupl
     else:
         params, units = _from_meta_build(name, args, wrap, min_params, classes)
     items = tuple(sorted(args.items()))
-    return ModelFacts(model=name, args=items, n_params=sum(p.numel for p in params), params=params, units=units)
+    return ModelFacts(
+        model=name, args=items, n_params=sum(p.numel for p in params), params=params, units=units
+    )
 
 
 # ---- analytic parameter lists (unit = block index, -1 = root) ------------------------------------
@@ -116,7 +124,10 @@ def _mlp_params(a: dict[str, Any]) -> tuple[tuple[ParamFact, ...], int]:
     w, depth, classes = a["width"], a["depth"], a["n_classes"]
     out = []
     for i in range(depth):
-        out += [ParamFact(f"blocks.{i}.fc.weight", (w, w), i, True), ParamFact(f"blocks.{i}.fc.bias", (w,), i, True)]
+        out += [
+            ParamFact(f"blocks.{i}.fc.weight", (w, w), i, True),
+            ParamFact(f"blocks.{i}.fc.bias", (w,), i, True),
+        ]
     out += [ParamFact("head.weight", (classes, w), -1, True), ParamFact("head.bias", (classes,), -1, True)]
     return tuple(out), depth
 
@@ -140,9 +151,11 @@ def _from_meta_build(
         for p in unit.parameters():
             owner.setdefault(id(p), i)
     autocast_ids = {
-        id(p) for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
+        id(p)
+        for m in model.modules()
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d))
         for p in m.parameters(recurse=False)
-    }  # fmt: skip
+    }
     names = {id(m): n for n, m in model.named_modules()}
     params = tuple(
         ParamFact(n, tuple(p.shape), owner[id(p)], id(p) in autocast_ids)

@@ -46,12 +46,27 @@ class AttentionKernel:
 
 FUSED_RMS_NORM = NormKernel("FusedRmsNormBackward0", fused=True)
 DECOMPOSED_RMS_NORM = NormKernel("RsqrtBackward0, MulBackward0", fused=False)
-CUDNN_ATTENTION = AttentionKernel("ScaledDotProductCudnnAttentionBackward0", lse_trailing_one=True,
-                                  lse_seq_multiple=1, output_heads_last=False, rng_state=True)  # fmt: skip
-EFFICIENT_ATTENTION = AttentionKernel("ScaledDotProductEfficientAttentionBackward0", lse_trailing_one=False,
-                                      lse_seq_multiple=32, output_heads_last=True, rng_state=False)  # fmt: skip
-CPU_FLASH_ATTENTION = AttentionKernel("ScaledDotProductFlashAttentionForCpuBackward0", lse_trailing_one=False,
-                                      lse_seq_multiple=1, output_heads_last=False, rng_state=False)  # fmt: skip
+CUDNN_ATTENTION = AttentionKernel(
+    "ScaledDotProductCudnnAttentionBackward0",
+    lse_trailing_one=True,
+    lse_seq_multiple=1,
+    output_heads_last=False,
+    rng_state=True,
+)
+EFFICIENT_ATTENTION = AttentionKernel(
+    "ScaledDotProductEfficientAttentionBackward0",
+    lse_trailing_one=False,
+    lse_seq_multiple=32,
+    output_heads_last=True,
+    rng_state=False,
+)
+CPU_FLASH_ATTENTION = AttentionKernel(
+    "ScaledDotProductFlashAttentionForCpuBackward0",
+    lse_trailing_one=False,
+    lse_seq_multiple=1,
+    output_heads_last=False,
+    rng_state=False,
+)
 
 # (device, 16-bit compute?) → (norm, attention)
 KERNELS: dict[tuple[str, bool], tuple[NormKernel, AttentionKernel]] = {

@@ -34,33 +34,64 @@ class Precision:
 
 PRECISIONS: dict[str, Precision] = {
     "fp32": Precision(
-        name="fp32", param_bytes=4, grad_bytes=4, unsharded_bytes=4, reduce_bytes=4, compute_bytes=4,
+        name="fp32",
+        param_bytes=4,
+        grad_bytes=4,
+        unsharded_bytes=4,
+        reduce_bytes=4,
+        compute_bytes=4,
         description="plain fp32: every copy 4 bytes",
     ),
     "bf16": Precision(
-        name="bf16", param_bytes=4, grad_bytes=4, unsharded_bytes=2, reduce_bytes=4, compute_bytes=2,
+        name="bf16",
+        param_bytes=4,
+        grad_bytes=4,
+        unsharded_bytes=2,
+        reduce_bytes=4,
+        compute_bytes=2,
         description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): fp32 shards, "
         "bf16 unsharded params/grads in flight; DDP/ZeRO-1: fp32 states, bf16 autocast",
     ),
     "fp16": Precision(
-        name="fp16", param_bytes=4, grad_bytes=4, unsharded_bytes=2, reduce_bytes=4, compute_bytes=2,
+        name="fp16",
+        param_bytes=4,
+        grad_bytes=4,
+        unsharded_bytes=2,
+        reduce_bytes=4,
+        compute_bytes=2,
         description="as bf16 with float16",
     ),
     "bf16-lowreduce": Precision(
-        name="bf16-lowreduce", param_bytes=4, grad_bytes=4, unsharded_bytes=2, reduce_bytes=2, compute_bytes=2,
+        name="bf16-lowreduce",
+        param_bytes=4,
+        grad_bytes=4,
+        unsharded_bytes=2,
+        reduce_bytes=2,
+        compute_bytes=2,
         description="as bf16, gradients reduced in bf16",
     ),
     "fp16-lowreduce": Precision(
-        name="fp16-lowreduce", param_bytes=4, grad_bytes=4, unsharded_bytes=2, reduce_bytes=2, compute_bytes=2,
+        name="fp16-lowreduce",
+        param_bytes=4,
+        grad_bytes=4,
+        unsharded_bytes=2,
+        reduce_bytes=2,
+        compute_bytes=2,
         description="as fp16, gradients reduced in fp16",
     ),
     "mixed": Precision(
-        name="mixed", param_bytes=2, grad_bytes=2, unsharded_bytes=2, reduce_bytes=2, compute_bytes=2,
-        master_in_optimizer=True, runnable=False,
+        name="mixed",
+        param_bytes=2,
+        grad_bytes=2,
+        unsharded_bytes=2,
+        reduce_bytes=2,
+        compute_bytes=2,
+        master_in_optimizer=True,
+        runnable=False,
         description="ZeRO paper accounting: 16-bit params and grads (b_p=b_g=2), fp32 master + Adam "
         "moments in the optimizer (K=12); analytic only",
     ),
-}  # fmt: skip
+}
 
 # optimizers whose per-parameter state includes a ``step`` tensor (fp32 scalar, on the CPU unless
 # capturable/fused), and how many parameter-sized temporaries their per-parameter update allocates at once

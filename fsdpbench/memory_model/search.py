@@ -12,15 +12,23 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from fsdpbench.case import Case
 
 _UNITS = {
-    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_bytes(text: str) -> int:
@@ -28,8 +36,10 @@ def parse_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
     unit = m.group(2).lower() if m else None
     if not m or unit not in _UNITS:
-        raise ValueError(f"cannot read {text!r} as a memory size; use a number with one of "
-                         "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 80GiB")  # fmt: skip
+        raise ValueError(
+            f"cannot read {text!r} as a memory size; use a number with one of "
+            "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 80GiB"
+        )
     return int(float(m.group(1)) * _UNITS[unit])
 
 
@@ -51,19 +61,27 @@ def needed_bytes(pred) -> tuple[int, bool]:  # noqa: ANN001 — a MemoryPredicti
 
 
 def fit_report(
-    case: Case, predict: Callable[[Case], object], device_memory_bytes: int, *, max_world_size: int = 65536,
-    shard_multiple: int = 1, max_batch: int = 1 << 20,
+    case: Case,
+    predict: Callable[[Case], object],
+    device_memory_bytes: int,
+    *,
+    max_world_size: int = 65536,
+    shard_multiple: int = 1,
+    max_batch: int = 1 << 20,
 ) -> FitReport:
     """Fit of ``case``, the largest per-rank batch that fits, the smallest world size that fits."""
     needed, complete = needed_bytes(predict(case))
     fits = needed <= device_memory_bytes
     batch = largest_batch(case, predict, device_memory_bytes, max_batch=max_batch) if complete else None
-    world = smallest_world_size(case, predict, device_memory_bytes, max_world_size=max_world_size,
-                                multiple=shard_multiple)  # fmt: skip
+    world = smallest_world_size(
+        case, predict, device_memory_bytes, max_world_size=max_world_size, multiple=shard_multiple
+    )
     return FitReport(device_memory_bytes, needed, fits, complete, batch, world)
 
 
-def largest_batch(case: Case, predict: Callable[[Case], object], limit: int, *, max_batch: int = 1 << 20) -> int | None:
+def largest_batch(
+    case: Case, predict: Callable[[Case], object], limit: int, *, max_batch: int = 1 << 20
+) -> int | None:
     def ok(b: int) -> bool:
         return needed_bytes(predict(case.replace(batch_size=b)))[0] <= limit
 
@@ -82,7 +100,12 @@ def largest_batch(case: Case, predict: Callable[[Case], object], limit: int, *, 
 
 
 def smallest_world_size(
-    case: Case, predict: Callable[[Case], object], limit: int, *, max_world_size: int = 65536, multiple: int = 1,
+    case: Case,
+    predict: Callable[[Case], object],
+    limit: int,
+    *,
+    max_world_size: int = 65536,
+    multiple: int = 1,
 ) -> int | None:
     n = 1
     while n <= max_world_size:

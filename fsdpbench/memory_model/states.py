@@ -62,8 +62,16 @@ class RankStates:
 
 
 def get_rank_states(
-    facts: ModelFacts, sharding: Sharding, precision: Precision, optimizer: str, *, world_size: int,
-    shard_size: int | None, rank: int, device: str = "cpu", uses_units: bool = True,
+    facts: ModelFacts,
+    sharding: Sharding,
+    precision: Precision,
+    optimizer: str,
+    *,
+    world_size: int,
+    shard_size: int | None,
+    rank: int,
+    device: str = "cpu",
+    uses_units: bool = True,
 ) -> RankStates:
     """This rank's states for a strategy's declared sharding."""
     d_p, d_g, d_o = sharding.degrees(world_size, shard_size)
@@ -99,11 +107,15 @@ def get_rank_states(
             update_sizes.append(local * 4)
             if uses_units:
                 u = p.unit
-                out.unit_unsharded[u] = out.unit_unsharded.get(u, 0) + rnd(full_padded * precision.unsharded_bytes)
+                out.unit_unsharded[u] = out.unit_unsharded.get(u, 0) + rnd(
+                    full_padded * precision.unsharded_bytes
+                )
                 # one rank: FSDP2 copies the shard straight into the unsharded parameter, no all-gather buffer
                 ag = full_padded * precision.unsharded_bytes if n > 1 else 0
                 out.unit_all_gather[u] = out.unit_all_gather.get(u, 0) + ag
-                out.unit_reduce_scatter[u] = out.unit_reduce_scatter.get(u, 0) + full_padded * precision.reduce_bytes
+                out.unit_reduce_scatter[u] = (
+                    out.unit_reduce_scatter.get(u, 0) + full_padded * precision.reduce_bytes
+                )
                 out.unit_sharded_grads[u] = out.unit_sharded_grads.get(u, 0) + padded * precision.grad_bytes
                 out.unit_reduce_output[u] = out.unit_reduce_output.get(u, 0) + padded * precision.reduce_bytes
                 out.unsharded_grad_by_param[p.name] = rnd(p.numel * precision.unsharded_bytes)
@@ -120,8 +132,11 @@ def get_rank_states(
             out.optim += n_state * rnd(math.ceil(p.numel * k / d_o / n_state)) + step
             update_sizes.append(math.ceil(p.numel / d_o) * 4)
     if zero1_owned is not None:  # the rank's local optimizer holds its partition largest first
-        update_sizes = [p.numel * 4 for p in sorted(facts.params, key=lambda t: t.numel, reverse=True)
-                        if p.name in zero1_owned]  # fmt: skip
+        update_sizes = [
+            p.numel * 4
+            for p in sorted(facts.params, key=lambda t: t.numel, reverse=True)
+            if p.name in zero1_owned
+        ]
     out.optim_temp = _update_temp_bytes(update_sizes, optimizer_update_temporaries(optimizer))
     if fsdp:
         for u, nbytes in list(out.unit_sharded_grads.items()):

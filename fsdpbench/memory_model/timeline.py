@@ -30,10 +30,22 @@ from fsdpbench.memory_model.states import RankStates
 from fsdpbench.strategies.base import Sharding
 
 CATEGORIES = (
-    "params", "padding", "optim", "grads", "params_unsharded", "grads_unsharded", "grads_unsharded_in_bwd",
+    "params",
+    "padding",
+    "optim",
+    "grads",
+    "params_unsharded",
+    "grads_unsharded",
+    "grads_unsharded_in_bwd",
     "all_gather",
-    "reduce_scatter", "ddp_buckets", "activations", "inputs", "temp", "fwd_temp", "optim_temp",
-)  # fmt: skip
+    "reduce_scatter",
+    "ddp_buckets",
+    "activations",
+    "inputs",
+    "temp",
+    "fwd_temp",
+    "optim_temp",
+)
 LOSS_BYTES = 4  # the fp32 loss scalar the step still references while the optimizer runs
 
 
@@ -49,8 +61,15 @@ class Moment:
 
 
 def walk_step(
-    facts: ModelFacts, states: RankStates, profile: ActivationProfile, sharding: Sharding, *, prefetch: int,
-    shard_group: int = 1, replicas: int = 1, backend: str = "nccl",
+    facts: ModelFacts,
+    states: RankStates,
+    profile: ActivationProfile,
+    sharding: Sharding,
+    *,
+    prefetch: int,
+    shard_group: int = 1,
+    replicas: int = 1,
+    backend: str = "nccl",
 ) -> list[Moment]:
     """Every moment of one step with its bytes by category."""
     unit_of = {p.name: p.unit for p in facts.params or ()}
@@ -73,7 +92,8 @@ def walk_step(
     keep_fwd_bwd = sharding.params_unsharded_fwd_to_bwd
     hold_all_gather = shard_group > 1
     hold_all_reduce = replicas > 1 and any(
-        states.unit_reduce_output.get(u) != states.unit_sharded_grads.get(u) for u in states.unit_reduce_output
+        states.unit_reduce_output.get(u) != states.unit_sharded_grads.get(u)
+        for u in states.unit_reduce_output
     )
     gloo_copy = backend == "gloo" and shard_group > 1  # FSDP2 skips the collective on one rank
 
@@ -92,8 +112,14 @@ def walk_step(
     held = 0
     unsharded_fwd = U.get(root, 0) if fsdp and has_root else 0  # root unsharded at its pre-forward
     if unsharded_fwd:
-        moments.append(moment(f"forward: all-gather {facts.units[root]}", inputs=profile.inputs_bytes,
-                              params_unsharded=U[root], all_gather=AG[root]))  # fmt: skip
+        moments.append(
+            moment(
+                f"forward: all-gather {facts.units[root]}",
+                inputs=profile.inputs_bytes,
+                params_unsharded=U[root],
+                all_gather=AG[root],
+            )
+        )
         held = AG[root] if hold_all_gather else 0
     seen: list[int] = []
     ahead: list[int] = []
@@ -106,21 +132,31 @@ def walk_step(
             prefetched = fwd_units[i + 1 : i + prefetch]  # issued by the previous unit
             earlier = sum(U[v] for v in seen[:-1]) if keep_fwd_bwd else 0
             # copy-out of unit u: the previous output (held), u's output and u's unsharded params alive
-            moments.append(moment(
-                f"forward: all-gather {facts.units[u]}", inputs=profile.inputs_bytes, activations=saved,
-                params_unsharded=unsharded_fwd + earlier + U[u],
-                all_gather=held + AG[u] + sum(AG[v] for v in prefetched),
-            ))  # fmt: skip
+            moments.append(
+                moment(
+                    f"forward: all-gather {facts.units[u]}",
+                    inputs=profile.inputs_bytes,
+                    activations=saved,
+                    params_unsharded=unsharded_fwd + earlier + U[u],
+                    all_gather=held + AG[u] + sum(AG[v] for v in prefetched),
+                )
+            )
             held = AG[u] if hold_all_gather else 0
             ahead = fwd_units[i + 1 : i + 1 + prefetch]
         if fsdp and st is stages[-1] and st.in_model is not None:
             # the output projection inside the root's forward: the last all-gather output still held
             kept, extra = st.in_model
             in_flight = unsharded_fwd + (sum(U[v] for v in seen) if keep_fwd_bwd else 0)
-            moments.append(moment(
-                f"forward: {st.name} (in the model)", inputs=profile.inputs_bytes, activations=saved + kept,
-                fwd_temp=extra, params_unsharded=in_flight, all_gather=held,
-            ))  # fmt: skip
+            moments.append(
+                moment(
+                    f"forward: {st.name} (in the model)",
+                    inputs=profile.inputs_bytes,
+                    activations=saved + kept,
+                    fwd_temp=extra,
+                    params_unsharded=in_flight,
+                    all_gather=held,
+                )
+            )
         saved += st.saved_bytes
         in_flight = all_gather = 0
         if fsdp:
@@ -133,10 +169,16 @@ def walk_step(
                 units_here = {unit_of[n] for n in st.params if n in unit_of} - {root}
                 in_flight = unsharded_fwd + sum(U[v] for v in units_here)
                 all_gather = held + sum(AG[v] for v in ahead)
-        moments.append(moment(
-            f"forward: {st.name}", inputs=profile.inputs_bytes, activations=saved, fwd_temp=st.fwd_extra_bytes,
-            params_unsharded=in_flight, all_gather=all_gather,
-        ))  # fmt: skip
+        moments.append(
+            moment(
+                f"forward: {st.name}",
+                inputs=profile.inputs_bytes,
+                activations=saved,
+                fwd_temp=st.fwd_extra_bytes,
+                params_unsharded=in_flight,
+                all_gather=all_gather,
+            )
+        )
         moments[-1].untracked_bytes = total_buckets  # DDP buckets: allocated, not yet seen by the tracker
 
     # ---- backward -----------------------------------------------------------------------------------
@@ -224,17 +266,32 @@ def walk_step(
                     started.add(u)
                     unsharded_bwd.append(u)
                     earlier = [v for v in bwd_units if v not in started][: depth - 1]  # prefetched before
-                    parts = {**fsdp_parts(set()), "all_gather": AG.get(u, 0) + sum(AG.get(v, 0) for v in earlier)}
-                    moments.append(moment(f"backward: all-gather {facts.units[u]}", inputs=profile.inputs_bytes,
-                                          activations=before + bm.saved_left_bytes, temp=bm.temp_bytes, **parts))  # fmt: skip
+                    parts = {
+                        **fsdp_parts(set()),
+                        "all_gather": AG.get(u, 0) + sum(AG.get(v, 0) for v in earlier),
+                    }
+                    moments.append(
+                        moment(
+                            f"backward: all-gather {facts.units[u]}",
+                            inputs=profile.inputs_bytes,
+                            activations=before + bm.saved_left_bytes,
+                            temp=bm.temp_bytes,
+                            **parts,
+                        )
+                    )
             if fsdp and units_here <= started:
                 parts = fsdp_parts(units_here)
             elif fsdp:  # before the stage's pre-backward hook (the loss backward): nothing prefetched yet
                 parts = {k: v for k, v in fsdp_parts(set()).items() if k != "all_gather"}
             else:
                 parts, untracked = ddp_parts()
-            m = moment(label, inputs=profile.inputs_bytes, activations=before + bm.saved_left_bytes,
-                       temp=bm.temp_bytes, **parts)  # fmt: skip
+            m = moment(
+                label,
+                inputs=profile.inputs_bytes,
+                activations=before + bm.saved_left_bytes,
+                temp=bm.temp_bytes,
+                **parts,
+            )
             if not fsdp:
                 m.untracked_bytes = untracked
             moments.append(m)
@@ -248,10 +305,14 @@ def walk_step(
                     unsharded_bwd.remove(u)  # reshard
                 rs_held = states.unit_reduce_scatter.get(u, 0)  # previous input freed, this one allocated
                 # copy-in: u's unsharded gradients are copied into the reduce-scatter input
-                moments.append(moment(
-                    f"backward: reduce-scatter copy-in {facts.units[u]}", inputs=profile.inputs_bytes,
-                    activations=before, **fsdp_parts(set(), post_backward=u),
-                ))  # fmt: skip
+                moments.append(
+                    moment(
+                        f"backward: reduce-scatter copy-in {facts.units[u]}",
+                        inputs=profile.inputs_bytes,
+                        activations=before,
+                        **fsdp_parts(set(), post_backward=u),
+                    )
+                )
                 mark_reduced(u)
                 # the collective: unsharded grads freed, the sharded output allocated; gloo stages a
                 # flattened copy of the input (ProcessGroupGloo's reduce_scatter reduces a copy)
@@ -264,19 +325,39 @@ def walk_step(
                 if cast:  # the output is in the reduce dtype until cast to the gradient dtype
                     op["grads"] -= states.unit_sharded_grads.get(u, 0)
                     op["reduce_scatter"] += 0 if hold_all_reduce else states.unit_reduce_output.get(u, 0)
-                moments.append(moment(f"backward: reduce-scatter {facts.units[u]}", inputs=profile.inputs_bytes,
-                                      activations=before, **op))  # fmt: skip
-                if cast:
-                    moments.append(moment(
-                        f"backward: reduce-scatter {facts.units[u]} (cast)", inputs=profile.inputs_bytes,
+                moments.append(
+                    moment(
+                        f"backward: reduce-scatter {facts.units[u]}",
+                        inputs=profile.inputs_bytes,
                         activations=before,
-                        **dict(parts, reduce_scatter=parts["reduce_scatter"]
-                               + (0 if hold_all_reduce else states.unit_reduce_output.get(u, 0))),
-                    ))  # fmt: skip
+                        **op,
+                    )
+                )
+                if cast:
+                    moments.append(
+                        moment(
+                            f"backward: reduce-scatter {facts.units[u]} (cast)",
+                            inputs=profile.inputs_bytes,
+                            activations=before,
+                            **dict(
+                                parts,
+                                reduce_scatter=parts["reduce_scatter"]
+                                + (0 if hold_all_reduce else states.unit_reduce_output.get(u, 0)),
+                            ),
+                        )
+                    )
 
     # ---- optimizer step -----------------------------------------------------------------------------
     grads_all = states.grads + states.grads_padding
     buckets = total_buckets
-    moments.append(moment("optimizer step", inputs=profile.inputs_bytes, activations=LOSS_BYTES, grads=grads_all,
-                          ddp_buckets=buckets, optim_temp=states.optim_temp))  # fmt: skip
+    moments.append(
+        moment(
+            "optimizer step",
+            inputs=profile.inputs_bytes,
+            activations=LOSS_BYTES,
+            grads=grads_all,
+            ddp_buckets=buckets,
+            optim_temp=states.optim_temp,
+        )
+    )
     return moments

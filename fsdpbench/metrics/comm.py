@@ -53,8 +53,9 @@ so on gloo a reduce-scatter costs 2(N-1)/N · S.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -64,16 +65,41 @@ KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 # Element size by the names the profiler uses: C++ type names in "Input type"
 # (gloo/c10d events) and ScalarType names in record_param_comms' "dtype".
 DTYPE_BYTES: dict[str, int] = {
-    "float": 4, "double": 8, "c10::half": 2, "c10::bfloat16": 2,
-    "long int": 8, "int": 4, "short int": 2, "signed char": 1, "unsigned char": 1,
-    "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
-    "short unsigned int": 2, "unsigned int": 4, "long unsigned int": 8,
-    "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "c10::float8_e4m3fnuz": 1,
+    "float": 4,
+    "double": 8,
+    "c10::half": 2,
+    "c10::bfloat16": 2,
+    "long int": 8,
+    "int": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "bool": 1,
+    "c10::complex<float>": 8,
+    "c10::complex<double>": 16,
+    "short unsigned int": 2,
+    "unsigned int": 4,
+    "long unsigned int": 8,
+    "c10::float8_e4m3fn": 1,
+    "c10::float8_e5m2": 1,
+    "c10::float8_e4m3fnuz": 1,
     "c10::float8_e5m2fnuz": 1,
     # ScalarType names (record_param_comms)
-    "half": 2, "bfloat16": 2, "long": 8, "short": 2, "char": 1, "byte": 1,
-    "complexfloat": 8, "complexdouble": 16, "complexhalf": 4, "uint16": 2, "uint32": 4,
-    "uint64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1,
+    "half": 2,
+    "bfloat16": 2,
+    "long": 8,
+    "short": 2,
+    "char": 1,
+    "byte": 1,
+    "complexfloat": 8,
+    "complexdouble": 16,
+    "complexhalf": 4,
+    "uint16": 2,
+    "uint32": 4,
+    "uint64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "float8_e4m3fnuz": 1,
     "float8_e5m2fnuz": 1,
 }
 
@@ -178,9 +204,15 @@ def _records_from_param_comms(events: list[dict[str, Any]]) -> list[CollectiveRe
         dtype = str(args.get("dtype", ""))
         records.append(
             CollectiveRecord(
-                name=coll, kind=kind, ts_us=float(e.get("ts", 0.0)), numel=numel, dtype=dtype,
-                elem_bytes=dtype_bytes(dtype) or 0, group_size=int(args.get("Group size", 1) or 1),
-                source="record_param_comms", backend_kind=kind,
+                name=coll,
+                kind=kind,
+                ts_us=float(e.get("ts", 0.0)),
+                numel=numel,
+                dtype=dtype,
+                elem_bytes=dtype_bytes(dtype) or 0,
+                group_size=int(args.get("Group size", 1) or 1),
+                source="record_param_comms",
+                backend_kind=kind,
             )
         )
     return records
@@ -287,9 +319,7 @@ def _records_from_c10d(
             continue
         name = str(e["name"])
         if "Input Dims" not in (e.get("args") or {}):
-            raise ValueError(
-                f"{name} at ts={e['ts']} has no 'Input Dims': profile with record_shapes=True"
-            )
+            raise ValueError(f"{name} at ts={e['ts']} has no 'Input Dims': profile with record_shapes=True")
         kind = collective_kind(name)
         # gloo has no reduce-scatter: it all-reduces the full input and keeps its chunk
         backend_kind = "all_reduce" if is_gloo and kind == "reduce_scatter" else kind
@@ -299,7 +329,7 @@ def _records_from_c10d(
         for j, b in enumerate(backend_events):
             if j in used or float(b["ts"]) < float(e["ts"]):
                 continue
-            if collective_kind(str(b["name"])[len("gloo:"):]) != backend_kind:
+            if collective_kind(str(b["name"])[len("gloo:") :]) != backend_kind:
                 continue
             if backend_kind != "other" and _backend_event_numel(b) != gloo_numel:
                 continue
@@ -310,9 +340,16 @@ def _records_from_c10d(
         dtype = dtype or assumed_dtype
         records.append(
             CollectiveRecord(
-                name=name, kind=kind, ts_us=float(e["ts"]), numel=numel, dtype=dtype,
-                elem_bytes=dtype_bytes(dtype) or 0, group_size=n, source="c10d",
-                backend_kind=backend_kind, dur_us=dur_us,
+                name=name,
+                kind=kind,
+                ts_us=float(e["ts"]),
+                numel=numel,
+                dtype=dtype,
+                elem_bytes=dtype_bytes(dtype) or 0,
+                group_size=n,
+                source="c10d",
+                backend_kind=backend_kind,
+                dur_us=dur_us,
             )
         )
     return records
@@ -329,8 +366,11 @@ def collective_records(
     profiler stopped).
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-    param_comms = [e for e in events if e.get("name") == "record_param_comms"
-                   and "Collective name" in (e.get("args") or {})]
+    param_comms = [
+        e
+        for e in events
+        if e.get("name") == "record_param_comms" and "Collective name" in (e.get("args") or {})
+    ]
     if param_comms:
         return _records_from_param_comms(param_comms)
     n = group_size if group_size is not None else _default_group_size(trace)
@@ -339,19 +379,31 @@ def collective_records(
     return _records_from_c10d(events, n, assumed_dtype, is_gloo)
 
 
-def records_to_frame(records: list[CollectiveRecord]) -> "pd.DataFrame":
+def records_to_frame(records: list[CollectiveRecord]) -> pd.DataFrame:
     """One row per collective call."""
     import pandas as pd
 
-    columns = ["name", "kind", "ts_us", "numel", "dtype", "elem_bytes", "group_size", "source",
-               "backend_kind", "payload_bytes", "sent_bytes", "backend_sent_bytes"]
+    columns = [
+        "name",
+        "kind",
+        "ts_us",
+        "numel",
+        "dtype",
+        "elem_bytes",
+        "group_size",
+        "source",
+        "backend_kind",
+        "payload_bytes",
+        "sent_bytes",
+        "backend_sent_bytes",
+    ]
     rows = [{c: getattr(r, c) for c in columns} for r in records]
     return pd.DataFrame(rows, columns=columns)
 
 
 def collectives_from_trace(
     trace: dict[str, Any], steps: int = 1, group_size: int | None = None
-) -> "pd.DataFrame":
+) -> pd.DataFrame:
     """Per collective kind, per step: count, payload_bytes (S summed), sent_bytes, backend_sent_bytes."""
     import pandas as pd
 
@@ -365,8 +417,13 @@ def collectives_from_trace(
         t[2] += r.sent_bytes
         t[3] += r.backend_sent_bytes
     rows = [
-        {"kind": k, "count": c / steps, "payload_bytes": p / steps, "sent_bytes": s / steps,
-         "backend_sent_bytes": b / steps}
+        {
+            "kind": k,
+            "count": c / steps,
+            "payload_bytes": p / steps,
+            "sent_bytes": s / steps,
+            "backend_sent_bytes": b / steps,
+        }
         for k, (c, p, s, b) in totals.items()
     ]
     return pd.DataFrame(rows, columns=["kind", "count", "payload_bytes", "sent_bytes", "backend_sent_bytes"])
@@ -424,9 +481,7 @@ def analytic_comm_bytes(
         out["reduce_scatter"] = sent_bytes_per_rank("reduce_scatter", g, n)
     elif strategy == "hsdp":
         if shard_size is None or shard_size < 1 or n % shard_size:
-            raise ValueError(
-                f"hsdp needs shard_size dividing world_size={n}, got shard_size={shard_size}"
-            )
+            raise ValueError(f"hsdp needs shard_size dividing world_size={n}, got shard_size={shard_size}")
         replicas = n // shard_size
         out["all_gather"] = 2 * sent_bytes_per_rank("all_gather", p, shard_size)
         out["reduce_scatter"] = sent_bytes_per_rank("reduce_scatter", g, shard_size)

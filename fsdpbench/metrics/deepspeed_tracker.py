@@ -22,7 +22,8 @@ optimizer's own fp32 copy); in fp32 runs it duplicates the parameter partition (
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
@@ -90,11 +91,13 @@ class DeepSpeedMemTracker(MemTracker):
             self._update_and_maybe_create_winfos(buf, _MemRefType.BUFFER)
         self._track_optimizer_states(_MemRefType.OPT, self._optim)
 
-    def _track_module_params_and_buffers(self, module: Any, install_grad_hooks: bool = True) -> tuple[int, int]:
+    def _track_module_params_and_buffers(
+        self, module: Any, install_grad_hooks: bool = True
+    ) -> tuple[int, int]:
         # the parameters are views into the flat buffers filed above (stage 3: empty placeholders)
         return 0, 0
 
-    def __enter__(self) -> "DeepSpeedMemTracker":
+    def __enter__(self) -> DeepSpeedMemTracker:
         if self._depth == 0:
             self._file_states()
             if hasattr(self._zero, "setup_buckets"):  # stage 1/2 allocate the buckets in each backward

@@ -18,13 +18,13 @@ all-reduced full gradient). CPU offload's host-side gradient copy is a Sharded G
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 from torch.distributed._tools.mem_tracker import MemTracker, _RefType
-from torch.distributed.fsdp import FullyShardedDataParallel
-from torch.distributed.fsdp import _runtime_utils
+from torch.distributed.fsdp import FullyShardedDataParallel, _runtime_utils
 from torch.distributed.fsdp._traversal_utils import _get_fsdp_handles
 
 
@@ -56,7 +56,9 @@ class FSDP1MemTracker(MemTracker):
 
     def __init__(self, root: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         if not is_fsdp1(root):
-            raise TypeError(f"FSDP1MemTracker needs a FullyShardedDataParallel root, not {type(root).__name__}")
+            raise TypeError(
+                f"FSDP1MemTracker needs a FullyShardedDataParallel root, not {type(root).__name__}"
+            )
         super().__init__()
         self._ref_class = _FSDP1RefType
         self._root = root
@@ -117,7 +119,7 @@ class FSDP1MemTracker(MemTracker):
 
         return reduce_grad
 
-    def __enter__(self) -> "FSDP1MemTracker":
+    def __enter__(self) -> FSDP1MemTracker:
         if self._depth == 0:
             for name in ("_reduce_grad", "_reduce_grad_no_shard"):
                 self._saved[name] = getattr(_runtime_utils, name)

@@ -54,8 +54,12 @@ def instruments_left_installed() -> list[str]:
     left = []
     if _get_current_dispatch_mode_stack():
         left.append(f"{len(_get_current_dispatch_mode_stack())} dispatch mode(s)")
-    for name in ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
-                 "_global_backward_hooks"):  # fmt: skip
+    for name in (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+    ):
         if getattr(module, name, None):
             left.append(f"global module hook(s) {name}")
     for name in ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"):

@@ -193,9 +193,7 @@ def read_nvml_raw(handle: Any) -> dict[str, Any]:
     return raw
 
 
-def nvml_sampler(
-    local_rank: int, interval_s: float = 0.01
-) -> tuple[BackgroundSampler | None, str]:
+def nvml_sampler(local_rank: int, interval_s: float = 0.01) -> tuple[BackgroundSampler | None, str]:
     """A (not started) sampler of NVML used bytes of this rank's GPU, source "nvml"; or (None, reason)."""
     pynvml, reason = _import_pynvml()
     if pynvml is None:

@@ -41,8 +41,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 Interval = tuple[float, float]  # (start_us, end_us)
 

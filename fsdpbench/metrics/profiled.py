@@ -107,7 +107,11 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     pattern = sharding.comm_pattern()
     try:
         pred = analytic_comm_bytes(
-            pattern, n_params * p_bytes, case.world_size, grad_bytes_total=n_params * g_bytes, shard_size=shard
+            pattern,
+            n_params * p_bytes,
+            case.world_size,
+            grad_bytes_total=n_params * g_bytes,
+            shard_size=shard,
         )
         out.update({f"comm_pred_{k}_bytes": v for k, v in pred.items()})
         out["comm_pred_total_bytes"] = float(sum(pred.values()))

@@ -22,7 +22,7 @@ asynchronous to the CPU, and a GPU is not shared the way a runner's cores are).
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -61,7 +61,10 @@ class ReferenceWorkload:
 
 
 def interleaved_steps(
-    train_step: Callable[[], None], reference: ReferenceWorkload, n: int, synchronize: Callable[[], None],
+    train_step: Callable[[], None],
+    reference: ReferenceWorkload,
+    n: int,
+    synchronize: Callable[[], None],
 ) -> dict[str, list[float]]:
     """``n`` training steps, each followed by a reference step: this rank's wall and CPU time of each (ms).
 
@@ -85,7 +88,9 @@ def ratio_series(rank: dict, device: str) -> tuple[list[float], list[float]]:
     return rank.get(f"paired_step_{suffix}") or [], rank.get(f"paired_ref_{suffix}") or []
 
 
-def block_ratios(step_ms_by_rank: list[list[float]], ref_ms_by_rank: list[list[float]], steps_per_block: int) -> list[float]:
+def block_ratios(
+    step_ms_by_rank: list[list[float]], ref_ms_by_rank: list[list[float]], steps_per_block: int
+) -> list[float]:
     """One sample per block of ``steps_per_block`` pairs: the summed step time over the summed reference time.
 
     Per pair, the slowest rank's time, as for ``case_step_time_ms``: the collectives make every rank
@@ -94,4 +99,6 @@ def block_ratios(step_ms_by_rank: list[list[float]], ref_ms_by_rank: list[list[f
     step = [max(r[i] for r in step_ms_by_rank) for i in range(n)]
     ref = [max(r[i] for r in ref_ms_by_rank) for i in range(n)]
     k = max(1, steps_per_block)
-    return [sum(step[b:b + k]) / sum(ref[b:b + k]) for b in range(0, n - k + 1, k) if sum(ref[b:b + k]) > 0]
+    return [
+        sum(step[b : b + k]) / sum(ref[b : b + k]) for b in range(0, n - k + 1, k) if sum(ref[b : b + k]) > 0
+    ]

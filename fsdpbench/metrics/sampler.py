@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -59,20 +60,18 @@ class BackgroundSampler:
         self.error_count = 0
 
     # -- lifecycle ---------------------------------------------------------
-    def start(self) -> "BackgroundSampler":
+    def start(self) -> BackgroundSampler:
         """Take a first sample now and start the sampling thread."""
         if self._thread is not None:
             raise RuntimeError(f"sampler {self.name!r} already started")
         self._t0 = time.perf_counter()
         self._stop_event.clear()
         self.sample_now()
-        self._thread = threading.Thread(
-            target=self._run, name=f"fsdpbench-{self.name}-sampler", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name=f"fsdpbench-{self.name}-sampler", daemon=True)
         self._thread.start()
         return self
 
-    def stop(self) -> "BackgroundSampler":
+    def stop(self) -> BackgroundSampler:
         """Stop the thread, take a last sample, and release the source (idempotent)."""
         thread, self._thread = self._thread, None
         if thread is None:
@@ -87,7 +86,7 @@ class BackgroundSampler:
                 self._record_error(exc)
         return self
 
-    def __enter__(self) -> "BackgroundSampler":
+    def __enter__(self) -> BackgroundSampler:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
@@ -156,7 +155,7 @@ class BackgroundSampler:
                 peaks[s.phase] = s.bytes
         return peaks
 
-    def to_frame(self) -> "pd.DataFrame":
+    def to_frame(self) -> pd.DataFrame:
         """Samples as a DataFrame with columns t_s, bytes, phase, source (+ dict extras)."""
         import pandas as pd
 

@@ -81,7 +81,9 @@ def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]
     first = timelines[0].collectives
     durations = [collective_time_us(link, c.kind, c.payload_bytes, c.group_size) for c in first]
     stall = [0.0] * len(timelines)
-    pending = [sorted((max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives)) for t in timelines]
+    pending = [
+        sorted((max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives)) for t in timelines
+    ]
     ends: list[float] = []
     starts: list[float] = []
     exposed = [0.0] * len(timelines)  # the part of each stall during which the awaited collective ran
@@ -113,14 +115,16 @@ def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]
     for r, t in enumerate(timelines):
         advance(r, float("inf"), inclusive=True)
         steps = max(1, t.steps)
-        out.append({
-            "model_step_time_ms": (t.compute_us + stall[r]) / steps / 1e3,
-            "model_compute_ms": t.compute_us / steps / 1e3,
-            "model_comm_ms": comm / steps / 1e3,
-            "model_exposed_comm_ms": exposed[r] / steps / 1e3,
-            "model_peer_wait_ms": (stall[r] - exposed[r]) / steps / 1e3,
-            "model_overlap_ratio": 1.0 - exposed[r] / comm if comm > 0 else 0.0,
-        })
+        out.append(
+            {
+                "model_step_time_ms": (t.compute_us + stall[r]) / steps / 1e3,
+                "model_compute_ms": t.compute_us / steps / 1e3,
+                "model_comm_ms": comm / steps / 1e3,
+                "model_exposed_comm_ms": exposed[r] / steps / 1e3,
+                "model_peer_wait_ms": (stall[r] - exposed[r]) / steps / 1e3,
+                "model_overlap_ratio": 1.0 - exposed[r] / comm if comm > 0 else 0.0,
+            }
+        )
     return out
 
 
@@ -136,7 +140,9 @@ def _span(e: dict[str, Any]) -> Interval:
 def _host_intervals(events: list[dict[str, Any]]) -> tuple[list[Interval], list[Interval], Interval]:
     """CPU ranks: (comm = gloo:* work, compute = aten ops minus c10d ops on the other threads, step span)."""
     comm = [_span(e) for e in events if str(e.get("name", "")).startswith("gloo:")]
-    comm_threads = {(e.get("pid"), e.get("tid")) for e in events if str(e.get("name", "")).startswith("gloo:")}
+    comm_threads = {
+        (e.get("pid"), e.get("tid")) for e in events if str(e.get("name", "")).startswith("gloo:")
+    }
     aten: list[Interval] = []
     c10d: list[Interval] = []
     for e in events:
@@ -148,8 +154,11 @@ def _host_intervals(events: list[dict[str, Any]]) -> tuple[list[Interval], list[
         elif name.startswith("c10d::"):
             c10d.append(_span(e))
     compute = subtract_intervals(aten, c10d)
-    host = [_span(e) for e in events if (e.get("pid"), e.get("tid")) not in comm_threads
-            and e.get("cat") in ("cpu_op", "user_annotation")]  # fmt: skip
+    host = [
+        _span(e)
+        for e in events
+        if (e.get("pid"), e.get("tid")) not in comm_threads and e.get("cat") in ("cpu_op", "user_annotation")
+    ]
     span = (min(s for s, _ in host), max(t for _, t in host)) if host else (0.0, 0.0)
     return comm, compute, span
 
@@ -192,11 +201,17 @@ class _Clock:
 
 def _host_to_device(events: list[dict[str, Any]]) -> Any:
     """GPU: host time → device time of the first kernel launched at or after it (None if none)."""
-    launch_ts = {e["args"]["correlation"]: float(e["ts"]) for e in events
-                 if e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {})}  # fmt: skip
-    pairs = sorted((launch_ts[c], float(e["ts"])) for e in events
-                   if str(e.get("cat", "")).lower() == "kernel"
-                   and (c := (e.get("args") or {}).get("correlation")) in launch_ts)  # fmt: skip
+    launch_ts = {
+        e["args"]["correlation"]: float(e["ts"])
+        for e in events
+        if e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {})
+    }
+    pairs = sorted(
+        (launch_ts[c], float(e["ts"]))
+        for e in events
+        if str(e.get("cat", "")).lower() == "kernel"
+        and (c := (e.get("args") or {}).get("correlation")) in launch_ts
+    )
     launches = [p[0] for p in pairs]
 
     def to_device(t: float) -> float | None:
@@ -228,8 +243,12 @@ def _needed_rule(kind: str, pattern: str, device_type: str) -> str:
 
 def _profiled_ops(events: list[dict[str, Any]]) -> int:
     """cpu_op events on the threads that run no gloo work: what the profiler paid for on the compute side."""
-    comm_threads = {(e.get("pid"), e.get("tid")) for e in events if str(e.get("name", "")).startswith("gloo:")}
-    return sum(1 for e in events if e.get("cat") == "cpu_op" and (e.get("pid"), e.get("tid")) not in comm_threads)
+    comm_threads = {
+        (e.get("pid"), e.get("tid")) for e in events if str(e.get("name", "")).startswith("gloo:")
+    }
+    return sum(
+        1 for e in events if e.get("cat") == "cpu_op" and (e.get("pid"), e.get("tid")) not in comm_threads
+    )
 
 
 # Above this share of the profiled compute, the profiler's estimated own cost is the figure, not a
@@ -238,7 +257,12 @@ MAX_PROFILER_SHARE = 0.5
 
 
 def build_timeline(
-    trace: dict[str, Any], pattern: str, device_type: str, *, steps: int = 1, group_size: int | None = None,
+    trace: dict[str, Any],
+    pattern: str,
+    device_type: str,
+    *,
+    steps: int = 1,
+    group_size: int | None = None,
     profiler_overhead_us_per_op: float = 0.0,
 ) -> StepTimeline:
     """The StepTimeline of one rank's profiled step(s); ``pattern`` is Sharding.comm_pattern().
@@ -254,9 +278,11 @@ def build_timeline(
     overhead = 0.0 if on_gpu else profiler_overhead_us_per_op * _profiled_ops(events)
     note = ""
     if overhead > MAX_PROFILER_SHARE * raw_compute:
-        note = (f"profiler cost not taken out: its estimate ({overhead / 1e3:.1f} ms, {profiler_overhead_us_per_op:.2f} µs "
-                f"× {_profiled_ops(events)} ops) is over {MAX_PROFILER_SHARE:.0%} of the profiled compute "
-                f"({raw_compute / 1e3:.1f} ms); compute includes the profiler's cost (an over-estimate)")
+        note = (
+            f"profiler cost not taken out: its estimate ({overhead / 1e3:.1f} ms, {profiler_overhead_us_per_op:.2f} µs "
+            f"× {_profiled_ops(events)} ops) is over {MAX_PROFILER_SHARE:.0%} of the profiled compute "
+            f"({raw_compute / 1e3:.1f} ms); compute includes the profiler's cost (an over-estimate)"
+        )
         overhead = 0.0
     scale = (raw_compute - overhead) / raw_compute if raw_compute > 0 else 1.0
     clock = _Clock(span[0], waits, scale)
@@ -280,7 +306,9 @@ def build_timeline(
         issue = on_clock(r.ts_us)
         needed = {
             "issue": issue,
-            "copy_out": on_clock(first_after(copy_outs, r.ts_us)) if first_after(copy_outs, r.ts_us) else issue,
+            "copy_out": on_clock(first_after(copy_outs, r.ts_us))
+            if first_after(copy_outs, r.ts_us)
+            else issue,
             "optimizer": on_clock(first_after(optim, r.ts_us)),
             "step_end": on_clock(None),
         }[rule]
@@ -295,16 +323,18 @@ def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, A
     out = []
     for timeline, figures in zip(timelines, simulate(timelines, link)):
         steps = max(1, timeline.steps)
-        out.append({
-            **figures,
-            "model_link": link.label(),
-            "model_link_source": link.source,
-            "model_ranks_simulated": len(timelines),
-            "model_collectives": len(timeline.collectives) / steps,
-            "model_waits_removed_ms": timeline.waits_removed_us / steps / 1e3,
-            "model_profiler_removed_ms": timeline.profiler_removed_us / steps / 1e3,
-            "model_note": timeline.note,
-        })  # fmt: skip
+        out.append(
+            {
+                **figures,
+                "model_link": link.label(),
+                "model_link_source": link.source,
+                "model_ranks_simulated": len(timelines),
+                "model_collectives": len(timeline.collectives) / steps,
+                "model_waits_removed_ms": timeline.waits_removed_us / steps / 1e3,
+                "model_profiler_removed_ms": timeline.profiler_removed_us / steps / 1e3,
+                "model_note": timeline.note,
+            }
+        )
     return out
 
 
@@ -312,14 +342,30 @@ MODEL_METHOD = "modelled: measured compute of the profiled step + α–β commun
 
 
 def case_model_columns(
-    trace_paths: dict[int, Any], pattern: str, device_type: str, link: Link, *,
-    steps: int = 1, group_size: int | None = None, profiler_overhead_us_per_op: float = 0.0,
+    trace_paths: dict[int, Any],
+    pattern: str,
+    device_type: str,
+    link: Link,
+    *,
+    steps: int = 1,
+    group_size: int | None = None,
+    profiler_overhead_us_per_op: float = 0.0,
 ) -> dict[int, dict[str, Any]]:
     """model_* columns per rank from each rank's profiled trace, simulated jointly."""
     from fsdpbench.metrics.overlap import load_trace
 
     ranks = sorted(trace_paths)
-    timelines = [build_timeline(load_trace(trace_paths[r]), pattern, device_type, steps=steps,
-                                group_size=group_size, profiler_overhead_us_per_op=profiler_overhead_us_per_op)
-                 for r in ranks]  # fmt: skip
-    return {r: {**cols, "model_method": MODEL_METHOD} for r, cols in zip(ranks, model_columns(timelines, link))}
+    timelines = [
+        build_timeline(
+            load_trace(trace_paths[r]),
+            pattern,
+            device_type,
+            steps=steps,
+            group_size=group_size,
+            profiler_overhead_us_per_op=profiler_overhead_us_per_op,
+        )
+        for r in ranks
+    ]
+    return {
+        r: {**cols, "model_method": MODEL_METHOD} for r, cols in zip(ranks, model_columns(timelines, link))
+    }

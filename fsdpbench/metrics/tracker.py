@@ -31,9 +31,19 @@ CATEGORY_NAMES = {
     "Other": "other",
 }
 CATEGORIES = (
-    "params", "params_unsharded", "grads", "grads_unsharded", "optim", "activations",
-    "temp", "all_gather", "reduce_scatter", "inputs", "buffers", "other",
-)  # fmt: skip
+    "params",
+    "params_unsharded",
+    "grads",
+    "grads_unsharded",
+    "optim",
+    "activations",
+    "temp",
+    "all_gather",
+    "reduce_scatter",
+    "inputs",
+    "buffers",
+    "other",
+)
 
 
 def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp_root: nn.Module | None) -> Any:
@@ -83,7 +93,9 @@ def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
     if is_deepspeed_engine(model):  # DeepSpeed's states live in its flat buffers, not in parameters()
         states = deepspeed_storages(model.optimizer)
         inner = getattr(optimizer, "optim", optimizer)
-        states["optim"] += [v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+        states["optim"] += [
+            v for s in inner.state.values() for v in s.values() if isinstance(v, torch.Tensor)
+        ]
         return {k: _storage_bytes(states[k]) for k in ("params", "grads", "optim")}
 
     seen: set[int] = set()

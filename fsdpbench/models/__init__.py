@@ -6,8 +6,9 @@ A new model is one new file plus one ``register_model`` call in it, imported bel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -99,8 +100,11 @@ def _check_arg(value: Any, default: Any) -> str | None:
     if value is None:
         return None if default is None else f"needs a value like its default {default!r}"
     if isinstance(default, bool) or isinstance(value, bool):
-        return None if isinstance(value, bool) and isinstance(default, bool) else (
-            f"should be {'true or false' if isinstance(default, bool) else type(default).__name__}")
+        return (
+            None
+            if isinstance(value, bool) and isinstance(default, bool)
+            else (f"should be {'true or false' if isinstance(default, bool) else type(default).__name__}")
+        )
     if default is None or isinstance(default, int):
         if not isinstance(value, int):
             return "should be an integer"
@@ -114,7 +118,9 @@ def _check_arg(value: Any, default: Any) -> str | None:
     return None
 
 
-def build_model(name: str, overrides: dict[str, Any] | None = None, *, device: str | torch.device = "cpu") -> nn.Module:
+def build_model(
+    name: str, overrides: dict[str, Any] | None = None, *, device: str | torch.device = "cpu"
+) -> nn.Module:
     """Build a model (use device='meta' to get its structure without allocating)."""
     mdef, args = resolve_model(name, overrides)
     with torch.device(device):

@@ -146,17 +146,70 @@ register_model(
         description="Llama-style decoder (d_model, n_layers, n_heads, n_kv_heads, vocab, ffn_dim)",
     )
 )
-register_preset("decoder-tiny", "decoder", "d64 L2 H4 V512 (~172k params): seconds on a CPU",
-                d_model=64, n_layers=2, n_heads=4, vocab=512)
-register_preset("decoder-mini", "decoder", "d128 L4 H4 V256 (~0.87M params): model states dominate memory",
-                d_model=128, n_layers=4, n_heads=4, vocab=256)
-register_preset("decoder-small", "decoder", "d256 L4 H8 V4096 (~5.3M params)",
-                d_model=256, n_layers=4, n_heads=8, vocab=4096)
-register_preset("decoder-base", "decoder", "d768 L12 H12 V32000 (~134M params)",
-                d_model=768, n_layers=12, n_heads=12, vocab=32000)
-register_preset("llama-7b", "decoder", "Llama-2 7B (6,738,415,616 params)",
-                d_model=4096, n_layers=32, n_heads=32, vocab=32000, ffn_dim=11008)
-register_preset("llama-13b", "decoder", "Llama-2 13B (13,015,864,320 params)",
-                d_model=5120, n_layers=40, n_heads=40, vocab=32000, ffn_dim=13824)
-register_preset("llama-70b", "decoder", "Llama-2 70B, GQA 8 kv heads (68,976,648,192 params)",
-                d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, vocab=32000, ffn_dim=28672)
+register_preset(
+    "decoder-tiny",
+    "decoder",
+    "d64 L2 H4 V512 (~172k params): seconds on a CPU",
+    d_model=64,
+    n_layers=2,
+    n_heads=4,
+    vocab=512,
+)
+register_preset(
+    "decoder-mini",
+    "decoder",
+    "d128 L4 H4 V256 (~0.87M params): model states dominate memory",
+    d_model=128,
+    n_layers=4,
+    n_heads=4,
+    vocab=256,
+)
+register_preset(
+    "decoder-small",
+    "decoder",
+    "d256 L4 H8 V4096 (~5.3M params)",
+    d_model=256,
+    n_layers=4,
+    n_heads=8,
+    vocab=4096,
+)
+register_preset(
+    "decoder-base",
+    "decoder",
+    "d768 L12 H12 V32000 (~134M params)",
+    d_model=768,
+    n_layers=12,
+    n_heads=12,
+    vocab=32000,
+)
+register_preset(
+    "llama-7b",
+    "decoder",
+    "Llama-2 7B (6,738,415,616 params)",
+    d_model=4096,
+    n_layers=32,
+    n_heads=32,
+    vocab=32000,
+    ffn_dim=11008,
+)
+register_preset(
+    "llama-13b",
+    "decoder",
+    "Llama-2 13B (13,015,864,320 params)",
+    d_model=5120,
+    n_layers=40,
+    n_heads=40,
+    vocab=32000,
+    ffn_dim=13824,
+)
+register_preset(
+    "llama-70b",
+    "decoder",
+    "Llama-2 70B, GQA 8 kv heads (68,976,648,192 params)",
+    d_model=8192,
+    n_layers=80,
+    n_heads=64,
+    n_kv_heads=8,
+    vocab=32000,
+    ffn_dim=28672,
+)

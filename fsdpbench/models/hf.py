@@ -59,41 +59,72 @@ class HFModel(nn.Module):
 
 # ---- builders -----------------------------------------------------------------------------------
 def build_llama(
-    hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int | None = None,
-    intermediate_size: int = 192, vocab: int = 512, max_positions: int = 2048, dropout: float = 0.0,
-) -> HFModel:  # fmt: skip
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int | None = None,
+    intermediate_size: int = 192,
+    vocab: int = 512,
+    max_positions: int = 2048,
+    dropout: float = 0.0,
+) -> HFModel:
     tf = _transformers("hf-llama")
     config = tf.LlamaConfig(
-        hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads or num_heads, intermediate_size=intermediate_size,
-        vocab_size=vocab, max_position_embeddings=max_positions, attention_dropout=dropout,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads or num_heads,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab,
+        max_position_embeddings=max_positions,
+        attention_dropout=dropout,
         tie_word_embeddings=False,
-    )  # fmt: skip
+    )
     return HFModel(tf.LlamaForCausalLM(config), "causal")
 
 
 def build_bert(
-    hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, intermediate_size: int = 256,
-    vocab: int = 512, max_positions: int = 512, dropout: float = 0.0,
-) -> HFModel:  # fmt: skip
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    intermediate_size: int = 256,
+    vocab: int = 512,
+    max_positions: int = 512,
+    dropout: float = 0.0,
+) -> HFModel:
     tf = _transformers("hf-bert")
     config = tf.BertConfig(
-        hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
-        intermediate_size=intermediate_size, vocab_size=vocab, max_position_embeddings=max_positions,
-        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
-    )  # fmt: skip
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        intermediate_size=intermediate_size,
+        vocab_size=vocab,
+        max_position_embeddings=max_positions,
+        hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout,
+    )
     return HFModel(tf.BertForMaskedLM(config), "masked")
 
 
 def build_t5(
-    d_model: int = 64, num_layers: int = 2, num_heads: int = 4, d_kv: int = 16, d_ff: int = 256,
-    vocab: int = 512, dropout: float = 0.0,
-) -> HFModel:  # fmt: skip
+    d_model: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    d_kv: int = 16,
+    d_ff: int = 256,
+    vocab: int = 512,
+    dropout: float = 0.0,
+) -> HFModel:
     tf = _transformers("hf-t5")
     config = tf.T5Config(
-        d_model=d_model, num_layers=num_layers, num_heads=num_heads, d_kv=d_kv, d_ff=d_ff,
-        vocab_size=vocab, dropout_rate=dropout,
-    )  # fmt: skip
+        d_model=d_model,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        d_kv=d_kv,
+        d_ff=d_ff,
+        vocab_size=vocab,
+        dropout_rate=dropout,
+    )
     return HFModel(tf.T5ForConditionalGeneration(config), "seq2seq")
 
 
@@ -126,7 +157,13 @@ def _block(model: str, name: str) -> Any:
 
 
 _FAMILIES = [
-    ("hf-llama", build_llama, _causal_batch, "LlamaDecoderLayer", "Hugging Face LlamaForCausalLM, from a config"),
+    (
+        "hf-llama",
+        build_llama,
+        _causal_batch,
+        "LlamaDecoderLayer",
+        "Hugging Face LlamaForCausalLM, from a config",
+    ),
     ("hf-bert", build_bert, _masked_batch, "BertLayer", "Hugging Face BertForMaskedLM from a config"),
     ("hf-t5", build_t5, _seq2seq_batch, "T5Block", "Hugging Face T5ForConditionalGeneration from a config"),
 ]
@@ -154,12 +191,37 @@ for _name, _builder, _batch, _block_name, _desc in _FAMILIES:
     )
 
 register_preset("hf-llama-tiny", "hf-llama", "d64 L2 H4 V512 (172k params)")
-register_preset("hf-llama2-7b", "hf-llama", "Llama-2 7B shape (6,738,415,616 params)",
-                hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=11008, vocab=32000,
-                max_positions=4096)  # fmt: skip
+register_preset(
+    "hf-llama2-7b",
+    "hf-llama",
+    "Llama-2 7B shape (6,738,415,616 params)",
+    hidden_size=4096,
+    num_layers=32,
+    num_heads=32,
+    intermediate_size=11008,
+    vocab=32000,
+    max_positions=4096,
+)
 register_preset("hf-bert-tiny", "hf-bert", "d64 L2 H4 V512 (171k params)")
-register_preset("hf-bert-base", "hf-bert", "BERT-base shape (109,514,298 params with the MLM head)",
-                hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072, vocab=30522)  # fmt: skip
+register_preset(
+    "hf-bert-base",
+    "hf-bert",
+    "BERT-base shape (109,514,298 params with the MLM head)",
+    hidden_size=768,
+    num_layers=12,
+    num_heads=12,
+    intermediate_size=3072,
+    vocab=30522,
+)
 register_preset("hf-t5-tiny", "hf-t5", "d64 L2+2 H4 V512 (263k params)")
-register_preset("hf-t5-small", "hf-t5", "T5-small shape (60,506,624 params)",
-                d_model=512, num_layers=6, num_heads=8, d_kv=64, d_ff=2048, vocab=32128)  # fmt: skip
+register_preset(
+    "hf-t5-small",
+    "hf-t5",
+    "T5-small shape (60,506,624 params)",
+    d_model=512,
+    num_layers=6,
+    num_heads=8,
+    d_kv=64,
+    d_ff=2048,
+    vocab=32128,
+)

@@ -1,9 +1,9 @@
 """The HTML report of one or more runs: ``write_report([run_dir])`` → ``run_dir/report.html``.
 
-    data.py          run directories → frames (rows, one row per case, timelines), each with a ``run`` label
-    figures.py       memory figures;  figures_perf.py  time, communication, sweep figures
-    tables.py        strategies side by side, every case, the verdict
-    page.py          the self-contained HTML page (plotly.js embedded once, no network)
+data.py          run directories → frames (rows, one row per case, timelines), each with a ``run`` label
+figures.py       memory figures;  figures_perf.py  time, communication, sweep figures
+tables.py        strategies side by side, every case, the verdict
+page.py          the self-contained HTML page (plotly.js embedded once, no network)
 """
 
 from __future__ import annotations
@@ -18,12 +18,18 @@ from fsdpbench.report.panel import Panel
 def build_panels(data: ReportData) -> list[Panel]:
     """Every figure of the report, in page order (absent data gives a panel with the reason)."""
     from fsdpbench.report.figures import (
-        build_memory_breakdown_panel, build_memory_scaling_panel, build_memory_timeline_panel,
-    )  # fmt: skip
+        build_memory_breakdown_panel,
+        build_memory_scaling_panel,
+        build_memory_timeline_panel,
+    )
     from fsdpbench.report.figures_perf import (
-        build_comm_bytes_panel, build_overlap_panel, build_speedup_panel, build_step_time_panel,
-        build_sweep_panels, build_tradeoff_panel,
-    )  # fmt: skip
+        build_comm_bytes_panel,
+        build_overlap_panel,
+        build_speedup_panel,
+        build_step_time_panel,
+        build_sweep_panels,
+        build_tradeoff_panel,
+    )
 
     cases = data.cases
     return [

@@ -21,19 +21,64 @@ STRATEGY_ORDER = ("ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp1")
 # configuration columns that may vary in a scenario (besides strategy and world size); a case's label
 # names those that do
 AXES = (
-    "model", "model_args", "shard_size", "wrap", "prefetch", "precision", "optimizer", "batch_size", "seq_len",
-    "activation_checkpointing", "compile", "cpu_offload", "backward_prefetch", "forward_prefetch",
-    "limit_all_gathers", "strategy_args", "mode",
-)  # fmt: skip
+    "model",
+    "model_args",
+    "shard_size",
+    "wrap",
+    "prefetch",
+    "precision",
+    "optimizer",
+    "batch_size",
+    "seq_len",
+    "activation_checkpointing",
+    "compile",
+    "cpu_offload",
+    "backward_prefetch",
+    "forward_prefetch",
+    "limit_all_gathers",
+    "strategy_args",
+    "mode",
+)
 FAILED_STATUSES = ("failed", "timeout", "oom")
 _FIRST = (
-    "scenario", "strategy", "world_size", "shard_size", "model", "model_args", "params", "wrap", "n_units",
-    "prefetch", "precision", "optimizer", "batch_size", "global_batch_size", "seq_len", "warmup_steps",
-    "timed_steps", "backend", "device", "device_name", "activation_checkpointing", "compile", "cpu_offload",
-    "backward_prefetch", "forward_prefetch", "limit_all_gathers", "strategy_args", "torch_version", "commit",
-    "case_step_time_ms", "throughput_samples_s", "throughput_tokens_s", "case_wall_s", "loss_first", "loss_final",
-    "mode", "emulate_ranks",
-)  # fmt: skip
+    "scenario",
+    "strategy",
+    "world_size",
+    "shard_size",
+    "model",
+    "model_args",
+    "params",
+    "wrap",
+    "n_units",
+    "prefetch",
+    "precision",
+    "optimizer",
+    "batch_size",
+    "global_batch_size",
+    "seq_len",
+    "warmup_steps",
+    "timed_steps",
+    "backend",
+    "device",
+    "device_name",
+    "activation_checkpointing",
+    "compile",
+    "cpu_offload",
+    "backward_prefetch",
+    "forward_prefetch",
+    "limit_all_gathers",
+    "strategy_args",
+    "torch_version",
+    "commit",
+    "case_step_time_ms",
+    "throughput_samples_s",
+    "throughput_tokens_s",
+    "case_wall_s",
+    "loss_first",
+    "loss_final",
+    "mode",
+    "emulate_ranks",
+)
 TRACKER_PEAK_COLUMNS = ("mem_tracker_peak_bytes", *(f"mem_tracker_peak_{c}_bytes" for c in CATEGORIES))
 
 
@@ -74,7 +119,9 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     results = load_results(run_dir).copy()
     results.insert(0, "run", label)
     meta = RunStore(run_dir).read_run_json()
-    return RunData(run=label, run_dir=run_dir, meta=meta, results=results, timelines=load_timelines(run_dir, label))
+    return RunData(
+        run=label, run_dir=run_dir, meta=meta, results=results, timelines=load_timelines(run_dir, label)
+    )
 
 
 def load_timelines(run_dir: Path, label: str) -> pd.DataFrame:
@@ -130,7 +177,11 @@ def build_case_frame(results: pd.DataFrame) -> pd.DataFrame:
         rows.append(_case_row(run, case_id, group))
     cases = pd.DataFrame(rows)
     cases["strategy_rank"] = cases["strategy"].map(_strategy_rank)
-    sort = [c for c in ("run", "model", "world_size", "strategy_rank", "wrap", "prefetch", "precision") if c in cases]
+    sort = [
+        c
+        for c in ("run", "model", "world_size", "strategy_rank", "wrap", "prefetch", "precision")
+        if c in cases
+    ]
     cases = cases.sort_values(sort, kind="stable", na_position="last").reset_index(drop=True)
     modes = cases["mode"] if "mode" in cases else pd.Series("real", index=cases.index)
     emulated = cases["emulate_ranks"] if "emulate_ranks" in cases else pd.Series("", index=cases.index)
@@ -180,7 +231,9 @@ def _add_time(row: dict[str, Any], ranks: pd.DataFrame) -> None:
     if "step_time_ms" not in ranks or ranks["step_time_ms"].isna().all():
         return
     slow = ranks.loc[ranks["step_time_ms"].idxmax()]
-    row["step_time_ms"] = row.get("case_step_time_ms") if _ok(row.get("case_step_time_ms")) else slow["step_time_ms"]
+    row["step_time_ms"] = (
+        row.get("case_step_time_ms") if _ok(row.get("case_step_time_ms")) else slow["step_time_ms"]
+    )
     for col in ("step_time_p10_ms", "step_time_p90_ms", "step_time_mean_ms", "step_time_std_ms"):
         if col in slow:
             row[col] = slow[col]
@@ -189,9 +242,16 @@ def _add_time(row: dict[str, Any], ranks: pd.DataFrame) -> None:
 
 # the step-time model's columns (metrics/step_model.py); "model_args" is not one of them
 MODEL_COLUMNS = (
-    "model_step_time_ms", "model_compute_ms", "model_comm_ms", "model_exposed_comm_ms", "model_peer_wait_ms",
-    "model_overlap_ratio", "model_link", "model_link_source", "model_method",
-)  # fmt: skip
+    "model_step_time_ms",
+    "model_compute_ms",
+    "model_comm_ms",
+    "model_exposed_comm_ms",
+    "model_peer_wait_ms",
+    "model_overlap_ratio",
+    "model_link",
+    "model_link_source",
+    "model_method",
+)
 
 
 def _add_step_model(row: dict[str, Any], ranks: pd.DataFrame) -> None:
@@ -204,7 +264,9 @@ def _add_step_model(row: dict[str, Any], ranks: pd.DataFrame) -> None:
         if col in slow:
             row[col] = slow[col]
     measured = row.get("step_time_ms")
-    row["model_step_err"] = (slow["model_step_time_ms"] - measured) / measured if _ok(measured) and measured else np.nan
+    row["model_step_err"] = (
+        (slow["model_step_time_ms"] - measured) / measured if _ok(measured) and measured else np.nan
+    )
 
 
 def _add_memory(row: dict[str, Any], ranks: pd.DataFrame) -> None:
@@ -263,7 +325,9 @@ def _strategy_rank(name: Any) -> int:
     return STRATEGY_ORDER.index(name) if name in STRATEGY_ORDER else len(STRATEGY_ORDER)
 
 
-def ranks_label(world_size: Any, device: Any, backend: Any, *, mode: Any = "real", emulated_ranks: Any = "") -> str:
+def ranks_label(
+    world_size: Any, device: Any, backend: Any, *, mode: Any = "real", emulated_ranks: Any = ""
+) -> str:
     """'4 CPU ranks (gloo)' or '4 GPUs (NCCL)': a CPU rank is never called a GPU. Emulated: 'rank 0 of 4
     GPUs (NCCL), emulated on one device' — the others never ran."""
     n = int(world_size) if _ok(world_size) else 0

@@ -15,8 +15,15 @@ import plotly.graph_objects as go
 from fsdpbench.metrics.tracker import CATEGORIES
 from fsdpbench.report.data import axis_text, has_values, ok_cases, rows_with, varying_axes
 from fsdpbench.report.panel import (
-    MEMORY_SOURCES, TRACKER_SOURCE, Panel, base_layout, byte_unit, describe_ranks, fmt_pct, strategy_color,
-)  # fmt: skip
+    MEMORY_SOURCES,
+    TRACKER_SOURCE,
+    Panel,
+    base_layout,
+    byte_unit,
+    describe_ranks,
+    fmt_pct,
+    strategy_color,
+)
 
 # measured tracker categories at the peak, grouped for the breakdown
 BREAKDOWN_MEASURED = {
@@ -24,7 +31,12 @@ BREAKDOWN_MEASURED = {
     "grads": ("grads",),
     "optimizer state": ("optim",),
     "activations": ("activations", "inputs"),
-    "unsharded params/grads + comm buffers": ("params_unsharded", "grads_unsharded", "all_gather", "reduce_scatter"),
+    "unsharded params/grads + comm buffers": (
+        "params_unsharded",
+        "grads_unsharded",
+        "all_gather",
+        "reduce_scatter",
+    ),
     "other": ("temp", "buffers", "other"),
 }
 # the analytic model's terms, grouped the same way; its grads term is the resting value, so the gradients
@@ -37,12 +49,18 @@ BREAKDOWN_PREDICTED = {
     "unsharded params/grads + comm buffers": ("pred_unsharded_bytes", "pred_comm_buffers_bytes"),
     "other": ("pred_temp_bytes",),
 }
-GRADS_AT_PEAK_NOTE = ("predicted grads at the peak = predicted peak − the other predicted terms "
-                      "(pred_grads_bytes is the resting value after optimizer.step)")  # fmt: skip
+GRADS_AT_PEAK_NOTE = (
+    "predicted grads at the peak = predicted peak − the other predicted terms "
+    "(pred_grads_bytes is the resting value after optimizer.step)"
+)
 BREAKDOWN_COLORS = {
-    "params": "#4C78A8", "grads": "#F58518", "optimizer state": "#54A24B", "activations": "#B279A2",
-    "unsharded params/grads + comm buffers": "#E45756", "other": "#BAB0AC",
-}  # fmt: skip
+    "params": "#4C78A8",
+    "grads": "#F58518",
+    "optimizer state": "#54A24B",
+    "activations": "#B279A2",
+    "unsharded params/grads + comm buffers": "#E45756",
+    "other": "#BAB0AC",
+}
 _SCALING_LINES = (  # (column, what, dash)
     ("pred_peak_bytes", "analytic peak", "solid"),
     ("pred_model_states_bytes", "analytic model states", "dash"),
@@ -57,16 +75,27 @@ def breakdown_frames(cases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | 
     pred_peak_<category>_bytes columns (the tracker's categories at the predicted peak) are used as they
     are when the memory model writes them; otherwise the predicted grads at the peak are derived.
     """
-    measured = pd.DataFrame({g: _sum(cases, [f"mem_tracker_peak_{c}_bytes" for c in cols])
-                             for g, cols in BREAKDOWN_MEASURED.items()}, index=cases.index)  # fmt: skip
+    measured = pd.DataFrame(
+        {
+            g: _sum(cases, [f"mem_tracker_peak_{c}_bytes" for c in cols])
+            for g, cols in BREAKDOWN_MEASURED.items()
+        },
+        index=cases.index,
+    )
     if any(has_values(cases, f"pred_peak_{c}_bytes") for c in CATEGORIES):
-        predicted = pd.DataFrame({g: _sum(cases, [f"pred_peak_{c}_bytes" for c in cols])
-                                  for g, cols in BREAKDOWN_MEASURED.items()}, index=cases.index)  # fmt: skip
+        predicted = pd.DataFrame(
+            {
+                g: _sum(cases, [f"pred_peak_{c}_bytes" for c in cols])
+                for g, cols in BREAKDOWN_MEASURED.items()
+            },
+            index=cases.index,
+        )
         return measured, predicted, None
     if not has_values(cases, "pred_peak_bytes"):
         return measured, None, None
-    predicted = pd.DataFrame({g: _sum(cases, list(cols)) for g, cols in BREAKDOWN_PREDICTED.items()},
-                             index=cases.index)  # fmt: skip
+    predicted = pd.DataFrame(
+        {g: _sum(cases, list(cols)) for g, cols in BREAKDOWN_PREDICTED.items()}, index=cases.index
+    )
     predicted["grads"] = (_col(cases, "pred_peak_bytes") - predicted.sum(axis=1)).clip(lower=0)
     predicted[_col(cases, "pred_peak_bytes") == 0] = float("nan")  # no prediction for that case
     return measured, predicted, GRADS_AT_PEAK_NOTE
@@ -97,9 +126,15 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     ok = ok_cases(cases)
     ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty or "mem_tracker_peak_bytes" not in ok:
-        return Panel(key="memory_scaling", title=title, caption="",
-                     missing="not measured in this run: no case finished with a tracker peak (mem_tracker_peak_bytes)")
-    value_cols = ["mem_tracker_peak_bytes", "mem_tracker_model_states_bytes"] + [c for c, _, _ in _SCALING_LINES]
+        return Panel(
+            key="memory_scaling",
+            title=title,
+            caption="",
+            missing="not measured in this run: no case finished with a tracker peak (mem_tracker_peak_bytes)",
+        )
+    value_cols = ["mem_tracker_peak_bytes", "mem_tracker_model_states_bytes"] + [
+        c for c, _, _ in _SCALING_LINES
+    ]
     unit, div = byte_unit([v for c in value_cols if c in ok for v in ok[c]])
     axes = series_key_axes(ok)
     several_runs = ok["run"].nunique() > 1 if "run" in ok else False
@@ -110,36 +145,61 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
         sub = sub.sort_values("world_size")
         color = strategy_color(sub["strategy"].iloc[0])
         group = dict(legendgroup=name, legendgrouptitle_text=name)
-        fig.add_trace(go.Scatter(
-            x=sub["world_size"].tolist(), y=(sub["mem_tracker_peak_bytes"] / div).tolist(), mode="markers",
-            name="measured peak", marker=dict(color=color, size=11, symbol="circle"), **group,
-            text=[_scaling_hover(r, unit, div) for _, r in sub.iterrows()], hoverinfo="text",
-        ))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=sub["world_size"].tolist(),
+                y=(sub["mem_tracker_peak_bytes"] / div).tolist(),
+                mode="markers",
+                name="measured peak",
+                marker=dict(color=color, size=11, symbol="circle"),
+                **group,
+                text=[_scaling_hover(r, unit, div) for _, r in sub.iterrows()],
+                hoverinfo="text",
+            )
+        )
         if has_values(sub, "mem_tracker_model_states_bytes"):
-            fig.add_trace(go.Scatter(
-                x=sub["world_size"].tolist(), y=(sub["mem_tracker_model_states_bytes"] / div).tolist(),
-                mode="markers", name="measured model states", **group,
-                marker=dict(color=color, size=10, symbol="diamond-open", line=dict(width=2)),
-            ))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=sub["world_size"].tolist(),
+                    y=(sub["mem_tracker_model_states_bytes"] / div).tolist(),
+                    mode="markers",
+                    name="measured model states",
+                    **group,
+                    marker=dict(color=color, size=10, symbol="diamond-open", line=dict(width=2)),
+                )
+            )
         for col, what, dash in _SCALING_LINES:
             if has_values(sub, col):
                 pts = sub[sub[col].notna()]
-                fig.add_trace(go.Scatter(
-                    x=pts["world_size"].tolist(), y=(pts[col] / div).tolist(), mode="lines+markers" if len(pts) == 1
-                    else "lines", name=what, line=dict(color=color, dash=dash, width=2),
-                    marker=dict(symbol="line-ew-open", size=14, color=color), **group,
-                ))  # fmt: skip
+                fig.add_trace(
+                    go.Scatter(
+                        x=pts["world_size"].tolist(),
+                        y=(pts[col] / div).tolist(),
+                        mode="lines+markers" if len(pts) == 1 else "lines",
+                        name=what,
+                        line=dict(color=color, dash=dash, width=2),
+                        marker=dict(symbol="line-ew-open", size=14, color=color),
+                        **group,
+                    )
+                )
     sizes = sorted({int(n) for n in ok["world_size"]})
-    fig.update_layout(**base_layout(
-        xaxis=dict(title="world size N (ranks)", type="log", tickvals=sizes, ticktext=[str(n) for n in sizes]),
-        yaxis=dict(title=f"memory per rank ({unit})", rangemode="tozero"), height=620,
-    ))  # fmt: skip
+    fig.update_layout(
+        **base_layout(
+            xaxis=dict(
+                title="world size N (ranks)", type="log", tickvals=sizes, ticktext=[str(n) for n in sizes]
+            ),
+            yaxis=dict(title=f"memory per rank ({unit})", rangemode="tozero"),
+            height=620,
+        )
+    )
     notes = []
     if not has_values(ok, "pred_peak_bytes") and not has_values(ok, "pred_model_states_bytes"):
         notes.append("analytic prediction not in this run: no pred_* columns (the memory model did not run)")
     if not any(has_values(ok, c) for c in ("traced_peak_bytes", "traced_model_states_bytes")):
-        notes.append("traced prediction not in this run (no traced_* columns): run with --traced, "
-                     "or traced: true in the scenario")
+        notes.append(
+            "traced prediction not in this run (no traced_* columns): run with --traced, "
+            "or traced: true in the scenario"
+        )
     caption = (
         f"Per-rank memory against world size N, one colour per strategy. Markers are measured by the "
         f"{TRACKER_SOURCE} in the memory-tracked step: ● total at the peak of the largest rank, "
@@ -151,15 +211,19 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
 
 
 def _scaling_hover(row: Any, unit: str, div: float) -> str:
-    lines = [f"<b>{row['label']}</b>", f"measured peak {row['mem_tracker_peak_bytes'] / div:.2f} {unit}"
-             f" (rank {row.get('peak_rank', '?')}, tracker)"]  # fmt: skip
+    lines = [
+        f"<b>{row['label']}</b>",
+        f"measured peak {row['mem_tracker_peak_bytes'] / div:.2f} {unit}"
+        f" (rank {row.get('peak_rank', '?')}, tracker)",
+    ]
     if pd.notna(row.get("mem_tracker_model_states_bytes")):
         lines.append(f"measured model states {row['mem_tracker_model_states_bytes'] / div:.2f} {unit}")
-    for col, what, err in (("pred_peak_bytes", "analytic peak", "pred_peak_err"),
-                           ("pred_model_states_bytes", "analytic model states", "pred_model_states_err"),
-                           ("traced_peak_bytes", "traced peak", "traced_peak_err"),
-                           ("ds_est_model_states_bytes", "DeepSpeed's estimate of model states",
-                            "ds_est_model_states_err")):  # fmt: skip
+    for col, what, err in (
+        ("pred_peak_bytes", "analytic peak", "pred_peak_err"),
+        ("pred_model_states_bytes", "analytic model states", "pred_model_states_err"),
+        ("traced_peak_bytes", "traced peak", "traced_peak_err"),
+        ("ds_est_model_states_bytes", "DeepSpeed's estimate of model states", "ds_est_model_states_err"),
+    ):
         if pd.notna(row.get(col)):
             lines.append(f"{what} {row[col] / div:.2f} {unit} (error {fmt_pct(row.get(err))})")
     return "<br>".join(lines)
@@ -171,8 +235,12 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     ok = ok_cases(cases)
     ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty:
-        return Panel(key="memory_breakdown", title=title, caption="",
-                     missing="not measured in this run: no case finished with tracker memory by category")
+        return Panel(
+            key="memory_breakdown",
+            title=title,
+            caption="",
+            missing="not measured in this run: no case finished with tracker memory by category",
+        )
     measured, predicted, grads_note = breakdown_frames(ok)
     has_pred = predicted is not None
     labels = ok["label"].tolist()
@@ -187,8 +255,16 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
             x.append(float(measured[group].iloc[i]) / div)
             if has_pred:
                 x.append(float(predicted[group].iloc[i]) / div)  # NaN: no prediction for this case
-        fig.add_trace(go.Bar(x=x, y=y, orientation="h", name=group, marker_color=BREAKDOWN_COLORS[group],
-                             hovertemplate=f"%{{y}}<br>{group}: %{{x:.2f}} {unit}<extra></extra>"))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=y,
+                orientation="h",
+                name=group,
+                marker_color=BREAKDOWN_COLORS[group],
+                hovertemplate=f"%{{y}}<br>{group}: %{{x:.2f}} {unit}<extra></extra>",
+            )
+        )
     ty, tx, tt = ([[], []] if has_pred else []), [], []  # totals beside the bars: measured, predicted (error)
     for i, (_, row) in enumerate(ok.iterrows()):
         rows = [("measured", row["mem_tracker_peak_bytes"], "")]
@@ -200,15 +276,30 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
             else:
                 ty.append(labels[i])
             tx.append(total / div), tt.append(f" {total / div:.2f}{extra}")
-    fig.add_trace(go.Scatter(x=tx, y=ty, text=tt, mode="text", textposition="middle right", name="total",
-                             showlegend=False, textfont=dict(size=10), hoverinfo="skip"))
+    fig.add_trace(
+        go.Scatter(
+            x=tx,
+            y=ty,
+            text=tt,
+            mode="text",
+            textposition="middle right",
+            name="total",
+            showlegend=False,
+            textfont=dict(size=10),
+            hoverinfo="skip",
+        )
+    )
     n_bars = len(labels) * len(kinds)
-    fig.update_layout(**base_layout(
-        barmode="stack", xaxis=dict(title=f"memory per rank at the peak ({unit})", range=[0, max(tx) * 1.2]),
-        yaxis=dict(autorange="reversed", type="multicategory" if has_pred else "category"),
-        height=max(360, 22 * n_bars + 140), margin=dict(l=70, r=30, t=30, b=60),
-        legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", traceorder="normal"),
-    ))  # fmt: skip
+    fig.update_layout(
+        **base_layout(
+            barmode="stack",
+            xaxis=dict(title=f"memory per rank at the peak ({unit})", range=[0, max(tx) * 1.2]),
+            yaxis=dict(autorange="reversed", type="multicategory" if has_pred else "category"),
+            height=max(360, 22 * n_bars + 140),
+            margin=dict(l=70, r=30, t=30, b=60),
+            legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", traceorder="normal"),
+        )
+    )
     notes = [grads_note] if grads_note else []
     if not has_pred:
         notes.append("prediction not in this run: no pred_* columns (the memory model did not run)")
@@ -232,9 +323,13 @@ def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) ->
     """Memory over one run of a case per rank (NVML/RSS/...), phases shaded; a menu picks the case."""
     title = "Memory timeline per rank"
     if timelines is None or timelines.empty or not {"case_id", "t_s", "bytes"} <= set(timelines.columns):
-        return Panel(key="memory_timeline", title=title, caption="",
-                     missing="not measured in this run: no cases/<case_id>/timeline.parquet "
-                             "(memory was not sampled over time by this run's worker)")  # fmt: skip
+        return Panel(
+            key="memory_timeline",
+            title=title,
+            caption="",
+            missing="not measured in this run: no cases/<case_id>/timeline.parquet "
+            "(memory was not sampled over time by this run's worker)",
+        )
     tl = timelines.copy()
     if "run" not in tl:
         tl["run"] = cases["run"].iloc[0] if "run" in cases and len(cases) else "run"
@@ -252,26 +347,42 @@ def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) ->
         sub = tl[(tl["run"] == key[0]) & (tl["case_id"] == key[1])]
         for (rank, source), line in sub.groupby(["rank", "source"], sort=True):
             line = line.sort_values("t_s")
-            fig.add_trace(go.Scatter(
-                x=line["t_s"].tolist(), y=(line["bytes"] / div).tolist(), mode="lines", visible=i == 0,
-                name=f"rank {rank} · {source}", customdata=line["phase"].astype(str).tolist(),
-                hovertemplate=f"rank {rank} ({source})<br>t=%{{x:.3f}} s<br>%{{y:.2f}} {unit}<br>phase %{{customdata}}"
-                "<extra></extra>",
-            ))  # fmt: skip
+            fig.add_trace(
+                go.Scatter(
+                    x=line["t_s"].tolist(),
+                    y=(line["bytes"] / div).tolist(),
+                    mode="lines",
+                    visible=i == 0,
+                    name=f"rank {rank} · {source}",
+                    customdata=line["phase"].astype(str).tolist(),
+                    hovertemplate=f"rank {rank} ({source})<br>t=%{{x:.3f}} s<br>%{{y:.2f}} {unit}<br>phase %{{customdata}}"
+                    "<extra></extra>",
+                )
+            )
             owners.append(i)
         shapes, notes = _phase_bands(sub)
         menus.append((labels.get(key, key[1]), shapes, notes))
     buttons = [
-        dict(label=label, method="update",
-             args=[{"visible": [o == i for o in owners]}, {"shapes": shapes, "annotations": notes}])
+        dict(
+            label=label,
+            method="update",
+            args=[{"visible": [o == i for o in owners]}, {"shapes": shapes, "annotations": notes}],
+        )
         for i, (label, shapes, notes) in enumerate(menus)
-    ]  # fmt: skip
-    fig.update_layout(**base_layout(
-        xaxis=dict(title="time since the rank's sampler started (s)"), yaxis=dict(title=f"memory ({unit})"),
-        shapes=menus[0][1], annotations=menus[0][2], margin=dict(l=70, r=30, t=80, b=60), showlegend=True,
-        updatemenus=[dict(buttons=buttons, direction="down", x=0, xanchor="left", y=1.18, yanchor="top")]
-        if len(buttons) > 1 else [],
-    ))  # fmt: skip
+    ]
+    fig.update_layout(
+        **base_layout(
+            xaxis=dict(title="time since the rank's sampler started (s)"),
+            yaxis=dict(title=f"memory ({unit})"),
+            shapes=menus[0][1],
+            annotations=menus[0][2],
+            margin=dict(l=70, r=30, t=80, b=60),
+            showlegend=True,
+            updatemenus=[dict(buttons=buttons, direction="down", x=0, xanchor="left", y=1.18, yanchor="top")]
+            if len(buttons) > 1
+            else [],
+        )
+    )
     sources = [MEMORY_SOURCES.get(str(s), str(s)) for s in dict.fromkeys(tl["source"])]
     caption = (
         f"Memory of each rank over time while the case ran, sampled by {', '.join(sources)}; shaded bands are "
@@ -293,8 +404,31 @@ def _phase_bands(sub: pd.DataFrame) -> tuple[list[dict[str, Any]], list[dict[str
         if not name:
             continue
         x0, x1 = float(seg["t_s"].iloc[0]), float(seg["t_s"].iloc[-1])
-        shapes.append(dict(type="rect", xref="x", yref="paper", x0=x0, x1=x1, y0=0, y1=1, layer="below",
-                           line=dict(width=0), fillcolor="#DDE6F2" if j % 2 == 0 else "#F2E6DD", opacity=0.6))
-        notes.append(dict(x=(x0 + x1) / 2, y=1.0, xref="x", yref="paper", yanchor="bottom", text=str(name),
-                          showarrow=False, font=dict(size=10, color="#555")))
+        shapes.append(
+            dict(
+                type="rect",
+                xref="x",
+                yref="paper",
+                x0=x0,
+                x1=x1,
+                y0=0,
+                y1=1,
+                layer="below",
+                line=dict(width=0),
+                fillcolor="#DDE6F2" if j % 2 == 0 else "#F2E6DD",
+                opacity=0.6,
+            )
+        )
+        notes.append(
+            dict(
+                x=(x0 + x1) / 2,
+                y=1.0,
+                xref="x",
+                yref="paper",
+                yanchor="bottom",
+                text=str(name),
+                showarrow=False,
+                font=dict(size=10, color="#555"),
+            )
+        )
     return shapes, notes

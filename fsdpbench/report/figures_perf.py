@@ -12,27 +12,57 @@ from fsdpbench.case import PRECISIONS, WRAPS
 from fsdpbench.report.data import axis_text, has_values, ok_cases, rows_with
 from fsdpbench.report.figures import TRACKER_SOURCE, series_key_axes, series_name
 from fsdpbench.report.panel import (
-    Panel, base_layout, byte_unit, describe_ranks, ordered_strategies, steps_text, strategy_color,
-)  # fmt: skip
+    Panel,
+    base_layout,
+    byte_unit,
+    describe_ranks,
+    ordered_strategies,
+    steps_text,
+    strategy_color,
+)
 
 COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
-COMM_COLORS = {"all_gather": "#4C78A8", "reduce_scatter": "#F58518", "all_reduce": "#54A24B",
-               "broadcast": "#B279A2", "other": "#BAB0AC"}  # fmt: skip
+COMM_COLORS = {
+    "all_gather": "#4C78A8",
+    "reduce_scatter": "#F58518",
+    "all_reduce": "#54A24B",
+    "broadcast": "#B279A2",
+    "other": "#BAB0AC",
+}
 # the axes that get their own sweep view when a scenario varies them, with their natural order
 SWEEP_AXES = {"wrap": WRAPS, "prefetch": None, "precision": PRECISIONS, "activation_checkpointing": None}
 # what must be equal for a case to be compared with a DDP case (DDP has no wrap/prefetch/shard)
-BASELINE_KEYS = ("run", "world_size", "model", "model_args", "precision", "optimizer", "batch_size", "seq_len",
-                 "activation_checkpointing", "compile", "cpu_offload", "device", "backend")  # fmt: skip
+BASELINE_KEYS = (
+    "run",
+    "world_size",
+    "model",
+    "model_args",
+    "precision",
+    "optimizer",
+    "batch_size",
+    "seq_len",
+    "activation_checkpointing",
+    "compile",
+    "cpu_offload",
+    "device",
+    "backend",
+)
 
 
 def _timed(cases: pd.DataFrame) -> pd.DataFrame:
     ok = ok_cases(cases)
-    return ok[pd.to_numeric(ok["step_time_ms"], errors="coerce").notna()] if "step_time_ms" in ok else ok.iloc[0:0]
+    return (
+        ok[pd.to_numeric(ok["step_time_ms"], errors="coerce").notna()]
+        if "step_time_ms" in ok
+        else ok.iloc[0:0]
+    )
 
 
 def _time_caption(ok: pd.DataFrame) -> str:
-    return (f"median over {steps_text(ok)} (warm-up excluded), of the slowest rank; whiskers p10–p90 of that "
-            f"rank's timed steps. Ranks: {describe_ranks(ok)}")  # fmt: skip
+    return (
+        f"median over {steps_text(ok)} (warm-up excluded), of the slowest rank; whiskers p10–p90 of that "
+        f"rank's timed steps. Ranks: {describe_ranks(ok)}"
+    )
 
 
 def build_step_time_panel(cases: pd.DataFrame) -> Panel:
@@ -40,36 +70,71 @@ def build_step_time_panel(cases: pd.DataFrame) -> Panel:
     title = "Step time and throughput per case"
     ok = _timed(cases)
     if ok.empty:
-        return Panel(key="step_time", title=title, caption="",
-                     missing="not measured in this run: no case finished its timed steps (step_time_ms)")
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("step time (ms)", "throughput (samples/s)"))  # fmt: skip
+        return Panel(
+            key="step_time",
+            title=title,
+            caption="",
+            missing="not measured in this run: no case finished its timed steps (step_time_ms)",
+        )
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=("step time (ms)", "throughput (samples/s)"),
+    )
     for strategy in ordered_strategies(ok):
         sub = ok[ok["strategy"] == strategy]
         med = sub["step_time_ms"].astype(float)
         p10 = pd.to_numeric(sub.get("step_time_p10_ms", med), errors="coerce").fillna(med)
         p90 = pd.to_numeric(sub.get("step_time_p90_ms", med), errors="coerce").fillna(med)
         color = strategy_color(strategy)
-        fig.add_trace(go.Bar(
-            x=sub["label"].tolist(), y=med.tolist(), name=strategy, marker_color=color, legendgroup=strategy,
-            error_y=dict(type="data", symmetric=False, array=(p90 - med).clip(lower=0).tolist(),
-                         arrayminus=(med - p10).clip(lower=0).tolist()),
-            hovertemplate="%{x}<br>median %{y:.1f} ms<extra></extra>",
-        ), row=1, col=1)  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=sub["label"].tolist(),
+                y=med.tolist(),
+                name=strategy,
+                marker_color=color,
+                legendgroup=strategy,
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=(p90 - med).clip(lower=0).tolist(),
+                    arrayminus=(med - p10).clip(lower=0).tolist(),
+                ),
+                hovertemplate="%{x}<br>median %{y:.1f} ms<extra></extra>",
+            ),
+            row=1,
+            col=1,
+        )
         gbs = sub["global_batch_size"].astype(float)
         thr = gbs / (med / 1e3)
-        fig.add_trace(go.Bar(
-            x=sub["label"].tolist(), y=thr.tolist(), name=strategy, marker_color=color, legendgroup=strategy,
-            showlegend=False,
-            error_y=dict(type="data", symmetric=False, array=(gbs / (p10 / 1e3) - thr).clip(lower=0).tolist(),
-                         arrayminus=(thr - gbs / (p90 / 1e3)).clip(lower=0).tolist()),
-            hovertemplate="%{x}<br>%{y:.1f} samples/s<extra></extra>",
-        ), row=2, col=1)  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=sub["label"].tolist(),
+                y=thr.tolist(),
+                name=strategy,
+                marker_color=color,
+                legendgroup=strategy,
+                showlegend=False,
+                error_y=dict(
+                    type="data",
+                    symmetric=False,
+                    array=(gbs / (p10 / 1e3) - thr).clip(lower=0).tolist(),
+                    arrayminus=(thr - gbs / (p90 / 1e3)).clip(lower=0).tolist(),
+                ),
+                hovertemplate="%{x}<br>%{y:.1f} samples/s<extra></extra>",
+            ),
+            row=2,
+            col=1,
+        )
     order = ok["label"].tolist()
     fig.update_xaxes(categoryorder="array", categoryarray=order, tickangle=-30)
     fig.update_layout(**base_layout(height=640, barmode="group", margin=dict(l=70, r=30, t=40, b=160)))
-    caption = (f"Step time (forward + backward + optimizer step, device-synchronised): {_time_caption(ok)}. "
-               f"Throughput = global batch / step time, whiskers from the same p10/p90.")  # fmt: skip
+    caption = (
+        f"Step time (forward + backward + optimizer step, device-synchronised): {_time_caption(ok)}. "
+        f"Throughput = global batch / step time, whiskers from the same p10/p90."
+    )
     return Panel(key="step_time", title=title, caption=caption, figure=fig)
 
 
@@ -79,8 +144,11 @@ def baseline_step_time(cases: pd.DataFrame) -> pd.Series:
     keys = [k for k in BASELINE_KEYS if k in cases]
     ddp = ok[ok["strategy"] == "ddp"]
     lookup = {tuple(str(r[k]) for k in keys): float(r["step_time_ms"]) for _, r in ddp.iterrows()}
-    return pd.Series([lookup.get(tuple(str(r[k]) for k in keys), float("nan")) for _, r in cases.iterrows()],
-                     index=cases.index, dtype="float64")  # fmt: skip
+    return pd.Series(
+        [lookup.get(tuple(str(r[k]) for k in keys), float("nan")) for _, r in cases.iterrows()],
+        index=cases.index,
+        dtype="float64",
+    )
 
 
 def build_speedup_panel(cases: pd.DataFrame) -> Panel:
@@ -88,28 +156,48 @@ def build_speedup_panel(cases: pd.DataFrame) -> Panel:
     title = "Speed relative to DDP at the same world size"
     ok = _timed(cases)
     if ok.empty:
-        return Panel(key="speedup", title=title, caption="", missing="not measured in this run: no timed case")
+        return Panel(
+            key="speedup", title=title, caption="", missing="not measured in this run: no timed case"
+        )
     base = baseline_step_time(ok)
     ok = ok.assign(speedup=base / ok["step_time_ms"].astype(float))
     lonely = ok[ok["speedup"].isna() & (ok["strategy"] != "ddp")]["label"].tolist()
     ok = ok[ok["speedup"].notna() & (ok["strategy"] != "ddp")]
     if ok.empty:
-        return Panel(key="speedup", title=title, caption="",
-                     missing="no DDP case with the same world size and settings to compare with in this run")
+        return Panel(
+            key="speedup",
+            title=title,
+            caption="",
+            missing="no DDP case with the same world size and settings to compare with in this run",
+        )
     fig = go.Figure()
     for strategy in ordered_strategies(ok):
         sub = ok[ok["strategy"] == strategy]
-        fig.add_trace(go.Bar(
-            x=sub["label"].tolist(), y=sub["speedup"].tolist(), name=strategy, marker_color=strategy_color(strategy),
-            text=[f"{v:.2f}×" for v in sub["speedup"]], textposition="outside",
-            hovertemplate="%{x}<br>%{y:.2f}× DDP's speed<extra></extra>",
-        ))  # fmt: skip
-    fig.add_hline(y=1.0, line=dict(color="#333", dash="dash"), annotation_text="DDP", annotation_position="top left")
+        fig.add_trace(
+            go.Bar(
+                x=sub["label"].tolist(),
+                y=sub["speedup"].tolist(),
+                name=strategy,
+                marker_color=strategy_color(strategy),
+                text=[f"{v:.2f}×" for v in sub["speedup"]],
+                textposition="outside",
+                hovertemplate="%{x}<br>%{y:.2f}× DDP's speed<extra></extra>",
+            )
+        )
+    fig.add_hline(
+        y=1.0, line=dict(color="#333", dash="dash"), annotation_text="DDP", annotation_position="top left"
+    )
     fig.update_xaxes(categoryorder="array", categoryarray=ok["label"].tolist(), tickangle=-30)
-    fig.update_layout(**base_layout(yaxis=dict(title="DDP step time / step time (×)", rangemode="tozero"),
-                                    margin=dict(l=70, r=30, t=40, b=160)))  # fmt: skip
-    caption = (f"Speed of each case relative to DDP with the same world size and settings: above 1 is faster "
-               f"than DDP, below 1 slower. Step times: {_time_caption(ok)}.")  # fmt: skip
+    fig.update_layout(
+        **base_layout(
+            yaxis=dict(title="DDP step time / step time (×)", rangemode="tozero"),
+            margin=dict(l=70, r=30, t=40, b=160),
+        )
+    )
+    caption = (
+        f"Speed of each case relative to DDP with the same world size and settings: above 1 is faster "
+        f"than DDP, below 1 slower. Step times: {_time_caption(ok)}."
+    )
     notes = [f"no DDP case with the same world size and settings for: {', '.join(lonely)}"] if lonely else []
     return Panel(key="speedup", title=title, caption=caption, figure=fig, notes=notes)
 
@@ -120,27 +208,46 @@ def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
     ok = _timed(cases)
     ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty:
-        return Panel(key="tradeoff", title=title, caption="",
-                     missing="not measured in this run: no case with both a step time and a tracker peak")
+        return Panel(
+            key="tradeoff",
+            title=title,
+            caption="",
+            missing="not measured in this run: no case with both a step time and a tracker peak",
+        )
     unit, div = byte_unit(ok["mem_tracker_peak_bytes"])
     fig = go.Figure()
     symbols = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "hexagon"]
     sizes = sorted({int(n) for n in ok["world_size"]})
     for strategy in ordered_strategies(ok):
         sub = ok[ok["strategy"] == strategy]
-        fig.add_trace(go.Scatter(
-            x=sub["step_time_ms"].tolist(), y=(sub["mem_tracker_peak_bytes"] / div).tolist(), mode="markers+text",
-            name=strategy, text=[f"n{int(n)}" for n in sub["world_size"]], textposition="top center",
-            marker=dict(color=strategy_color(strategy), size=12,
-                        symbol=[symbols[sizes.index(int(n)) % len(symbols)] for n in sub["world_size"]]),
-            customdata=sub["label"].tolist(),
-            hovertemplate=f"%{{customdata}}<br>%{{x:.1f}} ms/step<br>%{{y:.2f}} {unit} peak<extra></extra>",
-        ))  # fmt: skip
-    fig.update_layout(**base_layout(xaxis=dict(title="step time (ms), slowest rank's median", rangemode="tozero"),
-                                    yaxis=dict(title=f"peak memory per rank ({unit})", rangemode="tozero")))
-    caption = (f"Each case once: x = step time ({steps_text(ok)}, slowest rank's median), y = peak per rank "
-               f"measured by the {TRACKER_SOURCE} (largest rank). Lower left is better; nN = world size. "
-               f"Ranks: {describe_ranks(ok)}.")  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=sub["step_time_ms"].tolist(),
+                y=(sub["mem_tracker_peak_bytes"] / div).tolist(),
+                mode="markers+text",
+                name=strategy,
+                text=[f"n{int(n)}" for n in sub["world_size"]],
+                textposition="top center",
+                marker=dict(
+                    color=strategy_color(strategy),
+                    size=12,
+                    symbol=[symbols[sizes.index(int(n)) % len(symbols)] for n in sub["world_size"]],
+                ),
+                customdata=sub["label"].tolist(),
+                hovertemplate=f"%{{customdata}}<br>%{{x:.1f}} ms/step<br>%{{y:.2f}} {unit} peak<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        **base_layout(
+            xaxis=dict(title="step time (ms), slowest rank's median", rangemode="tozero"),
+            yaxis=dict(title=f"peak memory per rank ({unit})", rangemode="tozero"),
+        )
+    )
+    caption = (
+        f"Each case once: x = step time ({steps_text(ok)}, slowest rank's median), y = peak per rank "
+        f"measured by the {TRACKER_SOURCE} (largest rank). Lower left is better; nN = world size. "
+        f"Ranks: {describe_ranks(ok)}."
+    )
     return Panel(key="tradeoff", title=title, caption=caption, figure=fig)
 
 
@@ -148,37 +255,70 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
     """Bytes each rank sends per step by collective (measured) beside the analytic total."""
     title = "Communication volume per step"
     ok = ok_cases(cases)
-    kinds = [k for k in COMM_KINDS if has_values(ok, f"comm_{k}_bytes") and (ok[f"comm_{k}_bytes"].fillna(0) > 0).any()]
+    kinds = [
+        k
+        for k in COMM_KINDS
+        if has_values(ok, f"comm_{k}_bytes") and (ok[f"comm_{k}_bytes"].fillna(0) > 0).any()
+    ]
     if not ok.empty and "world_size" in ok and (ok["world_size"] == 1).all():
-        return Panel(key="comm_bytes", title=title, caption="",
-                     missing="no communication between ranks: every case ran on one rank (world size 1)")
+        return Panel(
+            key="comm_bytes",
+            title=title,
+            caption="",
+            missing="no communication between ranks: every case ran on one rank (world size 1)",
+        )
     if ok.empty or not kinds:
-        return Panel(key="comm_bytes", title=title, caption="",
-                     missing="not measured in this run: no comm_<kind>_bytes columns (communication volume "
-                             "is read from the profiled step's trace)")  # fmt: skip
+        return Panel(
+            key="comm_bytes",
+            title=title,
+            caption="",
+            missing="not measured in this run: no comm_<kind>_bytes columns (communication volume "
+            "is read from the profiled step's trace)",
+        )
     ok = ok[ok[[f"comm_{k}_bytes" for k in kinds]].notna().any(axis=1)]
     has_pred = has_values(ok, "comm_pred_total_bytes")
     cols = [f"comm_{k}_bytes" for k in kinds] + (["comm_pred_total_bytes"] if has_pred else [])
-    unit, div = byte_unit([v for c in cols for v in ok[c]] + list(ok[[f"comm_{k}_bytes" for k in kinds]].sum(axis=1)))
+    unit, div = byte_unit(
+        [v for c in cols for v in ok[c]] + list(ok[[f"comm_{k}_bytes" for k in kinds]].sum(axis=1))
+    )
     labels = ok["label"].tolist()
     fig = go.Figure()
     for kind in kinds:
-        fig.add_trace(go.Bar(x=labels, y=(ok[f"comm_{kind}_bytes"].fillna(0) / div).tolist(), name=kind,
-                             marker_color=COMM_COLORS[kind],
-                             hovertemplate=f"%{{x}}<br>{kind}: %{{y:.2f}} {unit}<extra></extra>"))  # fmt: skip
+        fig.add_trace(
+            go.Bar(
+                x=labels,
+                y=(ok[f"comm_{kind}_bytes"].fillna(0) / div).tolist(),
+                name=kind,
+                marker_color=COMM_COLORS[kind],
+                hovertemplate=f"%{{x}}<br>{kind}: %{{y:.2f}} {unit}<extra></extra>",
+            )
+        )
     if has_pred:
-        fig.add_trace(go.Scatter(x=labels, y=(ok["comm_pred_total_bytes"] / div).tolist(), mode="markers",
-                                 name="analytic total", marker=dict(symbol="line-ew-open", size=28, color="#000",
-                                                                    line=dict(width=3)),
-                                 hovertemplate=f"%{{x}}<br>analytic %{{y:.2f}} {unit}<extra></extra>"))  # fmt: skip
+        fig.add_trace(
+            go.Scatter(
+                x=labels,
+                y=(ok["comm_pred_total_bytes"] / div).tolist(),
+                mode="markers",
+                name="analytic total",
+                marker=dict(symbol="line-ew-open", size=28, color="#000", line=dict(width=3)),
+                hovertemplate=f"%{{x}}<br>analytic %{{y:.2f}} {unit}<extra></extra>",
+            )
+        )
     fig.update_xaxes(categoryorder="array", categoryarray=labels, tickangle=-30)
-    fig.update_layout(**base_layout(barmode="stack", yaxis=dict(title=f"bytes sent per rank per step ({unit})"),
-                                    margin=dict(l=70, r=30, t=40, b=160)))  # fmt: skip
+    fig.update_layout(
+        **base_layout(
+            barmode="stack",
+            yaxis=dict(title=f"bytes sent per rank per step ({unit})"),
+            margin=dict(l=70, r=30, t=40, b=160),
+        )
+    )
     notes = [] if has_pred else ["analytic volume not in this run: no comm_pred_total_bytes column"]
-    caption = (f"Bytes each rank sends per step by collective (ring convention: all-reduce 2(N−1)/N·S, "
-               f"all-gather/reduce-scatter (N−1)/N·S), measured from the profiled step's trace (mean over ranks)"
-               f"{'; black bar = analytic volume for the same case' if has_pred else ''}. "
-               f"Ranks: {describe_ranks(ok)}.")  # fmt: skip
+    caption = (
+        f"Bytes each rank sends per step by collective (ring convention: all-reduce 2(N−1)/N·S, "
+        f"all-gather/reduce-scatter (N−1)/N·S), measured from the profiled step's trace (mean over ranks)"
+        f"{'; black bar = analytic volume for the same case' if has_pred else ''}. "
+        f"Ranks: {describe_ranks(ok)}."
+    )
     return Panel(key="comm_bytes", title=title, caption=caption, figure=fig, notes=notes)
 
 
@@ -187,33 +327,69 @@ def build_overlap_panel(cases: pd.DataFrame) -> Panel:
     title = "Communication hidden under compute"
     ok = ok_cases(cases)
     if ok.empty or not any(has_values(ok, c) for c in ("overlap_ratio", "overlap_exposed_comm_ms")):
-        return Panel(key="overlap", title=title, caption="",
-                     missing="not measured in this run: no overlap_* columns (overlap is read from the "
-                             "profiled step's trace)")  # fmt: skip
+        return Panel(
+            key="overlap",
+            title=title,
+            caption="",
+            missing="not measured in this run: no overlap_* columns (overlap is read from the "
+            "profiled step's trace)",
+        )
     ok = ok[ok[[c for c in ("overlap_ratio", "overlap_exposed_comm_ms") if c in ok]].notna().any(axis=1)]
     labels = ok["label"].tolist()
     fig = make_subplots(specs=[[{"secondary_y": True}]])
-    for col, name, color in (("overlap_comm_ms", "communication", "#9ECAE9"),
-                             ("overlap_exposed_comm_ms", "exposed communication", "#E45756")):  # fmt: skip
+    for col, name, color in (
+        ("overlap_comm_ms", "communication", "#9ECAE9"),
+        ("overlap_exposed_comm_ms", "exposed communication", "#E45756"),
+    ):
         if has_values(ok, col):
-            fig.add_trace(go.Bar(x=labels, y=ok[col].tolist(), name=name, marker_color=color,
-                                 hovertemplate=f"%{{x}}<br>{name} %{{y:.2f}} ms<extra></extra>"), secondary_y=False)
+            fig.add_trace(
+                go.Bar(
+                    x=labels,
+                    y=ok[col].tolist(),
+                    name=name,
+                    marker_color=color,
+                    hovertemplate=f"%{{x}}<br>{name} %{{y:.2f}} ms<extra></extra>",
+                ),
+                secondary_y=False,
+            )
     if has_values(ok, "overlap_ratio"):
-        fig.add_trace(go.Scatter(x=labels, y=ok["overlap_ratio"].tolist(), mode="markers", name="overlap ratio",
-                                 marker=dict(symbol="diamond", size=12, color="#222"),
-                                 hovertemplate="%{x}<br>overlap %{y:.0%}<extra></extra>"), secondary_y=True)
+        fig.add_trace(
+            go.Scatter(
+                x=labels,
+                y=ok["overlap_ratio"].tolist(),
+                mode="markers",
+                name="overlap ratio",
+                marker=dict(symbol="diamond", size=12, color="#222"),
+                hovertemplate="%{x}<br>overlap %{y:.0%}<extra></extra>",
+            ),
+            secondary_y=True,
+        )
     fig.update_xaxes(categoryorder="array", categoryarray=labels, tickangle=-30)
     fig.update_yaxes(title_text="time per step (ms)", secondary_y=False, rangemode="tozero")
-    fig.update_yaxes(title_text="overlap = |comm ∩ compute| / |comm|", secondary_y=True, range=[0, 1.05],
-                     tickformat=".0%", dtick=0.25, showgrid=False)  # fmt: skip
-    fig.update_layout(**base_layout(barmode="group", margin=dict(l=70, r=70, t=60, b=160),
-                                    legend=dict(orientation="h", x=0, y=1.08)))  # fmt: skip
+    fig.update_yaxes(
+        title_text="overlap = |comm ∩ compute| / |comm|",
+        secondary_y=True,
+        range=[0, 1.05],
+        tickformat=".0%",
+        dtick=0.25,
+        showgrid=False,
+    )
+    fig.update_layout(
+        **base_layout(
+            barmode="group", margin=dict(l=70, r=70, t=60, b=160), legend=dict(orientation="h", x=0, y=1.08)
+        )
+    )
     backends = set(ok.get("backend", pd.Series(dtype=str)).dropna())
-    what = ("on gloo, communication is the gloo work on its own threads, so 'overlap' means concurrent in wall time"
-            if "gloo" in backends else "communication = NCCL kernels, compute = all other kernels")
-    caption = (f"From the profiler trace of one step per rank (mean over ranks): communication time, the part not "
-               f"overlapped by compute (exposed), and the overlap ratio (Holistic Trace Analysis's definition); "
-               f"{what}. Ranks: {describe_ranks(ok)}.")  # fmt: skip
+    what = (
+        "on gloo, communication is the gloo work on its own threads, so 'overlap' means concurrent in wall time"
+        if "gloo" in backends
+        else "communication = NCCL kernels, compute = all other kernels"
+    )
+    caption = (
+        f"From the profiler trace of one step per rank (mean over ranks): communication time, the part not "
+        f"overlapped by compute (exposed), and the overlap ratio (Holistic Trace Analysis's definition); "
+        f"{what}. Ranks: {describe_ranks(ok)}."
+    )
     notes = list(dict.fromkeys(n for n in ok.get("overlap_note", []) if isinstance(n, str) and n))
     return Panel(key="overlap", title=title, caption=caption, figure=fig, notes=notes)
 
@@ -232,8 +408,14 @@ def build_sweep_panels(cases: pd.DataFrame) -> list[Panel]:
     """One view per swept axis (wrap, prefetch, precision, ...): peak memory and step time against it."""
     axes = swept_axes(cases)
     if not axes:
-        return [Panel(key="sweep", title="Sweeps: wrap, prefetch, precision", caption="",
-                      missing="this run does not vary wrap granularity, prefetch or precision")]
+        return [
+            Panel(
+                key="sweep",
+                title="Sweeps: wrap, prefetch, precision",
+                caption="",
+                missing="this run does not vary wrap granularity, prefetch or precision",
+            )
+        ]
     return [_sweep_panel(ok_cases(cases), axis) for axis in axes]
 
 
@@ -243,7 +425,9 @@ def _sweep_panel(ok: pd.DataFrame, axis: str) -> Panel:
     values = [v for v in order if v in values] if order else sorted(values)
     others = [a for a in series_key_axes(ok) if a != axis]
     several_runs = ok["run"].nunique() > 1 if "run" in ok else False
-    ok = ok.assign(_series=[f"{series_name(r, others, several_runs)} n{int(r['world_size'])}" for _, r in ok.iterrows()])
+    ok = ok.assign(
+        _series=[f"{series_name(r, others, several_runs)} n{int(r['world_size'])}" for _, r in ok.iterrows()]
+    )
     ok = ok[ok.groupby("_series")[axis].transform(lambda s: s.astype(str).nunique()) > 1]
     unit, div = byte_unit(ok.get("mem_tracker_peak_bytes", pd.Series(dtype=float)))
     fig = make_subplots(rows=1, cols=2, subplot_titles=(f"peak memory per rank ({unit})", "step time (ms)"))
@@ -251,15 +435,23 @@ def _sweep_panel(ok: pd.DataFrame, axis: str) -> Panel:
         sub = sub.assign(_x=sub[axis].map(lambda v: values.index(v) if v in values else -1)).sort_values("_x")
         x = [axis_text(axis, v) if isinstance(v, bool) else str(v) for v in sub[axis]]
         color = strategy_color(sub["strategy"].iloc[0])
-        common: dict[str, Any] = dict(x=x, mode="lines+markers", name=name, legendgroup=name, line=dict(color=color))
+        common: dict[str, Any] = dict(
+            x=x, mode="lines+markers", name=name, legendgroup=name, line=dict(color=color)
+        )
         if has_values(sub, "mem_tracker_peak_bytes"):
-            fig.add_trace(go.Scatter(y=(sub["mem_tracker_peak_bytes"] / div).tolist(), **common), row=1, col=1)
+            fig.add_trace(
+                go.Scatter(y=(sub["mem_tracker_peak_bytes"] / div).tolist(), **common), row=1, col=1
+            )
         if has_values(sub, "step_time_ms"):
-            fig.add_trace(go.Scatter(y=sub["step_time_ms"].tolist(), showlegend=False, **common), row=1, col=2)
+            fig.add_trace(
+                go.Scatter(y=sub["step_time_ms"].tolist(), showlegend=False, **common), row=1, col=2
+            )
     cats = [axis_text(axis, v) if isinstance(v, bool) else str(v) for v in values]
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats, title_text=axis)
     fig.update_yaxes(rangemode="tozero")
     fig.update_layout(**base_layout(height=440))
-    caption = (f"Peak memory per rank ({TRACKER_SOURCE}, largest rank) and step time ({steps_text(ok)}, slowest "
-               f"rank's median) against {axis}, one line per strategy and world size. Ranks: {describe_ranks(ok)}.")
+    caption = (
+        f"Peak memory per rank ({TRACKER_SOURCE}, largest rank) and step time ({steps_text(ok)}, slowest "
+        f"rank's median) against {axis}, one line per strategy and world size. Ranks: {describe_ranks(ok)}."
+    )
     return Panel(key=f"sweep_{axis}", title=f"Sweep: {axis}", caption=caption, figure=fig)

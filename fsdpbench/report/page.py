@@ -81,14 +81,18 @@ def _figure_json(fig: Any) -> str:
 def render_panel(panel: Panel) -> str:
     parts = [f'<section id="{_e(panel.key)}"><h2>{_e(panel.title)}</h2>']
     if panel.figure is None:
-        parts.append(f'<p class="missing" data-missing="{_e(panel.key)}">{_e(panel.missing or "no data")}</p>')
+        parts.append(
+            f'<p class="missing" data-missing="{_e(panel.key)}">{_e(panel.missing or "no data")}</p>'
+        )
     else:
         parts.append(f'<p class="caption">{_e(panel.caption)}</p>')
         parts += [f'<p class="note">{_e(n)}</p>' for n in panel.notes]
         div = f"fig-{panel.key}"
         parts.append(f'<div class="figure" id="{div}" data-figure="{_e(panel.key)}"></div>')
-        parts.append(f'<script type="application/json" class="figure-data" data-target="{div}">'
-                     f"{_figure_json(panel.figure)}</script>")  # fmt: skip
+        parts.append(
+            f'<script type="application/json" class="figure-data" data-target="{div}">'
+            f"{_figure_json(panel.figure)}</script>"
+        )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -98,7 +102,8 @@ def render_compare_table(rows: list[CompareRow], columns: list[str]) -> str:
     body = []
     for row in rows:
         cells = "".join(
-            f'<td class="{"win" if c in row.winners else ""}">{_e(row.text.get(c, "—"))}</td>' for c in columns
+            f'<td class="{"win" if c in row.winners else ""}">{_e(row.text.get(c, "—"))}</td>'
+            for c in columns
         )
         winner = ", ".join(row.winners) if row.winners else ("—" if row.better else "")
         body.append(f'<tr><td class="l">{_e(row.metric)}</td>{cells}<td class="l">{_e(winner)}</td></tr>')
@@ -111,10 +116,14 @@ def render_glance(data: ReportData) -> str:
     if lines:
         parts.append('<ul class="verdict">' + "".join(f"<li>{_e(x)}</li>" for x in lines) + "</ul>")
     else:
-        parts.append('<p class="missing">no two finished cases at the same world size and settings to compare</p>')
-    parts.append('<p class="caption">Memory: tracker (live tensors from PyTorch\'s memory trackers), largest rank, '
-                 "memory-tracked step; cells read measured / predicted (error). Step time: slowest rank's median "
-                 "(p10–p90). Green = best in the row.</p>")  # fmt: skip
+        parts.append(
+            '<p class="missing">no two finished cases at the same world size and settings to compare</p>'
+        )
+    parts.append(
+        '<p class="caption">Memory: tracker (live tensors from PyTorch\'s memory trackers), largest rank, '
+        "memory-tracked step; cells read measured / predicted (error). Step time: slowest rank's median "
+        "(p10–p90). Green = best in the row.</p>"
+    )
     for title, group in glance_groups(data.cases)[:8]:
         parts.append(f"<h3>{_e(title)}</h3>")
         parts.append(render_compare_table(compare_rows(group), group["label"].tolist()))
@@ -124,19 +133,24 @@ def render_glance(data: ReportData) -> str:
 
 def render_case_table(data: ReportData) -> str:
     table = case_table(data.cases, {r.run: r.meta for r in data.runs})
-    parts = ['<section id="cases"><h2>Every case</h2>',
-             '<p class="caption">All cases of the run, failed and skipped ones with their reason. Memory: tracker '
-             "peak of the largest rank; prediction: analytic model for the same case (traced: the traced predictor, "
-             "in runs made with --traced), error = (predicted − measured) / measured; wall: launch to exit of the "
-             "case's processes (from run.json). Emulated cases (ranks column): only the named ranks ran, each alone "
-             "with a fake process group: compute-only step time, no NCCL buffers, no losses.</p>"]  # fmt: skip
+    parts = [
+        '<section id="cases"><h2>Every case</h2>',
+        '<p class="caption">All cases of the run, failed and skipped ones with their reason. Memory: tracker '
+        "peak of the largest rank; prediction: analytic model for the same case (traced: the traced predictor, "
+        "in runs made with --traced), error = (predicted − measured) / measured; wall: launch to exit of the "
+        "case's processes (from run.json). Emulated cases (ranks column): only the named ranks ran, each alone "
+        "with a fake process group: compute-only step time, no NCCL buffers, no losses.</p>",
+    ]
     if table.empty:
         parts.append('<p class="missing">no cases in this run</p></section>')
         return "\n".join(parts)
     cols = [c for c in table.columns if not c.startswith("_") and c != "case_id"]
     left = ("case", "status", "ranks", "note")
-    parts.append('<div class="scroll"><table class="cases"><tr>'
-                 + "".join(f'<th class="{"l" if c in left else ""}">{_e(c)}</th>' for c in cols) + "</tr>")
+    parts.append(
+        '<div class="scroll"><table class="cases"><tr>'
+        + "".join(f'<th class="{"l" if c in left else ""}">{_e(c)}</th>' for c in cols)
+        + "</tr>"
+    )
     for _, row in table.iterrows():
         cls = "failed" if row["_failed"] else ("skipped" if row["status"] == "skipped" else "")
         cells = []
@@ -154,33 +168,55 @@ def render_environment(data: ReportData) -> str:
         meta, env = run.meta, run.meta.get("env") or {}
         scenario = meta.get("scenario") or {}
         items = [
-            ("run", f"{run.run} ({run.run_dir})"), ("scenario", scenario.get("name")),
-            ("description", scenario.get("description")), ("scenario file", scenario.get("path")),
+            ("run", f"{run.run} ({run.run_dir})"),
+            ("scenario", scenario.get("name")),
+            ("description", scenario.get("description")),
+            ("scenario file", scenario.get("path")),
             ("overrides", json.dumps(scenario.get("overrides")) if scenario.get("overrides") else "none"),
-            ("command", meta.get("command")), ("started", meta.get("started")), ("ended", meta.get("ended")),
-            ("status", meta.get("status")), ("torch", env.get("torch_version")),
+            ("command", meta.get("command")),
+            ("started", meta.get("started")),
+            ("ended", meta.get("ended")),
+            ("status", meta.get("status")),
+            ("torch", env.get("torch_version")),
             ("fsdpbench", f"{env.get('fsdpbench_version', '?')}, commit {env.get('commit', '?')}"),
-            ("python", env.get("python_version")), ("host", env.get("hostname")), ("platform", env.get("platform")),
+            ("python", env.get("python_version")),
+            ("host", env.get("hostname")),
+            ("platform", env.get("platform")),
             ("CPU", f"{env.get('cpu', '?')} ({env.get('cpu_count', '?')} cores)"),
             ("GPUs", ", ".join(env.get("gpus") or []) or "none"),
-            ("backends", ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in (env.get("backends") or {}).items())),
+            (
+                "backends",
+                ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in (env.get("backends") or {}).items()),
+            ),
             ("CUDA", f"{'yes' if env.get('cuda_available') else 'no'} — {env.get('cuda_reason', '')}"),
             ("NVML", f"{'yes' if env.get('nvml_available') else 'no'} — {env.get('nvml_reason', '')}"),
-            ("ranks", describe_ranks(data.cases[data.cases["run"] == run.run]) if "run" in data.cases else ""),
-        ]  # fmt: skip
+            (
+                "ranks",
+                describe_ranks(data.cases[data.cases["run"] == run.run]) if "run" in data.cases else "",
+            ),
+        ]
         emulation = meta.get("emulation") or {}
         if emulation:
-            items.append(("emulated cases", f"{len(emulation.get('cases') or [])}: each listed rank ran alone on one "
-                          "device with a fake process group (collectives are no-ops; every allocation is real)"))
-            items += [(f"emulation cannot see: {k.replace('_', ' ')}", v)
-                      for k, v in (emulation.get("cannot_see") or {}).items()]
+            items.append(
+                (
+                    "emulated cases",
+                    f"{len(emulation.get('cases') or [])}: each listed rank ran alone on one "
+                    "device with a fake process group (collectives are no-ops; every allocation is real)",
+                )
+            )
+            items += [
+                (f"emulation cannot see: {k.replace('_', ' ')}", v)
+                for k, v in (emulation.get("cannot_see") or {}).items()
+            ]
         skipped = meta.get("skipped") or []
         if skipped:
             items.append(("skipped", "; ".join(f"{s.get('case_id')}: {s.get('reason')}" for s in skipped)))
         rows = "".join(f'<tr><th class="l">{_e(k)}</th><td class="l">{_e(v)}</td></tr>' for k, v in items)
         parts.append(f"<h3>{_e(run.run)}</h3><table>{rows}</table>")
         if scenario.get("text"):
-            parts.append(f"<details open><summary>scenario text</summary><pre>{_e(scenario['text'])}</pre></details>")
+            parts.append(
+                f"<details open><summary>scenario text</summary><pre>{_e(scenario['text'])}</pre></details>"
+            )
     parts.append("</section>")
     return "\n".join(parts)
 
@@ -192,22 +228,29 @@ def render_page(data: ReportData, panels: list[Panel], plotly_js: str) -> str:
     counts = cases["status"].value_counts().to_dict() if "status" in cases else {}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     n_figs = sum(p.figure is not None for p in panels)
-    nav = " ".join(f'<a href="#{_e(k)}">{_e(t)}</a>' for k, t in
-                   [("glance", "At a glance")] + [(p.key, p.title) for p in panels]
-                   + [("cases", "Every case"), ("environment", "Environment")])  # fmt: skip
+    nav = " ".join(
+        f'<a href="#{_e(k)}">{_e(t)}</a>'
+        for k, t in [("glance", "At a glance")]
+        + [(p.key, p.title) for p in panels]
+        + [("cases", "Every case"), ("environment", "Environment")]
+    )
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
     body = [
         f"<h1>fsdpbench report — {_e(', '.join(names))}</h1>",
         f'<p class="sub">{len(cases)} cases ({_e(summary)}) · {_e(describe_ranks(cases))} · '
         f"{len(data.runs)} run{'s' if len(data.runs) != 1 else ''} · generated {stamp}</p>",
-        f"<nav>{nav}</nav>", render_glance(data), *(render_panel(p) for p in panels),
-        render_case_table(data), render_environment(data),
-    ]  # fmt: skip
+        f"<nav>{nav}</nav>",
+        render_glance(data),
+        *(render_panel(p) for p in panels),
+        render_case_table(data),
+        render_environment(data),
+    ]
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>fsdpbench report — {_e(', '.join(names))}</title>\n"
         f"<script>{_ERRORS_JS}</script>\n<style>{_CSS}</style>\n"
         f'<script type="text/javascript">{plotly_js}</script>\n</head>\n'
-        f'<body data-figures-expected="{n_figs}">\n' + "\n".join(body)
+        f'<body data-figures-expected="{n_figs}">\n'
+        + "\n".join(body)
         + f"\n<script>{_RENDER_JS}</script>\n</body></html>\n"
     )

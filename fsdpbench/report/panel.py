@@ -11,9 +11,13 @@ from fsdpbench.report.data import STRATEGY_ORDER, has_values
 
 # one colour per strategy, the same in every figure
 STRATEGY_COLORS = {
-    "ddp": "#4C78A8", "zero1": "#72B7B2", "zero2": "#F58518", "zero3": "#E45756", "hsdp": "#54A24B",
+    "ddp": "#4C78A8",
+    "zero1": "#72B7B2",
+    "zero2": "#F58518",
+    "zero3": "#E45756",
+    "hsdp": "#54A24B",
     "fsdp1": "#B279A2",
-}  # fmt: skip
+}
 _EXTRA_COLORS = ("#9D755D", "#EECA3B", "#FF9DA6", "#BAB0AC", "#79706E")
 TRACKER_SOURCE = "tracker (live tensors from PyTorch's memory trackers)"
 MEMORY_SOURCES = {
@@ -67,7 +71,9 @@ def describe_ranks(cases: pd.DataFrame) -> str:
         if device == "cuda":
             text = f"GPUs ({str(backend).upper()})" + (f": {name}" if isinstance(name, str) else "")
         else:
-            text = f"CPU ranks ({backend}) standing in for GPUs" + (f", on {name}" if isinstance(name, str) else "")
+            text = f"CPU ranks ({backend}) standing in for GPUs" + (
+                f", on {name}" if isinstance(name, str) else ""
+            )
         if text not in parts:
             parts.append(text)
     return "; ".join(parts) or "ranks of unknown device"
@@ -75,7 +81,9 @@ def describe_ranks(cases: pd.DataFrame) -> str:
 
 def ordered_strategies(cases: pd.DataFrame) -> list[str]:
     names = list(dict.fromkeys(cases["strategy"].dropna())) if "strategy" in cases else []
-    return sorted(names, key=lambda s: STRATEGY_ORDER.index(s) if s in STRATEGY_ORDER else len(STRATEGY_ORDER))
+    return sorted(
+        names, key=lambda s: STRATEGY_ORDER.index(s) if s in STRATEGY_ORDER else len(STRATEGY_ORDER)
+    )
 
 
 def missing_columns(cases: pd.DataFrame, columns: tuple[str, ...] | list[str]) -> list[str]:
@@ -94,9 +102,12 @@ def steps_text(cases: pd.DataFrame) -> str:
 
 def base_layout(**kw: Any) -> dict[str, Any]:
     layout: dict[str, Any] = dict(
-        template="plotly_white", margin=dict(l=70, r=30, t=40, b=60), height=480,
-        legend=dict(orientation="v", x=1.02, y=1, xanchor="left"), hoverlabel=dict(namelength=-1),
+        template="plotly_white",
+        margin=dict(l=70, r=30, t=40, b=60),
+        height=480,
+        legend=dict(orientation="v", x=1.02, y=1, xanchor="left"),
+        hoverlabel=dict(namelength=-1),
         font=dict(family="DejaVu Sans, Arial, sans-serif", size=12),
-    )  # fmt: skip
+    )
     layout.update(kw)
     return layout

@@ -28,14 +28,24 @@ FAIL_ERROR = "RuntimeError: synthetic failure for the report test"
 
 
 def _case(strategy: str, n: int, **kw: Any) -> dict[str, Any]:
-    return dict(strategy=strategy, world_size=n, prefetch=kw.get("prefetch", 0), precision=kw.get("precision", "fp32"),
-                wrap="none" if strategy == "ddp" else kw.get("wrap", "block"), status=kw.get("status", "ok"))
+    return dict(
+        strategy=strategy,
+        world_size=n,
+        prefetch=kw.get("prefetch", 0),
+        precision=kw.get("precision", "fp32"),
+        wrap="none" if strategy == "ddp" else kw.get("wrap", "block"),
+        status=kw.get("status", "ok"),
+    )
 
 
 def synthetic_cases() -> list[dict[str, Any]]:
     cases = [_case(s, n) for n in (1, 2, 4) for s in ("ddp", "zero2", "zero3")]
-    cases += [_case("zero3", 4, prefetch=1), _case("zero3", 4, precision="bf16"),
-              _case("zero3", 4, wrap="whole", status="failed"), _case("ddp", 8, status="skipped")]  # fmt: skip
+    cases += [
+        _case("zero3", 4, prefetch=1),
+        _case("zero3", 4, precision="bf16"),
+        _case("zero3", 4, wrap="whole", status="failed"),
+        _case("ddp", 8, status="skipped"),
+    ]
     return cases
 
 
@@ -52,7 +62,9 @@ def _memory(c: dict[str, Any]) -> dict[str, float]:
     optim = 8 * PSI / (1 if ro else n)
     unsharded = 0.0 if c["strategy"] == "ddp" or n == 1 else 4 * PSI / 2 * (1 + c["prefetch"])
     acts = ACTIVATIONS_BYTES / (2 if half else 1)
-    return dict(params=params, grads=grads, optim=optim, params_unsharded=unsharded, activations=acts, temp=TEMP_BYTES)
+    return dict(
+        params=params, grads=grads, optim=optim, params_unsharded=unsharded, activations=acts, temp=TEMP_BYTES
+    )
 
 
 def synthetic_results() -> pd.DataFrame:
@@ -60,14 +72,32 @@ def synthetic_results() -> pd.DataFrame:
     rows = []
     for c in synthetic_cases():
         base = dict(
-            case_id=case_id_of(c), scenario="synthetic", model="decoder-syn", model_args="{}", params=PSI,
-            n_units=4, optimizer="adamw", batch_size=4, global_batch_size=4 * c["world_size"], seq_len=64,
-            warmup_steps=2, timed_steps=5, backend="gloo", device="cpu", device_name="CPU: synthetic (2 cores)",
-            torch_version="2.13.0+cpu", commit="synthetic", hostname="synthetic", shard_size=None,
-            activation_checkpointing=False, compile=False, cpu_offload=False, case_status=c["status"],
+            case_id=case_id_of(c),
+            scenario="synthetic",
+            model="decoder-syn",
+            model_args="{}",
+            params=PSI,
+            n_units=4,
+            optimizer="adamw",
+            batch_size=4,
+            global_batch_size=4 * c["world_size"],
+            seq_len=64,
+            warmup_steps=2,
+            timed_steps=5,
+            backend="gloo",
+            device="cpu",
+            device_name="CPU: synthetic (2 cores)",
+            torch_version="2.13.0+cpu",
+            commit="synthetic",
+            hostname="synthetic",
+            shard_size=None,
+            activation_checkpointing=False,
+            compile=False,
+            cpu_offload=False,
+            case_status=c["status"],
             case_error={"failed": FAIL_ERROR, "skipped": SKIP_REASON}.get(c["status"], ""),
             **{k: c[k] for k in ("strategy", "world_size", "wrap", "prefetch", "precision")},
-        )  # fmt: skip
+        )
         if c["status"] == "skipped":
             rows.append({**base, "rank": -1, "status": "skipped", "error": SKIP_REASON})
             continue
@@ -86,22 +116,40 @@ def _measured(c: dict[str, Any], rank: int) -> dict[str, Any]:
     step = BASE_STEP_MS[strategy] * (1 + 0.1 * (n - 1)) * (0.8 if c["precision"] == "bf16" else 1.0) + rank
     states = mem["params"] + mem["grads"] + mem["optim"]
     full = 4 * PSI
-    comm = {"all_reduce": 2 * (n - 1) / n * full if strategy == "ddp" else 0.0,
-            "all_gather": (n - 1) / n * full * (2 if strategy == "zero3" else 1) if strategy != "ddp" else 0.0,
-            "reduce_scatter": (n - 1) / n * full if strategy != "ddp" else 0.0, "broadcast": 0.0}  # fmt: skip
+    comm = {
+        "all_reduce": 2 * (n - 1) / n * full if strategy == "ddp" else 0.0,
+        "all_gather": (n - 1) / n * full * (2 if strategy == "zero3" else 1) if strategy != "ddp" else 0.0,
+        "reduce_scatter": (n - 1) / n * full if strategy != "ddp" else 0.0,
+        "broadcast": 0.0,
+    }
     row: dict[str, Any] = {
-        "step_time_ms": step, "step_time_p10_ms": 0.9 * step, "step_time_p90_ms": 1.2 * step,
-        "case_step_time_ms": BASE_STEP_MS[strategy] * (1 + 0.1 * (n - 1)) * (0.8 if c["precision"] == "bf16" else 1.0)
-        + n - 1, "mem_tracker_peak_bytes": peak, "mem_tracker_model_states_bytes": states,
+        "step_time_ms": step,
+        "step_time_p10_ms": 0.9 * step,
+        "step_time_p90_ms": 1.2 * step,
+        "case_step_time_ms": BASE_STEP_MS[strategy]
+        * (1 + 0.1 * (n - 1))
+        * (0.8 if c["precision"] == "bf16" else 1.0)
+        + n
+        - 1,
+        "mem_tracker_peak_bytes": peak,
+        "mem_tracker_model_states_bytes": states,
         "mem_rss_peak_bytes": peak + 100 * 2**20,
-        "pred_params_bytes": mem["params"], "pred_grads_bytes": mem["grads"], "pred_optim_bytes": mem["optim"],
-        "pred_activations_bytes": mem["activations"], "pred_unsharded_bytes": mem["params_unsharded"],
-        "pred_comm_buffers_bytes": 0.0, "pred_padding_bytes": 0.0, "pred_temp_bytes": TEMP_BYTES, "pred_model_states_bytes": states,
+        "pred_params_bytes": mem["params"],
+        "pred_grads_bytes": mem["grads"],
+        "pred_optim_bytes": mem["optim"],
+        "pred_activations_bytes": mem["activations"],
+        "pred_unsharded_bytes": mem["params_unsharded"],
+        "pred_comm_buffers_bytes": 0.0,
+        "pred_padding_bytes": 0.0,
+        "pred_temp_bytes": TEMP_BYTES,
+        "pred_model_states_bytes": states,
         "pred_model_states_err": 0.0,
-        "overlap_comm_ms": 10.0 * (n - 1), "overlap_exposed_comm_ms": 4.0 * (n - 1),
+        "overlap_comm_ms": 10.0 * (n - 1),
+        "overlap_exposed_comm_ms": 4.0 * (n - 1),
         "overlap_ratio": 0.6 if n > 1 else 0.0,
-        "comm_pred_total_bytes": sum(comm.values()), "comm_total_bytes": sum(comm.values()),
-    }  # fmt: skip
+        "comm_pred_total_bytes": sum(comm.values()),
+        "comm_total_bytes": sum(comm.values()),
+    }
     # the analytic peak of the largest rank is PRED_PEAK_ERR above its measurement
     row["pred_peak_bytes"] = (sum(mem.values()) + (n - 1) * 1024) * (1 + PRED_PEAK_ERR)
     row["pred_peak_err"] = PRED_PEAK_ERR
@@ -121,8 +169,16 @@ def synthetic_timeline(c: dict[str, Any]) -> pd.DataFrame:
         for i in range(100):
             t = i / 100
             phase = "warmup" if t < 0.2 else ("timed" if t < 0.7 else "memory")
-            out.append(dict(case_id=case_id_of(c), rank=rank, t_s=t, phase=phase, source="rss",
-                            bytes=100 * 2**20 + peak * (0.5 + 0.5 * ((i % 10) / 9))))  # fmt: skip
+            out.append(
+                dict(
+                    case_id=case_id_of(c),
+                    rank=rank,
+                    t_s=t,
+                    phase=phase,
+                    source="rss",
+                    bytes=100 * 2**20 + peak * (0.5 + 0.5 * ((i % 10) / 9)),
+                )
+            )
     return pd.DataFrame(out)
 
 
@@ -140,18 +196,48 @@ def write_synthetic_run(run_dir: str | Path, *, timelines: bool = True) -> Path:
                 path.mkdir(parents=True, exist_ok=True)
                 synthetic_timeline(c).to_parquet(path / "timeline.parquet", index=False)
     text = "name: synthetic\ndescription: made-up numbers for the report's tests (not measurements)\n"
-    store.write_run_json({
-        "scenario": {"name": "synthetic", "description": "made-up numbers for the report's tests (not measurements)",
-                     "path": None, "text": text, "overrides": {}},
-        "command": "fsdpbench.report.synthetic.write_synthetic_run", "status": "complete",
-        "started": "2026-01-01T00:00:00+00:00", "ended": "2026-01-01T00:01:00+00:00",
-        "env": {"torch_version": "2.13.0+cpu", "commit": "synthetic", "hostname": "synthetic", "cpu": "synthetic",
-                "cpu_count": 2, "gpus": [], "backends": {"gloo": True, "nccl": False, "mpi": False},
-                "cuda_available": False, "cuda_reason": "synthetic run", "nvml_available": False,
-                "nvml_reason": "synthetic run"},
-        "skipped": [{"case_id": case_id_of(c), "reason": SKIP_REASON} for c in synthetic_cases()
-                    if c["status"] == "skipped"],
-        "cases": {case_id_of(c): {"status": c["status"], "wall_s": 2.0, "spawn_s": 0.1, "steps_s": 1.5,
-                                  "overhead_s": 0.5} for c in synthetic_cases() if c["status"] != "skipped"},
-    })  # fmt: skip
+    store.write_run_json(
+        {
+            "scenario": {
+                "name": "synthetic",
+                "description": "made-up numbers for the report's tests (not measurements)",
+                "path": None,
+                "text": text,
+                "overrides": {},
+            },
+            "command": "fsdpbench.report.synthetic.write_synthetic_run",
+            "status": "complete",
+            "started": "2026-01-01T00:00:00+00:00",
+            "ended": "2026-01-01T00:01:00+00:00",
+            "env": {
+                "torch_version": "2.13.0+cpu",
+                "commit": "synthetic",
+                "hostname": "synthetic",
+                "cpu": "synthetic",
+                "cpu_count": 2,
+                "gpus": [],
+                "backends": {"gloo": True, "nccl": False, "mpi": False},
+                "cuda_available": False,
+                "cuda_reason": "synthetic run",
+                "nvml_available": False,
+                "nvml_reason": "synthetic run",
+            },
+            "skipped": [
+                {"case_id": case_id_of(c), "reason": SKIP_REASON}
+                for c in synthetic_cases()
+                if c["status"] == "skipped"
+            ],
+            "cases": {
+                case_id_of(c): {
+                    "status": c["status"],
+                    "wall_s": 2.0,
+                    "spawn_s": 0.1,
+                    "steps_s": 1.5,
+                    "overhead_s": 0.5,
+                }
+                for c in synthetic_cases()
+                if c["status"] != "skipped"
+            },
+        }
+    )
     return Path(run_dir)

@@ -6,8 +6,9 @@ renders a rich table.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 
@@ -60,16 +61,24 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     cols = {r["label"]: r for _, r in cases.iterrows()}
     rows: list[CompareRow] = []
 
-    def add(metric: str, value_fn: Callable[[pd.Series], float | None], fmt: Callable[[pd.Series, Any], str],
-            better: str | None, between_ranks: bool = False) -> None:  # fmt: skip
+    def add(
+        metric: str,
+        value_fn: Callable[[pd.Series], float | None],
+        fmt: Callable[[pd.Series, Any], str],
+        better: str | None,
+        between_ranks: bool = False,
+    ) -> None:
         """between_ranks: a communication metric, which a 1-rank case does not have (said so, not '—')."""
         alone = {k for k, r in cols.items() if between_ranks and _one_rank(r)}
         values = {k: None if k in alone else value_fn(r) for k, r in cols.items()}
         if all(v is None for v in values.values()) and not alone:
             return
         text = {k: NO_COMM if k in alone else fmt(r, values[k]) for k, r in cols.items()}
-        rows.append(CompareRow(metric=metric, text=text, values=values, better=better,
-                               winners=_winners(values, better)))  # fmt: skip
+        rows.append(
+            CompareRow(
+                metric=metric, text=text, values=values, better=better, winners=_winners(values, better)
+            )
+        )
 
     def mem_pair(pred_col: str, err_col: str | None) -> Callable[[pd.Series, Any], str]:
         def fmt(r: pd.Series, v: Any) -> str:
@@ -78,41 +87,87 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
                 return fmt_bytes(v)
             err = f" ({fmt_pct(r.get(err_col))})" if err_col and _num(r.get(err_col)) is not None else ""
             return f"{fmt_bytes(v)} / {fmt_bytes(pred)}{err}"
+
         return fmt
 
     rows.append(CompareRow(metric="status", text={k: str(r.get("status")) for k, r in cols.items()}))
-    add("peak / rank: measured / predicted", lambda r: _num(r.get("mem_tracker_peak_bytes")),
-        mem_pair("pred_peak_bytes", "pred_peak_err"), "low")
-    add("model states: measured / predicted", lambda r: _num(r.get("mem_tracker_model_states_bytes")),
-        mem_pair("pred_model_states_bytes", "pred_model_states_err"), "low")
+    add(
+        "peak / rank: measured / predicted",
+        lambda r: _num(r.get("mem_tracker_peak_bytes")),
+        mem_pair("pred_peak_bytes", "pred_peak_err"),
+        "low",
+    )
+    add(
+        "model states: measured / predicted",
+        lambda r: _num(r.get("mem_tracker_model_states_bytes")),
+        mem_pair("pred_model_states_bytes", "pred_model_states_err"),
+        "low",
+    )
     measured, predicted, _ = breakdown_frames(cases)
     measured.index = list(cols)  # by label, as the cases
     if predicted is not None:
         predicted.index = list(cols)
     for group in BREAKDOWN_MEASURED:
-        add(f"  {group} at peak", lambda r, g=group: _num(measured.at[r["label"], g]),
-            lambda r, v, g=group: fmt_bytes(v) + (f" / {fmt_bytes(_num(predicted.at[r['label'], g]))}"
-                                                  if predicted is not None else ""), None)  # fmt: skip
-    for col, name in (("mem_alloc_peak_allocated_bytes", "allocator peak allocated"),
-                      ("mem_alloc_peak_reserved_bytes", "allocator peak reserved"),
-                      ("mem_nvml_peak_bytes", "NVML peak (GPU)"), ("mem_rss_peak_bytes", "RSS peak (process)")):
+        add(
+            f"  {group} at peak",
+            lambda r, g=group: _num(measured.at[r["label"], g]),
+            lambda r, v, g=group: (
+                fmt_bytes(v)
+                + (f" / {fmt_bytes(_num(predicted.at[r['label'], g]))}" if predicted is not None else "")
+            ),
+            None,
+        )
+    for col, name in (
+        ("mem_alloc_peak_allocated_bytes", "allocator peak allocated"),
+        ("mem_alloc_peak_reserved_bytes", "allocator peak reserved"),
+        ("mem_nvml_peak_bytes", "NVML peak (GPU)"),
+        ("mem_rss_peak_bytes", "RSS peak (process)"),
+    ):
         add(name, lambda r, c=col: _num(r.get(c)), lambda r, v: fmt_bytes(v), "low")
     if _any_offload(cases):
-        add("params on host (CPU offload): measured / predicted",
+        add(
+            "params on host (CPU offload): measured / predicted",
             lambda r: _num(r.get("mem_placement_params_host_bytes")),
-            lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(_num(r.get('pred_params_host_bytes')))}", None)
+            lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(_num(r.get('pred_params_host_bytes')))}",
+            None,
+        )
     add("step time (p10–p90)", lambda r: _num(r.get("step_time_ms")), _fmt_step, "low")
     add("step time, modelled (error)", lambda r: _num(r.get("model_step_time_ms")), _fmt_modelled, "low")
-    add("throughput", lambda r: _num(r.get("throughput_samples_s")),
-        lambda r, v: "—" if v is None else f"{v:.1f} samples/s", "high")
-    add("comm / step / rank: measured / predicted", _comm_total,
-        lambda r, v: fmt_bytes(v) + (f" / {fmt_bytes(_num(r.get('comm_pred_total_bytes')))}"
-                                     if _num(r.get("comm_pred_total_bytes")) is not None else ""), "low", True)  # fmt: skip
+    add(
+        "throughput",
+        lambda r: _num(r.get("throughput_samples_s")),
+        lambda r, v: "—" if v is None else f"{v:.1f} samples/s",
+        "high",
+    )
+    add(
+        "comm / step / rank: measured / predicted",
+        _comm_total,
+        lambda r, v: (
+            fmt_bytes(v)
+            + (
+                f" / {fmt_bytes(_num(r.get('comm_pred_total_bytes')))}"
+                if _num(r.get("comm_pred_total_bytes")) is not None
+                else ""
+            )
+        ),
+        "low",
+        True,
+    )
     add("bus bandwidth (nccl-tests busbw)", _busbw_total, _fmt_busbw, "high", True)
-    add("exposed comm", lambda r: _num(r.get("overlap_exposed_comm_ms")),
-        lambda r, v: "—" if v is None else f"{v:.1f} ms", "low", True)
-    add("overlap", lambda r: _num(r.get("overlap_ratio")), lambda r, v: "—" if v is None else f"{v:.0%}", "high",
-        True)  # fmt: skip
+    add(
+        "exposed comm",
+        lambda r: _num(r.get("overlap_exposed_comm_ms")),
+        lambda r, v: "—" if v is None else f"{v:.1f} ms",
+        "low",
+        True,
+    )
+    add(
+        "overlap",
+        lambda r: _num(r.get("overlap_ratio")),
+        lambda r, v: "—" if v is None else f"{v:.0%}",
+        "high",
+        True,
+    )
     return rows
 
 
@@ -134,8 +189,11 @@ def _busbw_total(r: pd.Series) -> float | None:
 def _fmt_busbw(r: pd.Series, v: Any) -> str:
     if v is None:
         return "—"
-    parts = [f"{short} {_num(r.get(f'comm_{k}_busbw_gbs')):.2f}" for k, short in _BUSBW_KINDS.items()
-             if _num(r.get(f"comm_{k}_busbw_gbs")) is not None]  # fmt: skip
+    parts = [
+        f"{short} {_num(r.get(f'comm_{k}_busbw_gbs')):.2f}"
+        for k, short in _BUSBW_KINDS.items()
+        if _num(r.get(f"comm_{k}_busbw_gbs")) is not None
+    ]
     return f"{v:.2f} GB/s ({', '.join(parts)})"
 
 
@@ -153,22 +211,38 @@ def _fmt_modelled(r: pd.Series, v: Any) -> str:
     err = _num(r.get("model_step_err"))
     exposed = _num(r.get("model_exposed_comm_ms"))
     link = str(r.get("model_link") or "").split(" (")[0]
-    return (f"{v:.1f} ms" + (f" on {link}" if link else "") + (f" ({fmt_pct(err)})" if err is not None else "")
-            + (f", exposed comm {exposed:.1f} ms" if exposed is not None else ""))
+    return (
+        f"{v:.1f} ms"
+        + (f" on {link}" if link else "")
+        + (f" ({fmt_pct(err)})" if err is not None else "")
+        + (f", exposed comm {exposed:.1f} ms" if exposed is not None else "")
+    )
 
 
 def _comm_total(r: pd.Series) -> float | None:
     total = _num(r.get("comm_total_bytes"))
     if total is not None:
         return total
-    return _sum_cols(r, tuple(c for c in r.index if c.startswith("comm_") and c.endswith("_bytes")
-                              and c not in ("comm_total_bytes", "comm_pred_total_bytes")))  # fmt: skip
+    return _sum_cols(
+        r,
+        tuple(
+            c
+            for c in r.index
+            if c.startswith("comm_")
+            and c.endswith("_bytes")
+            and c not in ("comm_total_bytes", "comm_pred_total_bytes")
+        ),
+    )
 
 
 def glance_groups(cases: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """Cases that differ only in strategy/wrap/prefetch (same world size and settings), ≥ 2 per group."""
     keys = [k for k in BASELINE_KEYS if k in cases]
-    groups = [g for _, g in (cases.groupby(keys, sort=False, dropna=False) if keys else [(None, cases)]) if len(g) >= 2]
+    groups = [
+        g
+        for _, g in (cases.groupby(keys, sort=False, dropna=False) if keys else [(None, cases)])
+        if len(g) >= 2
+    ]
     # a title names the precision, and every other setting that tells this group from the others
     named = [k for k in _TITLE_KEYS if k in cases and (k == "precision" or _differs(groups, k))]
     out = []
@@ -209,16 +283,20 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
                 if len(ddp) and "ddp" not in set(by_label.loc[best, "strategy"]):
                     d = float(ddp["mem_tracker_peak_bytes"].iloc[0])
                     vs = f", {(peaks[best[0]] - d) / d:+.0%} vs DDP's {fmt_bytes(d)}"
-                parts.append(f"least memory per rank: {' = '.join(best)} ({fmt_bytes(peaks[best[0]])} "
-                             f"tracker peak{vs})")  # fmt: skip
+                parts.append(
+                    f"least memory per rank: {' = '.join(best)} ({fmt_bytes(peaks[best[0]])} "
+                    f"tracker peak{vs})"
+                )
         if has_values(group, "step_time_ms"):
             times = {k: _num(v) for k, v in by_label["step_time_ms"].items()}
             best = _winners(times, "low")
             slowest = max((k for k in times if times[k] is not None), key=lambda k: times[k])
             if best:
                 ratio = times[slowest] / times[best[0]]
-                parts.append(f"fastest: {' = '.join(best)} ({times[best[0]]:.1f} ms/step; slowest {slowest} "
-                             f"is {ratio:.1f}× slower)")  # fmt: skip
+                parts.append(
+                    f"fastest: {' = '.join(best)} ({times[best[0]]:.1f} ms/step; slowest {slowest} "
+                    f"is {ratio:.1f}× slower)"
+                )
             else:
                 parts.append(f"step time equal for all ({times[slowest]:.1f} ms)")
         if parts:
@@ -234,27 +312,33 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
         launch = (metas.get(r.get("run"), {}).get("cases") or {}).get(r["case_id"], {})
         status = str(r.get("status"))
         note = str(r.get("error") or "")
-        out.append({
-            "case": r.get("label"), "case_id": r["case_id"], "status": status, "ranks": r.get("ranks_label"),
-            "step time (p10–p90)": _fmt_step(r, _num(r.get("step_time_ms"))),
-            "step time modelled": _fmt_modelled(r, _num(r.get("model_step_time_ms"))),
-            "throughput": "—" if _num(r.get("throughput_samples_s")) is None
-            else f"{r['throughput_samples_s']:.1f} samples/s",
-            "peak measured (tracker)": fmt_bytes(_num(r.get("mem_tracker_peak_bytes"))),
-            "peak predicted": fmt_bytes(_num(r.get("pred_peak_bytes"))),
-            "peak error": fmt_pct(r.get("pred_peak_err")),
-            "model states measured": fmt_bytes(_num(r.get("mem_tracker_model_states_bytes"))),
-            "model states predicted": fmt_bytes(_num(r.get("pred_model_states_bytes"))),
-            "model states error": fmt_pct(r.get("pred_model_states_err")),
-            # DeepSpeed's own estimator (ds_zero2/3 only; docs/deepspeed.md explains its terms)
-            "model states, DeepSpeed's estimate": fmt_bytes(_num(r.get("ds_est_model_states_bytes"))),
-            "DeepSpeed estimate error": fmt_pct(r.get("ds_est_model_states_err")),
-            "comm / step": fmt_bytes(_comm_total(r)),
-            "overlap": "—" if _num(r.get("overlap_ratio")) is None else f"{r['overlap_ratio']:.0%}",
-            "wall (s)": "—" if _num(launch.get("wall_s")) is None else f"{launch['wall_s']:.1f}",
-            "note": note if status != "ok" else "",
-            "_failed": status in FAILED_STATUSES,
-        })  # fmt: skip
+        out.append(
+            {
+                "case": r.get("label"),
+                "case_id": r["case_id"],
+                "status": status,
+                "ranks": r.get("ranks_label"),
+                "step time (p10–p90)": _fmt_step(r, _num(r.get("step_time_ms"))),
+                "step time modelled": _fmt_modelled(r, _num(r.get("model_step_time_ms"))),
+                "throughput": "—"
+                if _num(r.get("throughput_samples_s")) is None
+                else f"{r['throughput_samples_s']:.1f} samples/s",
+                "peak measured (tracker)": fmt_bytes(_num(r.get("mem_tracker_peak_bytes"))),
+                "peak predicted": fmt_bytes(_num(r.get("pred_peak_bytes"))),
+                "peak error": fmt_pct(r.get("pred_peak_err")),
+                "model states measured": fmt_bytes(_num(r.get("mem_tracker_model_states_bytes"))),
+                "model states predicted": fmt_bytes(_num(r.get("pred_model_states_bytes"))),
+                "model states error": fmt_pct(r.get("pred_model_states_err")),
+                # DeepSpeed's own estimator (ds_zero2/3 only; docs/deepspeed.md explains its terms)
+                "model states, DeepSpeed's estimate": fmt_bytes(_num(r.get("ds_est_model_states_bytes"))),
+                "DeepSpeed estimate error": fmt_pct(r.get("ds_est_model_states_err")),
+                "comm / step": fmt_bytes(_comm_total(r)),
+                "overlap": "—" if _num(r.get("overlap_ratio")) is None else f"{r['overlap_ratio']:.0%}",
+                "wall (s)": "—" if _num(launch.get("wall_s")) is None else f"{launch['wall_s']:.1f}",
+                "note": note if status != "ok" else "",
+                "_failed": status in FAILED_STATUSES,
+            }
+        )
         if "traced_peak_bytes" in cases and cases["traced_peak_bytes"].notna().any():  # run with --traced
             out[-1]["peak traced"] = fmt_bytes(_num(r.get("traced_peak_bytes")))
             out[-1]["traced error"] = fmt_pct(r.get("traced_peak_err"))

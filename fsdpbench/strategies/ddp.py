@@ -29,8 +29,10 @@ def wrap_ddp(model: nn.Module, ctx: ApplyContext) -> DistributedDataParallel:
 def check_ddp_precision(case: Case) -> str | None:
     """DDP's bf16 gradient-compression hook all-reduces bf16 tensors, which gloo cannot."""
     if case.precision == "bf16-lowreduce" and case.backend == "gloo":
-        return ("precision=bf16-lowreduce under DDP needs NCCL: gloo has no bf16 all-reduce "
-                "(use fp16-lowreduce, or a GPU)")
+        return (
+            "precision=bf16-lowreduce under DDP needs NCCL: gloo has no bf16 all-reduce "
+            "(use fp16-lowreduce, or a GPU)"
+        )
     return None
 
 

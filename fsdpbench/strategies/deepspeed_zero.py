@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,13 +43,21 @@ DS_KNOBS: dict[str, tuple[type, Any, tuple[int, ...], str]] = {
     "overlap_comm": (bool, None, (1, 2, 3), "reduce while backward runs (default: true on stage 3 only)"),
     "contiguous_gradients": (bool, True, (1, 2, 3), "copy reduced gradients into one contiguous buffer"),
     "reduce_scatter": (bool, True, (1, 2), "reduce-scatter (true) or all-reduce (false) gradients"),
-    "use_multi_rank_bucket_allreduce": (bool, True, (1, 2),
-                                        "all-reduce a bucket spanning several ranks' partitions (else reduce)"),
+    "use_multi_rank_bucket_allreduce": (
+        bool,
+        True,
+        (1, 2),
+        "all-reduce a bucket spanning several ranks' partitions (else reduce)",
+    ),
     "stage3_prefetch_bucket_size": (int, 50_000_000, (3,), "elements of parameters prefetched ahead"),
     "stage3_param_persistence_threshold": (int, 100_000, (3,), "params below this many elements stay whole"),
     "stage3_max_live_parameters": (int, 1_000_000_000, (3,), "most unsharded elements alive at once"),
-    "stage3_max_reuse_distance": (int, 1_000_000_000, (3,),
-                                  "keep a gathered param if it is used again within this many elements"),
+    "stage3_max_reuse_distance": (
+        int,
+        1_000_000_000,
+        (3,),
+        "keep a gathered param if it is used again within this many elements",
+    ),
     "offload_param": (bool, None, (3,), "parameters in host memory (default: cpu_offload)"),
 }
 
@@ -144,14 +153,18 @@ class _DeepSpeedZero(Strategy):
         readable = {k for k, spec in DS_KNOBS.items() if self.stage in spec[2]}
         unknown = set(case.strategy_args) - readable
         if unknown:
-            allowed = "; ".join(f"{k} ({DS_KNOBS[k][0].__name__}, default {DS_KNOBS[k][1]}: {DS_KNOBS[k][3]})"
-                                for k in sorted(readable))  # fmt: skip
+            allowed = "; ".join(
+                f"{k} ({DS_KNOBS[k][0].__name__}, default {DS_KNOBS[k][1]}: {DS_KNOBS[k][3]})"
+                for k in sorted(readable)
+            )
             return f"strategy_args {sorted(unknown)} unknown to {self.name}; allowed: {allowed}"
         for k, v in case.strategy_args.items():
             if not isinstance(v, DS_KNOBS[k][0]) or (DS_KNOBS[k][0] is int and isinstance(v, bool)):
                 return f"strategy_args.{k} must be {DS_KNOBS[k][0].__name__}, not {v!r}"
         if case.precision.endswith("-lowreduce"):
-            return f"precision={case.precision}: {self.name} reduces in DeepSpeed's own precision; use bf16/fp16"
+            return (
+                f"precision={case.precision}: {self.name} reduces in DeepSpeed's own precision; use bf16/fp16"
+            )
         return super().check(case)
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
@@ -221,14 +234,19 @@ def deepspeed_estimate_bytes(case: Case, stage: int) -> int | None:
     if stage == 2:
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-        _, gpu = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=case.world_size,
-                                                       cpu_offload=case.cpu_offload)  # fmt: skip
+        _, gpu = estimate_zero2_model_states_mem_needs(
+            psi, num_gpus_per_node=case.world_size, cpu_offload=case.cpu_offload
+        )
         return gpu
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
     offload_param = case.strategy_args.get("offload_param", case.cpu_offload)
     _, gpu, _ = estimate_zero3_model_states_mem_needs(
-        psi, largest_layer_params(case), num_gpus_per_node=case.world_size, cpu_offload=case.cpu_offload,
-        cpu_offload_params=offload_param, zero_init=False,
+        psi,
+        largest_layer_params(case),
+        num_gpus_per_node=case.world_size,
+        cpu_offload=case.cpu_offload,
+        cpu_offload_params=offload_param,
+        zero_init=False,
     )
     return gpu

@@ -10,7 +10,8 @@ model's own parameters (views into FSDP1's flat parameters) rather than one ``Fl
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn

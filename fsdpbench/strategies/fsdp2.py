@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 
 from fsdpbench.case import Case
 from fsdpbench.strategies import register_strategy
@@ -31,7 +37,9 @@ def apply_fsdp2(
     # always name the mesh: fully_shard's default mesh is on torch's current accelerator, so on a
     # machine with a GPU a `device: cpu` case would shard onto cuda:<rank> (invalid for rank >= GPUs)
     mesh = mesh or init_device_mesh(ctx.device.type, (ctx.world_size,))
-    pin = ctx.device.type == "cuda"  # pinned host memory needs a GPU; on CPU offloaded states stay in host memory
+    pin = (
+        ctx.device.type == "cuda"
+    )  # pinned host memory needs a GPU; on CPU offloaded states stay in host memory
     kwargs = dict(
         mesh=mesh,
         reshard_after_forward=reshard_after_forward,
@@ -81,7 +89,9 @@ class _FSDP2(Strategy):
 class Zero2(_FSDP2):
     name = "zero2"
     description = "FSDP2 reshard_after_forward=False: grads+optimizer sharded, params unsharded fwd→bwd"
-    sharding = Sharding(params=True, grads=True, optim=True, params_unsharded_fwd_to_bwd=True, per_unit_gather=True)
+    sharding = Sharding(
+        params=True, grads=True, optim=True, params_unsharded_fwd_to_bwd=True, per_unit_gather=True
+    )
     reshard_after_forward = False
 
 

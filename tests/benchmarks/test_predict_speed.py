@@ -27,7 +27,9 @@ GPU = {"device": "cuda", "backend": "nccl", "precision": "bf16"}
 
 
 def test_analytic_1t_params_on_4096(benchmark):
-    case = Case(strategy="zero3", world_size=4096, precision="mixed", optimizer="adam", device="cuda", backend="nccl")
+    case = Case(
+        strategy="zero3", world_size=4096, precision="mixed", optimizer="adam", device="cuda", backend="nccl"
+    )
     facts = ModelFacts.from_count(10**12)
     pred = benchmark(predict_memory, case, facts=facts)
     assert pred.model_states_bytes == 16 * 10**12 // 4096
@@ -36,7 +38,9 @@ def test_analytic_1t_params_on_4096(benchmark):
 def test_analytic_1t_decoder_on_4096(benchmark):
     """A ~1.01T-parameter decoder (d 25600, 128 layers) with its full structure, ZeRO-3 on 4096 GPUs."""
     args = {"d_model": 25600, "n_layers": 128, "n_heads": 200, "vocab": 32000}
-    case = Case(model="decoder", model_args=args, strategy="zero3", world_size=4096, batch_size=1, seq_len=4096, **GPU)
+    case = Case(
+        model="decoder", model_args=args, strategy="zero3", world_size=4096, batch_size=1, seq_len=4096, **GPU
+    )
     pred = benchmark(predict_memory, case)
     assert 1.0e12 < pred.params < 1.02e12
     benchmark.extra_info.update(peak_bytes=pred.peak_bytes, peak_moment=pred.peak_moment)
@@ -62,7 +66,9 @@ print(json.dumps({"wall_s": est.wall_s, "peak_rss_bytes": est.peak_rss_bytes, "p
 """
 
 
-@pytest.mark.skipif(not os.environ.get("FSDPBENCH_BENCH_TRACED"), reason="set FSDPBENCH_BENCH_TRACED=1 (tens of seconds)")
+@pytest.mark.skipif(
+    not os.environ.get("FSDPBENCH_BENCH_TRACED"), reason="set FSDPBENCH_BENCH_TRACED=1 (tens of seconds)"
+)
 def test_traced_llama_7b_on_64(benchmark):
     def trace() -> dict:
         out = subprocess.run([sys.executable, "-c", _TRACE], capture_output=True, text=True, check=True)
@@ -71,4 +77,6 @@ def test_traced_llama_7b_on_64(benchmark):
     result = benchmark.pedantic(trace, rounds=1, iterations=1)
     benchmark.extra_info.update(result)
     assert result["model_states_bytes"] > 0
-    assert result["peak_rss_bytes"] < 6_738_415_616 * 2  # far below one bf16 copy of the model: nothing allocated
+    assert (
+        result["peak_rss_bytes"] < 6_738_415_616 * 2
+    )  # far below one bf16 copy of the model: nothing allocated

@@ -34,8 +34,17 @@ from fsdpbench.strategies import ApplyContext, get_strategy
 from fsdpbench.wrap import get_wrap_units
 
 STRATEGIES = ["ddp", "zero1", "zero2", "zero3"]
-CASE_FIELDS = {"model": "decoder-tiny", "world_size": 1, "batch_size": 4, "seq_len": 64, "optimizer": "adamw",
-               "precision": "fp32", "wrap": "block", "device": "cpu", "backend": "gloo"}  # fmt: skip
+CASE_FIELDS = {
+    "model": "decoder-tiny",
+    "world_size": 1,
+    "batch_size": 4,
+    "seq_len": 64,
+    "optimizer": "adamw",
+    "precision": "fp32",
+    "wrap": "block",
+    "device": "cpu",
+    "backend": "gloo",
+}
 ROUNDS, WARMUP_ROUNDS = 5, 2  # a few seconds for all four in the default test run
 
 
@@ -90,7 +99,9 @@ class StepBench:
         tracker = build_tracker(self.model, self.optimizer, self.strategy.fsdp_root(self.model))
         states: dict[str, int] = {}
         with tracker:
-            self.step(after_optim=lambda: states.update(snapshot_by_category(tracker, "current", self.device)))
+            self.step(
+                after_optim=lambda: states.update(snapshot_by_category(tracker, "current", self.device))
+            )
         peak = snapshot_by_category(tracker, "peak", self.device)
         out = {"mem_tracker_peak_bytes": peak.pop("total")}
         out.update({f"mem_tracker_peak_{cat}_bytes": n for cat, n in peak.items() if n})
@@ -112,7 +123,11 @@ def prediction_info(case: Case, measured: dict[str, int]) -> dict[str, Any]:
         return {"pred_failed": f"{type(exc).__name__}: {exc}"}
     out = {}
     for key, value in pred.items():
-        value = value.iloc[0] if hasattr(value, "iloc") else (value[0] if isinstance(value, (list, tuple)) else value)
+        value = (
+            value.iloc[0]
+            if hasattr(value, "iloc")
+            else (value[0] if isinstance(value, (list, tuple)) else value)
+        )
         if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
             out[key] = value.item() if hasattr(value, "item") else value
     return out
@@ -125,9 +140,16 @@ def test_step(benchmark, one_rank_group, strategy):
     bench = StepBench(case)
     benchmark.group = f"one step: {case.model}, 1 {case.device} rank ({case.backend})"
     benchmark.extra_info.update(
-        case_id=case.case_id, strategy=strategy, world_size=1, model=case.model, params=bench.params,
-        batch_size=case.batch_size, seq_len=case.seq_len, backend=case.backend, device=case.device,
-    )  # fmt: skip
+        case_id=case.case_id,
+        strategy=strategy,
+        world_size=1,
+        model=case.model,
+        params=bench.params,
+        batch_size=case.batch_size,
+        seq_len=case.seq_len,
+        backend=case.backend,
+        device=case.device,
+    )
     loss = benchmark.pedantic(bench.step, rounds=ROUNDS, warmup_rounds=WARMUP_ROUNDS, iterations=1)
     assert math.isfinite(loss)
 

@@ -78,7 +78,9 @@ class ComputeZero3(Zero3):
 
         model = super().apply(model, ctx)
         case = ctx.case
-        flops = step_flops(case.model, json.dumps(case.model_args, sort_keys=True), case.batch_size, case.seq_len)
+        flops = step_flops(
+            case.model, json.dumps(case.model_args, sort_keys=True), case.batch_size, case.seq_len
+        )
         hidden = next(m.in_features for m in model.modules() if isinstance(m, nn.Linear))
         tokens = case.batch_size * case.seq_len
         reps = max(1, round(EXTRA_COMPUTE * flops / (2 * tokens * hidden * hidden)))
