@@ -3,9 +3,10 @@
     PYTHONPATH=$PWD python analysis/emulate_cost.py                         # CPU: batch 1, seq 64
     PYTHONPATH=$PWD python analysis/emulate_cost.py --device cuda --seq-len 2048 --precision bf16
 
-Runs exactly one emulated step (``--tracked``: a second, memory-tracked one). Prints the case's wall time (fresh process: build on meta, shard, materialise the shard, steps), the
-emulated step time (compute only), the tracker's peak (live tensors), the process's RSS peak (whole
-case) and, on a GPU, the allocator's peak. Not part of the unit suite: on a 2-core CPU it takes minutes.
+Runs exactly one emulated step (``--tracked``: a second, memory-tracked one). Prints the case's wall
+time (fresh process: build on meta, shard, materialise the shard, steps), the emulated step time
+(compute only), the tracker's peak (live tensors), the process's RSS peak (whole case) and, on a GPU,
+the allocator's peak. Not part of the unit suite: on a 2-core CPU it takes minutes.
 """
 
 from __future__ import annotations

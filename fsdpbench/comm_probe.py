@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.comm_model import Link, algorithm_factor
+from fsdpbench.launch import free_port
 
 PROBE_SIZES_BYTES = (
     4 << 10,
@@ -33,12 +33,6 @@ PROBE_SIZES_BYTES = (
 )  # the largest long enough that bandwidth, not noise, sets the slope
 PROBE_KINDS = ("all_reduce", "all_gather")
 PROBE_REPS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int) -> None:
@@ -59,19 +53,12 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int)
                 numel = size // 4  # float32; S is the full tensor for both kinds
                 full = torch.ones(numel)
                 shard = torch.ones(numel // world_size)
-
-                def once() -> None:
-                    if kind == "all_reduce":
-                        dist.all_reduce(full)
-                    else:
-                        dist.all_gather_into_tensor(full, shard)
-
-                once()  # warm-up: connection set-up and buffers
+                _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
                 times = []
                 for _ in range(reps):
                     dist.barrier()
                     t0 = time.perf_counter()
-                    once()
+                    _collective_once(kind, full, shard)
                     times.append((time.perf_counter() - t0) * 1e6)
                 points.append({"kind": kind, "payload_bytes": numel * 4, "time_us": statistics.median(times)})
         dist.barrier()
@@ -81,6 +68,16 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int)
         dist.destroy_process_group()
     if rank == 0:
         Path(out_path).write_text(json.dumps({"points": points, "profiler_overhead_us_per_op": overhead_us}))
+
+
+def _collective_once(kind: str, full, shard) -> None:
+    """One probed collective on the S-byte tensor ``full``; ``shard`` is its 1/world part."""
+    import torch.distributed as dist
+
+    if kind == "all_reduce":
+        dist.all_reduce(full)
+    else:
+        dist.all_gather_into_tensor(full, shard)
 
 
 def _profiler_overhead_us(n_ops: int = 2000) -> float:
@@ -122,7 +119,10 @@ def fit_link(points: list[dict[str, Any]], world_size: int, name: str = "gloo") 
         name,
         alpha_us=alpha,
         busbw_GBps=1.0 / slope / 1e3,
-        source=f"probed: gloo, {world_size} CPU processes on this machine, least squares over {len(points)} points",
+        source=(
+            f"probed: gloo, {world_size} CPU processes on this machine, "
+            f"least squares over {len(points)} points"
+        ),
         reduce_scatter_as_all_reduce=True,
     )
 
@@ -134,7 +134,7 @@ def run_probe(world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0)
     ctx = get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "points.json")
-        port = _free_port()
+        port = free_port()
         procs = [
             ctx.Process(target=_probe_rank, args=(r, world_size, port, out, reps)) for r in range(world_size)
         ]

@@ -58,6 +58,7 @@ class CaseOutcome:
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (a process group's MASTER_PORT)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -280,7 +281,8 @@ def _failure(
     the OOM killer), else the rank whose error came first (the others usually fail because it left).
     A rank the launcher stopped after the first failure (SIGTERM, then SIGKILL) is never the cause."""
     silent = [
-        f"rank {ranks[r]['rank']} {_exit_text(code)} in phase {ranks[r].get('phase')} without a Python exception"
+        f"rank {ranks[r]['rank']} {_exit_text(code)} in phase {ranks[r].get('phase')} "
+        "without a Python exception"
         for r, code in sorted(self_exited.items())
         if ranks[r].get("status") in (None, "running") and code not in (0, None)
     ]

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 SCENARIO = """
 name: mini
 description: two tiny cases
-defaults: {model: decoder-tiny, batch_size: 2, seq_len: 16, warmup_steps: 1, steps: 2, device: cpu, backend: gloo}
+defaults: {model: decoder-tiny, batch_size: 2, seq_len: 16, warmup_steps: 1, steps: 2,
+           device: cpu, backend: gloo}
 sweep: {world_size: [2], strategy: [ddp, zero3]}
 cases: [{strategy: hsdp, world_size: 2, shard_size: 3}]
 """

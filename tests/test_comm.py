@@ -309,19 +309,19 @@ def _profile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
             else:
                 opt = torch.optim.SGD(model.parameters(), lr=0.01)
             batch = torch.randn(8, WIDTH)
-
-            def step():
-                model(batch).sum().backward()
-                opt.step()
-                opt.zero_grad()
-
             for _ in range(2):
-                step()
+                _train_step(model, opt, batch)
             with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
-                step()
+                _train_step(model, opt, batch)
             prof.export_chrome_trace(os.path.join(out_dir, f"{strategy}_rank{rank}.json"))
     finally:
         dist.destroy_process_group()
+
+
+def _train_step(model, opt, batch) -> None:
+    model(batch).sum().backward()
+    opt.step()
+    opt.zero_grad()
 
 
 @pytest.mark.slow

@@ -113,8 +113,9 @@ def test_a_cuda_target_never_dispatches_cuda_kernels_on_a_cpu_build(monkeypatch)
 
 def test_predict_both_for_llama_7b_on_8_ranks_where_cuda_is_present(monkeypatch, capsys):
     """`predict --method both --device cuda` for llama-7b on 8 ranks: CUDA's presence faked (on a CPU-only
-    build the trace then applies CUDA's rules; with a real GPU it traces fake CUDA tensors). Before,
-    fully_shard's default CUDA mesh put the model on cuda:0 and the batch on the CPU, and the trace crashed."""
+    build the trace then applies CUDA's rules; with a real GPU it traces fake CUDA tensors). fully_shard's
+    default CUDA mesh must not put the model on cuda:0 while the batch stays on the CPU (the trace
+    crashes)."""
     from fsdpbench.cli import main
 
     if not torch.cuda.is_available():

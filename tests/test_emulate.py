@@ -1,4 +1,5 @@
-"""Emulation: one rank alone on one device with a fake process group sees the live tensors a real rank sees."""
+"""Emulation: one rank alone on one device, with a fake process group, sees the live tensors a real rank
+sees."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from fsdpbench.memory_model import predict_memory
     ],
 )
 def test_traced_equals_the_measured_run(strategy, world, rank, peak, states):
-    """Golden numbers from `fsdpbench run scenarios/quickstart.yaml` (gloo, CPU, tracker): equal to the byte."""
+    """Golden numbers from `fsdpbench run scenarios/quickstart.yaml` (gloo, CPU, tracker), to the byte."""
     case = Case(
         model="decoder-tiny",
         strategy=strategy,

@@ -1,8 +1,9 @@
-"""The report in a real headless browser (Debian's chromium): loads offline, no console errors, every figure draws.
+"""The report in a real headless browser (Debian's chromium): loads offline, no console errors, every
+figure draws.
 
 Chromium is installed by .ci/run (or by hand: apt-get install chromium); the tests never install
-anything, and skip with that reason where it is absent. The screenshot goes to the run directory (report.png) and, when
-FSDPBENCH_SCREENSHOT_DIR is set, is copied there for review.
+anything, and skip with that reason where it is absent. The screenshot goes to the run directory
+(report.png) and, when FSDPBENCH_SCREENSHOT_DIR is set, is copied there for review.
 """
 
 from __future__ import annotations

@@ -71,7 +71,7 @@ def _traces(fig, name: str, group: str | None = None) -> list:
     return [t for t in fig.data if t.name == name and (group is None or t.legendgroup == group)]
 
 
-# --- the case frame -------------------------------------------------------------------------------------------
+# --- the case frame -----------------------------------------------------------------------------------------
 
 
 def test_case_frame_one_row_per_case_with_slowest_rank_time_and_largest_rank_memory(cases):
@@ -143,7 +143,7 @@ def test_a_cpu_rank_is_never_called_a_gpu():
     )
 
 
-# --- memory figures -------------------------------------------------------------------------------------------
+# --- memory figures -----------------------------------------------------------------------------------------
 
 
 def test_memory_scaling_draws_measured_markers_and_predicted_lines_per_strategy(cases):
@@ -223,7 +223,8 @@ def test_memory_breakdown_stacks_categories_measured_beside_predicted(cases):
     assert by_name["optimizer state"].x[i] == pytest.approx(8 * PSI / 4 / MiB)
     assert by_name["unsharded params/grads + comm buffers"].x[i] == pytest.approx(4 * PSI / 2 / MiB)
     assert by_name["other"].x[i] == pytest.approx((TEMP_BYTES + 3 * 1024) / MiB)
-    # the model's grads term is the resting value: the grads at the predicted peak are what the other terms leave
+    # the model's grads term is the resting value: the grads at the predicted peak are what the other
+    # terms leave
     z3 = _case(cases, "zero3", 4)
     named = (4 + 8) * PSI / 4 + 4 * PSI / 2 + ACTIVATIONS_BYTES + TEMP_BYTES
     assert by_name["grads"].x[i + 1] == pytest.approx((z3["pred_peak_bytes"] - named) / MiB)
@@ -277,7 +278,7 @@ def test_memory_timeline_absent_says_why(cases):
     assert panel.figure is None and "timeline.parquet" in panel.missing
 
 
-# --- time, communication, sweeps ------------------------------------------------------------------------------
+# --- time, communication, sweeps ----------------------------------------------------------------------------
 
 
 def test_step_time_bars_with_p10_p90_whiskers_and_throughput(cases):
@@ -351,7 +352,7 @@ def test_sweep_views_for_the_axes_the_run_varies(cases):
     assert none.figure is None and "does not vary" in none.missing
 
 
-# --- tables ---------------------------------------------------------------------------------------------------
+# --- tables -------------------------------------------------------------------------------------------------
 
 
 def test_compare_rows_mark_the_winner_per_metric(cases):
@@ -406,7 +407,7 @@ def test_offloaded_cases_show_host_parameters_measured_beside_predicted(cases):
     assert rows["params on host (CPU offload): measured / predicted"].text["a"] == "3.00 MiB / 4.00 MiB"
 
 
-# --- the page -------------------------------------------------------------------------------------------------
+# --- the page -----------------------------------------------------------------------------------------------
 
 
 def test_write_report_is_self_contained_with_every_figure(tmp_path):

@@ -102,7 +102,10 @@ def test_impossible_combinations_are_skipped_with_a_reason() -> None:
 
 
 def test_ddp_bf16_compression_is_skipped_on_gloo_but_not_on_nccl() -> None:
-    text = "name: q\ndefaults: {backend: %s, device: %s}\nsweep: {strategy: [ddp, zero1, zero3], precision: [bf16-lowreduce, fp16-lowreduce], world_size: 2}"
+    text = (
+        "name: q\ndefaults: {backend: %s, device: %s}\n"
+        "sweep: {strategy: [ddp, zero1, zero3], precision: [bf16-lowreduce, fp16-lowreduce], world_size: 2}"
+    )
     s = expand(text % ("gloo", "cpu"))
     skipped = {(k.case.strategy, k.case.precision): k.reason for k in s.skipped}
     assert set(skipped) == {("ddp", "bf16-lowreduce"), ("zero1", "bf16-lowreduce")}

@@ -93,7 +93,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--strategies {args.strategies!r}: give at least one, e.g. {DEFAULT_STRATEGIES}"
     for s in strategies:
         if ":" not in s and s not in strategy_names():
-            return f"--strategies: unknown strategy {s!r}; allowed: {', '.join(strategy_names())}, or module:Class"
+            allowed = ", ".join(strategy_names())
+            return f"--strategies: unknown strategy {s!r}; allowed: {allowed}, or module:Class"
     return None
 
 
@@ -146,7 +147,8 @@ def main(args: argparse.Namespace) -> int:
         "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
     }
     err.print(
-        f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped → {escape(str(run_dir))}",
+        f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped "
+        f"→ {escape(str(run_dir))}",
         highlight=False,
     )
     for s in scenario.skipped:

@@ -1,6 +1,7 @@
 """``fsdpbench predict``: per-rank memory for any model size and world size, before owning the hardware.
 
-    fsdpbench predict --params 7.5e9 --world-size 64 --strategy zero1,zero2,zero3 --precision mixed --optimizer adam
+    fsdpbench predict --params 7.5e9 --world-size 64 --strategy zero1,zero2,zero3 \\
+        --precision mixed --optimizer adam
     fsdpbench predict --model llama-7b --world-size 64 --strategy zero3 --precision bf16 --batch-size 2 \\
         --seq-len 4096 --device-memory 80GiB              # fits? largest batch? fewest GPUs?
     fsdpbench predict --model llama-7b --world-size 64 --strategy zero3 --method traced   # fake-tensor trace

@@ -95,7 +95,8 @@ class StepBench:
         return loss.item()
 
     def tracked_step(self) -> dict[str, int]:
-        """Tracker bytes of one step, named as in results.parquet (peak by category, model states after step)."""
+        """Tracker bytes of one step, named as in results.parquet (peak by category, model states after
+        the step)."""
         tracker = build_tracker(self.model, self.optimizer, self.strategy.fsdp_root(self.model))
         states: dict[str, int] = {}
         with tracker:

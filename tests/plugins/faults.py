@@ -84,7 +84,8 @@ class HangOnRank1InTimedSteps(DDP):
 
 
 class OomOnRank1(DDP):
-    """DDP, except rank 1 runs out of memory (torch.OutOfMemoryError, as a too-large CUDA allocation raises)."""
+    """DDP, except rank 1 runs out of memory (torch.OutOfMemoryError, as a too-large CUDA allocation
+    raises)."""
 
     name = "oom_on_rank1"
 
