@@ -33,12 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"fsdpbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for verb, help_text in COMMANDS.items():
-        try:
-            module = importlib.import_module(f"fsdpbench.commands.{verb}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"fsdpbench.commands.{verb}":
-                raise
-            continue  # a verb whose module is not there yet
+        module = importlib.import_module(f"fsdpbench.commands.{verb}")
         p = sub.add_parser(verb, help=help_text, description=help_text)
         module.add_arguments(p)
         p.set_defaults(_main=module.main)

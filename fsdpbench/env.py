@@ -69,13 +69,7 @@ def collect_env() -> dict[str, Any]:
     import torch.distributed as dist
 
     from fsdpbench import __version__
-
-    try:
-        from fsdpbench.metrics.nvml import nvml_status
-    except ImportError:  # pragma: no cover
-
-        def nvml_status() -> tuple[bool, str]:
-            return False, "fsdpbench.metrics.nvml missing"
+    from fsdpbench.metrics.nvml import nvml_status
 
     cuda_ok, cuda_why = cuda_status()
     nvml_ok, nvml_why = nvml_status()

@@ -156,10 +156,8 @@ def _run_locked(
 
 def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
     """The analytic prediction for the same case, beside the measurement (pred_* columns)."""
-    try:
-        from fsdpbench.memory_model import prediction_columns
-    except ImportError:  # the memory model is optional at this layer
-        return rows
+    from fsdpbench.memory_model import prediction_columns
+
     try:
         pred = prediction_columns(case, rows)
     except Exception as exc:  # noqa: BLE001 — a prediction bug must not lose a measurement

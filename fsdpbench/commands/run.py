@@ -362,10 +362,8 @@ def _export_cases(scenario: Any, out: Path) -> int:
 
 
 def _write_report(run_dir: Path, console: Console) -> None:
-    try:
-        from fsdpbench.report import write_report
-    except ImportError:
-        return
+    from fsdpbench.report import write_report
+
     try:
         path = write_report([run_dir])
     except Exception as exc:  # noqa: BLE001 — the results are stored; a report bug must not hide them

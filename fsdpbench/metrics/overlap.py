@@ -62,11 +62,6 @@ def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
     return [(s, e) for s, e in merged]
 
 
-def total_length(intervals: Iterable[Interval]) -> float:
-    """Length of the union of the intervals."""
-    return sum(e - s for s, e in merge_intervals(intervals))
-
-
 def intersect_intervals(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
     """Union(a) ∩ union(b) as sorted disjoint intervals."""
     left, right = merge_intervals(a), merge_intervals(b)
