@@ -13,7 +13,6 @@ per strategy, with the winner of each metric, and the HTML report is written.
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,17 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from fsdpbench.commands.running import (
+    add_link_argument,
+    case_progress,
+    enable_plugin_imports,
+    link_spec,
+    parse_overrides,
+    print_skipped,
+    run_header,
+    validate_overrides,
+)
 
 DEFAULT_STRATEGIES = "ddp,zero2,zero3"
 
@@ -58,8 +68,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the traced memory predictor for every case (traced_* columns)",
     )
-    from fsdpbench.commands.run import add_link_argument
-
     add_link_argument(parser)
 
 
@@ -100,11 +108,9 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 def main(args: argparse.Namespace) -> int:
     from fsdpbench.comm_model import LinkError
-    from fsdpbench.commands.run import _validate_overrides, enable_plugin_imports, link_spec, parse_overrides
-    from fsdpbench.env import collect_env
     from fsdpbench.results import RunStore
     from fsdpbench.runner import default_run_dir, now_iso, run_cases
-    from fsdpbench.scenario import CaseFields, ScenarioError, parse_scenario
+    from fsdpbench.scenario import ScenarioError, parse_scenario
 
     err = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()
@@ -119,7 +125,7 @@ def main(args: argparse.Namespace) -> int:
     text = build_scenario_text(args)
     try:
         overrides = parse_overrides(args.set)
-        _validate_overrides(overrides, CaseFields)
+        validate_overrides(overrides)
         # a module:Class typed on this command line is the user's explicit act: allowed, cwd searched last
         plugins = any(":" in s for s in args.strategies.split(","))
         if plugins:
@@ -133,40 +139,25 @@ def main(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.out) if args.out else default_run_dir("compare")
     store = RunStore(run_dir)
-    meta: dict[str, Any] = {
-        "scenario": {
-            "name": scenario.name,
-            "description": scenario.description,
-            "path": None,
-            "text": text,
-            "overrides": overrides,
-        },
-        "command": " ".join(shlex.quote(a) for a in sys.argv),
-        "env": collect_env(),
-        "started": now_iso(),
-        "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
-    }
+    meta = run_header(scenario, path=None, text=text, overrides=overrides, started=now_iso())
     err.print(
         f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped "
         f"→ {escape(str(run_dir))}",
         highlight=False,
     )
-    for s in scenario.skipped:
-        err.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
-
-    def on_done(case: Any, outcome: Any, rows: Any) -> None:
-        ms = rows["case_step_time_ms"].iloc[0] if "case_step_time_ms" in rows else None
-        err.print(
-            f"  {outcome.status:7} {case.case_id}"
-            + (f"  {ms:.1f} ms/step" if ms == ms and ms else "")
-            + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else ""),
-            highlight=False,
-        )
-
+    print_skipped(err, scenario)
     try:
-        run_cases(
-            scenario.cases, scenario.skipped, store, meta, on_done=on_done, traced=args.traced, link=link
-        )
+        with case_progress(err, len(scenario.cases)) as (on_start, on_done):
+            run_cases(
+                scenario.cases,
+                scenario.skipped,
+                store,
+                meta,
+                on_start=on_start,
+                on_done=on_done,
+                traced=args.traced,
+                link=link,
+            )
     except KeyboardInterrupt:
         err.print(
             f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}", highlight=False

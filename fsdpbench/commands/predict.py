@@ -155,7 +155,7 @@ def _build_cases(args: argparse.Namespace) -> list:
         raise ValueError(f"--params {args.params}: must be a positive parameter count, e.g. 7.5e9")
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
     if any(":" in s for s in strategies):  # a module:Class typed here is explicit: cwd is searched last
-        from fsdpbench.commands.run import enable_plugin_imports
+        from fsdpbench.commands.running import enable_plugin_imports
 
         enable_plugin_imports()
     if not strategies:

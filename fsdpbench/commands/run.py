@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import shlex
 import signal
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,9 +13,17 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fsdpbench.safe_yaml import YamlInputError, load_yaml
+from fsdpbench.commands.running import (
+    add_link_argument,
+    case_progress,
+    enable_plugin_imports,
+    link_spec,
+    parse_overrides,
+    print_skipped,
+    run_header,
+    validate_overrides,
+)
 from fsdpbench.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
 
 
@@ -78,40 +84,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_link_argument(parser: argparse.ArgumentParser) -> None:
-    """--link, shared by run and compare."""
-    from fsdpbench.comm_model import AUTO, link_choices
-
-    parser.add_argument(
-        "--link",
-        default=AUTO,
-        metavar="LINK",
-        help="link of the modelled step time (model_* columns: measured compute + α–β "
-        f"communication): {link_choices()}, or none (default: {AUTO}: gloo, probed "
-        "once per run, for gloo cases; nvlink4 for nccl cases)",
-    )
-
-
-def link_spec(value: str) -> str | None:
-    """The --link value checked (LinkError names what is wrong); None for 'none'."""
-    from fsdpbench.comm_model import validate_link_spec
-
-    return None if value == "none" else validate_link_spec(value)
-
-
-def parse_overrides(items: list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ScenarioError(f"--set {item!r}: expected FIELD=VALUE")
-        try:
-            out[key.strip()] = load_yaml(value)
-        except YamlInputError as exc:
-            raise ScenarioError(f"--set {item!r}: {exc}") from None
-    return out
-
-
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)
     with _signals_as_interrupts():
@@ -124,37 +96,16 @@ def main(args: argparse.Namespace) -> int:
 
 def _main(args: argparse.Namespace, console: Console) -> int:
     from fsdpbench.comm_model import LinkError
-    from fsdpbench.env import collect_env
     from fsdpbench.results import RunStore
     from fsdpbench.rundir import RunDirError
-    from fsdpbench.runner import default_run_dir, latest_run_dir, now_iso, run_cases
+    from fsdpbench.runner import run_cases
 
     try:
         link = link_spec(args.link)
-    except LinkError as exc:
+        overrides, scenario = _load_scenario(args)
+    except (LinkError, ScenarioError) as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
-    allow_plugins = args.allow_plugins or None  # None: the environment variable decides
-    try:
-        overrides = parse_overrides(args.set)
-        if args.emulate:
-            overrides["emulate"] = True
-        if overrides:
-            from fsdpbench.scenario import CaseFields
-
-            _validate_overrides(overrides, CaseFields)
-        if args.allow_plugins:
-            enable_plugin_imports()
-        scenario = load_scenario(
-            args.scenario,
-            overrides=overrides,
-            allow_plugins=allow_plugins,
-            allow_oversubscribe=args.allow_oversubscribe,
-        )
-    except ScenarioError as exc:
-        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
-        return 2
-
     if args.dry_run:
         return _print_dry_run(scenario)
     if args.export_cases:
@@ -163,40 +114,17 @@ def _main(args: argparse.Namespace, console: Console) -> int:
         console.print("[red]error:[/] --collect needs --out RUN_DIR (where the ranks wrote cases/<case_id>/)")
         return 2
 
-    if args.out:
-        run_dir = Path(args.out)
-    elif args.resume:
-        run_dir = latest_run_dir(scenario.name) or default_run_dir(scenario.name)
-    else:
-        run_dir = default_run_dir(scenario.name)
+    run_dir = _run_dir(args, scenario.name)
     store = RunStore(run_dir)
     resume_hint = f"fsdpbench run {shlex.quote(args.scenario)} --out {shlex.quote(str(run_dir))} --resume"
     try:
-        meta = store.read_run_json() if args.resume else {}
+        meta = _run_meta(args, scenario, overrides, store)
     except (OSError, ValueError) as exc:
         console.print(
             f"[red]error:[/] {escape(str(run_dir / 'run.json'))}: cannot read: {escape(str(exc))}",
             highlight=False,
         )
         return 2
-    meta.update(
-        scenario={
-            "name": scenario.name,
-            "description": scenario.description,
-            "path": str(scenario.path),
-            "text": scenario.text,
-            "overrides": overrides,
-        },
-        command=" ".join(shlex.quote(a) for a in sys.argv),
-        env=collect_env(),
-        started=meta.get("started") or now_iso(),
-        skipped=[{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
-    )
-    emulated = [c for c in scenario.cases if c.emulate]
-    if emulated:
-        from fsdpbench.emulate import EMULATION_LIMITS
-
-        meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
     n_todo = len(scenario.cases) - (
         len(store.completed_ids() & {c.case_id for c in scenario.cases}) if args.resume else 0
     )
@@ -205,56 +133,21 @@ def _main(args: argparse.Namespace, console: Console) -> int:
         f"{len(scenario.skipped)} skipped → {escape(str(run_dir))}",
         highlight=False,
     )
-    for s in scenario.skipped:
-        console.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
-
-    progress = Progress(
-        TextColumn("{task.description}", markup=False),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=False,
-    )
-    interrupted: KeyboardInterrupt | None = None
+    print_skipped(console, scenario)
     try:
-        with progress:
-            task = progress.add_task("cases", total=n_todo)
-
-            def on_start(case, i):
-                ranks = (
-                    f"rank {','.join(map(str, case.emulate_ranks))} of {case.world_size}, emulated"
-                    if case.emulate
-                    else f"{case.world_size} {case.device} ranks"
-                )
-                progress.update(task, description=f"{case.case_id} ({ranks})")
-
-            def on_done(case, outcome, rows):
-                colour = "green" if outcome.status == "ok" else "red"
-                ms = rows["case_step_time_ms"].iloc[0] if "case_step_time_ms" in rows else None
-                progress.console.print(
-                    f"  [{colour}]{outcome.status:7}[/] {case.case_id}"
-                    + (f"  {ms:.1f} ms/step" if ms is not None and ms == ms else "")
-                    + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else ""),
-                    highlight=False,
-                )
-                progress.advance(task)
-
-            try:
-                frame = run_cases(
-                    scenario.cases,
-                    scenario.skipped,
-                    store,
-                    meta,
-                    resume=args.resume,
-                    collect=args.collect,
-                    on_start=on_start,
-                    on_done=on_done,
-                    traced=args.traced or scenario.traced,
-                    link=link,
-                )
-            except KeyboardInterrupt as exc:
-                interrupted = exc
+        with case_progress(console, n_todo) as (on_start, on_done):
+            frame = run_cases(
+                scenario.cases,
+                scenario.skipped,
+                store,
+                meta,
+                resume=args.resume,
+                collect=args.collect,
+                on_start=on_start,
+                on_done=on_done,
+                traced=args.traced or scenario.traced,
+                link=link,
+            )
     except RunDirError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
@@ -266,14 +159,14 @@ def _main(args: argparse.Namespace, console: Console) -> int:
             highlight=False,
         )
         return 1
-    if interrupted is not None:
+    except KeyboardInterrupt as exc:
         # the last line says how to go on; the exit code is the shell's for that signal (130: Ctrl-C)
         console.print(
             f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}; "
             f"continue with: {escape(resume_hint)}",
             highlight=False,
         )
-        return 128 + getattr(interrupted, "signum", signal.SIGINT)
+        return 128 + getattr(exc, "signum", signal.SIGINT)
 
     from fsdpbench.summary import print_summary
 
@@ -283,6 +176,57 @@ def _main(args: argparse.Namespace, console: Console) -> int:
     print(f"results: {run_dir / 'results.parquet'}")
     failed = frame[frame["status"].isin(["failed", "timeout", "oom"])]["case_id"].nunique()
     return 1 if failed else 0
+
+
+def _load_scenario(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """The --set overrides and the scenario they apply to (ScenarioError names what is wrong)."""
+    overrides = parse_overrides(args.set)
+    if args.emulate:
+        overrides["emulate"] = True
+    validate_overrides(overrides)
+    if args.allow_plugins:
+        enable_plugin_imports()
+    scenario = load_scenario(
+        args.scenario,
+        overrides=overrides,
+        allow_plugins=args.allow_plugins or None,  # None: the environment variable decides
+        allow_oversubscribe=args.allow_oversubscribe,
+    )
+    return overrides, scenario
+
+
+def _run_dir(args: argparse.Namespace, scenario_name: str) -> Path:
+    from fsdpbench.runner import default_run_dir, latest_run_dir
+
+    if args.out:
+        return Path(args.out)
+    if args.resume:
+        return latest_run_dir(scenario_name) or default_run_dir(scenario_name)
+    return default_run_dir(scenario_name)
+
+
+def _run_meta(
+    args: argparse.Namespace, scenario: Any, overrides: dict[str, Any], store: Any
+) -> dict[str, Any]:
+    """run.json's content before the cases: the stored one's on --resume, updated with this run."""
+    from fsdpbench.runner import now_iso
+
+    meta = store.read_run_json() if args.resume else {}
+    meta.update(
+        run_header(
+            scenario,
+            path=str(scenario.path),
+            text=scenario.text,
+            overrides=overrides,
+            started=meta.get("started") or now_iso(),
+        )
+    )
+    emulated = [c for c in scenario.cases if c.emulate]
+    if emulated:
+        from fsdpbench.emulate import EMULATION_LIMITS
+
+        meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
+    return meta
 
 
 class Interrupted(KeyboardInterrupt):
@@ -309,28 +253,6 @@ def _signals_as_interrupts() -> Iterator[None]:
     finally:
         for sig, previous in old.items():
             signal.signal(sig, previous)
-
-
-def enable_plugin_imports() -> None:
-    """Plugins were allowed: let ``module:Class`` find modules in the current directory too, searched
-    after everything installed (so a file there cannot shadow an installed module)."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-
-
-def _validate_overrides(overrides: dict[str, Any], fields_model: Any) -> None:
-    from pydantic import ValidationError
-
-    for key, value in overrides.items():
-        if key not in fields_model.model_fields:
-            raise ScenarioError(
-                f"--set {key}: unknown field; allowed: {', '.join(fields_model.model_fields)}"
-            )
-        try:
-            fields_model.model_validate({key: value})
-        except ValidationError as exc:
-            raise ScenarioError(f"--set {key}: {exc.errors()[0]['msg']}") from None
 
 
 def _print_dry_run(scenario: Any) -> int:

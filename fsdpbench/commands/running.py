@@ -1,0 +1,149 @@
+"""What the verbs that run cases (``run``, ``compare``) share: --link and --set, plugin imports, the
+header of run.json, and the progress lines printed as cases start and finish."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from fsdpbench.safe_yaml import YamlInputError, load_yaml
+from fsdpbench.scenario import ScenarioError
+
+# run_cases' callbacks: on_start(case, index) and on_done(case, outcome, rows)
+OnStart = Callable[[Any, int], None]
+OnDone = Callable[[Any, Any, Any], None]
+
+
+def add_link_argument(parser: argparse.ArgumentParser) -> None:
+    """--link: the link of the modelled step time."""
+    from fsdpbench.comm_model import AUTO, link_choices
+
+    parser.add_argument(
+        "--link",
+        default=AUTO,
+        metavar="LINK",
+        help="link of the modelled step time (model_* columns: measured compute + α–β "
+        f"communication): {link_choices()}, or none (default: {AUTO}: gloo, probed "
+        "once per run, for gloo cases; nvlink4 for nccl cases)",
+    )
+
+
+def link_spec(value: str) -> str | None:
+    """The --link value checked (LinkError names what is wrong); None for 'none'."""
+    from fsdpbench.comm_model import validate_link_spec
+
+    return None if value == "none" else validate_link_spec(value)
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """--set FIELD=VALUE items as a dict, each value read as YAML."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ScenarioError(f"--set {item!r}: expected FIELD=VALUE")
+        try:
+            out[key.strip()] = load_yaml(value)
+        except YamlInputError as exc:
+            raise ScenarioError(f"--set {item!r}: {exc}") from None
+    return out
+
+
+def validate_overrides(overrides: dict[str, Any]) -> None:
+    """Each --set field is a case field and its value valid for it (ScenarioError names which not)."""
+    from pydantic import ValidationError
+
+    from fsdpbench.scenario import CaseFields
+
+    for key, value in overrides.items():
+        if key not in CaseFields.model_fields:
+            raise ScenarioError(f"--set {key}: unknown field; allowed: {', '.join(CaseFields.model_fields)}")
+        try:
+            CaseFields.model_validate({key: value})
+        except ValidationError as exc:
+            raise ScenarioError(f"--set {key}: {exc.errors()[0]['msg']}") from None
+
+
+def enable_plugin_imports() -> None:
+    """Plugins were allowed: let ``module:Class`` find modules in the current directory too, searched
+    after everything installed (so a file there cannot shadow an installed module)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+
+
+def run_header(
+    scenario: Any, *, path: str | None, text: str, overrides: dict[str, Any], started: str
+) -> dict[str, Any]:
+    """run.json's description of what was run, when, from where and on what."""
+    from fsdpbench.env import collect_env
+
+    return {
+        "scenario": {
+            "name": scenario.name,
+            "description": scenario.description,
+            "path": path,
+            "text": text,
+            "overrides": overrides,
+        },
+        "command": " ".join(shlex.quote(a) for a in sys.argv),
+        "env": collect_env(),
+        "started": started,
+        "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
+    }
+
+
+def print_skipped(console: Console, scenario: Any) -> None:
+    for s in scenario.skipped:
+        console.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
+
+
+def outcome_line(case: Any, outcome: Any, rows: Any) -> str:
+    """One finished case as a line of console markup: status, case id, step time, first error line."""
+    colour = "green" if outcome.status == "ok" else "red"
+    ms = rows["case_step_time_ms"].iloc[0] if "case_step_time_ms" in rows else None
+    return (
+        f"  [{colour}]{outcome.status:7}[/] {case.case_id}"
+        + (f"  {ms:.1f} ms/step" if ms is not None and ms == ms else "")
+        + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else "")
+    )
+
+
+def _ranks_text(case: Any) -> str:
+    if case.emulate:
+        return f"rank {','.join(map(str, case.emulate_ranks))} of {case.world_size}, emulated"
+    return f"{case.world_size} {case.device} ranks"
+
+
+@contextmanager
+def case_progress(console: Console, n_cases: int) -> Iterator[tuple[OnStart, OnDone]]:
+    """A progress bar over the cases; yields run_cases' (on_start, on_done), which move it and print
+    each finished case's line above it."""
+    progress = Progress(
+        TextColumn("{task.description}", markup=False),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    with progress:
+        task = progress.add_task("cases", total=n_cases)
+
+        def on_start(case: Any, index: int) -> None:
+            progress.update(task, description=f"{case.case_id} ({_ranks_text(case)})")
+
+        def on_done(case: Any, outcome: Any, rows: Any) -> None:
+            progress.console.print(outcome_line(case, outcome, rows), highlight=False)
+            progress.advance(task)
+
+        yield on_start, on_done
