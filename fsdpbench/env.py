@@ -15,19 +15,15 @@ from typing import Any
 def project_commit() -> str:
     """The git commit of the fsdpbench checkout (with '+dirty' if modified), or 'unknown'."""
     root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+
     try:
-        sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
+        sha = git("rev-parse", "--short=12", "HEAD")
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha + ("+dirty" if dirty else "")) if sha else "unknown"

@@ -66,92 +66,104 @@ def run_cases(
     (``model_*`` columns; metrics/step_model.py)."""
     store.create()
     with store.lock():  # refuses (RunDirError) while another run uses this directory
-        return _run_locked(
-            cases,
-            skipped,
-            store,
-            meta,
-            resume=resume,
-            collect=collect,
-            on_start=on_start,
-            on_done=on_done,
-            traced=traced,
-            link=link,
-        )
+        tracer = TracedPredictor() if traced else None
+        done = _start_run(store, meta, skipped, resume=resume, traced=traced, link=link)
+        try:
+            for i, case in enumerate(cases):
+                if case.case_id in done:
+                    continue
+                if on_start:
+                    on_start(case, i)
+                outcome = _launch_or_collect(case, store, meta, collect=collect)
+                if outcome is None:
+                    continue
+                rows = _case_rows(case, outcome, store, meta["env"], link=link, tracer=tracer)
+                store.merge_timelines(case.case_id)
+                store.write_case(case.case_id, rows)
+                meta["cases"][case.case_id] = case_overhead(outcome)
+                store.write_run_json(meta)
+                if on_done:
+                    on_done(case, outcome, rows)
+            meta["status"] = "complete"
+        except KeyboardInterrupt:
+            meta["status"] = "interrupted"
+            raise
+        except OSError as exc:  # a full disk, an unwritable directory: stored cases stay, resume works
+            meta["status"] = f"failed: {exc.strerror or exc}"
+            raise
+        finally:
+            _end_run(store, meta, tracer, failing=sys.exc_info()[0] is not None)
+        return store.consolidate()
 
 
-def _run_locked(
-    cases: list[Case],
-    skipped: list[Skipped],
+def _start_run(
     store: RunStore,
     meta: dict[str, Any],
+    skipped: list[Skipped],
     *,
     resume: bool,
-    collect: bool,
-    on_start: Callable[[Case, int], None] | None,
-    on_done: Callable[[Case, CaseOutcome | None, pd.DataFrame], None] | None,
     traced: bool,
     link: str | None,
-) -> pd.DataFrame:
-    tracer = TracedPredictor() if traced else None
+) -> set[str]:
+    """Store the skipped cases and run.json as "running"; return the ids already stored (--resume)."""
     meta["predictions"] = ["analytic", "traced"] if traced else ["analytic"]
     if link:
         meta["step_time_model"] = {"link": link}
-    env = meta["env"]
     done = store.completed_ids() if resume else set()
     meta.setdefault("cases", {})
     meta["status"] = "running"
     for item in skipped:
-        store.write_case(item.case.case_id, skipped_rows(item.case, item.reason, env))
+        store.write_case(item.case.case_id, skipped_rows(item.case, item.reason, meta["env"]))
     store.write_run_json(meta)
+    return done
+
+
+def _launch_or_collect(
+    case: Case, store: RunStore, meta: dict[str, Any], *, collect: bool
+) -> CaseOutcome | None:
+    """The case's outcome: its ranks launched here, or (``collect``) read from what they wrote; None
+    when its directory is in use (not run and not stored: a later --resume runs it)."""
+    run = collect_case if collect else launch_case
     try:
-        for i, case in enumerate(cases):
-            if case.case_id in done:
-                continue
-            if on_start:
-                on_start(case, i)
-            if collect:
-                outcome = collect_case(case, store.case_dir(case.case_id))
-            else:
-                try:
-                    outcome = launch_case(case, store.case_dir(case.case_id))
-                except CaseDirInUse as exc:  # not run and not stored: a later --resume runs it
-                    print(f"warning: {case.case_id} not run: {exc}", file=sys.stderr)
-                    meta["cases"][case.case_id] = {"status": "not run", "error": str(exc)}
-                    continue
-            if outcome.status == "skipped":
-                rows = skipped_rows(case, outcome.error, env)
-            else:
-                rows = add_predictions(case, build_rows(case, outcome, env))
-            if link and outcome.status == "ok":
-                rows = add_step_model(case, rows, store.case_dir(case.case_id), store.run_dir, link)
-            if tracer is not None and outcome.status == "ok":
-                rows = tracer.add_columns(case, rows)
-            store.merge_timelines(case.case_id)
-            store.write_case(case.case_id, rows)
-            meta["cases"][case.case_id] = case_overhead(outcome)
-            store.write_run_json(meta)
-            if on_done:
-                on_done(case, outcome, rows)
-        meta["status"] = "complete"
-    except KeyboardInterrupt:
-        meta["status"] = "interrupted"
-        raise
-    except OSError as exc:  # a full disk, an unwritable directory: stored cases stay, resume works
-        meta["status"] = f"failed: {exc.strerror or exc}"
-        raise
-    finally:
-        failing = sys.exc_info()[0] is not None
-        if tracer is not None:
-            tracer.close()
-        meta["ended"] = now_iso()
-        try:
-            store.write_run_json(meta)
-        except OSError:
-            if not failing:
-                raise
-            # already failing (the disk that failed above): run.json keeps its last good state
-    return store.consolidate()
+        return run(case, store.case_dir(case.case_id))
+    except CaseDirInUse as exc:
+        print(f"warning: {case.case_id} not run: {exc}", file=sys.stderr)
+        meta["cases"][case.case_id] = {"status": "not run", "error": str(exc)}
+        return None
+
+
+def _case_rows(
+    case: Case,
+    outcome: CaseOutcome,
+    store: RunStore,
+    env: dict[str, Any],
+    *,
+    link: str | None,
+    tracer: TracedPredictor | None,
+) -> pd.DataFrame:
+    """The case's result rows: measured, predicted, and (when asked) modelled step time and traced."""
+    if outcome.status == "skipped":
+        rows = skipped_rows(case, outcome.error, env)
+    else:
+        rows = add_predictions(case, build_rows(case, outcome, env))
+    if link and outcome.status == "ok":
+        rows = add_step_model(case, rows, store.case_dir(case.case_id), store.run_dir, link)
+    if tracer is not None and outcome.status == "ok":
+        rows = tracer.add_columns(case, rows)
+    return rows
+
+
+def _end_run(store: RunStore, meta: dict[str, Any], tracer: TracedPredictor | None, *, failing: bool) -> None:
+    """Close the tracer and store run.json's end; a write error is raised unless already failing."""
+    if tracer is not None:
+        tracer.close()
+    meta["ended"] = now_iso()
+    try:
+        store.write_run_json(meta)
+    except OSError:
+        if not failing:
+            raise
+        # already failing (the disk that failed above): run.json keeps its last good state
 
 
 def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:

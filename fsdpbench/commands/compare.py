@@ -23,16 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fsdpbench.commands.running import (
-    add_link_argument,
-    case_progress,
-    enable_plugin_imports,
-    link_spec,
-    parse_overrides,
-    print_skipped,
-    run_header,
-    validate_overrides,
-)
+from fsdpbench.commands import running
 
 DEFAULT_STRATEGIES = "ddp,zero2,zero3"
 
@@ -68,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run the traced memory predictor for every case (traced_* columns)",
     )
-    add_link_argument(parser)
+    running.add_link_argument(parser)
 
 
 def build_scenario_text(args: argparse.Namespace) -> str:
@@ -116,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     problem = _check_args(args)
     try:
-        link = link_spec(args.link)
+        link = running.link_spec(args.link)
     except LinkError as exc:
         problem = problem or str(exc)
     if problem:
@@ -124,12 +115,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     text = build_scenario_text(args)
     try:
-        overrides = parse_overrides(args.set)
-        validate_overrides(overrides)
+        overrides = running.parse_overrides(args.set)
+        running.validate_overrides(overrides)
         # a module:Class typed on this command line is the user's explicit act: allowed, cwd searched last
         plugins = any(":" in s for s in args.strategies.split(","))
         if plugins:
-            enable_plugin_imports()
+            running.enable_plugin_imports()
         scenario = parse_scenario(
             text, source="fsdpbench compare", overrides=overrides, allow_plugins=plugins or None
         )
@@ -139,15 +130,15 @@ def main(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.out) if args.out else default_run_dir("compare")
     store = RunStore(run_dir)
-    meta = run_header(scenario, path=None, text=text, overrides=overrides, started=now_iso())
+    meta = running.run_header(scenario, path=None, text=text, overrides=overrides, started=now_iso())
     err.print(
         f"[bold]compare[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped "
         f"→ {escape(str(run_dir))}",
         highlight=False,
     )
-    print_skipped(err, scenario)
+    running.print_skipped(err, scenario)
     try:
-        with case_progress(err, len(scenario.cases)) as (on_start, on_done):
+        with running.case_progress(err, len(scenario.cases)) as (on_start, on_done):
             run_cases(
                 scenario.cases,
                 scenario.skipped,

@@ -142,6 +142,22 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+# the case fields set by the flags of the same name
+CASE_FLAGS = (
+    "world_size",
+    "shard_size",
+    "precision",
+    "optimizer",
+    "batch_size",
+    "seq_len",
+    "wrap",
+    "prefetch",
+    "activation_checkpointing",
+    "cpu_offload",
+    "device",
+)
+
+
 def _build_cases(args: argparse.Namespace) -> list:
     from fsdpbench.case import Case
     from fsdpbench.models import model_names
@@ -166,18 +182,8 @@ def _build_cases(args: argparse.Namespace) -> list:
         case = Case(
             model=args.model or "decoder",
             strategy=name,
-            world_size=args.world_size,
-            shard_size=args.shard_size,
-            precision=args.precision,
-            optimizer=args.optimizer,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            wrap=args.wrap,
-            prefetch=args.prefetch,
-            activation_checkpointing=args.activation_checkpointing,
-            cpu_offload=args.cpu_offload,
-            device=args.device,
             backend="nccl" if args.device == "cuda" else "gloo",
+            **{field: getattr(args, field) for field in CASE_FLAGS},
         )
         from fsdpbench.knobs import check_knobs
 
@@ -212,40 +218,56 @@ def _predict_one(
     out["fit"] = fit
     methods = METHODS[args.method]
     if "analytic" in methods:
-        pred = predict(case)
-        out["analytic"] = pred
-        rec = pred.to_dict()
-        if fit:
-            rec.update(
-                device_memory_bytes=fit.device_memory_bytes,
-                fits=fit.fits,
-                fit_complete=fit.complete,
-                largest_batch=fit.largest_batch,
-                smallest_world_size=fit.smallest_world_size,
-            )
-        out["json"].append(rec)
+        out["analytic"] = pred = predict(case)
+        out["json"].append(_analytic_record(pred, fit))
     if "emulated" in methods:
-        if facts is not None:
-            raise ValueError("--method emulated needs --model (a parameter count alone cannot run)")
-        from fsdpbench.emulate import emulate_rank
-
-        emu = emulate_rank(case, rank=args.rank)
-        out["emulated"] = emu
-        rec = emu.to_dict()
-        if device_memory is not None:  # "fits?" from the emulated rank's peak, plus the stated allowance
-            needed = emu.device_peak_bytes + (context if case.device == "cuda" else 0)
-            out["emulated_fit"] = (needed, needed <= device_memory)
-            rec.update(device_memory_bytes=device_memory, fits=needed <= device_memory, needed_bytes=needed)
-        out["json"].append(rec)
+        _require_model("emulated", facts)
+        _add_emulated(out, case, args.rank, device_memory, context)
     if "traced" in methods:
-        if facts is not None:
-            raise ValueError("--method traced needs --model (a parameter count alone cannot be traced)")
+        _require_model("traced", facts)
         from fsdpbench.estimate import estimate
 
-        est = estimate(case, rank=args.rank)
-        out["traced"] = est
+        out["traced"] = est = estimate(case, rank=args.rank)
         out["json"].append(est.to_dict())
     return out
+
+
+_NEEDS_MODEL = {
+    "emulated": "a parameter count alone cannot run",
+    "traced": "a parameter count alone cannot be traced",
+}
+
+
+def _require_model(method: str, facts: Any) -> None:
+    if facts is not None:
+        raise ValueError(f"--method {method} needs --model ({_NEEDS_MODEL[method]})")
+
+
+def _analytic_record(pred: Any, fit: Any) -> dict[str, Any]:
+    """The analytic prediction as JSON, with the fit test's answers when --device-memory was given."""
+    rec = pred.to_dict()
+    if fit:
+        rec.update(
+            device_memory_bytes=fit.device_memory_bytes,
+            fits=fit.fits,
+            fit_complete=fit.complete,
+            largest_batch=fit.largest_batch,
+            smallest_world_size=fit.smallest_world_size,
+        )
+    return rec
+
+
+def _add_emulated(out: dict[str, Any], case: Any, rank: int, device_memory: int | None, context: int) -> None:
+    """Emulate the rank; with --device-memory, "fits?" from its peak plus the stated allowance."""
+    from fsdpbench.emulate import emulate_rank
+
+    out["emulated"] = emu = emulate_rank(case, rank=rank)
+    rec = emu.to_dict()
+    if device_memory is not None:
+        needed = emu.device_peak_bytes + (context if case.device == "cuda" else 0)
+        out["emulated_fit"] = (needed, needed <= device_memory)
+        rec.update(device_memory_bytes=device_memory, fits=needed <= device_memory, needed_bytes=needed)
+    out["json"].append(rec)
 
 
 def _fmt(nbytes: int | None, units: str) -> str:
@@ -267,32 +289,11 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
     )
     table = Table(title=title, title_justify="left")
     table.add_column("term")
-    if pred:
-        table.add_column("analytic", justify="right")
-    if est:
-        table.add_column("traced (tracker)", justify="right")
-    if emu:
-        table.add_column("emulated (measured)", justify="right")
-    traced_rows = _traced_rows(est) if est else {}
-    emulated_rows = _emulated_rows(emu) if emu else {}
-    skipped = []
-    for key, label in ROWS:
-        cells = []
-        if pred:
-            value = _analytic_value(pred, key)
-            if value is None and not (est or emu):
-                skipped.append(label.lstrip("·+ "))
-                continue
-            same = key == "resting" and pred.resting_states_bytes == pred.model_states_bytes
-            cells.append("same" if same and (est or emu) else _fmt(value, units))
-        for shown, rows in ((est, traced_rows), (emu, emulated_rows)):
-            if shown:
-                value = rows.get(key)
-                cells.append("—" if value is None else _fmt(value, units))
-        if all(c in ("0", "—") for c in cells):
-            continue
-        if key == "peak" and pred and pred.peak_moment:
-            label += f" — at {pred.peak_moment}"
+    for shown, heading in ((pred, "analytic"), (est, "traced (tracker)"), (emu, "emulated (measured)")):
+        if shown:
+            table.add_column(heading, justify="right")
+    rows, skipped = _term_rows(pred, est, emu, units)
+    for label, cells in rows:
         table.add_row(label, *cells)
     if skipped:
         table.add_row(
@@ -306,25 +307,52 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
             console.print(f"  note: {note}", highlight=False)
     if emu:
         _print_emulated(console, emu, res.get("emulated_fit"), units, args)
-    fit = res.get("fit")
-    if fit:
-        mem = _fmt(fit.device_memory_bytes, units)
-        if fit.complete:
-            verdict = "fits" if fit.fits else "does NOT fit"
-            console.print(
-                f"  {verdict} in {mem} {units} (needs {_fmt(fit.needed_bytes, units)}); "
-                f"largest per-rank batch that fits: {fit.largest_batch or 'none'}; smallest world size "
-                f"that fits (powers of two ≤ {args.max_world_size}): {fit.smallest_world_size or 'none'}",
-                highlight=False,
-            )
-        else:
-            verdict = "model states fit" if fit.fits else "model states alone do NOT fit"
-            console.print(
-                f"  {verdict} in {mem} {units} (model states {_fmt(fit.needed_bytes, units)}; "
-                f"activations not estimated without --model); smallest world size where the model "
-                f"states fit: {fit.smallest_world_size or 'none'}",
-                highlight=False,
-            )
+    if res.get("fit"):
+        _print_fit(console, res["fit"], units, args.max_world_size)
+
+
+def _term_rows(pred: Any, est: Any, emu: Any, units: str) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """The table's (label, cells) per memory term, and the terms the analytic column could not give."""
+    others = [_traced_rows(est)] if est else []
+    others += [_emulated_rows(emu)] if emu else []
+    rows, skipped = [], []
+    for key, label in ROWS:
+        if pred and not others and _analytic_value(pred, key) is None:
+            skipped.append(label.lstrip("·+ "))
+            continue
+        cells = [_analytic_cell(pred, key, units, beside=bool(others))] if pred else []
+        cells += ["—" if values.get(key) is None else _fmt(values[key], units) for values in others]
+        if all(c in ("0", "—") for c in cells):
+            continue
+        if key == "peak" and pred and pred.peak_moment:
+            label += f" — at {pred.peak_moment}"
+        rows.append((label, cells))
+    return rows, skipped
+
+
+def _analytic_cell(pred: Any, key: str, units: str, *, beside: bool) -> str:
+    """One analytic cell; resting states equal to the model states read "same" beside other columns."""
+    if beside and key == "resting" and pred.resting_states_bytes == pred.model_states_bytes:
+        return "same"
+    return _fmt(_analytic_value(pred, key), units)
+
+
+def _print_fit(console: Console, fit: Any, units: str, max_world_size: int) -> None:
+    """The fit test's verdict: fits?, the largest batch and the smallest world size that fit."""
+    mem, needed = _fmt(fit.device_memory_bytes, units), _fmt(fit.needed_bytes, units)
+    if fit.complete:
+        text = (
+            f"{'fits' if fit.fits else 'does NOT fit'} in {mem} {units} (needs {needed}); "
+            f"largest per-rank batch that fits: {fit.largest_batch or 'none'}; smallest world size "
+            f"that fits (powers of two ≤ {max_world_size}): {fit.smallest_world_size or 'none'}"
+        )
+    else:
+        text = (
+            f"{'model states fit' if fit.fits else 'model states alone do NOT fit'} in {mem} {units} "
+            f"(model states {needed}; activations not estimated without --model); smallest world size "
+            f"where the model states fit: {fit.smallest_world_size or 'none'}"
+        )
+    console.print(f"  {text}", highlight=False)
 
 
 def _analytic_value(pred: Any, key: str) -> int | None:

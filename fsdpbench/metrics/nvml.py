@@ -23,12 +23,16 @@ NVML_ERROR_DRIVER_NOT_LOADED = 9  # values of pynvml's NVML_ERROR_* constants
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 
 
-def _import_pynvml() -> tuple[ModuleType | None, str]:
-    """The pynvml module, or None and why it cannot be imported."""
+def _open_nvml() -> tuple[ModuleType | None, str]:
+    """pynvml imported and NVML initialised (the caller then owes a _shutdown), or None and why not."""
     try:
         import pynvml
     except ImportError as exc:
         return None, f"pynvml is not installed (pip install nvidia-ml-py): {exc}"
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:  # pynvml.NVMLError, or OSError from a broken install
+        return None, _describe_nvml_error(pynvml, exc)
     return pynvml, ""
 
 
@@ -49,15 +53,6 @@ def _describe_nvml_error(pynvml: ModuleType, exc: BaseException) -> str:
     return f"NVML error: {type(exc).__name__}: {exc}"
 
 
-def _init(pynvml: ModuleType) -> str:
-    """nvmlInit; an empty string on success, else the reason it failed."""
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:  # pynvml.NVMLError, or OSError from a broken install
-        return _describe_nvml_error(pynvml, exc)
-    return ""
-
-
 def _shutdown(pynvml: ModuleType) -> None:
     """nvmlShutdown, ignoring errors (NVML reference-counts init/shutdown pairs)."""
     try:
@@ -68,11 +63,8 @@ def _shutdown(pynvml: ModuleType) -> None:
 
 def nvml_status() -> tuple[bool, str]:
     """Whether NVML can report device memory here, and a human reason either way."""
-    pynvml, reason = _import_pynvml()
+    pynvml, reason = _open_nvml()
     if pynvml is None:
-        return False, reason
-    reason = _init(pynvml)
-    if reason:
         return False, reason
     try:
         count = int(pynvml.nvmlDeviceGetCount())
@@ -158,11 +150,8 @@ def resolve_nvml_index(local_rank: int) -> int:
     needs_nvml = entries is not None and any(e.startswith(("GPU-", "MIG-")) for e in entries)
     if not needs_nvml:
         return _resolve(None, local_rank)[0]
-    pynvml, reason = _import_pynvml()
+    pynvml, reason = _open_nvml()
     if pynvml is None:
-        raise ValueError(reason)
-    reason = _init(pynvml)
-    if reason:
         raise ValueError(reason)
     try:
         return _resolve(pynvml, local_rank)[0]
@@ -195,11 +184,8 @@ def read_nvml_raw(handle: Any) -> dict[str, Any]:
 
 def nvml_sampler(local_rank: int, interval_s: float = 0.01) -> tuple[BackgroundSampler | None, str]:
     """A (not started) sampler of NVML used bytes of this rank's GPU, source "nvml"; or (None, reason)."""
-    pynvml, reason = _import_pynvml()
+    pynvml, reason = _open_nvml()
     if pynvml is None:
-        return None, reason
-    reason = _init(pynvml)
-    if reason:
         return None, reason
     try:
         index, handle = _resolve(pynvml, local_rank)
