@@ -1,7 +1,7 @@
 """Reproduce Table 1 of the ZeRO paper (Rajbhandari et al., 2020) from fsdpbench's memory model.
 
     python analysis/zero_table1.py                         # the table, predicted vs printed, and the verdict
-    python analysis/zero_table1.py --csv ../shared/reference/zero_paper_table1.csv
+    python analysis/zero_table1.py --csv tests/data/zero_paper_table1.csv
 
 Per-device model-state memory in GB (1e9 bytes) for Ψ = 7.5B, 128B, 1T parameters on N = 1…1024 GPUs,
 mixed-precision Adam (``--precision mixed``: b_p = b_g = 2, K = 12), ZeRO stages os (zero1),
@@ -26,7 +26,7 @@ from fsdpbench.case import Case
 from fsdpbench.memory_model import ModelFacts, predict_memory
 
 STAGES = {"os": "zero1", "os_g": "zero2", "os_g_p": "zero3"}
-DEFAULT_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "zero_paper_table1.csv"
+DEFAULT_CSV = Path(__file__).resolve().parents[1] / "tests" / "data" / "zero_paper_table1.csv"
 
 
 def predicted_gb(params: float, dp_degree: int, strategy: str) -> float:

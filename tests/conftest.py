@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
-import torch.distributed as dist
+
+from tests.helpers import one_rank_gloo, reference_losses
 
 
 @pytest.fixture
 def one_rank_gloo_group():
     """A 1-rank gloo group in this process, undone afterwards (tests only)."""
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    excepthook = sys.excepthook  # init_process_group prefixes it with "[rank0]" and never restores it
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
+    with one_rank_gloo():
         yield
-    finally:
-        dist.destroy_process_group()
-        sys.excepthook = excepthook
+
+
+@pytest.fixture(scope="session")
+def reference_2(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """Losses of ddp on one rank over the global batch of 2 ranks (the reference of the 2-rank tests)."""
+    return reference_losses(2, tmp_path_factory.mktemp("ref2"))

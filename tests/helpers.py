@@ -1,16 +1,21 @@
-"""Shared helpers for tests that run real cases."""
+"""Helpers shared by the tests: tiny cases and their runs, waiting, process checks, trace events."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from fsdpbench.case import Case
 from fsdpbench.launch import CaseOutcome, launch_case
+from fsdpbench.lifeline import pid_alive
 
 # tests of CPU semantics pin CPU ranks explicitly, so a machine with a GPU runs the same cases
 CPU: dict[str, str] = {"device": "cpu", "backend": "gloo"}
@@ -52,3 +57,77 @@ def global_losses(outcome: CaseOutcome) -> list[float]:
     """Mean of the ranks' local losses per step: the loss over the global batch."""
     per_rank = [r["losses"] for r in outcome.ranks]
     return [sum(step) / len(step) for step in zip(*per_rank)]
+
+
+def reference_losses(world_size: int, tmp_path: Path, batch_size: int = 2) -> list[float]:
+    """Per-step losses of ddp on one rank over the global batch of ``world_size`` ranks of ``batch_size``."""
+    ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=batch_size * world_size), tmp_path)
+    assert ref.status == "ok", ref.error
+    return global_losses(ref)
+
+
+# the plugin strategies that fail on purpose (module:Class names in a case's strategy)
+FAULTS = "tests.plugins.faults"
+
+
+def wait_until(
+    predicate: Callable[[], bool],
+    timeout_s: float = 5.0,
+    what: str = "the condition",
+    *,
+    poll_s: float = 0.002,
+) -> None:
+    """Poll ``predicate`` until it holds; fail the test naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(poll_s)
+
+
+def assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
+    """Every process in ``pids`` exits within ``within_s`` (a zombie counts as gone)."""
+    assert pids, "no process ids recorded"
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not [p for p in pids if pid_alive(p)], "processes left behind"
+
+
+@contextmanager
+def one_rank_gloo(threads: int | None = None) -> Iterator[None]:
+    """A 1-rank gloo group in this process (and ``threads`` intra-op threads), undone afterwards.
+    Tests only: in fsdpbench proper, only the worker creates process groups."""
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    excepthook = sys.excepthook  # init_process_group prefixes it with "[rank0]" and never restores it
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = excepthook
+        torch.set_num_threads(old_threads)
+
+
+def trace_event(
+    name: str,
+    ts: float,
+    dur: float,
+    tid: int = 1,
+    *,
+    cat: str = "cpu_op",
+    pid: int = 1,
+    dims: list | None = None,
+    types: list | None = None,
+    **args: Any,
+) -> dict[str, Any]:
+    """A complete ("X") event of a Chrome trace as torch.profiler writes it; ``dims``/``types`` are its
+    recorded shapes ("Input Dims", "Input type")."""
+    if dims is not None:
+        args["Input Dims"] = dims
+    if types is not None:
+        args["Input type"] = types
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}

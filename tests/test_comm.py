@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
 
+from fsdpbench.launch import free_port
 from fsdpbench.metrics.comm import (
     KINDS,
     analytic_comm_bytes,
@@ -17,14 +17,7 @@ from fsdpbench.metrics.comm import (
     sent_bytes_per_rank,
 )
 from fsdpbench.metrics.overlap import analyze_trace
-
-
-def x(name, ts, dur, tid=1, cat="cpu_op", dims=None, types=None, **args):
-    if dims is not None:
-        args["Input Dims"] = dims
-    if types is not None:
-        args["Input type"] = types
-    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur, "args": args}
+from tests.helpers import trace_event
 
 
 def by_kind(frame):
@@ -36,11 +29,13 @@ def gloo_trace(world_size=2):
     tl = ["TensorList", "", "", "", "Scalar", "Scalar"]
     events = [
         # DDP bucket all-reduce; the dtype is only on the gloo:* event
-        x("c10d::allreduce_", 0, 30, dims=[[[16640]], [], [], [], [], []], types=tl),
-        x("gloo:all_reduce", 5, 2000, tid=2, cat="user_annotation", dims=[[16640]], types=["float"]),
+        trace_event("c10d::allreduce_", 0, 30, dims=[[[16640]], [], [], [], [], []], types=tl),
+        trace_event(
+            "gloo:all_reduce", 5, 2000, tid=2, cat="user_annotation", dims=[[16640]], types=["float"]
+        ),
         # ZeRO broadcasts of fp16 params: 2 × (64×64) + 2 × 64
         *[
-            x(
+            trace_event(
                 "c10d::broadcast_",
                 3000 + 10 * i,
                 5,
@@ -50,7 +45,7 @@ def gloo_trace(world_size=2):
             for i, shape in enumerate([[64, 64], [64], [64, 64], [64]])
         ],
         *[
-            x(
+            trace_event(
                 "gloo:broadcast",
                 3001 + 10 * i,
                 8,
@@ -62,48 +57,56 @@ def gloo_trace(world_size=2):
             for i, shape in enumerate([[64, 64], [64], [64, 64], [64]])
         ],
         # FSDP2: all-gather (output 4160, input 2080) twice, reduce-scatter once (bf16)
-        x(
+        trace_event(
             "c10d::_allgather_base_",
             4000,
             10,
             dims=[[4160], [2080], [], [], []],
             types=["float", "float", "", "Scalar", "Scalar"],
         ),
-        x(
+        trace_event(
             "c10d::_allgather_base_",
             4100,
             10,
             dims=[[4160], [2080], [], [], []],
             types=["float", "float", "", "Scalar", "Scalar"],
         ),
-        x("gloo:all_gather", 4001, 50, tid=2, cat="user_annotation", dims=[[2080]], types=["float"]),
-        x("gloo:all_gather", 4101, 50, tid=3, cat="user_annotation", dims=[[2080]], types=["float"]),
-        x(
+        trace_event(
+            "gloo:all_gather", 4001, 50, tid=2, cat="user_annotation", dims=[[2080]], types=["float"]
+        ),
+        trace_event(
+            "gloo:all_gather", 4101, 50, tid=3, cat="user_annotation", dims=[[2080]], types=["float"]
+        ),
+        trace_event(
             "c10d::_reduce_scatter_base_",
             4200,
             10,
             dims=[[2080], [4160], [], [], [], []],
             types=["c10::BFloat16", "c10::BFloat16", "", "", "Scalar", "Scalar"],
         ),
-        x("gloo:all_reduce", 4201, 50, tid=2, cat="user_annotation", dims=[[4160]], types=["c10::BFloat16"]),
+        trace_event(
+            "gloo:all_reduce", 4201, 50, tid=2, cat="user_annotation", dims=[[4160]], types=["c10::BFloat16"]
+        ),
         # FSDP1 on gloo: list all-gather, output not recorded
-        x(
+        trace_event(
             "c10d::allgather_",
             5000,
             10,
             dims=[[], [[2080]], [], [], []],
             types=["", "TensorList", "", "Scalar", "Scalar"],
         ),
-        x("gloo:all_gather", 5001, 50, tid=2, cat="user_annotation", dims=[[2080]], types=["double"]),
-        x(
+        trace_event(
+            "gloo:all_gather", 5001, 50, tid=2, cat="user_annotation", dims=[[2080]], types=["double"]
+        ),
+        trace_event(
             "c10d::barrier",
             6000,
             10,
             dims=[[1], [], [], [], []],
             types=["unsigned char", "", "ScalarList", "Scalar", "Scalar"],
         ),
-        x("gloo:barrier", 6001, 5, tid=3, cat="user_annotation"),
-        x("aten::mm", 7000, 10),  # not a collective
+        trace_event("gloo:barrier", 6001, 5, tid=3, cat="user_annotation"),
+        trace_event("aten::mm", 7000, 10),  # not a collective
     ]
     return {
         "traceEvents": events,
@@ -149,8 +152,8 @@ def test_steps_divides_and_group_size_override():
 def test_group_size_from_dims():
     trace = {
         "traceEvents": [
-            x("c10d::_allgather_base_", 0, 1, dims=[[400], [100]], types=["float", "float"]),
-            x("c10d::_reduce_scatter_base_", 10, 1, dims=[[100], [800]], types=["float", "float"]),
+            trace_event("c10d::_allgather_base_", 0, 1, dims=[[400], [100]], types=["float", "float"]),
+            trace_event("c10d::_reduce_scatter_base_", 10, 1, dims=[[100], [800]], types=["float", "float"]),
         ],
         "distributedInfo": {"world_size": 2},
     }
@@ -165,9 +168,9 @@ def test_group_size_from_dims():
 def test_nested_c10d_op_counted_once():
     trace = {
         "traceEvents": [
-            x("c10d::allreduce_coalesced_", 0, 100, dims=[[[10], [20]]], types=["TensorList"]),
-            x("c10d::allreduce_", 10, 5, dims=[[[10]]], types=["TensorList"]),
-            x(
+            trace_event("c10d::allreduce_coalesced_", 0, 100, dims=[[[10], [20]]], types=["TensorList"]),
+            trace_event("c10d::allreduce_", 10, 5, dims=[[[10]]], types=["TensorList"]),
+            trace_event(
                 "gloo:all_reduce",
                 11,
                 5,
@@ -184,7 +187,7 @@ def test_nested_c10d_op_counted_once():
 
 
 def test_trace_without_shapes_is_an_error():
-    trace = {"traceEvents": [x("c10d::allreduce_", 0, 5)], "distributedInfo": {"world_size": 2}}
+    trace = {"traceEvents": [trace_event("c10d::allreduce_", 0, 5)], "distributedInfo": {"world_size": 2}}
     with pytest.raises(ValueError, match="record_shapes=True"):
         collectives_from_trace(trace)
 
@@ -193,7 +196,7 @@ def nccl_trace():
     """record_param_comms as ProcessGroupNCCL writes them; the kernel carries a copy of the args."""
 
     def rpc(ts, coll, n_in, n_out, dtype, group):
-        return x(
+        return trace_event(
             "record_param_comms",
             ts,
             5,
@@ -213,7 +216,7 @@ def nccl_trace():
         rpc(20, "_reduce_scatter_base", 1000, 250, "Float", 4),
         rpc(30, "broadcast", 64, 64, "Half", 4),
         rpc(40, "wait", 0, 0, "Float", 4),
-        x(
+        trace_event(
             "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
             5,
             50,
@@ -227,7 +230,7 @@ def nccl_trace():
                 "Group size": 4,
             },
         ),
-        x("c10d::allreduce_", 0, 8, dims=[[[1000]]], types=["TensorList"]),  # ignored here
+        trace_event("c10d::allreduce_", 0, 8, dims=[[[1000]]], types=["TensorList"]),  # ignored here
     ]
     return {"traceEvents": events, "distributedInfo": {"backend": "nccl", "world_size": 4}}
 
@@ -276,12 +279,6 @@ LAYERS, WIDTH = 4, 64  # 4 × (64·64 + 64) = 16640 fp32 parameters, divisible b
 STRATEGIES = ("ddp", "zero1", "zero3")  # zero3 = FSDP2 fully_shard per layer + root
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _profile_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
     """Per rank: DDP, ZeRO-1 (DDP + ZeroRedundancyOptimizer), FSDP2; 2 warm-up steps, 1 profiled."""
     import torch
@@ -328,7 +325,7 @@ def _train_step(model, opt, batch) -> None:
 def test_real_gloo_run_matches_analytic(tmp_path: Path):
     import torch.multiprocessing as mp
 
-    mp.spawn(_profile_rank, args=(WORLD_SIZE, _free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
+    mp.spawn(_profile_rank, args=(WORLD_SIZE, free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     param_bytes = LAYERS * (WIDTH * WIDTH + WIDTH) * 4
     assert param_bytes == 66560
     for strategy in STRATEGIES:

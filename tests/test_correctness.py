@@ -7,22 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import global_losses, run, tiny_case
+from tests.helpers import global_losses, reference_losses, run, tiny_case
 
 pytestmark = pytest.mark.slow
 
 RTOL = 1e-5
-
-
-def _reference(world_size: int, tmp_path: Path, batch_size: int = 2) -> list[float]:
-    ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=batch_size * world_size), tmp_path)
-    assert ref.status == "ok", ref.error
-    return global_losses(ref)
-
-
-@pytest.fixture(scope="module")
-def reference_2(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    return _reference(2, tmp_path_factory.mktemp("ref2"))
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "zero2", "zero3"])
@@ -36,7 +25,7 @@ def test_two_ranks_match_one_rank_over_the_global_batch(strategy: str, reference
 
 
 def test_hsdp_2x2_matches_one_rank(tmp_path: Path) -> None:
-    reference = _reference(4, tmp_path / "ref")
+    reference = reference_losses(4, tmp_path / "ref")
     outcome = run(tiny_case(strategy="hsdp", world_size=4, shard_size=2), tmp_path)
     assert outcome.status == "ok", outcome.error
     assert global_losses(outcome) == pytest.approx(reference, rel=RTOL)

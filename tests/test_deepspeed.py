@@ -101,13 +101,6 @@ def test_deepspeeds_estimator_is_the_third_prediction() -> None:
 
 
 @pytest.fixture(scope="module")
-def reference_2(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=4), tmp_path_factory.mktemp("ref"))
-    assert ref.status == "ok", ref.error
-    return global_losses(ref)
-
-
-@pytest.fixture(scope="module")
 def ds_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("ds")
     return {s: run(tiny_case(strategy=s, world_size=2), out) for s in ("ds_zero1", "ds_zero2", "ds_zero3")}

@@ -3,7 +3,6 @@ no rank process is left behind; nothing already measured is lost."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
@@ -11,68 +10,40 @@ import pytest
 
 from fsdpbench.results import RunStore, load_results
 from fsdpbench.runner import run_cases
-from tests.helpers import run, tiny_case
+from tests.helpers import FAULTS, assert_all_gone, run, tiny_case
 
 pytestmark = pytest.mark.slow
 
-PLUGINS = "tests.plugins.faults"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead too
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _pids(outcome) -> list[int]:
-    return outcome.pids
-
-
-def _assert_no_rank_left(outcome) -> None:
-    pids = _pids(outcome)
-    assert pids, "ranks should record their pid"
-    deadline = time.time() + 10
-    while time.time() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    assert not [p for p in pids if _alive(p)], "rank processes left running"
-
 
 def test_exception_on_one_rank_fails_the_case_with_its_error(tmp_path: Path) -> None:
-    outcome = run(tiny_case(strategy=f"{PLUGINS}:CrashOnRank1", world_size=2), tmp_path)
+    outcome = run(tiny_case(strategy=f"{FAULTS}:CrashOnRank1", world_size=2), tmp_path)
     assert outcome.status == "failed"
     assert "rank 1" in outcome.error and "RuntimeError: injected failure on rank 1" in outcome.error
     assert outcome.ranks[1]["status"] == "failed" and "Traceback" in outcome.ranks[1]["traceback"]
-    _assert_no_rank_left(outcome)
+    assert_all_gone(outcome.pids)
 
 
 def test_a_rank_that_dies_without_an_exception_fails_the_case(tmp_path: Path) -> None:
-    outcome = run(tiny_case(strategy=f"{PLUGINS}:ExitOnRank1", world_size=2), tmp_path)
+    outcome = run(tiny_case(strategy=f"{FAULTS}:ExitOnRank1", world_size=2), tmp_path)
     assert outcome.status == "failed"
     assert "exit 9" in outcome.error
-    _assert_no_rank_left(outcome)
+    assert_all_gone(outcome.pids)
 
 
 def test_a_hang_past_the_timeout_is_recorded_and_killed(tmp_path: Path) -> None:
     t0 = time.perf_counter()
-    outcome = run(tiny_case(strategy=f"{PLUGINS}:HangOnRank1", world_size=2, timeout_s=6), tmp_path)
+    outcome = run(tiny_case(strategy=f"{FAULTS}:HangOnRank1", world_size=2, timeout_s=6), tmp_path)
     assert outcome.status == "timeout"
     assert outcome.error.startswith("timed out after 6 s; ranks stopped in phase: 0:")
     assert "1:setup" in outcome.error
     assert time.perf_counter() - t0 < 6 + 20
-    _assert_no_rank_left(outcome)
+    assert_all_gone(outcome.pids)
 
 
 def test_sweep_goes_on_after_a_failure_and_resume_runs_only_what_is_missing(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
     cases = [
-        tiny_case(strategy=f"{PLUGINS}:CrashOnRank1", world_size=2),
+        tiny_case(strategy=f"{FAULTS}:CrashOnRank1", world_size=2),
         tiny_case(strategy="zero3", world_size=2),
     ]
     meta = {"env": {}}

@@ -120,12 +120,7 @@ def test_fsdp1_only_knobs_collapse_on_other_strategies() -> None:
     assert not scenario.skipped
 
 
-# ---- runs: same maths as one rank ------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def reference_2(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=4), tmp_path_factory.mktemp("ref2"))
-    assert ref.status == "ok", ref.error
-    return global_losses(ref)
+# ---- runs: same maths as one rank (reference_2: tests/conftest.py) -----------------------------------
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from fsdpbench.memory_model.facts import ParamFact
 from fsdpbench.memory_model.search import largest_batch, needed_bytes, parse_bytes, smallest_world_size
 from fsdpbench.memory_model.states import _fsdp_local, _zero1_partition, ddp_buckets
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
+DATA = Path(__file__).resolve().parent / "data"
 ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
 
 
@@ -38,13 +38,9 @@ def test_zero_paper_7_5b_on_64_gpus_exact():
     assert got == {"zero1": 31_406_250_000, "zero2": 16_640_625_000, "zero3": 1_875_000_000}
 
 
-@pytest.mark.skipif(
-    not (REFERENCE / "zero_paper_table1.csv").exists(),
-    reason=f"reference data not found at {REFERENCE} (CI clones ../shared beside the repo)",
-)
 def test_zero_paper_table1_every_cell_matches_printed_rounding():
     table1 = _load("zero_table1")
-    records = table1.compare(REFERENCE / "zero_paper_table1.csv")
+    records = table1.compare(DATA / "zero_paper_table1.csv")
     assert len(records) == 54  # 18 rows × 3 stages
     bad = [
         (r["params"], r["dp_degree"], r["stage"], r["printed"], r["predicted_gb"])

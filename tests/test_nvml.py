@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import types
 from dataclasses import dataclass, field
 
 import pytest
 
 from fsdpbench.metrics import nvml
+from tests.helpers import wait_until
 
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
 NVML_ERROR_DRIVER_NOT_LOADED = 9
@@ -135,13 +135,6 @@ def four_gpus(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return fake, gpus
-
-
-def wait_until(predicate, timeout_s=5.0):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.002)
 
 
 def test_sampler_peak_is_max_of_scripted_used(four_gpus, monkeypatch):

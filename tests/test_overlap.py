@@ -17,6 +17,7 @@ from fsdpbench.metrics.overlap import (
     overlap_stats,
     subtract_intervals,
 )
+from tests.helpers import trace_event
 
 
 def test_merge_sorts_joins_and_drops_empty():
@@ -69,17 +70,13 @@ def test_no_comm_gives_zero_ratio_and_says_so():
     assert stats["comm_us"] == 0.0 and "no communication" in stats["note"]
 
 
-def x(name, ts, dur, tid, cat="cpu_op", pid=100, **args):
-    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
-
-
 def gpu_trace():
     """Compute kernels on stream 7, NCCL kernels on stream 20, plus events that must be ignored."""
     events = [
-        x("sm90_xmma_gemm_bf16", 0, 100, 7, cat="kernel", pid=0),
-        x("elementwise_kernel", 100, 100, 7, cat="kernel", pid=0),
-        x("sm90_xmma_gemm_bf16", 300, 100, 7, cat="kernel", pid=0),
-        x(
+        trace_event("sm90_xmma_gemm_bf16", 0, 100, 7, cat="kernel", pid=0),
+        trace_event("elementwise_kernel", 100, 100, 7, cat="kernel", pid=0),
+        trace_event("sm90_xmma_gemm_bf16", 300, 100, 7, cat="kernel", pid=0),
+        trace_event(
             "ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
             50,
             100,
@@ -87,10 +84,10 @@ def gpu_trace():
             cat="kernel",
             pid=0,
         ),
-        x("ncclKernel_ReduceScatter_RING_LL_Sum_bfloat16", 350, 100, 20, cat="kernel", pid=0),
-        x("Memcpy DtoD (Device -> Device)", 150, 200, 21, cat="gpu_memcpy", pid=0),
-        x("nccl:all_gather", 40, 500, 1, cat="cpu_op"),  # CPU side: not a kernel
-        x("aten::mm", 0, 1000, 1, cat="cpu_op"),
+        trace_event("ncclKernel_ReduceScatter_RING_LL_Sum_bfloat16", 350, 100, 20, cat="kernel", pid=0),
+        trace_event("Memcpy DtoD (Device -> Device)", 150, 200, 21, cat="gpu_memcpy", pid=0),
+        trace_event("nccl:all_gather", 40, 500, 1, cat="cpu_op"),  # CPU side: not a kernel
+        trace_event("aten::mm", 0, 1000, 1, cat="cpu_op"),
         {"ph": "M", "name": "thread_name", "pid": 0, "tid": 20, "args": {"name": "stream 20"}},
     ]
     return {"traceEvents": events, "distributedInfo": {"backend": "nccl", "rank": 3}}
@@ -110,10 +107,10 @@ def cpu_trace():
     """Main thread 100, gloo worker threads 201/202, as torch 2.13 records them for gloo."""
     events = [
         # wrapper: the blocking wait happens inside it, so it must not count as compute
-        x("autograd::engine::evaluate_function: AddmmBackward0", 0, 400, 100),
-        x("aten::addmm", 0, 100, 100, **{"Input Dims": [[64], [8, 64], [64, 64]]}),
-        x("aten::mm", 10, 40, 100),  # nested in addmm
-        x(
+        trace_event("autograd::engine::evaluate_function: AddmmBackward0", 0, 400, 100),
+        trace_event("aten::addmm", 0, 100, 100, **{"Input Dims": [[64], [8, 64], [64, 64]]}),
+        trace_event("aten::mm", 10, 40, 100),  # nested in addmm
+        trace_event(
             "c10d::allreduce_",
             100,
             10,
@@ -123,10 +120,10 @@ def cpu_trace():
                 "Input type": ["TensorList", "", "", "", "Scalar", "Scalar"],
             },
         ),
-        x("aten::clone", 102, 6, 100),  # gloo's staging copy inside the c10d op: not compute
-        x("aten::mm", 150, 100, 100),
-        x("FSDP::post_backward_reduce (1)", 90, 300, 100, cat="user_annotation"),
-        x(
+        trace_event("aten::clone", 102, 6, 100),  # gloo's staging copy inside the c10d op: not compute
+        trace_event("aten::mm", 150, 100, 100),
+        trace_event("FSDP::post_backward_reduce (1)", 90, 300, 100, cat="user_annotation"),
+        trace_event(
             "gloo:all_reduce",
             100,
             100,
@@ -134,13 +131,13 @@ def cpu_trace():
             cat="user_annotation",
             **{"Input Dims": [[16640]], "Input type": ["float"]},
         ),
-        x("aten::copy_", 110, 10, 201),  # work on the gloo thread is communication
-        x("gloo:all_gather", 300, 50, 202, cat="user_annotation"),
-        x("aten::view", 305, 1, 202),
+        trace_event("aten::copy_", 110, 10, 201),  # work on the gloo thread is communication
+        trace_event("gloo:all_gather", 300, 50, 202, cat="user_annotation"),
+        trace_event("aten::view", 305, 1, 202),
         {
             "ph": "M",
             "name": "thread_name",
-            "pid": 100,
+            "pid": 1,
             "tid": 201,
             "args": {"name": "thread 201 (pt_gloo_runloop)"},
         },

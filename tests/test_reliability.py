@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -19,15 +18,13 @@ import pytest
 from fsdpbench.case import Case
 from fsdpbench.cli import build_parser
 from fsdpbench.launch import CaseOutcome, _clear_case_dir
-from fsdpbench.lifeline import pid_alive
 from fsdpbench.results import RunStore, load_results
 from fsdpbench.rundir import RunDirError, RunLock, check_inside
 from fsdpbench.runner import run_cases
 from fsdpbench.scenario import load_scenario
-from tests.helpers import run, tiny_case
+from tests.helpers import FAULTS, assert_all_gone, run, tiny_case, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
-PLUGINS = "tests.plugins.faults"
 SMALL = (
     "{model: decoder-tiny, batch_size: 2, seq_len: 16, warmup_steps: 1, steps: 2, device: cpu, backend: gloo}"
 )
@@ -57,20 +54,6 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-
-
-def assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
-        time.sleep(0.1)
-    assert not [p for p in pids if pid_alive(p)], "processes left behind"
-
-
 def rank_phase(case_dir: Path, rank: int) -> str | None:
     try:
         return json.loads((case_dir / f"rank{rank}.json").read_text()).get("phase")
@@ -84,7 +67,7 @@ def rank_phase(case_dir: Path, rank: int) -> str | None:
 @pytest.mark.slow
 def test_rank_sigkill_mid_step_names_the_signal_and_phase_and_the_sweep_goes_on(tmp_path: Path) -> None:
     store = RunStore(tmp_path / "run")
-    killed = tiny_case(strategy=f"{PLUGINS}:SigkillRank1InTimedSteps", world_size=2)
+    killed = tiny_case(strategy=f"{FAULTS}:SigkillRank1InTimedSteps", world_size=2)
     fine = tiny_case(strategy="zero3", world_size=2)
     meta: dict = {"env": {}}
     frame = run_cases([killed, fine], [], store, meta)
@@ -101,7 +84,7 @@ def test_rank_sigkill_mid_step_names_the_signal_and_phase_and_the_sweep_goes_on(
 
 @pytest.mark.slow
 def test_out_of_memory_on_one_rank_is_recorded_as_oom(tmp_path: Path) -> None:
-    outcome = run(tiny_case(strategy=f"{PLUGINS}:OomOnRank1", world_size=2), tmp_path)
+    outcome = run(tiny_case(strategy=f"{FAULTS}:OomOnRank1", world_size=2), tmp_path)
     assert outcome.status == "oom"
     assert outcome.error.startswith("rank 1 in setup: OutOfMemoryError: injected: CUDA out of memory"), (
         outcome.error
@@ -113,13 +96,21 @@ def test_out_of_memory_on_one_rank_is_recorded_as_oom(tmp_path: Path) -> None:
 
 
 def write_hang_scenario(tmp_path: Path, with_ok_case: bool) -> tuple[Path, Case]:
-    strategies = (["ddp"] if with_ok_case else []) + [f"{PLUGINS}:HangOnRank1InTimedSteps"]
+    strategies = (["ddp"] if with_ok_case else []) + [f"{FAULTS}:HangOnRank1InTimedSteps"]
     path = tmp_path / "hang.yaml"
     path.write_text(
         f"name: hang\ndefaults: {SMALL}\nsweep:\n  world_size: [2]\n  strategy: {json.dumps(strategies)}\n"
     )
     hang = load_scenario(path, allow_plugins=True).cases[-1]
     return path, hang
+
+
+def wait_for_the_hang(proc: subprocess.Popen, case_dir: Path) -> list[int]:
+    """Wait until the hang case's rank 1 is in its timed steps; return the orchestrator's descendants."""
+    wait_until(lambda: rank_phase(case_dir, 1) == "timed", START_TIMEOUT_S, "the hang case", poll_s=0.2)
+    family = descendants(proc.pid)
+    assert len(family) >= 3  # fork server and two ranks
+    return family
 
 
 def start_orchestrator(scenario: Path, out: Path) -> subprocess.Popen:
@@ -151,11 +142,7 @@ def test_ctrl_c_stops_the_ranks_keeps_results_marks_interrupted_exits_130(tmp_pa
     proc = start_orchestrator(scenario, out)
     family: list[int] = []
     try:
-        wait_until(
-            lambda: rank_phase(out / "cases" / hang.case_id, 1) == "timed", START_TIMEOUT_S, "the hang case"
-        )
-        family = descendants(proc.pid)
-        assert len(family) >= 3  # fork server and two ranks
+        family = wait_for_the_hang(proc, out / "cases" / hang.case_id)
 
         # a second run on the same --out is refused while this one holds it, and deletes nothing
         before = sorted(p.name for p in (out / "cases").iterdir())
@@ -184,11 +171,7 @@ def test_sigkill_of_the_orchestrator_leaves_no_process_and_no_lock(tmp_path: Pat
     proc = start_orchestrator(scenario, out)
     family: list[int] = []
     try:
-        wait_until(
-            lambda: rank_phase(out / "cases" / hang.case_id, 1) == "timed", START_TIMEOUT_S, "the hang case"
-        )
-        family = descendants(proc.pid)
-        assert len(family) >= 3
+        family = wait_for_the_hang(proc, out / "cases" / hang.case_id)
         proc.kill()
         proc.wait()
     finally:

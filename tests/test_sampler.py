@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import time
+import os
+import sys
+import types
 
 import pytest
 
 from fsdpbench.metrics import rss
 from fsdpbench.metrics.sampler import BackgroundSampler
-
-
-def wait_until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.002)
+from tests.helpers import wait_until
 
 
 def scripted(values):
@@ -122,8 +117,19 @@ def test_read_rss_tracks_an_allocation():
     del block
 
 
-def test_read_rss_falls_back_to_resource(tmp_path):
-    assert rss.read_rss_bytes(str(tmp_path / "missing")) == rss.peak_rss_bytes()
+def test_read_rss_falls_back_to_the_os_peak_without_statm(tmp_path, monkeypatch):
+    """Without a readable statm (macOS), the current RSS is ru_maxrss, converted to bytes; with one,
+    statm's resident pages."""
+    import resource
+
+    monkeypatch.setattr(resource, "getrusage", lambda who: types.SimpleNamespace(ru_maxrss=12345))
+    peak_bytes = 12345 * (1 if sys.platform == "darwin" else 1024)  # Linux reports KiB
+    assert rss.read_rss_bytes(str(tmp_path / "missing")) == peak_bytes
+    (tmp_path / "statm").write_text("garbage\n")
+    assert rss.read_rss_bytes(str(tmp_path / "statm")) == peak_bytes
+    assert rss.peak_rss_bytes() == peak_bytes
+    (tmp_path / "statm").write_text("1000 700 100 10 0 200 0\n")
+    assert rss.read_rss_bytes(str(tmp_path / "statm")) == 700 * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_rss_sampler_source():

@@ -10,6 +10,7 @@ import pytest
 from fsdpbench.comm_model import LINK_PRESETS, Link, LinkError, collective_time_us, validate_link_spec
 from fsdpbench.comm_probe import fit_link
 from fsdpbench.metrics.step_model import PlacedCollective, StepTimeline, build_timeline, simulate
+from tests.helpers import trace_event
 
 LINK = Link("test", alpha_us=10.0, busbw_GBps=100.0)  # 100 GB/s = 1e5 bytes per µs
 
@@ -58,10 +59,6 @@ def test_collective_waits_for_the_last_rank_to_issue_it() -> None:
     assert rank1["model_peer_wait_ms"] == pytest.approx(0.0)
 
 
-def _event(name: str, ts: float, dur: float, tid: int, cat: str = "cpu_op", **args: object) -> dict:
-    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": tid, "cat": cat, "args": args}
-
-
 def _gloo_trace() -> dict:
     """A CPU rank's step as the profiler records it (main thread 1, gloo thread 2): compute 0–100,
     a blocking all-gather issued at 100 (FSDP2 on CPU) whose gloo work ends at 400, compute 400–500,
@@ -72,16 +69,16 @@ def _gloo_trace() -> dict:
     return {
         "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 4},
         "traceEvents": [
-            _event("aten::mm", 0, 100, 1),
-            _event("c10d::_allgather_base_", 100, 10, 1, **dims),
-            _event("gloo:all_gather", 120, 280, 2, **{"Input Dims": [[100]], "Input type": ["float"]}),
-            _event("FSDP::all_gather_copy_out", 400, 5, 1, cat="user_annotation"),
-            _event("aten::mm", 400, 100, 1),
-            _event("c10d::_reduce_scatter_base_", 500, 10, 1, **rs_dims),
-            _event("gloo:all_reduce", 510, 90, 2, **{"Input Dims": [[400]], "Input type": ["float"]}),
-            _event("aten::mm", 600, 50, 1),
-            _event("Optimizer.step#AdamW.step", 650, 50, 1, cat="user_annotation"),
-            _event("aten::add_", 650, 50, 1),
+            trace_event("aten::mm", 0, 100, 1),
+            trace_event("c10d::_allgather_base_", 100, 10, 1, **dims),
+            trace_event("gloo:all_gather", 120, 280, 2, **{"Input Dims": [[100]], "Input type": ["float"]}),
+            trace_event("FSDP::all_gather_copy_out", 400, 5, 1, cat="user_annotation"),
+            trace_event("aten::mm", 400, 100, 1),
+            trace_event("c10d::_reduce_scatter_base_", 500, 10, 1, **rs_dims),
+            trace_event("gloo:all_reduce", 510, 90, 2, **{"Input Dims": [[400]], "Input type": ["float"]}),
+            trace_event("aten::mm", 600, 50, 1),
+            trace_event("Optimizer.step#AdamW.step", 650, 50, 1, cat="user_annotation"),
+            trace_event("aten::add_", 650, 50, 1),
         ],
     }
 

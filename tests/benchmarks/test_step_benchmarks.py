@@ -19,12 +19,10 @@ pytest-benchmark can only gate the timing stats; ``fsdpbench regress`` gates mem
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from fsdpbench.case import Case
 from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
@@ -32,6 +30,7 @@ from fsdpbench.models import make_global_batch, resolve_model
 from fsdpbench.scenario import build_case
 from fsdpbench.strategies import ApplyContext, get_strategy
 from fsdpbench.wrap import get_wrap_units
+from tests.helpers import one_rank_gloo
 
 STRATEGIES = ["ddp", "zero1", "zero2", "zero3"]
 CASE_FIELDS = {
@@ -50,20 +49,9 @@ ROUNDS, WARMUP_ROUNDS = 5, 2  # a few seconds for all four in the default test r
 
 @pytest.fixture(scope="module")
 def one_rank_group(torch_threads):
-    """A 1-rank gloo group and 1 intra-op thread in this process, both undone after the module
-    (tests only: in fsdpbench proper, only the worker creates process groups)."""
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    excepthook = sys.excepthook  # init_process_group prefixes it with "[rank0]" and never restores it
-    threads = torch.get_num_threads()
-    torch.set_num_threads(torch_threads)
-    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
-    try:
+    """A 1-rank gloo group and ``torch_threads`` intra-op threads for the module's benchmarks."""
+    with one_rank_gloo(torch_threads):
         yield
-    finally:
-        dist.destroy_process_group()
-        sys.excepthook = excepthook
-        torch.set_num_threads(threads)
 
 
 class StepBench:
