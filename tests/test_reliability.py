@@ -10,7 +10,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import pandas as pd
 import pytest
@@ -135,51 +138,55 @@ def start_orchestrator(scenario: Path, out: Path) -> subprocess.Popen:
     )
 
 
-@pytest.mark.slow
-def test_ctrl_c_stops_the_ranks_keeps_results_marks_interrupted_exits_130(tmp_path: Path) -> None:
-    scenario, hang = write_hang_scenario(tmp_path, with_ok_case=True)
+class HangingRun(NamedTuple):
+    proc: subprocess.Popen
+    scenario: Path
+    out: Path
+    family: list[int]  # the orchestrator's descendants: fork server and ranks
+
+
+@contextmanager
+def hanging_run(tmp_path: Path, *, with_ok_case: bool) -> Iterator[HangingRun]:
+    """`fsdpbench run` in a subprocess, held in the hang case's timed steps; killed on the way out if
+    it still runs."""
+    scenario, hang = write_hang_scenario(tmp_path, with_ok_case)
     out = tmp_path / "run"
     proc = start_orchestrator(scenario, out)
-    family: list[int] = []
     try:
-        family = wait_for_the_hang(proc, out / "cases" / hang.case_id)
-
-        # a second run on the same --out is refused while this one holds it, and deletes nothing
-        before = sorted(p.name for p in (out / "cases").iterdir())
-        assert run_cli(str(scenario), "--out", str(out), "--allow-plugins") == 2
-        assert sorted(p.name for p in (out / "cases").iterdir()) == before
-
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        yield HangingRun(proc, scenario, out, wait_for_the_hang(proc, out / "cases" / hang.case_id))
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_ranks_keeps_results_marks_interrupted_exits_130(tmp_path: Path) -> None:
+    with hanging_run(tmp_path, with_ok_case=True) as hung:
+        proc, out = hung.proc, hung.out
+        # a second run on the same --out is refused while this one holds it, and deletes nothing
+        before = sorted(p.name for p in (out / "cases").iterdir())
+        assert run_cli(str(hung.scenario), "--out", str(out), "--allow-plugins") == 2
+        assert sorted(p.name for p in (out / "cases").iterdir()) == before
+
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     last = err.strip().splitlines()[-1]
     assert last.startswith("interrupted: finished cases are stored in") and last.endswith("--resume"), last
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     kept = load_results(out)
     assert set(kept["strategy"]) == {"ddp"} and set(kept["status"]) == {"ok"}
-    assert_all_gone(family)
+    assert_all_gone(hung.family)
 
 
 @pytest.mark.slow
 def test_sigkill_of_the_orchestrator_leaves_no_process_and_no_lock(tmp_path: Path) -> None:
-    scenario, hang = write_hang_scenario(tmp_path, with_ok_case=False)
-    out = tmp_path / "run"
-    proc = start_orchestrator(scenario, out)
-    family: list[int] = []
-    try:
-        family = wait_for_the_hang(proc, out / "cases" / hang.case_id)
-        proc.kill()
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert_all_gone(family, within_s=5.0)
-    RunLock(out).acquire()  # the kernel released the dead run's lock: --resume can start
+    with hanging_run(tmp_path, with_ok_case=False) as hung:
+        hung.proc.kill()
+        hung.proc.wait()
+    assert_all_gone(hung.family, within_s=5.0)
+    RunLock(hung.out).acquire()  # the kernel released the dead run's lock: --resume can start
 
 
 # ---- the machine: a full disk, an unwritable directory -----------------------------------------
