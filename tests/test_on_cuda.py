@@ -14,11 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpbench.case import Case
 from fsdpbench.launch import launch_case
 from fsdpbench.results import build_rows
 from fsdpbench.runner import add_predictions
-from tests.helpers import CUDA_ONLY
+from tests.helpers import CUDA_ONLY, tiny_case
 
 pytestmark = CUDA_ONLY
 
@@ -44,19 +43,8 @@ def test_nvml_samples_the_real_device_and_sees_what_torch_reserved() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_one_rank_on_cuda_measures_every_source_and_predicts_beside_it(strategy: str, tmp_path: Path) -> None:
-    case = Case(
-        model="decoder-tiny",
-        strategy=strategy,
-        world_size=1,
-        batch_size=2,
-        seq_len=16,
-        warmup_steps=1,
-        steps=2,
-        memory_steps=1,
-        profile_steps=1,
-        device="cuda",
-        backend="nccl",
-        timeout_s=180,
+    case = tiny_case(
+        strategy=strategy, world_size=1, profile_steps=1, device="cuda", backend="nccl", timeout_s=180
     )
     outcome = launch_case(case, tmp_path / case.case_id)
     assert outcome.status == "ok", outcome.error
