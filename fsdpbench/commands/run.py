@@ -118,13 +118,14 @@ def _main(args: argparse.Namespace, console: Console) -> int:
     store = RunStore(run_dir)
     resume_hint = f"fsdpbench run {shlex.quote(args.scenario)} --out {shlex.quote(str(run_dir))} --resume"
     try:
-        meta = _run_meta(args, scenario, overrides, store)
+        meta = store.read_run_json() if args.resume else {}
     except (OSError, ValueError) as exc:
         console.print(
             f"[red]error:[/] {escape(str(run_dir / 'run.json'))}: cannot read: {escape(str(exc))}",
             highlight=False,
         )
         return 2
+    _update_run_meta(meta, scenario, overrides)
     n_todo = len(scenario.cases) - (
         len(store.completed_ids() & {c.case_id for c in scenario.cases}) if args.resume else 0
     )
@@ -205,13 +206,10 @@ def _run_dir(args: argparse.Namespace, scenario_name: str) -> Path:
     return default_run_dir(scenario_name)
 
 
-def _run_meta(
-    args: argparse.Namespace, scenario: Any, overrides: dict[str, Any], store: Any
-) -> dict[str, Any]:
-    """run.json's content before the cases: the stored one's on --resume, updated with this run."""
+def _update_run_meta(meta: dict[str, Any], scenario: Any, overrides: dict[str, Any]) -> None:
+    """run.json's content before the cases: this run's header over what a resumed run stored."""
     from fsdpbench.runner import now_iso
 
-    meta = store.read_run_json() if args.resume else {}
     meta.update(
         run_header(
             scenario,
@@ -226,7 +224,6 @@ def _run_meta(
         from fsdpbench.emulate import EMULATION_LIMITS
 
         meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
-    return meta
 
 
 class Interrupted(KeyboardInterrupt):
