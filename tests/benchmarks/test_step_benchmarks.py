@@ -12,8 +12,8 @@ processes. Multi-rank step time and memory are gated by ``fsdpbench run`` + ``fs
 (docs/ci.md). The batch is made once, outside the timed function.
 
 ``benchmark.extra_info`` gets the tracker's memory of one tracked step (live tensor bytes by
-category) and, when ``fsdpbench.memory_model`` is there, the analytic prediction beside it.
-pytest-benchmark can only gate the timing stats; ``fsdpbench regress`` gates memory.
+category) and the analytic prediction beside it. pytest-benchmark can only gate the timing stats;
+``fsdpbench regress`` gates memory.
 """
 
 from __future__ import annotations
@@ -99,12 +99,10 @@ class StepBench:
 
 
 def prediction_info(case: Case, measured: dict[str, int]) -> dict[str, Any]:
-    """The analytic prediction for the same case (pred_* fields), if the memory model exists."""
-    try:
-        from fsdpbench.memory_model import prediction_columns
-    except ImportError:
-        return {}
+    """The analytic prediction for the same case (pred_* fields)."""
     import pandas as pd
+
+    from fsdpbench.memory_model import prediction_columns
 
     try:
         pred = prediction_columns(case, pd.DataFrame([{"rank": 0, **measured}]))
