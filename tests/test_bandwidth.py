@@ -6,7 +6,8 @@ import pytest
 
 from fsdpbench.metrics.bandwidth import bandwidth_by_kind, bus_factor
 from fsdpbench.metrics.comm import collective_records
-from tests.test_comm import gloo_trace, nccl_trace, x
+from tests.helpers import trace_event
+from tests.test_comm import gloo_trace, nccl_trace
 
 
 def test_bus_factors_are_nccl_tests():
@@ -19,9 +20,9 @@ def test_bus_factors_are_nccl_tests():
 def test_nccl_rates_come_from_the_kernels():
     trace = nccl_trace()
     trace["traceEvents"] += [  # one kernel per collective; the kind from its args or else its name
-        x("ncclDevKernel_AllGather_RING_LL", 15, 4, tid=7, cat="kernel"),
-        x("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 25, 8, tid=8, cat="kernel"),
-        x("ncclDevKernel_Broadcast_RING_LL", 35, 2, tid=7, cat="kernel"),
+        trace_event("ncclDevKernel_AllGather_RING_LL", 15, 4, tid=7, cat="kernel"),
+        trace_event("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL", 25, 8, tid=8, cat="kernel"),
+        trace_event("ncclDevKernel_Broadcast_RING_LL", 35, 2, tid=7, cat="kernel"),
     ]
     got = bandwidth_by_kind(collective_records(trace), trace, backend="nccl", steps=2)
     # all-reduce: S = 4000 B in the 50 µs kernel → 0.08 GB/s; busbw ×2·3/4
