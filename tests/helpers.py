@@ -49,8 +49,18 @@ def tiny_case(**fields: Any) -> Case:
 
 
 def run(case: Case, tmp_path: Path) -> CaseOutcome:
-    outcome = launch_case(case, tmp_path / case.case_id)
-    return outcome
+    """The case launched for real, in ``tmp_path / case_id``."""
+    return launch_case(case, tmp_path / case.case_id)
+
+
+def run_with_predictions(case: Case, tmp_path: Path) -> Any:
+    """The result rows of a case that ran ok, with the analytic prediction beside them (pred_* columns)."""
+    from fsdpbench.results import build_rows
+    from fsdpbench.runner import add_predictions
+
+    outcome = run(case, tmp_path)
+    assert outcome.status == "ok", outcome.error
+    return add_predictions(case, build_rows(case, outcome, {}))
 
 
 def global_losses(outcome: CaseOutcome) -> list[float]:

@@ -13,6 +13,7 @@ from fsdpbench.memory_model import ModelFacts, get_model_facts, predict_memory, 
 from fsdpbench.memory_model.facts import ParamFact
 from fsdpbench.memory_model.search import largest_batch, needed_bytes, parse_bytes, smallest_world_size
 from fsdpbench.memory_model.states import _fsdp_local, _zero1_partition, ddp_buckets
+from tests.helpers import run_with_predictions
 
 DATA = Path(__file__).resolve().parent / "data"
 ANALYSIS = Path(__file__).resolve().parents[1] / "analysis"
@@ -305,10 +306,6 @@ def test_largest_batch_and_smallest_world_size_are_the_boundaries():
 # ---- against a real run (2 gloo ranks) --------------------------------------------------------------
 @pytest.mark.slow
 def test_runner_stores_predictions_beside_the_measurement(tmp_path):
-    from fsdpbench.launch import launch_case
-    from fsdpbench.results import build_rows
-    from fsdpbench.runner import add_predictions
-
     # scenarios/ci.yaml's shape: its peak is not at a reduce-scatter, whose timing moves the tracker's peak
     case = Case(
         model="decoder-tiny",
@@ -320,9 +317,7 @@ def test_runner_stores_predictions_beside_the_measurement(tmp_path):
         steps=1,
         timeout_s=90,
     )
-    outcome = launch_case(case, tmp_path / case.case_id)
-    assert outcome.status == "ok", outcome.error
-    rows = add_predictions(case, build_rows(case, outcome, {}))
+    rows = run_with_predictions(case, tmp_path)
     assert list(rows["pred_model_states_err"]) == [0.0, 0.0]
     assert list(rows["pred_peak_err"]) == [0.0, 0.0]
 
@@ -362,10 +357,7 @@ def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(
     optimizer state, the batch as activations; the prediction's pred_peak_<category> columns follow it.
     (Shapes whose peak does not fall at a reduce-scatter: there, which buffers are alive depends on when
     gloo's asynchronous collective finishes, and the categories move from run to run.)"""
-    from fsdpbench.launch import launch_case
     from fsdpbench.metrics.tracker import CATEGORIES
-    from fsdpbench.results import build_rows
-    from fsdpbench.runner import add_predictions
 
     case = Case(
         model="decoder-tiny",
@@ -377,9 +369,7 @@ def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(
         steps=1,
         timeout_s=90,
     )
-    outcome = launch_case(case, tmp_path / case.case_id)
-    assert outcome.status == "ok", outcome.error
-    rows = add_predictions(case, build_rows(case, outcome, {}))
+    rows = run_with_predictions(case, tmp_path)
     assert set(rows["pred_peak_moment"]) == {moment}
     for cat in CATEGORIES:
         assert list(rows[f"pred_peak_{cat}_bytes"]) == list(rows[f"mem_tracker_peak_{cat}_bytes"]), cat

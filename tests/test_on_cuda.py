@@ -14,10 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpbench.launch import launch_case
-from fsdpbench.results import build_rows
-from fsdpbench.runner import add_predictions
-from tests.helpers import CUDA_ONLY, tiny_case
+from tests.helpers import CUDA_ONLY, run_with_predictions, tiny_case
 
 pytestmark = CUDA_ONLY
 
@@ -46,9 +43,7 @@ def test_one_rank_on_cuda_measures_every_source_and_predicts_beside_it(strategy:
     case = tiny_case(
         strategy=strategy, world_size=1, profile_steps=1, device="cuda", backend="nccl", timeout_s=180
     )
-    outcome = launch_case(case, tmp_path / case.case_id)
-    assert outcome.status == "ok", outcome.error
-    row = add_predictions(case, build_rows(case, outcome, {})).iloc[0]
+    row = run_with_predictions(case, tmp_path).iloc[0]
     assert (row["device"], row["backend"]) == ("cuda", "nccl")
     # live tensors ≤ what the allocator handed out ≤ what it reserved ≤ what the device has in use
     assert 0 < row["mem_tracker_peak_bytes"] <= row["mem_alloc_peak_allocated_bytes"]
