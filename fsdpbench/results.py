@@ -198,7 +198,7 @@ def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
     return {
         "flops_per_step": flops,
         "achieved_tflops": achieved_tflops(flops, ms) if ms else None,
-        "mfu": mfu(flops, ms, row.get("device_name") or "", case.precision) if ms else None,
+        "mfu": mfu(flops, ms, row.get("device_name") or "", case.precision_spec) if ms else None,
     }
 
 

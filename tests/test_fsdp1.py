@@ -14,6 +14,7 @@ from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_p
 from fsdpbench.case import Case
 from fsdpbench.models import build_model
 from fsdpbench.models.decoder import TransformerBlock
+from fsdpbench.precision import get_precision
 from fsdpbench.scenario import build_case, parse_scenario
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.fsdp1 import BACKWARD_PREFETCH_MODES, auto_wrap_policy_for, mixed_precision_for
@@ -72,10 +73,10 @@ def test_fsdp1_size_policy_wraps_what_fsdpbench_wrap_predicts(
 
 
 def test_precision_and_prefetch_map_to_fsdp1_arguments() -> None:
-    assert mixed_precision_for("fp32") is None
-    bf16 = mixed_precision_for("bf16")
+    assert mixed_precision_for(get_precision("fp32")) is None
+    bf16 = mixed_precision_for(get_precision("bf16"))
     assert (bf16.param_dtype, bf16.reduce_dtype, bf16.buffer_dtype) == (torch.bfloat16, torch.float32, None)
-    low = mixed_precision_for("fp16-lowreduce")
+    low = mixed_precision_for(get_precision("fp16-lowreduce"))
     assert (low.param_dtype, low.reduce_dtype) == (torch.float16, torch.float16)
     assert BACKWARD_PREFETCH_MODES == {
         "pre": BackwardPrefetch.BACKWARD_PRE,

@@ -13,7 +13,6 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 from torch.distributed.fsdp import (
     BackwardPrefetch,
@@ -25,11 +24,10 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
 from fsdpbench.case import Case
+from fsdpbench.precision import Precision
 from fsdpbench.strategies import register_strategy
 from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
-from fsdpbench.strategies.fsdp2 import hsdp_shard_size
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BACKWARD_PREFETCH_MODES = {
     "pre": BackwardPrefetch.BACKWARD_PRE,
     "post": BackwardPrefetch.BACKWARD_POST,
@@ -38,16 +36,15 @@ BACKWARD_PREFETCH_MODES = {
 STRATEGY_ARGS = {"use_orig_params": "bool, default true: the optimizer sees the model's own parameters"}
 
 
-def mixed_precision_for(precision: str) -> MixedPrecision | None:
+def mixed_precision_for(precision: Precision) -> MixedPrecision | None:
     """fp32 → None; bf16/fp16 → 16-bit params in compute, fp32 reduction; '-lowreduce': 16-bit reduction.
 
     The same casts as FSDP2's ``mp_policy_for`` (buffers are not cast), so FSDP1 and FSDP2 compare.
     """
-    if precision == "fp32":
+    if not precision.casts:
         return None
-    low = _DTYPES[precision.split("-")[0]]
-    reduce = low if precision.endswith("-lowreduce") else torch.float32
-    return MixedPrecision(param_dtype=low, reduce_dtype=reduce)
+    param_dtype, reduce_dtype = precision.torch_dtypes()
+    return MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
 def auto_wrap_policy_for(model: nn.Module, case: Case) -> Callable[..., bool] | ModuleWrapPolicy | None:
@@ -89,7 +86,7 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
     if sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         from torch.distributed.device_mesh import init_device_mesh
 
-        shard = hsdp_shard_size(case)
+        shard = case.shard_group_size
         kwargs["device_mesh"] = init_device_mesh(
             ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
         )
@@ -100,7 +97,7 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
         backward_prefetch=BACKWARD_PREFETCH_MODES[case.backward_prefetch],
         forward_prefetch=case.forward_prefetch,
         limit_all_gathers=case.limit_all_gathers,
-        mixed_precision=mixed_precision_for(case.precision),
+        mixed_precision=mixed_precision_for(case.precision_spec),
         cpu_offload=CPUOffload(offload_params=case.cpu_offload),
         device_id=ctx.device,  # FSDP1 refuses a CPU compute device unless named explicitly
         use_orig_params=case.strategy_args.get("use_orig_params", True),
@@ -174,7 +171,7 @@ class FSDP1Hybrid(_FSDP1):
     sharding_strategy = ShardingStrategy.HYBRID_SHARD
 
     def check(self, case: Case) -> str | None:
-        shard = hsdp_shard_size(case)
+        shard = case.shard_group_size
         if case.world_size % shard:
             return f"fsdp1_hybrid shard_size={shard} does not divide world_size={case.world_size}"
         return super().check(case)
