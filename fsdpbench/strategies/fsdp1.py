@@ -9,8 +9,6 @@ model's own parameters (views into FSDP1's flat parameters) rather than one ``Fl
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -21,7 +19,7 @@ from torch.distributed.fsdp import (
     MixedPrecision,
     ShardingStrategy,
 )
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+from torch.distributed.fsdp.wrap import CustomPolicy
 
 from fsdpbench.case import Case
 from fsdpbench.precision import Precision
@@ -47,36 +45,22 @@ def mixed_precision_for(precision: Precision) -> MixedPrecision | None:
     return MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
-def auto_wrap_policy_for(model: nn.Module, case: Case) -> Callable[..., bool] | ModuleWrapPolicy | None:
-    """The wrap axis as an FSDP1 ``auto_wrap_policy``.
+def auto_wrap_policy_for(ctx: ApplyContext) -> CustomPolicy | None:
+    """The wrap axis as an FSDP1 ``auto_wrap_policy``: wrap exactly the units ``fsdpbench.wrap`` chose
+    (as FSDP2 does); None when the root is the only unit.
 
-    none/whole → no auto wrap (one unit, the root); size → ``size_based_auto_wrap_policy`` with
-    ``min_num_params=wrap_min_params`` (the tutorial's policy); block → ``ModuleWrapPolicy`` of the
-    model's block classes; classes → ``ModuleWrapPolicy`` of the classes named in ``wrap_classes``.
+    ``wrap.get_wrap_units`` follows FSDP1's own ``size_based_auto_wrap_policy`` for ``size``
+    (tests/test_fsdp1.py checks it against FSDP1's recursive wrapper). With ``classes``, FSDP1 refuses
+    a list of which no name is a module class of the model (FSDP2 runs it as one unit).
     """
-    if case.wrap in ("none", "whole"):
+    case = ctx.case
+    if case.wrap == "classes" and not ctx.units:
+        names = list(case.wrap_classes)
+        raise ValueError(f"wrap_classes: none of {names} is a module class of model {case.model!r}")
+    if not ctx.units:
         return None
-    if case.wrap == "size":
-        return functools.partial(size_based_auto_wrap_policy, min_num_params=case.wrap_min_params)
-    if case.wrap == "block":
-        from fsdpbench.models import resolve_model
-
-        mdef, args = resolve_model(case.model, case.model_args)
-        return ModuleWrapPolicy(set(mdef.block_classes(args)))
-    if case.wrap == "classes":
-        # like fsdpbench.wrap: names absent from this model are ignored (one list serves a model sweep)
-        classes = {type(m) for m in model.modules() if type(m).__name__ in set(case.wrap_classes)}
-        if not classes:
-            names = list(case.wrap_classes)
-            raise ValueError(f"wrap_classes: none of {names} is a module class of model {case.model!r}")
-        return ModuleWrapPolicy(classes)
-    raise ValueError(f"unknown wrap policy {case.wrap!r}")
-
-
-def fsdp1_units(model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP1 wrapped (each ``FullyShardedDataParallel``'s inner module), root excluded."""
-    fsdp = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
-    return [m.module for m in fsdp if m is not model]
+    units = set(ctx.units)
+    return CustomPolicy(lambda module: module in units)
 
 
 def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: ShardingStrategy) -> nn.Module:
@@ -90,10 +74,10 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
         kwargs["device_mesh"] = init_device_mesh(
             ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
         )
-    wrapped = FullyShardedDataParallel(
+    return FullyShardedDataParallel(
         model,
         sharding_strategy=sharding_strategy,
-        auto_wrap_policy=auto_wrap_policy_for(model, case),
+        auto_wrap_policy=auto_wrap_policy_for(ctx),
         backward_prefetch=BACKWARD_PREFETCH_MODES[case.backward_prefetch],
         forward_prefetch=case.forward_prefetch,
         limit_all_gathers=case.limit_all_gathers,
@@ -103,9 +87,6 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
         use_orig_params=case.strategy_args.get("use_orig_params", True),
         **kwargs,
     )
-    # the worker reports n_units from ctx.units: make it what FSDP1 really wrapped
-    ctx.units[:] = fsdp1_units(wrapped)
-    return wrapped
 
 
 class _FSDP1(Strategy):
