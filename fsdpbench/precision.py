@@ -25,11 +25,12 @@ class Precision:
     """Bytes per element of each copy, and the dtypes compute and gradient reduction run in."""
 
     name: str
-    param_bytes: int  # b_p: the resident (sharded or replicated) parameter copy
-    grad_bytes: int  # b_g: the resident gradient
-    unsharded_bytes: int  # FSDP unsharded parameters and their gradients (param_dtype)
-    reduce_bytes: int  # reduce-scatter / all-reduce buffers (reduce_dtype)
-    compute_bytes: int  # activations of the matmul path (2 for 16-bit compute)
+    # bytes per element, 4 (fp32) unless the precision says otherwise
+    param_bytes: int = 4  # b_p: the resident (sharded or replicated) parameter copy
+    grad_bytes: int = 4  # b_g: the resident gradient
+    unsharded_bytes: int = 4  # FSDP unsharded parameters and their gradients (param_dtype)
+    reduce_bytes: int = 4  # reduce-scatter / all-reduce buffers (reduce_dtype)
+    compute_bytes: int = 4  # activations of the matmul path (2 for 16-bit compute)
     master_in_optimizer: bool = False  # the optimizer keeps a separate fp32 master copy (+4 bytes/param)
     runnable: bool = True  # a Case can use it (``mixed`` is an accounting only)
     description: str = ""
@@ -54,75 +55,53 @@ class Precision:
         return getattr(torch, self.param_dtype), getattr(torch, self.reduce_dtype)
 
 
+def _fsdp_mixed(name: str, dtype: str, *, low_reduce: bool, description: str) -> Precision:
+    """What ``MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=fp32 or dtype)`` keeps: fp32 shards
+    and resident gradients, 16-bit unsharded copies and compute; reduction in fp32 or in ``dtype``."""
+    return Precision(
+        name=name,
+        unsharded_bytes=2,
+        reduce_bytes=2 if low_reduce else 4,
+        compute_bytes=2,
+        description=description,
+        param_dtype=dtype,
+        reduce_dtype=dtype if low_reduce else "float32",
+    )
+
+
 PRECISIONS: dict[str, Precision] = {
-    "fp32": Precision(
-        name="fp32",
-        param_bytes=4,
-        grad_bytes=4,
-        unsharded_bytes=4,
-        reduce_bytes=4,
-        compute_bytes=4,
-        description="plain fp32: every copy 4 bytes",
-    ),
-    "bf16": Precision(
-        name="bf16",
-        param_bytes=4,
-        grad_bytes=4,
-        unsharded_bytes=2,
-        reduce_bytes=4,
-        compute_bytes=2,
-        description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): fp32 shards, "
-        "bf16 unsharded params/grads in flight; DDP/ZeRO-1: fp32 states, bf16 autocast",
-        param_dtype="bfloat16",
-        reduce_dtype="float32",
-    ),
-    "fp16": Precision(
-        name="fp16",
-        param_bytes=4,
-        grad_bytes=4,
-        unsharded_bytes=2,
-        reduce_bytes=4,
-        compute_bytes=2,
-        description="as bf16 with float16",
-        param_dtype="float16",
-        reduce_dtype="float32",
-    ),
-    "bf16-lowreduce": Precision(
-        name="bf16-lowreduce",
-        param_bytes=4,
-        grad_bytes=4,
-        unsharded_bytes=2,
-        reduce_bytes=2,
-        compute_bytes=2,
-        description="as bf16, gradients reduced in bf16",
-        param_dtype="bfloat16",
-        reduce_dtype="bfloat16",
-    ),
-    "fp16-lowreduce": Precision(
-        name="fp16-lowreduce",
-        param_bytes=4,
-        grad_bytes=4,
-        unsharded_bytes=2,
-        reduce_bytes=2,
-        compute_bytes=2,
-        description="as fp16, gradients reduced in fp16",
-        param_dtype="float16",
-        reduce_dtype="float16",
-    ),
-    "mixed": Precision(
-        name="mixed",
-        param_bytes=2,
-        grad_bytes=2,
-        unsharded_bytes=2,
-        reduce_bytes=2,
-        compute_bytes=2,
-        master_in_optimizer=True,
-        runnable=False,
-        description="ZeRO paper accounting: 16-bit params and grads (b_p=b_g=2), fp32 master + Adam "
-        "moments in the optimizer (K=12); analytic only",
-        param_dtype="float16",
-        reduce_dtype="float16",
-    ),
+    p.name: p
+    for p in (
+        Precision(name="fp32", description="plain fp32: every copy 4 bytes"),
+        _fsdp_mixed(
+            "bf16",
+            "bfloat16",
+            low_reduce=False,
+            description="FSDP2 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32): fp32 shards, "
+            "bf16 unsharded params/grads in flight; DDP/ZeRO-1: fp32 states, bf16 autocast",
+        ),
+        _fsdp_mixed("fp16", "float16", low_reduce=False, description="as bf16 with float16"),
+        _fsdp_mixed(
+            "bf16-lowreduce", "bfloat16", low_reduce=True, description="as bf16, gradients reduced in bf16"
+        ),
+        _fsdp_mixed(
+            "fp16-lowreduce", "float16", low_reduce=True, description="as fp16, gradients reduced in fp16"
+        ),
+        Precision(
+            name="mixed",
+            param_bytes=2,
+            grad_bytes=2,
+            unsharded_bytes=2,
+            reduce_bytes=2,
+            compute_bytes=2,
+            master_in_optimizer=True,
+            runnable=False,
+            description="ZeRO paper accounting: 16-bit params and grads (b_p=b_g=2), fp32 master + Adam "
+            "moments in the optimizer (K=12); analytic only",
+            param_dtype="float16",
+            reduce_dtype="float16",
+        ),
+    )
 }
 
 

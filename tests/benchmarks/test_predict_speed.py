@@ -5,10 +5,10 @@
 
 Analytic: a 1T-parameter model on 4096 GPUs from its parameter count, a ~1T decoder and llama-70b on
 4096 GPUs with their full structure (every parameter's padding, every unit, the whole step timeline);
-the target is under 100 ms each. Traced: llama-7b, ZeRO-3 on 64 fake ranks, bf16, batch 1 × 2048 tokens, in a fresh
-Python process (its wall time and peak RSS go to ``extra_info``; the model is never allocated). It
-takes tens of seconds, so it runs only with FSDPBENCH_BENCH_TRACED=1. No timing is asserted: the
-numbers are recorded (``--benchmark-autosave``) and reported in docs/memory-model.md.
+the target is under 100 ms each. Traced: llama-7b, ZeRO-3 on 64 fake ranks, bf16, batch 1 × 2048
+tokens, in a fresh Python process (its wall time and peak RSS go to ``extra_info``; the model is
+never allocated). It takes tens of seconds, so it runs only with FSDPBENCH_BENCH_TRACED=1. No timing
+is asserted: the numbers are recorded (``--benchmark-autosave``) and reported in docs/memory-model.md.
 """
 
 from __future__ import annotations
