@@ -80,7 +80,7 @@ class RankResult:
             times = self.warmup.times_ms
             out.update(warmup_times_ms=times, first_step_ms=times[0] if times else None)
         if self.timed is not None:
-            out.update(step_times_ms=self.timed.times_ms, **self.timed.stats())
+            out.update(step_times_ms=self.timed.times_ms, **self.timed.to_columns())
         if self.memory is not None:
             out["memory"] = self.memory.to_json()
         if self.metric_columns:
@@ -106,7 +106,7 @@ class RankResult:
     def to_columns(self) -> dict[str, Any]:
         """This rank's columns (each memory column names its source); None where a phase never ran."""
         setup = self.setup.to_columns() if self.setup else dict.fromkeys(Setup.COLUMNS)
-        stats = self.timed.stats() if self.timed else {}
+        stats = self.timed.to_columns() if self.timed else {}
         warmup = self.warmup.times_ms if self.warmup else []
         return {
             "rank": self.rank,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(kw_only=True, slots=True)
@@ -16,8 +15,8 @@ class StepTimes:
 
     times_ms: list[float] = field(default_factory=list)
 
-    def stats(self) -> dict[str, float]:
-        """step_time_ms (the median), p10, p90, mean and standard deviation; {} without steps."""
+    def to_columns(self) -> dict[str, float]:
+        """step_time_ms (the median), its p10, p90, mean and standard deviation; {} without steps."""
         times = self.times_ms
         if not times:
             return {}
@@ -29,6 +28,3 @@ class StepTimes:
             "step_time_mean_ms": statistics.fmean(times),
             "step_time_std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
         }
-
-    def to_columns(self) -> dict[str, Any]:
-        return {"step_times_ms": list(self.times_ms), **self.stats()}
