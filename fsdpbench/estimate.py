@@ -43,12 +43,18 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fsdpbench.models import ModelDef
+    from fsdpbench.parallel import Build, Parallelize
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,14 +188,16 @@ def _trace_notes(case: Case, device: torch.device, cuda_rules: bool) -> list[str
     return notes
 
 
-def _fake_build(fake: Any, fake_scope: contextlib.ExitStack, device: torch.device, world_size: int) -> Any:
+def _fake_build(
+    fake: FakeTensorMode, fake_scope: contextlib.ExitStack, device: torch.device, world_size: int
+) -> Build:
     """The model as fake tensors on ``device``; ``fake`` is entered into ``fake_scope`` on the way, and
-    stays entered for the steps. FSDP strategies are applied on meta (their device mesh needs real
+    stays entered for the steps. FSDP2 strategies are applied on meta (their device mesh needs real
     tensors), then materialised; others are built and applied under ``fake``."""
     from fsdpbench.emulate import shards_on_meta
     from fsdpbench.parallel import count_params
 
-    def build(mdef: Any, margs: dict[str, Any], parallelize: Any) -> tuple[torch.nn.Module, int]:
+    def build(mdef: ModelDef, margs: dict[str, Any], parallelize: Parallelize) -> tuple[torch.nn.Module, int]:
         if shards_on_meta(parallelize.strategy):
             model = _build(mdef, margs, "meta")
             params = count_params(model)
