@@ -33,13 +33,6 @@ class Setup:
         return {k: getattr(self, k) for k in self.COLUMNS}
 
 
-STEP_TIME_STATS = (
-    "step_time_ms",
-    "step_time_p10_ms",
-    "step_time_p90_ms",
-    "step_time_mean_ms",
-    "step_time_std_ms",
-)
 _OPTIONAL = ("traceback", "failed_at", "exit_code", "losses", "steps_total", "steps_wall_s", "wall_s")
 
 
@@ -106,7 +99,7 @@ class RankResult:
     def to_columns(self) -> dict[str, Any]:
         """This rank's columns (each memory column names its source); None where a phase never ran."""
         setup = self.setup.to_columns() if self.setup else dict.fromkeys(Setup.COLUMNS)
-        stats = self.timed.to_columns() if self.timed else {}
+        step_times = self.timed.to_columns() if self.timed else {}
         warmup = self.warmup.times_ms if self.warmup else []
         return {
             "rank": self.rank,
@@ -115,7 +108,7 @@ class RankResult:
             "phase": self.phase,
             **setup,
             "wall_s": self.wall_s,
-            **{k: stats.get(k) for k in STEP_TIME_STATS},
+            **{k: step_times.get(k) for k in StepTimes.COLUMNS},
             "first_step_ms": warmup[0] if warmup else None,
             "steps_wall_s": self.steps_wall_s,
             "exit_code": self.exit_code,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 
 @dataclass(kw_only=True, slots=True)
@@ -15,16 +16,19 @@ class StepTimes:
 
     times_ms: list[float] = field(default_factory=list)
 
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "step_time_ms",  # the median
+        "step_time_p10_ms",
+        "step_time_p90_ms",
+        "step_time_mean_ms",
+        "step_time_std_ms",
+    )
+
     def to_columns(self) -> dict[str, float]:
         """step_time_ms (the median), its p10, p90, mean and standard deviation; {} without steps."""
         times = self.times_ms
         if not times:
             return {}
         q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
-        return {
-            "step_time_ms": statistics.median(times),
-            "step_time_p10_ms": q[0],
-            "step_time_p90_ms": q[-1],
-            "step_time_mean_ms": statistics.fmean(times),
-            "step_time_std_ms": statistics.stdev(times) if len(times) > 1 else 0.0,
-        }
+        std = statistics.stdev(times) if len(times) > 1 else 0.0
+        return dict(zip(self.COLUMNS, (statistics.median(times), q[0], q[-1], statistics.fmean(times), std)))
