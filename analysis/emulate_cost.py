@@ -61,7 +61,7 @@ def main() -> None:
     if outcome.status != "ok":
         raise SystemExit(f"{outcome.status}: {outcome.error}")
     rank = outcome.ranks[0]
-    extra = rank.get("extra_columns") or {}
+    extra = rank.get("metric_columns") or {}
     gb = 1e9
     print(
         f"{case.case_id}: rank 0 of {case.world_size}, emulated on {args.device}, "

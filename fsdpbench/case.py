@@ -9,7 +9,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-PRECISIONS = ("fp32", "bf16", "fp16", "bf16-lowreduce", "fp16-lowreduce")
+from fsdpbench.precision import Precision, get_precision, runnable_precisions
+
+PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
 WRAPS = ("none", "whole", "block", "size", "classes")
 BACKWARD_PREFETCH = ("pre", "post", "none")
@@ -68,6 +70,17 @@ class Case:
     @property
     def global_batch_size(self) -> int:
         return self.batch_size * self.world_size
+
+    @property
+    def precision_spec(self) -> Precision:
+        """The typed record of ``precision``: bytes per copy and the dtypes to cast and reduce in."""
+        return get_precision(self.precision)
+
+    @property
+    def shard_group_size(self) -> int:
+        """Ranks per shard group of a shard-group (HSDP) strategy: ``shard_size``, by default 2
+        (4 ranks are 2 replicas × 2 shards)."""
+        return self.shard_size or min(2, self.world_size)
 
     @property
     def mode(self) -> str:

@@ -239,7 +239,7 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
         raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
     rec = outcome.ranks[0]
     peak = dict(rec["memory"]["peak"])
-    extra = rec.get("extra_columns") or {}
+    extra = rec.get("metric_columns") or {}
     return EmulatedRank(
         case_id=case.case_id,
         rank=rank,

@@ -43,12 +43,18 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
+
+if TYPE_CHECKING:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fsdpbench.models import ModelDef
+    from fsdpbench.parallel import Build, Parallelize
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,14 +97,12 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     """Trace one rank of ``case`` (any world size) and return the tracker's peak and model states."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fsdpbench.memory_model.precision import get_precision
     from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
-    from fsdpbench.models import resolve_model
-    from fsdpbench.step import autocast_for, train_step
+    from fsdpbench.parallel import build_parallel
+    from fsdpbench.step import rank_batch, train_step
     from fsdpbench.strategies import get_strategy
-    from fsdpbench.strategies.base import Strategy
 
-    if not get_precision(case.precision).runnable:
+    if not case.precision_spec.runnable:
         raise ValueError(
             f"precision {case.precision!r} is an accounting, not a runnable precision: "
             "trace bf16 (what FSDP2 keeps) or use --method analytic"
@@ -109,6 +113,65 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
         raise RuntimeError("estimate() starts its own fake process group; call it outside an initialized one")
     t0 = time.perf_counter()
     device, cuda_rules = trace_device(case)
+    notes = _trace_notes(case, device, cuda_rules)
+    reason = get_strategy(case.strategy).check(case)
+    if reason:
+        raise ValueError(f"case {case.case_id}: {reason}")
+    excepthook = sys.excepthook  # init_process_group chains a rank-prefixing hook on every call
+    _init_fake_process_group(rank, case.world_size)
+    try:
+        with (
+            contextlib.ExitStack() as fake_scope,
+            _fake_pg_compat(case.backend),
+            _cuda_rules(cuda_rules) as uncovered,
+        ):
+            # the model runs eagerly: torch.compile is not traced
+            build = _fake_build(
+                FakeTensorMode(allow_non_fake_inputs=True), fake_scope, device, case.world_size
+            )
+            parallel = build_parallel(case.replace(compile=False), device, rank, build=build)
+            if cuda_rules and not isinstance(parallel.autocast, contextlib.nullcontext):
+                notes.append(
+                    "autocast traced with the CPU's autocast op lists (CUDA's may cast some ops differently)"
+                )
+            for step in range(warmup_steps):
+                train_step(parallel, rank_batch(case, rank, step, device))
+            model, optimizer = parallel.model, parallel.optimizer
+            tracker = build_tracker(model, optimizer, parallel.strategy.fsdp_root(model))
+            states: dict[str, int] = {}
+            with tracker:
+                train_step(
+                    parallel,
+                    rank_batch(case, rank, warmup_steps, device),
+                    after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)),
+                )
+            peak = snapshot_by_category(tracker, "peak", device)
+            if cuda_rules:  # on CUDA these are host tensors; the CPU trace counted them with the device's
+                for snap in (peak, states):
+                    _drop_host_step_counters(snap, optimizer)
+    finally:
+        dist.destroy_process_group()
+        sys.excepthook = excepthook
+    notes.extend(uncovered)
+    return TracedEstimate(
+        case_id=case.case_id,
+        strategy=case.strategy,
+        world_size=case.world_size,
+        rank=rank,
+        params=int(parallel.params),
+        method="traced",
+        peak_bytes=int(peak.pop("total")),
+        peak_by_category=peak,
+        states_by_category=states,
+        model_states_bytes=sum(states.get(c, 0) for c in ("params", "grads", "optim")),
+        wall_s=time.perf_counter() - t0,
+        peak_rss_bytes=peak_rss_bytes(),
+        notes=tuple(notes),
+    )
+
+
+def _trace_notes(case: Case, device: torch.device, cuda_rules: bool) -> list[str]:
+    """What a trace on ``device`` stands for, and what it leaves out."""
     if cuda_rules:
         from fsdpbench.memory_model.kernels import ASSUMED_CASE
 
@@ -122,86 +185,33 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
         notes = [f"traced on fake {kind} tensors with {kind} kernels (no memory allocated)"]
     if case.compile:
         notes.append("torch.compile not traced: the model runs eagerly")
-    strategy = get_strategy(case.strategy)
-    reason = strategy.check(case)
-    if reason:
-        raise ValueError(f"case {case.case_id}: {reason}")
-    mdef, margs = resolve_model(case.model, case.model_args)
-    fsdp2 = type(strategy).fsdp_root is not Strategy.fsdp_root
-    autocast = autocast_for(case, strategy, device)
-    if cuda_rules and not isinstance(autocast, contextlib.nullcontext):
-        notes.append(
-            "autocast traced with the CPU's autocast op lists (CUDA's may cast some ops differently)"
-        )
-    excepthook = sys.excepthook  # init_process_group chains a rank-prefixing hook on every call
-    _init_fake_process_group(rank, case.world_size)
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    entered = False
-    uncovered: list[str] = []
-    try:
-        with _fake_pg_compat(case.backend), _cuda_rules(cuda_rules) as uncovered:
-            if fsdp2:  # apply on meta (the mesh needs real tensors), then materialise as fake tensors
-                model = _build(mdef, margs, "meta")
-                n_params = sum(p.numel() for p in model.parameters())
-                model = _apply(model, strategy, case, rank, device)
-                fake.__enter__()
-                entered = True
-                model.to_empty(device=device)
-            else:
-                fake.__enter__()
-                entered = True
-                model = _build(mdef, margs, device)
-                n_params = sum(p.numel() for p in model.parameters())
-                model = _patch_ddp(_apply(model, strategy, case, rank, device), case.world_size)
-            optimizer = strategy.build_optimizer(model, case)
+    return notes
 
-            def step_at(step: int, after_optim: Any = None) -> None:
-                train_step(
-                    case,
-                    model,
-                    optimizer,
-                    mdef.loss,
-                    rank=rank,
-                    step=step,
-                    device=device,
-                    autocast=autocast,
-                    after_optim=after_optim,
-                )
 
-            for step in range(warmup_steps):
-                step_at(step)
-            tracker = build_tracker(model, optimizer, strategy.fsdp_root(model))
-            states: dict[str, int] = {}
-            with tracker:
-                step_at(
-                    warmup_steps,
-                    after_optim=lambda: states.update(snapshot_by_category(tracker, "current", device)),
-                )
-            peak = snapshot_by_category(tracker, "peak", device)
-            if cuda_rules:  # on CUDA these are host tensors; the CPU trace counted them with the device's
-                for snap in (peak, states):
-                    _drop_host_step_counters(snap, optimizer)
-    finally:
-        if entered:
-            fake.__exit__(None, None, None)
-        dist.destroy_process_group()
-        sys.excepthook = excepthook
-    notes.extend(uncovered)
-    return TracedEstimate(
-        case_id=case.case_id,
-        strategy=case.strategy,
-        world_size=case.world_size,
-        rank=rank,
-        params=int(n_params),
-        method="traced",
-        peak_bytes=int(peak.pop("total")),
-        peak_by_category=peak,
-        states_by_category=states,
-        model_states_bytes=sum(states.get(c, 0) for c in ("params", "grads", "optim")),
-        wall_s=time.perf_counter() - t0,
-        peak_rss_bytes=peak_rss_bytes(),
-        notes=tuple(notes),
-    )
+def _fake_build(
+    fake: FakeTensorMode, fake_scope: contextlib.ExitStack, device: torch.device, world_size: int
+) -> Build:
+    """The model as fake tensors on ``device``; ``fake`` is entered into ``fake_scope`` on the way, and
+    stays entered for the steps. FSDP2 strategies are applied on meta (their device mesh needs real
+    tensors), then materialised; others are built and applied under ``fake``."""
+    from fsdpbench.emulate import shards_on_meta
+    from fsdpbench.parallel import count_params
+
+    def build(mdef: ModelDef, margs: dict[str, Any], parallelize: Parallelize) -> tuple[torch.nn.Module, int]:
+        if shards_on_meta(parallelize.strategy):
+            model = _build(mdef, margs, "meta")
+            params = count_params(model)
+            model = parallelize(model)
+            fake_scope.enter_context(fake)
+            model.to_empty(device=device)
+        else:
+            fake_scope.enter_context(fake)
+            model = _build(mdef, margs, device)
+            params = count_params(model)
+            model = _patch_ddp(parallelize(model), world_size)
+        return model, params
+
+    return build
 
 
 def peak_rss_bytes() -> int:
@@ -265,23 +275,6 @@ def _init_fake_process_group(rank: int, world_size: int) -> None:
 def _build(mdef: Any, margs: dict[str, Any], device: Any) -> torch.nn.Module:
     with torch.device(device):
         return mdef.build(**margs)
-
-
-def _apply(model: torch.nn.Module, strategy: Any, case: Case, rank: int, device: torch.device):
-    """What the worker does between building the model and the optimizer (without compile)."""
-    from fsdpbench.knobs import apply_activation_checkpointing
-    from fsdpbench.strategies import ApplyContext
-    from fsdpbench.wrap import get_wrap_units
-
-    ctx = ApplyContext(
-        case=case,
-        device=device,
-        rank=rank,
-        world_size=case.world_size,
-        units=get_wrap_units(model, case) if strategy.uses_wrap else [],
-    )
-    model = apply_activation_checkpointing(model, case)
-    return strategy.apply(model, ctx)
 
 
 class _CompletedWork:

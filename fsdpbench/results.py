@@ -21,7 +21,7 @@ import pandas as pd
 
 from fsdpbench.case import Case
 from fsdpbench.metrics.reference import block_ratios, ratio_series
-from fsdpbench.metrics.tracker import CATEGORIES
+from fsdpbench.rank_result import RankResult
 from fsdpbench.rundir import RunLock, check_component, check_inside
 
 # the columns every results table has, in order (measurements follow)
@@ -94,87 +94,21 @@ def case_columns(case: Case) -> dict[str, Any]:
 
 
 def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
-    """Flatten what one rank recorded into named columns (each memory column names its source)."""
-    row: dict[str, Any] = {
-        k: rank.get(k)
-        for k in (
-            "rank",
-            "status",
-            "error",
-            "phase",
-            "params",
-            "n_units",
-            "threads",
-            "init_pg_s",
-            "setup_s",
-            "wall_s",
-            "step_time_ms",
-            "step_time_p10_ms",
-            "step_time_p90_ms",
-            "step_time_mean_ms",
-            "step_time_std_ms",
-            "first_step_ms",
-            "steps_wall_s",
-            "exit_code",
-        )
-    }
-    row["step_times_ms"] = rank.get("step_times_ms") or []
-    row["warmup_times_ms"] = rank.get("warmup_times_ms") or []
-    for key in ("paired_step_ms", "paired_ref_ms", "paired_step_cpu_ms", "paired_ref_cpu_ms"):
-        row[key] = rank.get(key) or []
-    memory = rank.get("memory") or {}
-    for cat in (*CATEGORIES, "total"):
-        suffix = "" if cat == "total" else f"_{cat}"
-        row[f"mem_tracker_peak{suffix}_bytes"] = (memory.get("peak") or {}).get(cat)
-    states = memory.get("states_tracker") or {}
-    local = memory.get("states_local") or {}
-    for cat in ("params", "grads", "optim"):
-        row[f"mem_tracker_states_{cat}_bytes"] = states.get(cat)
-        row[f"mem_local_{cat}_bytes"] = local.get(cat)
-    if states:
-        row["mem_tracker_model_states_bytes"] = sum(states.get(c, 0) for c in ("params", "grads", "optim"))
-    for key, value in (rank.get("extra_columns") or {}).items():
-        row[key] = value
-    return row
+    """What one rank recorded (its rank{R}.json), as named columns (each memory column names its source)."""
+    return RankResult.from_json(rank).to_columns()
 
 
 def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
     """One row per rank for a case that ran (whatever its status)."""
     base = case_columns(case)
-    ranks = outcome.ranks
-    # an emulated rank's loss is of garbage on purpose: not a loss of the case (fsdpbench/emulate.py)
-    losses = [r.get("losses") or [] for r in ranks] if not case.emulate else []
-    n = min((len(x) for x in losses), default=0)
-    global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
-    medians = [r["step_time_ms"] for r in ranks if r.get("step_time_ms") is not None]
-    case_step = max(medians) if len(medians) == len(ranks) and medians else None
-    series = [ratio_series(r, case.device) for r in ranks]
-    ref_ratios = block_ratios([s for s, _ in series], [r for _, r in series], case.time_block_steps)
+    shared = _case_measurement_columns(case, outcome.ranks)
     rows = []
-    for rank in ranks:
+    for rank in outcome.ranks:
         row = {**base, **rank_columns(rank)}
         row["status"] = rank.get("status") or outcome.status
         row["error"] = rank.get("error") or (outcome.error if outcome.status != "ok" else "")
         row["case_status"], row["case_error"] = outcome.status, outcome.error
-        row["losses"] = global_losses
-        row["loss_first"] = global_losses[0] if global_losses else None
-        row["loss_final"] = global_losses[-1] if global_losses else None
-        row["case_step_time_ms"] = case_step
-        row["step_time_ref_ratios"] = (
-            ref_ratios  # per block, vs the in-process reference (metrics/reference.py)
-        )
-        if case_step:
-            row["throughput_samples_s"] = case.global_batch_size / (case_step / 1e3)
-            row["throughput_tokens_s"] = (
-                row["throughput_samples_s"] * case.seq_len if _is_sequence(case) else None
-            )
-        if case.emulate:
-            from fsdpbench.emulate import LOSS_SKIPPED_REASON
-
-            row["loss_skipped_reason"] = LOSS_SKIPPED_REASON
-            row["throughput_samples_s"] = row["throughput_tokens_s"] = (
-                None  # compute-only time: not a throughput
-            )
+        row.update(shared)
         row["case_wall_s"] = outcome.wall_s
         row.update(_env_columns(env, case))
         row.update(_flops_columns(case, row))
@@ -182,6 +116,42 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
             row["harness_overhead_ratio"] = row["step_time_mean_ms"] / row["bare_step_time_ms"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the case's ranks measured together: the global losses, the case's step time (the slowest
+    rank's median), throughput, and the step-time ratios to the reference workload."""
+    # an emulated rank's loss is of garbage on purpose: not a loss of the case (fsdpbench/emulate.py)
+    losses = [r.get("losses") or [] for r in ranks] if not case.emulate else []
+    n = min((len(x) for x in losses), default=0)
+    global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
+    medians = [r["step_time_ms"] for r in ranks if r.get("step_time_ms") is not None]
+    case_step = max(medians) if len(medians) == len(ranks) and medians else None
+    series = [ratio_series(r, case.device) for r in ranks]
+    out: dict[str, Any] = {
+        "losses": global_losses,
+        "loss_first": global_losses[0] if global_losses else None,
+        "loss_final": global_losses[-1] if global_losses else None,
+        "case_step_time_ms": case_step,
+        # per block, vs the in-process reference (metrics/reference.py)
+        "step_time_ref_ratios": block_ratios(
+            [s for s, _ in series], [r for _, r in series], case.time_block_steps
+        ),
+    }
+    if case_step:
+        out.update(_throughput_columns(case, case_step))
+    if case.emulate:
+        from fsdpbench.emulate import LOSS_SKIPPED_REASON
+
+        out["loss_skipped_reason"] = LOSS_SKIPPED_REASON
+        out["throughput_samples_s"] = out["throughput_tokens_s"] = None  # compute-only time: not a throughput
+    return out
+
+
+def _throughput_columns(case: Case, case_step_ms: float) -> dict[str, Any]:
+    samples_s = case.global_batch_size / (case_step_ms / 1e3)
+    tokens_s = samples_s * case.seq_len if _is_sequence(case) else None
+    return {"throughput_samples_s": samples_s, "throughput_tokens_s": tokens_s}
 
 
 def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +168,7 @@ def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
     return {
         "flops_per_step": flops,
         "achieved_tflops": achieved_tflops(flops, ms) if ms else None,
-        "mfu": mfu(flops, ms, row.get("device_name") or "", case.precision) if ms else None,
+        "mfu": mfu(flops, ms, row.get("device_name") or "", case.precision_spec) if ms else None,
     }
 
 

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import json
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -40,40 +39,35 @@ from fsdpbench.emulate import (
     shards_on_meta,
     without_overlap,
 )
-from fsdpbench.knobs import apply_activation_checkpointing, apply_compile, state_placement_bytes
+from fsdpbench.knobs import state_placement_bytes
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
 from fsdpbench.metrics.reference import ReferenceWorkload, interleaved_steps
-from fsdpbench.metrics.tracker import build_tracker, local_state_bytes, snapshot_by_category
-from fsdpbench.models import resolve_model
-from fsdpbench.step import autocast_for
-from fsdpbench.step import train_step as run_step
-from fsdpbench.strategies import ApplyContext, get_strategy
-from fsdpbench.wrap import get_wrap_units
+from fsdpbench.metrics.timing import StepTimes
+from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
+from fsdpbench.models import ModelDef
+from fsdpbench.parallel import Build, Parallel, Parallelize, build_parallel
+from fsdpbench.rank_result import RankResult, Setup
+from fsdpbench.step import Batch, rank_batch, train_step
 
 
 class RankRecorder:
-    """This rank's result dict, written atomically to disk after every phase."""
+    """This rank's ``RankResult``, written atomically to rank{R}.json after every phase."""
 
     def __init__(self, out_dir: Path, rank: int) -> None:
         self.path = out_dir / f"rank{rank}.json"
-        self.data: dict[str, Any] = {
-            "rank": rank,
-            "pid": os.getpid(),
-            "status": "running",
-            "phase": "setup",
-            "error": "",
-        }
+        self.result = RankResult(rank=rank, pid=os.getpid())
         self.flush()
 
     def update(self, **fields: Any) -> None:
-        self.data.update(fields)
+        for name, value in fields.items():
+            setattr(self.result, name, value)
         self.flush()
 
     def flush(self) -> None:
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, default=str))
+        tmp.write_text(json.dumps(self.result.to_json(), default=str))
         os.replace(tmp, self.path)
 
 
@@ -89,7 +83,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
+def run_rank(case: Case, out_dir: Path) -> RankResult:
     """Set up this rank, run every phase of the case, return (and write) its results."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -111,7 +105,73 @@ def run_rank(case: Case, out_dir: Path) -> dict[str, Any]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return rec.data
+    return rec.result
+
+
+class RankSteps:
+    """This rank's training steps: ``run`` one (its batch built beforehand, outside any timer);
+    recorded steps keep their loss and their wall time."""
+
+    def __init__(self, case: Case, parallel: Parallel, rank: int, device: torch.device) -> None:
+        self.case, self.parallel, self.rank, self.device = case, parallel, rank, device
+        self.losses: list[float] = []  # of every recorded step
+        self.wall_s = 0.0  # inside recorded steps, all phases: the rest of a case is overhead
+        self.next = 0  # the step index: it seeds the step's batch
+
+    def batch(self, step: int) -> Batch:
+        return rank_batch(self.case, self.rank, step, self.device)
+
+    def run(self, batch: Batch, after_optim: Callable[[], None] | None = None, record: bool = True) -> None:
+        t0 = time.perf_counter()
+        loss = train_step(self.parallel, batch, after_optim=after_optim)
+        if record:
+            self.losses.append(loss.item())
+            self.wall_s += time.perf_counter() - t0
+        self.next += 1
+
+    def timed(self, n: int) -> list[float]:
+        """Wall ms of each of the next n steps, device-synchronised before and after each."""
+        times = []
+        for _ in range(n):
+            batch = self.batch(self.next)
+            synchronize(self.device)
+            t0 = time.perf_counter()
+            self.run(batch)
+            synchronize(self.device)
+            times.append((time.perf_counter() - t0) * 1e3)
+            del batch
+        return times
+
+    def bare(self, n: int) -> float:
+        """Wall ms of the next n steps with nothing of the harness: no per-step sync, timer or loss read."""
+        batches = [self.batch(self.next + i) for i in range(n)]
+        synchronize(self.device)
+        t0 = time.perf_counter()
+        for batch in batches:
+            self.run(batch, record=False)
+        synchronize(self.device)
+        return (time.perf_counter() - t0) * 1e3
+
+    def instrumented(self, after_optim: Callable[[], None] | None = None) -> None:
+        """The next step under an instrument (tracker, profiler): its batch is built inside the
+        instrument, which sees it as part of the step."""
+        self.run(self.batch(self.next), after_optim=after_optim)
+
+    def tracked(self) -> TrackedMemory:
+        """The next step under the memory tracker: the peak by category, and the model states after
+        ``optimizer.step``."""
+        model, optimizer = self.parallel.model, self.parallel.optimizer
+        tracker = build_tracker(model, optimizer, self.parallel.strategy.fsdp_root(model))
+        memory = TrackedMemory()
+
+        def record_states() -> None:
+            memory.states_tracker = snapshot_by_category(tracker, "current", self.device)
+            memory.states_local = local_state_bytes(model, optimizer)
+
+        with tracker:
+            self.instrumented(after_optim=record_states)
+        memory.peak = snapshot_by_category(tracker, "peak", self.device)
+        return memory
 
 
 def _run_phases(
@@ -138,128 +198,50 @@ def _run_phases(
     samplers = Samplers(case, device, local_rank)
     samplers.set_phase("setup")
 
-    mdef, margs = resolve_model(case.model, case.model_args)
-    strategy = get_strategy(case.strategy)
-    units: list[torch.nn.Module] = []
-
-    def apply_strategy(model: torch.nn.Module) -> torch.nn.Module:
-        units[:] = get_wrap_units(model, case) if strategy.uses_wrap else []
-        ctx = ApplyContext(case=case, device=device, rank=rank, world_size=world, units=list(units))
-        model = apply_activation_checkpointing(model, case)
-        model = apply_compile(model, case)
-        return strategy.apply(model, ctx)
-
-    if case.emulate:  # only this rank's shards are ever allocated
-        model, n_params = build_rank_model(
-            mdef,
-            margs,
-            apply_strategy,
-            shard_on_meta=shards_on_meta(strategy),
-            device=device,
-            seed=case.seed,
-            rank=rank,
-        )
-        model = prepare_ddp(model, world)
-    else:
-        torch.manual_seed(case.seed)  # same initial weights on every rank
-        with torch.device(device):
-            model = mdef.build(**margs)
-        n_params = sum(p.numel() for p in model.parameters())
-        model = apply_strategy(model)
-    optimizer = strategy.build_optimizer(model, case)
-    rec.update(
-        phase="warmup",
-        params=n_params,
-        n_units=len(units) + 1 if strategy.uses_wrap else 1,
+    parallel = build_parallel(
+        case, device, rank, build=_emulated_build(case, device, rank) if case.emulate else None
+    )
+    steps = RankSteps(case, parallel, rank, device)
+    setup = Setup(
+        params=parallel.params,
+        n_units=parallel.n_units,
         mode=case.mode,
         threads=torch.get_num_threads(),
         init_pg_s=t_pg - t_start,
         setup_s=time.perf_counter() - t_start,
         samplers=samplers.status,
     )
+    rec.update(phase="warmup", setup=setup)
 
-    autocast = autocast_for(case, strategy, device)
-    losses: list[float] = []
-    steps_wall_s = [0.0]  # time inside training steps, all phases: the rest of a case is overhead
-
-    def train_step(step: int, after_optim: Callable[[], None] | None = None, record: bool = True) -> None:
-        t0 = time.perf_counter()
-        loss = run_step(
-            case,
-            model,
-            optimizer,
-            mdef.loss,
-            rank=rank,
-            step=step,
-            device=device,
-            autocast=autocast,
-            after_optim=after_optim,
-        )
-        if record:
-            losses.append(loss.item())
-            steps_wall_s[0] += time.perf_counter() - t0
-
-    def timed_steps(first: int, n: int) -> list[float]:
-        times = []
-        for i in range(n):
-            synchronize(device)
-            t0 = time.perf_counter()
-            train_step(first + i)
-            synchronize(device)
-            times.append((time.perf_counter() - t0) * 1e3)
-        return times
-
-    step = 0
     # ---- warm-up: compile, lazy init, optimizer state creation ---------------------------
     samplers.set_phase("warmup")
-    warmup_ms = timed_steps(step, case.warmup_steps)
-    step += case.warmup_steps
-    rec.update(warmup_times_ms=warmup_ms, first_step_ms=warmup_ms[0] if warmup_ms else None)
-
-    def bare_loop(first: int, n: int) -> float:
-        """Wall ms of n steps with nothing of the harness: no per-step sync, timer or loss read."""
-        synchronize(device)
-        t0 = time.perf_counter()
-        for i in range(n):
-            train_step(first + i, record=False)
-        synchronize(device)
-        return (time.perf_counter() - t0) * 1e3
+    rec.update(warmup=StepTimes(times_ms=steps.timed(case.warmup_steps)))
 
     # ---- phase 1: timed steps, no instrument; with bare_steps, in blocks interleaved with a bare
     # loop of the same steps, before any instrument has run, so both see the same machine state ----
     rec.update(phase="timed")  # before the barrier: the file write is not timed
     dist.barrier()
     reset_cuda_peaks(device)
-    step_times_ms: list[float] = []
+    timed = StepTimes()
     bare_ms = 0.0
     for kind, n in interleaved_blocks(case.steps, case.bare_steps):
         samplers.set_phase(kind)
         if kind == "timed":
-            step_times_ms += timed_steps(step, n)
+            timed.times_ms += steps.timed(n)
         else:
-            bare_ms += bare_loop(step, n)
-        step += n
-    extra: dict[str, Any] = {"bare_step_time_ms": bare_ms / case.bare_steps} if case.bare_steps else {}
-    rec.update(phase="memory", step_times_ms=step_times_ms, losses=list(losses), **_time_stats(step_times_ms))
+            bare_ms += steps.bare(n)
+    columns: dict[str, Any] = {"bare_step_time_ms": bare_ms / case.bare_steps} if case.bare_steps else {}
+    rec.update(phase="memory", timed=timed, losses=list(steps.losses))
 
     # ---- phase 2: memory-tracked steps ---------------------------------------------------
     samplers.set_phase("memory")
-    mem: dict[str, Any] = {}
+    memory = TrackedMemory()  # of the last memory-tracked step
     for _ in range(case.memory_steps):
-        tracker = build_tracker(model, optimizer, strategy.fsdp_root(model))
-
-        def record_states() -> None:
-            mem["states_tracker"] = snapshot_by_category(tracker, "current", device)
-            mem["states_local"] = local_state_bytes(model, optimizer)
-
-        with tracker:
-            train_step(step, after_optim=record_states)
-        mem["peak"] = snapshot_by_category(tracker, "peak", device)
-        step += 1
-    extra.update({f"mem_{k}": v for k, v in cuda_allocator_stats(device).items()})
+        memory = steps.tracked()
+    columns.update({f"mem_{k}": v for k, v in cuda_allocator_stats(device).items()})
     # where the strategy keeps this rank's parameters (CPU offload: host), from its own bookkeeping
-    extra.update({f"mem_placement_{k}": v for k, v in state_placement_bytes(model).items()})
-    rec.update(phase="profile", memory=mem, losses=list(losses), extra_columns=extra)
+    columns.update({f"mem_placement_{k}": v for k, v in state_placement_bytes(parallel.model).items()})
+    rec.update(phase="profile", memory=memory, losses=list(steps.losses), metric_columns=columns)
 
     # ---- phase 3: one profiled step: communication volume and overlap ----------------------
     samplers.set_phase("profile")
@@ -267,56 +249,52 @@ def _run_phases(
         trace_path = rec.path.parent / f"trace_rank{rank}.json.gz"
         with profile_steps(device, trace_path):
             for _ in range(case.profile_steps):
-                train_step(step)
-                step += 1
-        profiled = analyze_profile(trace_path, case, strategy.sharding, n_params)
-        extra.update(without_overlap(profiled) if case.emulate else profiled)
-        rec.update(extra_columns=extra)
+                steps.instrumented()
+        profiled = analyze_profile(trace_path, case, parallel.strategy.sharding, parallel.params)
+        columns.update(without_overlap(profiled) if case.emulate else profiled)
+        rec.flush()
 
     # ---- optional: blocks of steps, each step paired with a fixed reference step (the CI time gate)
     if case.time_blocks:
         reference = ReferenceWorkload(device)
         reference.step()  # its own warm-up, untimed
-        next_step = [step]
-
-        def block_step() -> None:
-            train_step(next_step[0], record=False)
-            next_step[0] += 1
-
+        n = case.time_blocks * case.time_block_steps
+        batches = iter([steps.batch(steps.next + i) for i in range(n)])
         dist.barrier()
         paired = interleaved_steps(
-            block_step, reference, case.time_blocks * case.time_block_steps, lambda: synchronize(device)
+            lambda: steps.run(next(batches), record=False), reference, n, lambda: synchronize(device)
         )
-        step = next_step[0]
-        rec.update(**{f"paired_{k}": v for k, v in paired.items()})
+        rec.update(paired=paired)
 
     # ---- done ------------------------------------------------------------------------------
     samplers.stop()
-    extra["harness_leftovers"] = "; ".join(
-        instruments_left_installed()
-    )  # "" when the instruments left nothing
-    extra.update(samplers.columns())
+    columns["harness_leftovers"] = "; ".join(instruments_left_installed())  # "" when nothing is left
+    columns.update(samplers.columns())
     samplers.write_timeline(rec.path.parent / f"timeline_rank{rank}.parquet", case.case_id, rank)
     rec.update(
-        losses=list(losses),
-        steps_total=step,
-        steps_wall_s=steps_wall_s[0],
+        losses=list(steps.losses),
+        steps_total=steps.next,
+        steps_wall_s=steps.wall_s,
         wall_s=time.perf_counter() - t_start,
-        extra_columns=extra,
     )
 
 
-def _time_stats(times_ms: list[float]) -> dict[str, float]:
-    if not times_ms:
-        return {}
-    q = statistics.quantiles(times_ms, n=10, method="inclusive") if len(times_ms) > 1 else [times_ms[0]] * 9
-    return {
-        "step_time_ms": statistics.median(times_ms),
-        "step_time_p10_ms": q[0],
-        "step_time_p90_ms": q[-1],
-        "step_time_mean_ms": statistics.fmean(times_ms),
-        "step_time_std_ms": statistics.stdev(times_ms) if len(times_ms) > 1 else 0.0,
-    }
+def _emulated_build(case: Case, device: torch.device, rank: int) -> Build:
+    """An emulated rank's model: built on meta, only this rank's data materialised (fsdpbench/emulate.py)."""
+
+    def build(mdef: ModelDef, margs: dict[str, Any], parallelize: Parallelize) -> tuple[torch.nn.Module, int]:
+        model, params = build_rank_model(
+            mdef,
+            margs,
+            parallelize,
+            shard_on_meta=shards_on_meta(parallelize.strategy),
+            device=device,
+            seed=case.seed,
+            rank=rank,
+        )
+        return prepare_ddp(model, case.world_size), params
+
+    return build
 
 
 def rank_entry(case_json: str, out_dir: str) -> None:

@@ -57,13 +57,3 @@ def _size_based(model: nn.Module, min_params: int) -> list[nn.Module]:
             units.append(module)
             claimed.update(id(p) for p in module.parameters())
     return units
-
-
-def unit_param_counts(model: nn.Module, units: list[nn.Module]) -> list[int]:
-    """Parameters each unit owns (its own minus nested units'), root last."""
-    claimed: set[int] = set()
-    counts = []
-    for unit in [*units, model]:
-        counts.append(_own_params(unit, claimed))
-        claimed.update(id(p) for p in unit.parameters())
-    return counts

@@ -9,14 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
 from fsdpbench.case import Case
 from fsdpbench.models import build_model
 from fsdpbench.models.decoder import TransformerBlock
+from fsdpbench.precision import get_precision
 from fsdpbench.scenario import build_case, parse_scenario
-from fsdpbench.strategies import get_strategy
+from fsdpbench.strategies import ApplyContext, get_strategy
 from fsdpbench.strategies.fsdp1 import BACKWARD_PREFETCH_MODES, auto_wrap_policy_for, mixed_precision_for
+from fsdpbench.wrap import get_wrap_units
 from tests.helpers import CPU, global_losses, run, tiny_case
 
 RTOL = 1e-5
@@ -24,21 +26,30 @@ FSDP1 = ["fsdp1_full", "fsdp1_grad_op", "fsdp1_no_shard", "fsdp1_hybrid"]
 
 
 # ---- the knobs as FSDP1 arguments (no processes) -------------------------------------------------
+def _fsdp1_wraps(model: torch.nn.Module, **case_fields) -> list[torch.nn.Module] | None:
+    """The modules FSDP1's auto_wrap_policy selects for this wrap axis (None: no auto wrap)."""
+    case = Case(model="decoder-tiny", **case_fields)
+    units = get_wrap_units(model, case)
+    ctx = ApplyContext(case=case, device=torch.device("cpu"), rank=0, world_size=1, units=units)
+    policy = auto_wrap_policy_for(ctx)
+    if policy is None:
+        return None
+    chosen = policy._run_policy(model, ignored_modules=set(), root_kwargs={})
+    return [m for m in model.modules() if m in chosen]
+
+
 def test_wrap_axis_maps_to_fsdp1_auto_wrap_policies() -> None:
     model = build_model("decoder-tiny", device="meta")
-    assert auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="none")) is None
-    assert auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="whole")) is None
-    size = auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="size", wrap_min_params=20_000))
-    assert isinstance(size, functools.partial) and size.func is size_based_auto_wrap_policy
-    assert size.keywords == {"min_num_params": 20_000}
-    block = auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="block"))
-    assert isinstance(block, ModuleWrapPolicy) and block._module_classes == {TransformerBlock}
-    named = auto_wrap_policy_for(
-        model, Case(model="decoder-tiny", wrap="classes", wrap_classes=("FeedForward",))
-    )
-    assert {c.__name__ for c in named._module_classes} == {"FeedForward"}
+    assert _fsdp1_wraps(model, wrap="none") is None
+    assert _fsdp1_wraps(model, wrap="whole") is None
+    blocks = [m for m in model.modules() if isinstance(m, TransformerBlock)]
+    assert blocks and _fsdp1_wraps(model, wrap="block") == blocks
+    named = _fsdp1_wraps(model, wrap="classes", wrap_classes=("FeedForward",))
+    assert named and {type(m).__name__ for m in named} == {"FeedForward"}
+    size = _fsdp1_wraps(model, wrap="size", wrap_min_params=20_000)
+    assert size == get_wrap_units(model, Case(model="decoder-tiny", wrap="size", wrap_min_params=20_000))
     with pytest.raises(ValueError, match="Nope"):
-        auto_wrap_policy_for(model, Case(model="decoder-tiny", wrap="classes", wrap_classes=("Nope",)))
+        _fsdp1_wraps(model, wrap="classes", wrap_classes=("Nope",))
 
 
 @pytest.mark.parametrize(
@@ -59,8 +70,6 @@ def test_fsdp1_size_policy_wraps_what_fsdpbench_wrap_predicts(
     which the memory model and FSDP2 use, on the scenarios' models and sizes."""
     from torch.distributed.fsdp.wrap import _recursive_wrap
 
-    from fsdpbench.wrap import get_wrap_units
-
     meta = build_model(model, device="meta")
     wrapped: list[torch.nn.Module] = []
     policy = functools.partial(size_based_auto_wrap_policy, min_num_params=min_params)
@@ -72,10 +81,10 @@ def test_fsdp1_size_policy_wraps_what_fsdpbench_wrap_predicts(
 
 
 def test_precision_and_prefetch_map_to_fsdp1_arguments() -> None:
-    assert mixed_precision_for("fp32") is None
-    bf16 = mixed_precision_for("bf16")
+    assert mixed_precision_for(get_precision("fp32")) is None
+    bf16 = mixed_precision_for(get_precision("bf16"))
     assert (bf16.param_dtype, bf16.reduce_dtype, bf16.buffer_dtype) == (torch.bfloat16, torch.float32, None)
-    low = mixed_precision_for("fp16-lowreduce")
+    low = mixed_precision_for(get_precision("fp16-lowreduce"))
     assert (low.param_dtype, low.reduce_dtype) == (torch.float16, torch.float16)
     assert BACKWARD_PREFETCH_MODES == {
         "pre": BackwardPrefetch.BACKWARD_PRE,

@@ -58,10 +58,8 @@ def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_gr
     from fsdpbench.case import Case
     from fsdpbench.metrics.profiled import profile_steps
     from fsdpbench.metrics.tracker import build_tracker
-    from fsdpbench.models import resolve_model
-    from fsdpbench.step import train_step
-    from fsdpbench.strategies import ApplyContext, get_strategy
-    from fsdpbench.wrap import get_wrap_units
+    from fsdpbench.parallel import build_parallel
+    from fsdpbench.step import rank_batch, train_step
 
     case = Case(
         model="decoder-tiny",
@@ -72,34 +70,16 @@ def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_gr
         device="cpu",
         backend="gloo",
     )
-    mdef, margs = resolve_model(case.model, case.model_args)
-    model, s = mdef.build(**margs), get_strategy(strategy)
-    ctx = ApplyContext(
-        case=case,
-        device=torch.device("cpu"),
-        rank=0,
-        world_size=1,
-        units=get_wrap_units(model, case) if s.uses_wrap else [],
-    )
-    model = s.apply(model, ctx)
-    optimizer = s.build_optimizer(model, case)
+    parallel = build_parallel(case, torch.device("cpu"), rank=0)
+    model, optimizer = parallel.model, parallel.optimizer
     hooks_before = sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
 
     def step(i: int) -> None:
-        train_step(
-            case,
-            model,
-            optimizer,
-            mdef.loss,
-            rank=0,
-            step=i,
-            device=torch.device("cpu"),
-            autocast=torch.autocast("cpu", enabled=False),
-        )
+        train_step(parallel, rank_batch(case, 0, i, torch.device("cpu")))
 
     step(0)
     assert instruments_left_installed() == []
-    with build_tracker(model, optimizer, s.fsdp_root(model)):
+    with build_tracker(model, optimizer, parallel.strategy.fsdp_root(model)):
         assert instruments_left_installed()  # it does see an installed instrument
         step(1)
     with profile_steps(torch.device("cpu"), tmp_path / "trace.json.gz"):

@@ -151,30 +151,25 @@ def test_cpu_offload_on_two_ranks_trains_the_same(tmp_path: Path) -> None:
 
     for case, outcome in zip(cases, (base, off)):
         for rank in outcome.ranks:
-            got = {k: rank["extra_columns"][f"mem_placement_params_{k}_bytes"] for k in ("host", "device")}
+            got = {k: rank["metric_columns"][f"mem_placement_params_{k}_bytes"] for k in ("host", "device")}
             pred = predict_memory(case, rank=rank["rank"])
             assert got == {"host": pred.params_host_bytes, "device": pred.params_device_bytes}
-    assert off.ranks[0]["extra_columns"]["mem_placement_params_host_bytes"] > 0
-    assert base.ranks[0]["extra_columns"]["mem_placement_params_host_bytes"] == 0
+    assert off.ranks[0]["metric_columns"]["mem_placement_params_host_bytes"] > 0
+    assert base.ranks[0]["metric_columns"]["mem_placement_params_host_bytes"] == 0
 
 
 def _placement_rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from fsdpbench.strategies import ApplyContext
-    from fsdpbench.wrap import get_wrap_units
+    from fsdpbench.parallel import build_parallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     results = {}
     for name, offload in (("zero3", False), ("zero3", True), ("fsdp1_full", False), ("ddp", False)):
         case = Case(model="mlp-tiny", strategy=name, world_size=world, cpu_offload=offload)
-        torch.manual_seed(0)
-        model = build_model(case.model)
-        strategy = get_strategy(name)
-        units = get_wrap_units(model, case) if strategy.uses_wrap else []
-        ctx = ApplyContext(case=case, device=torch.device("cpu"), rank=rank, world_size=world, units=units)
-        results[f"{name}-offload{offload}"] = state_placement_bytes(strategy.apply(model, ctx))
+        parallel = build_parallel(case, torch.device("cpu"), rank)
+        results[f"{name}-offload{offload}"] = state_placement_bytes(parallel.model)
     if rank == 0:
         Path(out).write_text(json.dumps(results))
     dist.destroy_process_group()

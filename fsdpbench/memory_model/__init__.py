@@ -139,11 +139,7 @@ class MemoryPrediction:
 
 def resolve_shard_size(case: Case, sharding: Sharding) -> int | None:
     """The shard-group size of a ``group="shard_group"`` strategy (fsdpbench's HSDP default: 2)."""
-    if sharding.group != "shard_group":
-        return None
-    from fsdpbench.strategies.fsdp2 import hsdp_shard_size
-
-    return hsdp_shard_size(case)
+    return case.shard_group_size if sharding.group == "shard_group" else None
 
 
 def zero_model_states_bytes(

@@ -10,25 +10,26 @@ from functools import lru_cache
 
 import torch
 
-# dense peak TFLOP/s per GPU by compute dtype (vendor datasheets; SXM unless named). fp32 is
-# the non-tensor-core rate, which is what fp32 matmuls get with PyTorch's default precision.
+from fsdpbench.precision import Precision
+
+# dense peak TFLOP/s per GPU by compute dtype (``Precision.param_dtype``; vendor datasheets; SXM unless
+# named). float32 is the non-tensor-core rate, what fp32 matmuls get with PyTorch's default precision.
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
-    "H200": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 51.0},
-    "H100 NVL": {"bf16": 835.0, "fp16": 835.0, "fp32": 60.0},
-    "H100": {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
-    "L40S": {"bf16": 362.0, "fp16": 362.0, "fp32": 91.6},
-    "A10G": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
+    "H200": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0},
+    "H100 PCIe": {"bfloat16": 756.0, "float16": 756.0, "float32": 51.0},
+    "H100 NVL": {"bfloat16": 835.0, "float16": 835.0, "float32": 60.0},
+    "H100": {"bfloat16": 989.0, "float16": 989.0, "float32": 67.0},
+    "A100": {"bfloat16": 312.0, "float16": 312.0, "float32": 19.5},
+    "L40S": {"bfloat16": 362.0, "float16": 362.0, "float32": 91.6},
+    "A10G": {"bfloat16": 125.0, "float16": 125.0, "float32": 31.2},
 }
 
 
-def peak_tflops(device_name: str, precision: str) -> float | None:
+def peak_tflops(device_name: str, precision: Precision) -> float | None:
     """The datasheet peak for this GPU and compute dtype, or None (CPU, unknown GPU)."""
-    dtype = precision.split("-")[0]
     for key, table in PEAK_TFLOPS.items():  # most specific names first
         if key in device_name:
-            return table.get(dtype)
+            return table.get(precision.param_dtype)
     return None
 
 
@@ -52,7 +53,7 @@ def step_flops(model: str, model_args_json: str, batch_size: int, seq_len: int) 
     return int(counter.get_total_flops())
 
 
-def mfu(flops_per_step: float, step_time_ms: float, device_name: str, precision: str) -> float | None:
+def mfu(flops_per_step: float, step_time_ms: float, device_name: str, precision: Precision) -> float | None:
     """Model FLOPs utilisation of one rank: achieved / peak; None where the peak is unknown (CPU)."""
     peak = peak_tflops(device_name, precision)
     if not peak or not step_time_ms:

@@ -13,6 +13,7 @@ import torch
 from fsdpbench.case import Case
 from fsdpbench.metrics.harness import request_cupti_teardown
 from fsdpbench.metrics.sampler import BackgroundSampler
+from fsdpbench.precision import Precision
 from fsdpbench.strategies.base import Sharding
 
 # phases that are steady-state steps (the optimizer state exists, no profiler running)
@@ -103,7 +104,7 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     out["comm_total_bytes"] = float(comm["sent_bytes"].sum())
     records = collective_records(trace, group_size=group)
     out.update(bandwidth_by_kind(records, trace, backend=case.backend, steps=max(1, case.profile_steps)))
-    p_bytes, g_bytes = _comm_dtype_bytes(case, sharding)
+    p_bytes, g_bytes = _comm_dtype_bytes(case.precision_spec, sharding)
     pattern = sharding.comm_pattern()
     try:
         pred = analytic_comm_bytes(
@@ -136,14 +137,12 @@ def hsdp_group_sizes(case: Case, comm_pattern: str) -> tuple[int | None, int | N
     run over the replicate group, which the trace does not name."""
     if comm_pattern != "hsdp":
         return None, None
-    shard = case.shard_size or min(2, case.world_size)
+    shard = case.shard_group_size
     return shard, case.world_size // shard
 
 
-def _comm_dtype_bytes(case: Case, sharding: Sharding) -> tuple[int, int]:
+def _comm_dtype_bytes(precision: Precision, sharding: Sharding) -> tuple[int, int]:
     """Bytes per element of communicated params and grads: FSDP gathers in param_dtype, reduces in
     reduce_dtype; DDP (autocast) all-reduces fp32 grads unless compressed ('-lowreduce')."""
-    low = case.precision != "fp32"
-    p = 2 if (low and sharding.params) else 4
-    g = 2 if case.precision.endswith("-lowreduce") else 4
-    return p, g
+    p = precision.unsharded_bytes if sharding.params else 4
+    return p, precision.reduce_bytes

@@ -7,6 +7,7 @@ are the only deterministic memory figures, so tests assert them exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -44,6 +45,39 @@ CATEGORIES = (
     "buffers",
     "other",
 )
+
+MODEL_STATES = ("params", "grads", "optim")
+
+
+@dataclass(kw_only=True, slots=True)
+class TrackedMemory:
+    """The memory-tracked step of one rank: the tracker's peak by category (with "total"), and the
+    model states after ``optimizer.step`` by the tracker and counted tensor by tensor."""
+
+    peak: dict[str, int] = field(default_factory=dict)
+    states_tracker: dict[str, int] = field(default_factory=dict)
+    states_local: dict[str, int] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        parts = {"states_tracker": self.states_tracker, "states_local": self.states_local, "peak": self.peak}
+        return {k: v for k, v in parts.items() if v}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrackedMemory:
+        return cls(**{k: dict(data.get(k) or {}) for k in ("peak", "states_tracker", "states_local")})
+
+    def to_columns(self) -> dict[str, Any]:
+        """mem_tracker_peak[_<category>]_bytes, mem_tracker_states_*, mem_local_* (None: not measured)."""
+        out: dict[str, Any] = {}
+        for cat in (*CATEGORIES, "total"):
+            suffix = "" if cat == "total" else f"_{cat}"
+            out[f"mem_tracker_peak{suffix}_bytes"] = self.peak.get(cat)
+        for cat in MODEL_STATES:
+            out[f"mem_tracker_states_{cat}_bytes"] = self.states_tracker.get(cat)
+            out[f"mem_local_{cat}_bytes"] = self.states_local.get(cat)
+        if self.states_tracker:
+            out["mem_tracker_model_states_bytes"] = sum(self.states_tracker.get(c, 0) for c in MODEL_STATES)
+        return out
 
 
 def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp_root: nn.Module | None) -> Any:

@@ -39,8 +39,14 @@ class Sharding:
         return "ddp"
 
     def degrees(self, world_size: int, shard_size: int | None = None) -> tuple[int, int, int]:
-        """(d_p, d_g, d_o): 1 for a replicated state, the shard-group size for a sharded one."""
-        n = (shard_size or world_size) if self.group == "shard_group" else world_size
+        """(d_p, d_g, d_o): 1 for a replicated state, the shard-group size for a sharded one.
+
+        ``shard_size``: a shard-group sharding's group size, resolved (``Case.shard_group_size``)."""
+        n = world_size
+        if self.group == "shard_group":
+            if shard_size is None:
+                raise ValueError("a shard-group sharding needs its shard size (Case.shard_group_size)")
+            n = shard_size
         return (n if self.params else 1, n if self.grads else 1, n if self.optim else 1)
 
 

@@ -14,21 +14,18 @@ def wrap_ddp(model: nn.Module, ctx: ApplyContext) -> DistributedDataParallel:
     """DistributedDataParallel on this rank's device, with low-precision gradient compression if asked."""
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     ddp = DistributedDataParallel(model, device_ids=device_ids)
-    if ctx.case.precision.endswith("-lowreduce"):
+    precision = ctx.case.precision_spec
+    if precision.reduces_low:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        hook = (
-            default_hooks.bf16_compress_hook
-            if ctx.case.precision.startswith("bf16")
-            else default_hooks.fp16_compress_hook
-        )
-        ddp.register_comm_hook(None, hook)
+        hooks = {"bfloat16": default_hooks.bf16_compress_hook, "float16": default_hooks.fp16_compress_hook}
+        ddp.register_comm_hook(None, hooks[precision.reduce_dtype])
     return ddp
 
 
 def check_ddp_precision(case: Case) -> str | None:
     """DDP's bf16 gradient-compression hook all-reduces bf16 tensors, which gloo cannot."""
-    if case.precision == "bf16-lowreduce" and case.backend == "gloo":
+    if case.precision_spec.reduce_dtype == "bfloat16" and case.backend == "gloo":
         return (
             "precision=bf16-lowreduce under DDP needs NCCL: gloo has no bf16 all-reduce "
             "(use fp16-lowreduce, or a GPU)"

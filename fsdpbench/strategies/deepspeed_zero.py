@@ -85,13 +85,13 @@ def build_ds_config(case: Case, stage: int) -> dict[str, Any]:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": case.device == "cuda"}
     if stage == 3 and (offload_param if offload_param is not None else case.cpu_offload):
         zero["offload_param"] = {"device": "cpu", "pin_memory": case.device == "cuda"}
-    low = case.precision.split("-")[0]
+    compute_dtype = case.precision_spec.param_dtype
     return {
         "train_micro_batch_size_per_gpu": case.batch_size,
         "gradient_accumulation_steps": 1,
         "zero_optimization": zero,
-        "bf16": {"enabled": low == "bf16"},
-        "fp16": {"enabled": low == "fp16", "initial_scale_power": 16},
+        "bf16": {"enabled": compute_dtype == "bfloat16"},
+        "fp16": {"enabled": compute_dtype == "float16", "initial_scale_power": 16},
         # the client optimizer is a plain torch optimizer: let ZeRO wrap it
         "zero_allow_untested_optimizer": True,
         "zero_force_ds_cpu_optimizer": False,
@@ -161,7 +161,7 @@ class _DeepSpeedZero(Strategy):
         for k, v in case.strategy_args.items():
             if not isinstance(v, DS_KNOBS[k][0]) or (DS_KNOBS[k][0] is int and isinstance(v, bool)):
                 return f"strategy_args.{k} must be {DS_KNOBS[k][0].__name__}, not {v!r}"
-        if case.precision.endswith("-lowreduce"):
+        if case.precision_spec.reduces_low:
             return (
                 f"precision={case.precision}: {self.name} reduces in DeepSpeed's own precision; use bf16/fp16"
             )

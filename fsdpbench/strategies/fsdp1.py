@@ -9,11 +9,8 @@ model's own parameters (views into FSDP1's flat parameters) rather than one ``Fl
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 from torch.distributed.fsdp import (
     BackwardPrefetch,
@@ -22,14 +19,13 @@ from torch.distributed.fsdp import (
     MixedPrecision,
     ShardingStrategy,
 )
-from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+from torch.distributed.fsdp.wrap import CustomPolicy
 
 from fsdpbench.case import Case
+from fsdpbench.precision import Precision
 from fsdpbench.strategies import register_strategy
 from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
-from fsdpbench.strategies.fsdp2 import hsdp_shard_size
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 BACKWARD_PREFETCH_MODES = {
     "pre": BackwardPrefetch.BACKWARD_PRE,
     "post": BackwardPrefetch.BACKWARD_POST,
@@ -38,48 +34,33 @@ BACKWARD_PREFETCH_MODES = {
 STRATEGY_ARGS = {"use_orig_params": "bool, default true: the optimizer sees the model's own parameters"}
 
 
-def mixed_precision_for(precision: str) -> MixedPrecision | None:
+def mixed_precision_for(precision: Precision) -> MixedPrecision | None:
     """fp32 → None; bf16/fp16 → 16-bit params in compute, fp32 reduction; '-lowreduce': 16-bit reduction.
 
     The same casts as FSDP2's ``mp_policy_for`` (buffers are not cast), so FSDP1 and FSDP2 compare.
     """
-    if precision == "fp32":
+    if not precision.casts:
         return None
-    low = _DTYPES[precision.split("-")[0]]
-    reduce = low if precision.endswith("-lowreduce") else torch.float32
-    return MixedPrecision(param_dtype=low, reduce_dtype=reduce)
+    param_dtype, reduce_dtype = precision.torch_dtypes()
+    return MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
-def auto_wrap_policy_for(model: nn.Module, case: Case) -> Callable[..., bool] | ModuleWrapPolicy | None:
-    """The wrap axis as an FSDP1 ``auto_wrap_policy``.
+def auto_wrap_policy_for(ctx: ApplyContext) -> CustomPolicy | None:
+    """The wrap axis as an FSDP1 ``auto_wrap_policy``: wrap exactly the units ``fsdpbench.wrap`` chose
+    (as FSDP2 does); None when the root is the only unit.
 
-    none/whole → no auto wrap (one unit, the root); size → ``size_based_auto_wrap_policy`` with
-    ``min_num_params=wrap_min_params`` (the tutorial's policy); block → ``ModuleWrapPolicy`` of the
-    model's block classes; classes → ``ModuleWrapPolicy`` of the classes named in ``wrap_classes``.
+    ``wrap.get_wrap_units`` follows FSDP1's own ``size_based_auto_wrap_policy`` for ``size``
+    (tests/test_fsdp1.py checks it against FSDP1's recursive wrapper). With ``classes``, FSDP1 refuses
+    a list of which no name is a module class of the model (FSDP2 runs it as one unit).
     """
-    if case.wrap in ("none", "whole"):
+    case = ctx.case
+    if case.wrap == "classes" and not ctx.units:
+        names = list(case.wrap_classes)
+        raise ValueError(f"wrap_classes: none of {names} is a module class of model {case.model!r}")
+    if not ctx.units:
         return None
-    if case.wrap == "size":
-        return functools.partial(size_based_auto_wrap_policy, min_num_params=case.wrap_min_params)
-    if case.wrap == "block":
-        from fsdpbench.models import resolve_model
-
-        mdef, args = resolve_model(case.model, case.model_args)
-        return ModuleWrapPolicy(set(mdef.block_classes(args)))
-    if case.wrap == "classes":
-        # like fsdpbench.wrap: names absent from this model are ignored (one list serves a model sweep)
-        classes = {type(m) for m in model.modules() if type(m).__name__ in set(case.wrap_classes)}
-        if not classes:
-            names = list(case.wrap_classes)
-            raise ValueError(f"wrap_classes: none of {names} is a module class of model {case.model!r}")
-        return ModuleWrapPolicy(classes)
-    raise ValueError(f"unknown wrap policy {case.wrap!r}")
-
-
-def fsdp1_units(model: nn.Module) -> list[nn.Module]:
-    """The modules FSDP1 wrapped (each ``FullyShardedDataParallel``'s inner module), root excluded."""
-    fsdp = [m for m in model.modules() if isinstance(m, FullyShardedDataParallel)]
-    return [m.module for m in fsdp if m is not model]
+    units = set(ctx.units)
+    return CustomPolicy(lambda module: module in units)
 
 
 def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: ShardingStrategy) -> nn.Module:
@@ -89,26 +70,23 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
     if sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
         from torch.distributed.device_mesh import init_device_mesh
 
-        shard = hsdp_shard_size(case)
+        shard = case.shard_group_size
         kwargs["device_mesh"] = init_device_mesh(
             ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
         )
-    wrapped = FullyShardedDataParallel(
+    return FullyShardedDataParallel(
         model,
         sharding_strategy=sharding_strategy,
-        auto_wrap_policy=auto_wrap_policy_for(model, case),
+        auto_wrap_policy=auto_wrap_policy_for(ctx),
         backward_prefetch=BACKWARD_PREFETCH_MODES[case.backward_prefetch],
         forward_prefetch=case.forward_prefetch,
         limit_all_gathers=case.limit_all_gathers,
-        mixed_precision=mixed_precision_for(case.precision),
+        mixed_precision=mixed_precision_for(case.precision_spec),
         cpu_offload=CPUOffload(offload_params=case.cpu_offload),
         device_id=ctx.device,  # FSDP1 refuses a CPU compute device unless named explicitly
         use_orig_params=case.strategy_args.get("use_orig_params", True),
         **kwargs,
     )
-    # the worker reports n_units from ctx.units: make it what FSDP1 really wrapped
-    ctx.units[:] = fsdp1_units(wrapped)
-    return wrapped
 
 
 class _FSDP1(Strategy):
@@ -174,7 +152,7 @@ class FSDP1Hybrid(_FSDP1):
     sharding_strategy = ShardingStrategy.HYBRID_SHARD
 
     def check(self, case: Case) -> str | None:
-        shard = hsdp_shard_size(case)
+        shard = case.shard_group_size
         if case.world_size % shard:
             return f"fsdp1_hybrid shard_size={shard} does not divide world_size={case.world_size}"
         return super().check(case)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
@@ -14,19 +13,17 @@ from torch.distributed.fsdp import (
 )
 
 from fsdpbench.case import Case
+from fsdpbench.precision import Precision
 from fsdpbench.strategies import register_strategy
 from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
 
-_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
-
-def mp_policy_for(precision: str) -> MixedPrecisionPolicy:
-    """fp32 → no casting; bf16/fp16 → 16-bit unsharded params, fp32 reduction; '-lowreduce' → 16-bit reduction."""
-    if precision == "fp32":
+def mp_policy_for(precision: Precision) -> MixedPrecisionPolicy:
+    """fp32 → no casting; bf16/fp16 → 16-bit unsharded params, fp32 reduction ('-lowreduce': 16-bit)."""
+    if not precision.casts:
         return MixedPrecisionPolicy()
-    low = _DTYPES[precision.split("-")[0]]
-    reduce = low if precision.endswith("-lowreduce") else torch.float32
-    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=reduce)
+    param_dtype, reduce_dtype = precision.torch_dtypes()
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
 def apply_fsdp2(
@@ -43,7 +40,7 @@ def apply_fsdp2(
     kwargs = dict(
         mesh=mesh,
         reshard_after_forward=reshard_after_forward,
-        mp_policy=mp_policy_for(case.precision),
+        mp_policy=mp_policy_for(case.precision_spec),
         offload_policy=CPUOffloadPolicy(pin_memory=pin) if case.cpu_offload else OffloadPolicy(),
     )
     for unit in ctx.units:
@@ -103,11 +100,6 @@ class Zero3(_FSDP2):
     reshard_after_forward = True
 
 
-def hsdp_shard_size(case: Case) -> int:
-    """Ranks per shard group; default 2 (so 4 ranks are 2 replicas × 2 shards)."""
-    return case.shard_size or min(2, case.world_size)
-
-
 @register_strategy
 class HSDP(_FSDP2):
     name = "hsdp"
@@ -115,13 +107,13 @@ class HSDP(_FSDP2):
     sharding = Sharding(params=True, grads=True, optim=True, group="shard_group", per_unit_gather=True)
 
     def check(self, case: Case) -> str | None:
-        shard = hsdp_shard_size(case)
+        shard = case.shard_group_size
         if case.world_size % shard:
             return f"hsdp shard_size={shard} does not divide world_size={case.world_size}"
         return super().check(case)
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
-        shard = hsdp_shard_size(ctx.case)
+        shard = ctx.case.shard_group_size
         mesh = init_device_mesh(
             ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
         )

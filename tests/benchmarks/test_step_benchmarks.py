@@ -26,10 +26,9 @@ import torch
 
 from fsdpbench.case import Case
 from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
-from fsdpbench.models import make_global_batch, resolve_model
+from fsdpbench.parallel import build_parallel
 from fsdpbench.scenario import build_case
-from fsdpbench.strategies import ApplyContext, get_strategy
-from fsdpbench.wrap import get_wrap_units
+from fsdpbench.step import rank_batch, train_step
 from tests.helpers import one_rank_gloo
 
 STRATEGIES = ["ddp", "zero1", "zero2", "zero3"]
@@ -58,34 +57,19 @@ class StepBench:
     """A model with a strategy applied, its optimizer, and a fixed batch: ``step()`` is what is timed."""
 
     def __init__(self, case: Case) -> None:
-        self.case = case
         self.device = torch.device(case.device)
-        self.mdef, margs = resolve_model(case.model, case.model_args)
-        torch.manual_seed(case.seed)
-        model = self.mdef.build(**margs)
-        self.strategy = get_strategy(case.strategy)
-        units = get_wrap_units(model, case) if self.strategy.uses_wrap else []
-        ctx = ApplyContext(case=case, device=self.device, rank=0, world_size=1, units=units)
-        self.model = self.strategy.apply(model, ctx)
-        self.optimizer = self.strategy.build_optimizer(self.model, case)
-        self.params = sum(p.numel() for p in self.model.parameters())
-        self.n_tensors = len(list(self.model.parameters()))
-        x, y = make_global_batch(case.model, case.model_args, case.batch_size, case.seq_len, case.seed, 0)
-        self.x, self.y = x.to(self.device), y.to(self.device)  # inputs and targets beside the model
+        self.parallel = build_parallel(case, self.device, rank=0)
+        self.params = self.parallel.params
+        self.n_tensors = len(list(self.parallel.model.parameters()))
+        self.batch = rank_batch(case, 0, 0, self.device)  # inputs and targets beside the model
 
     def step(self, after_optim: Any = None) -> float:
-        loss = self.mdef.loss(self.model(self.x), self.y)
-        loss.backward()
-        self.optimizer.step()
-        if after_optim is not None:
-            after_optim()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return train_step(self.parallel, self.batch, after_optim=after_optim).item()
 
     def tracked_step(self) -> dict[str, int]:
-        """Tracker bytes of one step, named as in results.parquet (peak by category, model states after
-        the step)."""
-        tracker = build_tracker(self.model, self.optimizer, self.strategy.fsdp_root(self.model))
+        """Tracker bytes of one step, named as in results.parquet (peak by category, states after step)."""
+        model, optimizer = self.parallel.model, self.parallel.optimizer
+        tracker = build_tracker(model, optimizer, self.parallel.strategy.fsdp_root(model))
         states: dict[str, int] = {}
         with tracker:
             self.step(

@@ -1,0 +1,34 @@
+"""Step times of one rank: each timed step's wall time, its median and spread.
+
+A case's step time is the slowest rank's median (``results.build_rows``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+
+@dataclass(kw_only=True, slots=True)
+class StepTimes:
+    """Wall milliseconds of a rank's timed steps, device-synchronised before and after each."""
+
+    times_ms: list[float] = field(default_factory=list)
+
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "step_time_ms",  # the median
+        "step_time_p10_ms",
+        "step_time_p90_ms",
+        "step_time_mean_ms",
+        "step_time_std_ms",
+    )
+
+    def to_columns(self) -> dict[str, float]:
+        """step_time_ms (the median), its p10, p90, mean and standard deviation; {} without steps."""
+        times = self.times_ms
+        if not times:
+            return {}
+        q = statistics.quantiles(times, n=10, method="inclusive") if len(times) > 1 else [times[0]] * 9
+        std = statistics.stdev(times) if len(times) > 1 else 0.0
+        return dict(zip(self.COLUMNS, (statistics.median(times), q[0], q[-1], statistics.fmean(times), std)))
