@@ -34,28 +34,29 @@ from typing import Any
 
 import pandas as pd
 
+from fsdpbench.analysis_frame import (
+    REFERENCE_STRATEGY,
+    case_frame,
+    case_mode,
+    number,
+    rank_maxima,
+    time_references,
+)
 from fsdpbench.case import Case
-from fsdpbench.summary import row_mode
+from fsdpbench.schema import (
+    OK,
+    SKIPPED,
+    TRACKER_CATEGORIES,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+    tracker_peak_column,
+)
 from fsdpbench.timegate import ALPHA
 
 BASELINE_FORMAT = 1
 KINDS = ("memory", "comm", "time", "loss")
 GATES = ("fail", "warn", "off")
 FAILING = ("regressed", "changed", "missing", "failed")
-_TRACKER_CATEGORIES = (
-    "params",
-    "params_unsharded",
-    "grads",
-    "grads_unsharded",
-    "optim",
-    "activations",
-    "temp",
-    "all_gather",
-    "reduce_scatter",
-    "inputs",
-    "buffers",
-    "other",
-)  # fsdpbench.metrics.tracker.CATEGORIES, without importing torch
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -70,9 +71,9 @@ class MetricDef:
 
 _MEM = MetricDef(kind="memory", tolerance=0.01)
 METRICS: dict[str, MetricDef] = {
-    "mem_tracker_peak_bytes": _MEM,
-    "mem_tracker_model_states_bytes": _MEM,
-    **{f"mem_tracker_peak_{cat}_bytes": _MEM for cat in _TRACKER_CATEGORIES},
+    TRACKER_PEAK: _MEM,
+    TRACKER_MODEL_STATES: _MEM,
+    **{tracker_peak_column(cat): _MEM for cat in TRACKER_CATEGORIES},
     # CUDA caching allocator (GPU runs only): close to deterministic, not exactly
     "mem_alloc_peak_allocated_bytes": MetricDef(kind="memory", tolerance=0.05, deterministic=False),
     "comm_total_bytes": MetricDef(kind="comm", tolerance=0.01),
@@ -84,23 +85,6 @@ METRICS: dict[str, MetricDef] = {
 }
 MACHINE_KEYS = ("hostname", "device_name", "torch_version")
 PROVENANCE_KEYS = ("torch_version", "backend", "device", "device_name", "commit", "hostname")
-# a case's step-time reference (ddp by default) is the case that matches it on all of these
-PEER_COLUMNS = (
-    "world_size",
-    "model",
-    "model_args",
-    "precision",
-    "optimizer",
-    "batch_size",
-    "seq_len",
-    "activation_checkpointing",
-    "compile",
-    "cpu_offload",
-    "backend",
-    "device",
-    "warmup_steps",
-    "timed_steps",
-)
 
 
 class BaselineError(ValueError):
@@ -242,66 +226,54 @@ def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.Da
     return frame
 
 
-def _num(value: Any) -> float | None:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(value) else value
-
-
-def case_records(frame: pd.DataFrame) -> dict[str, dict[str, Any]]:
-    """Per case: status, error, config, memory/comm maxima over ranks, case step time, losses."""
+def case_records(frame: pd.DataFrame, reference: str = REFERENCE_STRATEGY) -> dict[str, dict[str, Any]]:
+    """Per case (``analysis_frame.case_frame``): status, error, memory/comm maxima over ranks, the case
+    step time, losses, step-time samples, and the case its step time is compared with (``reference``)."""
+    cases = case_frame(frame.drop(columns="run", errors="ignore"))
+    gated = [name for name, m in METRICS.items() if m.kind in ("memory", "comm")]
+    maxima = rank_maxima(frame, gated)
+    refs = time_references(cases, reference)
     out: dict[str, dict[str, Any]] = {}
-    for case_id, g in frame.groupby("case_id", sort=True):
-        first = g.iloc[0]
-        status = first.get("case_status", first.get("status"))
-        rec: dict[str, Any] = {
-            "status": status,
-            "error": str(first.get("case_error", first.get("error")) or ""),
-            "strategy": first["strategy"],
-            "world_size": int(first["world_size"]),
-            "run_case_id": first.get("run_case_id", case_id),
-            "metrics": {},
-            "mode": row_mode(first),
-            "peers": tuple(str(first[c]) for c in PEER_COLUMNS if c in g.columns),
+    for i, case in cases.iterrows():
+        cid = case["case_id"]
+        out[cid] = {
+            "status": case["status"],
+            "error": case["error"],
+            "strategy": case["strategy"],
+            "world_size": int(case["world_size"]),
+            "run_case_id": case.get("run_case_id", cid),
+            "metrics": _measured(case, maxima.loc[cid] if cid in maxima.index else pd.Series())
+            if case["status"] == OK
+            else {},
+            "mode": case_mode(case),
+            "time_reference": None if refs[i] is None else cases.at[refs[i], "case_id"],
         }
-        if status == "ok":
-            for name, m in METRICS.items():
-                if m.kind in ("memory", "comm") and name in g.columns and g[name].notna().any():
-                    rec["metrics"][name] = int(g[name].max())
-            step = _num(first.get("case_step_time_ms"))
-            if step is not None:
-                rec["metrics"]["case_step_time_ms"] = step
-            losses = first.get("losses")
-            if losses is not None and len(losses):
-                rec["metrics"]["losses"] = [float(x) for x in losses]
-            samples = first.get("step_time_ref_ratios")
-            if samples is not None and len(samples):
-                rec["metrics"]["step_time_ref_ratios"] = [float(x) for x in samples]
-        out[case_id] = rec
     return out
 
 
-def pick_time_references(cases: Mapping[str, dict[str, Any]], reference: str = "ddp") -> dict[str, str]:
-    """case id → its step-time reference: a case id (calibration) or the ``reference`` strategy's peer."""
-    ok = {cid: c for cid, c in cases.items() if c["status"] == "ok" and "case_step_time_ms" in c["metrics"]}
-    if reference in cases:
-        return {cid: reference for cid in ok if cid != reference}
-    refs = {c["peers"]: cid for cid, c in sorted(ok.items()) if c["strategy"] == reference}
-    return {cid: refs[c["peers"]] for cid, c in ok.items() if c["peers"] in refs and refs[c["peers"]] != cid}
+def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
+    """The gated metrics of one finished case."""
+    metrics: dict[str, Any] = {name: int(v) for name, v in maxima.items() if number(v) is not None}
+    step = number(case.get("case_step_time_ms"))
+    if step is not None:
+        metrics["case_step_time_ms"] = step
+    for name in ("losses", SAMPLED):
+        values = case.get(name)
+        if values is not None and len(values):
+            metrics[name] = [float(x) for x in values]
+    return metrics
 
 
 def time_ratio(cases: Mapping[str, dict[str, Any]], case_id: str, ref_id: str) -> float | None:
     ref = cases.get(ref_id)
-    if not ref or ref["status"] != "ok":
+    if not ref or ref["status"] != OK:
         return None
     num, den = cases[case_id]["metrics"].get("case_step_time_ms"), ref["metrics"].get("case_step_time_ms")
     return num / den if num and den else None
 
 
 def machine_of(frame: pd.DataFrame) -> dict[str, str]:
-    ok = frame[frame.get("status", pd.Series("ok", index=frame.index)) != "skipped"]
+    ok = frame[frame.get("status", pd.Series(OK, index=frame.index)) != SKIPPED]
     row = (ok if not ok.empty else frame).iloc[0]
     return {k: str(row.get(k)) for k in MACHINE_KEYS}
 
@@ -314,14 +286,13 @@ def build_baseline(
     run_meta: Mapping[str, Any] | None = None,
     *,
     thresholds: Mapping[str, Threshold] | None = None,
-    time_reference: str = "ddp",
+    time_reference: str = REFERENCE_STRATEGY,
     pool: list[pd.DataFrame] = (),
 ) -> dict[str, Any]:
     """The baseline document for a run: provenance, thresholds, and one entry per case.
 
     ``pool``: other runs of the same cases, whose step-time samples join this run's."""
-    run_meta = run_meta or {}
-    cases = case_records(frame)
+    cases = case_records(frame, time_reference)
     for other in pool:
         for cid, c in case_records(other).items():
             if cid in cases and SAMPLED in cases[cid]["metrics"] and SAMPLED in c["metrics"]:
@@ -329,37 +300,50 @@ def build_baseline(
     bad = {
         cid: c["error"].splitlines()[0][:200] if c["error"] else c["status"]
         for cid, c in cases.items()
-        if c["status"] not in ("ok", "skipped")
+        if c["status"] not in (OK, SKIPPED)
     }
     if bad:
         raise BaselineError(
             "cannot write a baseline from a run with failed cases: "
             + "; ".join(f"{k}: {v}" for k, v in bad.items())
         )
-    refs = pick_time_references(cases, time_reference)
-    entries: dict[str, Any] = {}
-    for cid, c in cases.items():
-        entry: dict[str, Any] = {
-            "status": c["status"],
-            "strategy": c["strategy"],
-            "world_size": c["world_size"],
-        }
-        if c["mode"] == "emulated":  # only then: baselines of real runs stay as they were
-            entry["mode"] = "emulated"
-        if c["status"] == "skipped":
-            entry["reason"] = c["error"]
-        metrics = {k: (round(v, 3) if k == "case_step_time_ms" else v) for k, v in c["metrics"].items()}
-        if "losses" in metrics:
-            metrics["losses"] = [float(f"{x:.7g}") for x in metrics["losses"]]
-        if "step_time_ref_ratios" in metrics:  # sorted: a distribution, and a smaller diff
-            metrics["step_time_ref_ratios"] = sorted(round(x, 4) for x in metrics["step_time_ref_ratios"])
-        if cid in refs:
-            entry["time_reference"] = refs[cid]
-            ratio = time_ratio(cases, cid, refs[cid])
-            if ratio is not None:
-                metrics["step_time_ratio"] = round(ratio, 4)
-        entry["metrics"] = metrics
-        entries[cid] = entry
+    merged = {**default_thresholds(), **(thresholds or {})}
+    return {
+        "fsdpbench_baseline": BASELINE_FORMAT,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "provenance": _provenance(frame, run_meta or {}),
+        "machine": machine_of(frame),
+        "time_reference": time_reference,
+        "thresholds": {k: dataclasses.asdict(v) for k, v in merged.items()},
+        "cases": {cid: _baseline_entry(cid, cases) for cid in cases},
+    }
+
+
+def _baseline_entry(cid: str, cases: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """One case of the baseline: status, strategy, world size, its metrics rounded as stored."""
+    c = cases[cid]
+    entry: dict[str, Any] = {"status": c["status"], "strategy": c["strategy"], "world_size": c["world_size"]}
+    if c["mode"] == "emulated":  # only then: baselines of real runs stay as they were
+        entry["mode"] = "emulated"
+    if c["status"] == SKIPPED:
+        entry["reason"] = c["error"]
+    metrics = {k: (round(v, 3) if k == "case_step_time_ms" else v) for k, v in c["metrics"].items()}
+    if "losses" in metrics:
+        metrics["losses"] = [float(f"{x:.7g}") for x in metrics["losses"]]
+    if SAMPLED in metrics:  # sorted: a distribution, and a smaller diff
+        metrics[SAMPLED] = sorted(round(x, 4) for x in metrics[SAMPLED])
+    ref = c["time_reference"]
+    if ref is not None:
+        entry["time_reference"] = ref
+        ratio = time_ratio(cases, cid, ref)
+        if ratio is not None:
+            metrics["step_time_ratio"] = round(ratio, 4)
+    entry["metrics"] = metrics
+    return entry
+
+
+def _provenance(frame: pd.DataFrame, run_meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the baseline's numbers come from: the first row's environment and the run's metadata."""
     first = frame.iloc[0]
     env = run_meta.get("env") or {}
     provenance = {k: (None if pd.isna(first.get(k)) else str(first.get(k))) for k in PROVENANCE_KEYS}
@@ -370,16 +354,7 @@ def build_baseline(
         run_command=run_meta.get("command"),
         run_started=run_meta.get("started"),
     )
-    merged = {**default_thresholds(), **(thresholds or {})}
-    return {
-        "fsdpbench_baseline": BASELINE_FORMAT,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "provenance": provenance,
-        "machine": machine_of(frame),
-        "time_reference": time_reference,
-        "thresholds": {k: dataclasses.asdict(v) for k, v in merged.items()},
-        "cases": entries,
-    }
+    return provenance
 
 
 def write_baseline(path: str | Path, baseline: Mapping[str, Any]) -> None:

@@ -1,8 +1,8 @@
 """Load one or several run directories into frames for the report: rows, one row per case, timelines.
 
 Every frame carries a ``run`` label (the run directory's ``<parent>/<name>``), so several runs can
-be overlaid. Columns another part of fsdpbench has not written yet are simply absent; the figures
-check for them and say what is missing.
+be overlaid. A column that a run did not measure is absent; the figures check for it and say what is
+missing.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fsdpbench.metrics.tracker import CATEGORIES
+from fsdpbench.analysis_frame import case_frame
+from fsdpbench.schema import OK
 
 STRATEGY_ORDER = ("ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp1")
 # configuration columns that may vary in a scenario (besides strategy and world size); a case's label
@@ -39,47 +40,6 @@ AXES = (
     "strategy_args",
     "mode",
 )
-FAILED_STATUSES = ("failed", "timeout", "oom")
-_FIRST = (
-    "scenario",
-    "strategy",
-    "world_size",
-    "shard_size",
-    "model",
-    "model_args",
-    "params",
-    "wrap",
-    "n_units",
-    "prefetch",
-    "precision",
-    "optimizer",
-    "batch_size",
-    "global_batch_size",
-    "seq_len",
-    "warmup_steps",
-    "timed_steps",
-    "backend",
-    "device",
-    "device_name",
-    "activation_checkpointing",
-    "compile",
-    "cpu_offload",
-    "backward_prefetch",
-    "forward_prefetch",
-    "limit_all_gathers",
-    "strategy_args",
-    "torch_version",
-    "commit",
-    "case_step_time_ms",
-    "throughput_samples_s",
-    "throughput_tokens_s",
-    "case_wall_s",
-    "loss_first",
-    "loss_final",
-    "mode",
-    "emulate_ranks",
-)
-TRACKER_PEAK_COLUMNS = ("mem_tracker_peak_bytes", *(f"mem_tracker_peak_{c}_bytes" for c in CATEGORIES))
 
 
 @dataclass(kw_only=True)
@@ -161,21 +121,10 @@ def load_runs(run_dirs: list[str | Path]) -> ReportData:
 
 
 def build_case_frame(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per run × case: configuration, the slowest rank's time, the largest rank's memory.
-
-    Memory by category comes from the rank with the largest tracker peak (so the categories add up
-    to that peak); other memory sources take the maximum over ranks; communication and overlap the
-    mean over ranks. Prediction errors are (pred - measured) / measured, from the columns when the
-    memory model wrote them, else computed here from pred_* and the same measurement.
-    """
+    """One row per run × case (``analysis_frame.case_frame``), in the report's order, with its labels."""
     if results.empty:
         return pd.DataFrame(columns=["run", "case_id", "status", "label"])
-    if "run" not in results:
-        results = results.assign(run="run")
-    rows = []
-    for (run, case_id), group in results.groupby(["run", "case_id"], sort=False):
-        rows.append(_case_row(run, case_id, group))
-    cases = pd.DataFrame(rows)
+    cases = case_frame(results if "run" in results else results.assign(run="run"))
     cases["strategy_rank"] = cases["strategy"].map(_strategy_rank)
     sort = [
         c
@@ -191,127 +140,6 @@ def build_case_frame(results: pd.DataFrame) -> pd.DataFrame:
     ]
     cases["label"] = case_labels(cases)
     return cases
-
-
-def _case_row(run: str, case_id: str, group: pd.DataFrame) -> dict[str, Any]:
-    first = group.iloc[0]
-    row: dict[str, Any] = {"run": run, "case_id": case_id}
-    for col in _FIRST:
-        if col in group:
-            row[col] = first[col]
-    status = first.get("case_status") if "case_status" in group else None
-    row["status"] = status if isinstance(status, str) and status else first.get("status", "unknown")
-    error = first.get("case_error") if "case_error" in group else None
-    if not (isinstance(error, str) and error):
-        errors = [e for e in group.get("error", pd.Series(dtype=str)) if isinstance(e, str) and e]
-        error = errors[0] if errors else ""
-    row["error"] = error
-    ranks = group[group["rank"] >= 0] if "rank" in group else group
-    row["n_ranks_reported"] = len(ranks)
-    _add_time(row, ranks)
-    _add_step_model(row, ranks)
-    _add_memory(row, ranks)
-    # predictions of the rank whose measurement they are compared with (the largest peak)
-    pred_row = ranks.loc[ranks["rank"] == row["peak_rank"]].iloc[0] if "peak_rank" in row else first
-    for col in group.columns:
-        if col.startswith(("comm_", "overlap_")):
-            if pd.api.types.is_numeric_dtype(group[col]):
-                row[col] = _mean(ranks[col]) if len(ranks) else np.nan
-            else:  # text such as comm_pattern / overlap_note: the first rank's
-                texts = [v for v in ranks[col] if isinstance(v, str) and v]
-                row[col] = texts[0] if texts else ""
-        elif col.startswith(("pred_", "traced_")):
-            row[col] = pred_row[col]
-    _add_errors(row)
-    return row
-
-
-def _add_time(row: dict[str, Any], ranks: pd.DataFrame) -> None:
-    """Step time of the slowest rank with its p10/p90 spread (the case's step time is that rank's median)."""
-    if "step_time_ms" not in ranks or ranks["step_time_ms"].isna().all():
-        return
-    slow = ranks.loc[ranks["step_time_ms"].idxmax()]
-    row["step_time_ms"] = (
-        row.get("case_step_time_ms") if _ok(row.get("case_step_time_ms")) else slow["step_time_ms"]
-    )
-    for col in ("step_time_p10_ms", "step_time_p90_ms", "step_time_mean_ms", "step_time_std_ms"):
-        if col in slow:
-            row[col] = slow[col]
-    row["slowest_rank"] = int(slow["rank"]) if "rank" in slow else 0
-
-
-# the step-time model's columns (metrics/step_model.py); "model_args" is not one of them
-MODEL_COLUMNS = (
-    "model_step_time_ms",
-    "model_compute_ms",
-    "model_comm_ms",
-    "model_exposed_comm_ms",
-    "model_peer_wait_ms",
-    "model_overlap_ratio",
-    "model_link",
-    "model_link_source",
-    "model_method",
-)
-
-
-def _add_step_model(row: dict[str, Any], ranks: pd.DataFrame) -> None:
-    """The modelled figures of the rank the model finds slowest (as the measured step time is the
-    slowest rank's), and model_step_err = (modelled − measured) / measured."""
-    if "model_step_time_ms" not in ranks or ranks["model_step_time_ms"].isna().all():
-        return
-    slow = ranks.loc[pd.to_numeric(ranks["model_step_time_ms"], errors="coerce").idxmax()]
-    for col in MODEL_COLUMNS:
-        if col in slow:
-            row[col] = slow[col]
-    measured = row.get("step_time_ms")
-    row["model_step_err"] = (
-        (slow["model_step_time_ms"] - measured) / measured if _ok(measured) and measured else np.nan
-    )
-
-
-def _add_memory(row: dict[str, Any], ranks: pd.DataFrame) -> None:
-    if "mem_tracker_peak_bytes" in ranks and ranks["mem_tracker_peak_bytes"].notna().any():
-        peak = ranks.loc[pd.to_numeric(ranks["mem_tracker_peak_bytes"], errors="coerce").idxmax()]
-        for col in TRACKER_PEAK_COLUMNS:
-            if col in peak:
-                row[col] = peak[col]
-        row["peak_rank"] = int(peak["rank"]) if "rank" in peak else 0
-    for col in ranks.columns:
-        if col.startswith("mem_") and col not in TRACKER_PEAK_COLUMNS:
-            values = pd.to_numeric(ranks[col], errors="coerce")
-            row[col] = values.max() if values.notna().any() else np.nan
-
-
-def _add_errors(row: dict[str, Any]) -> None:
-    pairs = {
-        "pred_peak_err": ("pred_peak_bytes", "mem_tracker_peak_bytes"),
-        "pred_model_states_err": ("pred_model_states_bytes", "mem_tracker_model_states_bytes"),
-        "traced_peak_err": ("traced_peak_bytes", "mem_tracker_peak_bytes"),
-        "ds_est_model_states_err": ("ds_est_model_states_bytes", "mem_tracker_model_states_bytes"),
-    }
-    for err_col, (pred_col, meas_col) in pairs.items():
-        if _ok(row.get(err_col)):
-            continue
-        pred, meas = row.get(pred_col), row.get(meas_col)
-        if _ok(pred) and _ok(meas) and meas:
-            row[err_col] = (float(pred) - float(meas)) / float(meas)
-
-
-def _mean(values: pd.Series) -> float:
-    values = pd.to_numeric(values, errors="coerce")
-    return float(values.mean()) if values.notna().any() else np.nan
-
-
-def _ok(value: Any) -> bool:
-    """A number that is there (not None/NaN)."""
-    try:
-        return value is not None and not pd.isna(value)
-    except (TypeError, ValueError):
-        return False
-
-
-def has_values(frame: pd.DataFrame, column: str) -> bool:
-    return column in frame and pd.to_numeric(frame[column], errors="coerce").notna().any()
 
 
 def rows_with(frame: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -330,8 +158,8 @@ def ranks_label(
 ) -> str:
     """'4 CPU ranks (gloo)' or '4 GPUs (NCCL)': a CPU rank is never called a GPU. Emulated: 'rank 0 of 4
     GPUs (NCCL), emulated on one device' — the others never ran."""
-    n = int(world_size) if _ok(world_size) else 0
-    backend_name = str(backend) if _ok(backend) else "?"
+    n = int(world_size) if _present(world_size) else 0
+    backend_name = str(backend) if _present(backend) else "?"
     if mode == "emulated":
         real = ranks_label(world_size, device, backend)
         return f"rank {emulated_ranks} of {real}, emulated on one {'GPU' if device == 'cuda' else 'CPU'}"
@@ -367,7 +195,7 @@ def axis_text(axis: str, value: Any) -> str:
             return str(value)
         return ",".join(f"{k}={v}" for k, v in sorted(args.items())) or "default args"
     if axis == "shard_size":
-        return f"shard={int(value)}" if _ok(value) else ""
+        return f"shard={int(value)}" if _present(value) else ""
     if axis == "prefetch":
         return f"prefetch={value}"
     if axis in ("precision", "model"):
@@ -385,8 +213,11 @@ def case_labels(cases: pd.DataFrame) -> list[str]:
     several_runs = "run" in cases and cases["run"].nunique() > 1
     labels = []
     for _, r in cases.iterrows():
-        parts = [str(r.get("strategy")), f"n{int(r['world_size'])}" if _ok(r.get("world_size")) else "n?"]
-        if r.get("strategy") == "hsdp" and "shard_size" not in axes and _ok(r.get("shard_size")):
+        parts = [
+            str(r.get("strategy")),
+            f"n{int(r['world_size'])}" if _present(r.get("world_size")) else "n?",
+        ]
+        if r.get("strategy") == "hsdp" and "shard_size" not in axes and _present(r.get("shard_size")):
             parts.append(f"shard={int(r['shard_size'])}")
         parts += [t for t in (axis_text(a, r.get(a)) for a in axes if not _unused(a, r.get("strategy"))) if t]
         if several_runs:
@@ -413,4 +244,12 @@ def _unused(axis: str, strategy: Any) -> bool:
 
 
 def ok_cases(cases: pd.DataFrame) -> pd.DataFrame:
-    return cases[cases["status"] == "ok"] if "status" in cases else cases
+    return cases[cases["status"] == OK] if "status" in cases else cases
+
+
+def _present(value: Any) -> bool:
+    """A value that is there (not None/NaN)."""
+    try:
+        return value is not None and not pd.isna(value)
+    except (TypeError, ValueError):
+        return False

@@ -12,47 +12,19 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from fsdpbench.metrics.tracker import CATEGORIES
-from fsdpbench.report.data import axis_text, has_values, ok_cases, rows_with, varying_axes
+from fsdpbench.analysis_frame import BREAKDOWN_MEASURED, breakdown_frames, has_values, numeric_column
+from fsdpbench.formatting import byte_unit, fmt_pct
+from fsdpbench.report.data import axis_text, ok_cases, rows_with, varying_axes
 from fsdpbench.report.panel import (
     MEMORY_SOURCES,
     TRACKER_SOURCE,
     Panel,
+    absent,
     base_layout,
-    byte_unit,
     describe_ranks,
-    fmt_pct,
     strategy_color,
 )
 
-# measured tracker categories at the peak, grouped for the breakdown
-BREAKDOWN_MEASURED = {
-    "params": ("params",),
-    "grads": ("grads",),
-    "optimizer state": ("optim",),
-    "activations": ("activations", "inputs"),
-    "unsharded params/grads + comm buffers": (
-        "params_unsharded",
-        "grads_unsharded",
-        "all_gather",
-        "reduce_scatter",
-    ),
-    "other": ("temp", "buffers", "other"),
-}
-# the analytic model's terms, grouped the same way; its grads term is the resting value, so the gradients
-# present at the peak are what the predicted peak leaves (see breakdown_frames)
-BREAKDOWN_PREDICTED = {
-    "params": ("pred_params_bytes", "pred_padding_bytes"),
-    "grads": (),
-    "optimizer state": ("pred_optim_bytes",),
-    "activations": ("pred_activations_bytes",),
-    "unsharded params/grads + comm buffers": ("pred_unsharded_bytes", "pred_comm_buffers_bytes"),
-    "other": ("pred_temp_bytes",),
-}
-GRADS_AT_PEAK_NOTE = (
-    "predicted grads at the peak = predicted peak − the other predicted terms "
-    "(pred_grads_bytes is the resting value after optimizer.step)"
-)
 BREAKDOWN_COLORS = {
     "params": "#4C78A8",
     "grads": "#F58518",
@@ -67,42 +39,6 @@ _SCALING_LINES = (  # (column, what, dash)
     ("traced_peak_bytes", "traced peak", "dot"),
     ("traced_model_states_bytes", "traced model states", "dashdot"),
 )
-
-
-def breakdown_frames(cases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None, str | None]:
-    """Memory at the peak by group: measured (tracker), predicted (None without pred_*), and how grads were got.
-
-    pred_peak_<category>_bytes columns (the tracker's categories at the predicted peak) are used as they
-    are when the memory model writes them; otherwise the predicted grads at the peak are derived.
-    """
-    measured = pd.DataFrame(
-        {
-            g: _sum(cases, [f"mem_tracker_peak_{c}_bytes" for c in cols])
-            for g, cols in BREAKDOWN_MEASURED.items()
-        },
-        index=cases.index,
-    )
-    if any(has_values(cases, f"pred_peak_{c}_bytes") for c in CATEGORIES):
-        predicted = pd.DataFrame(
-            {
-                g: _sum(cases, [f"pred_peak_{c}_bytes" for c in cols])
-                for g, cols in BREAKDOWN_MEASURED.items()
-            },
-            index=cases.index,
-        )
-        return measured, predicted, None
-    if not has_values(cases, "pred_peak_bytes"):
-        return measured, None, None
-    predicted = pd.DataFrame(
-        {g: _sum(cases, list(cols)) for g, cols in BREAKDOWN_PREDICTED.items()}, index=cases.index
-    )
-    predicted["grads"] = (_col(cases, "pred_peak_bytes") - predicted.sum(axis=1)).clip(lower=0)
-    predicted[_col(cases, "pred_peak_bytes") == 0] = float("nan")  # no prediction for that case
-    return measured, predicted, GRADS_AT_PEAK_NOTE
-
-
-def _sum(frame: pd.DataFrame, columns: list[str]) -> pd.Series:
-    return sum((_col(frame, c) for c in columns), pd.Series(0.0, index=frame.index))
 
 
 def series_key_axes(cases: pd.DataFrame) -> list[str]:
@@ -126,11 +62,10 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     ok = ok_cases(cases)
     ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty or "mem_tracker_peak_bytes" not in ok:
-        return Panel(
-            key="memory_scaling",
-            title=title,
-            caption="",
-            missing="not measured in this run: no case finished with a tracker peak (mem_tracker_peak_bytes)",
+        return absent(
+            "memory_scaling",
+            title,
+            "not measured in this run: no case finished with a tracker peak (mem_tracker_peak_bytes)",
         )
     value_cols = ["mem_tracker_peak_bytes", "mem_tracker_model_states_bytes"] + [
         c for c, _, _ in _SCALING_LINES
@@ -235,11 +170,10 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     ok = ok_cases(cases)
     ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty:
-        return Panel(
-            key="memory_breakdown",
-            title=title,
-            caption="",
-            missing="not measured in this run: no case finished with tracker memory by category",
+        return absent(
+            "memory_breakdown",
+            title,
+            "not measured in this run: no case finished with tracker memory by category",
         )
     measured, predicted, grads_note = breakdown_frames(ok)
     has_pred = predicted is not None
@@ -247,7 +181,7 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     kinds = ["measured", "predicted"] if has_pred else ["measured"]
     # horizontal bars, one row per case (and kind), so that long case labels stay readable
     y = [[lab for lab in labels for _ in kinds], [k for _ in labels for k in kinds]] if has_pred else labels
-    unit, div = byte_unit(list(ok["mem_tracker_peak_bytes"]) + list(_col(ok, "pred_peak_bytes")))
+    unit, div = byte_unit(list(ok["mem_tracker_peak_bytes"]) + list(numeric_column(ok, "pred_peak_bytes")))
     fig = go.Figure()
     for group in BREAKDOWN_MEASURED:
         x = []
@@ -312,22 +246,14 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     return Panel(key="memory_breakdown", title=title, caption=caption, figure=fig, notes=notes)
 
 
-def _col(frame: pd.DataFrame, name: str) -> pd.Series:
-    """A numeric column with NaN as 0, or zeros when the column is absent."""
-    if name not in frame:
-        return pd.Series(0.0, index=frame.index)
-    return pd.to_numeric(frame[name], errors="coerce").fillna(0.0).astype(float)
-
-
 def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) -> Panel:
     """Memory over one run of a case per rank (NVML/RSS/...), phases shaded; a menu picks the case."""
     title = "Memory timeline per rank"
     if timelines is None or timelines.empty or not {"case_id", "t_s", "bytes"} <= set(timelines.columns):
-        return Panel(
-            key="memory_timeline",
-            title=title,
-            caption="",
-            missing="not measured in this run: no cases/<case_id>/timeline.parquet "
+        return absent(
+            "memory_timeline",
+            title,
+            "not measured in this run: no cases/<case_id>/timeline.parquet "
             "(memory was not sampled over time by this run's worker)",
         )
     tl = timelines.copy()

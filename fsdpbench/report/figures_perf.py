@@ -8,13 +8,16 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from fsdpbench.analysis_frame import has_values, is_reference_strategy, speedups
 from fsdpbench.case import PRECISIONS, WRAPS
-from fsdpbench.report.data import axis_text, has_values, ok_cases, rows_with
-from fsdpbench.report.figures import TRACKER_SOURCE, series_key_axes, series_name
+from fsdpbench.formatting import byte_unit
+from fsdpbench.report.data import axis_text, ok_cases, rows_with
+from fsdpbench.report.figures import series_key_axes, series_name
 from fsdpbench.report.panel import (
+    TRACKER_SOURCE,
     Panel,
+    absent,
     base_layout,
-    byte_unit,
     describe_ranks,
     ordered_strategies,
     steps_text,
@@ -31,22 +34,6 @@ COMM_COLORS = {
 }
 # the axes that get their own sweep view when a scenario varies them, with their natural order
 SWEEP_AXES = {"wrap": WRAPS, "prefetch": None, "precision": PRECISIONS, "activation_checkpointing": None}
-# what must be equal for a case to be compared with a DDP case (DDP has no wrap/prefetch/shard)
-BASELINE_KEYS = (
-    "run",
-    "world_size",
-    "model",
-    "model_args",
-    "precision",
-    "optimizer",
-    "batch_size",
-    "seq_len",
-    "activation_checkpointing",
-    "compile",
-    "cpu_offload",
-    "device",
-    "backend",
-)
 
 
 def _timed(cases: pd.DataFrame) -> pd.DataFrame:
@@ -70,11 +57,8 @@ def build_step_time_panel(cases: pd.DataFrame) -> Panel:
     title = "Step time and throughput per case"
     ok = _timed(cases)
     if ok.empty:
-        return Panel(
-            key="step_time",
-            title=title,
-            caption="",
-            missing="not measured in this run: no case finished its timed steps (step_time_ms)",
+        return absent(
+            "step_time", title, "not measured in this run: no case finished its timed steps (step_time_ms)"
         )
     fig = make_subplots(
         rows=2,
@@ -138,37 +122,18 @@ def build_step_time_panel(cases: pd.DataFrame) -> Panel:
     return Panel(key="step_time", title=title, caption=caption, figure=fig)
 
 
-def baseline_step_time(cases: pd.DataFrame) -> pd.Series:
-    """For each case, the step time of the DDP case with the same world size and settings (NaN if none)."""
-    ok = _timed(cases)
-    keys = [k for k in BASELINE_KEYS if k in cases]
-    ddp = ok[ok["strategy"] == "ddp"]
-    lookup = {tuple(str(r[k]) for k in keys): float(r["step_time_ms"]) for _, r in ddp.iterrows()}
-    return pd.Series(
-        [lookup.get(tuple(str(r[k]) for k in keys), float("nan")) for _, r in cases.iterrows()],
-        index=cases.index,
-        dtype="float64",
-    )
-
-
 def build_speedup_panel(cases: pd.DataFrame) -> Panel:
     """Speed-up (>1) or slow-down (<1) of each case relative to DDP at the same world size."""
     title = "Speed relative to DDP at the same world size"
     ok = _timed(cases)
     if ok.empty:
-        return Panel(
-            key="speedup", title=title, caption="", missing="not measured in this run: no timed case"
-        )
-    base = baseline_step_time(ok)
-    ok = ok.assign(speedup=base / ok["step_time_ms"].astype(float))
-    lonely = ok[ok["speedup"].isna() & (ok["strategy"] != "ddp")]["label"].tolist()
-    ok = ok[ok["speedup"].notna() & (ok["strategy"] != "ddp")]
+        return absent("speedup", title, "not measured in this run: no timed case")
+    ok = ok.assign(speedup=speedups(ok))[~is_reference_strategy(ok)]
+    lonely = ok[ok["speedup"].isna()]["label"].tolist()
+    ok = ok[ok["speedup"].notna()]
     if ok.empty:
-        return Panel(
-            key="speedup",
-            title=title,
-            caption="",
-            missing="no DDP case with the same world size and settings to compare with in this run",
+        return absent(
+            "speedup", title, "no DDP case with the same world size and settings to compare with in this run"
         )
     fig = go.Figure()
     for strategy in ordered_strategies(ok):
@@ -208,11 +173,8 @@ def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
     ok = _timed(cases)
     ok = rows_with(ok, "mem_tracker_peak_bytes")
     if ok.empty:
-        return Panel(
-            key="tradeoff",
-            title=title,
-            caption="",
-            missing="not measured in this run: no case with both a step time and a tracker peak",
+        return absent(
+            "tradeoff", title, "not measured in this run: no case with both a step time and a tracker peak"
         )
     unit, div = byte_unit(ok["mem_tracker_peak_bytes"])
     fig = go.Figure()
@@ -261,18 +223,14 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
         if has_values(ok, f"comm_{k}_bytes") and (ok[f"comm_{k}_bytes"].fillna(0) > 0).any()
     ]
     if not ok.empty and "world_size" in ok and (ok["world_size"] == 1).all():
-        return Panel(
-            key="comm_bytes",
-            title=title,
-            caption="",
-            missing="no communication between ranks: every case ran on one rank (world size 1)",
+        return absent(
+            "comm_bytes", title, "no communication between ranks: every case ran on one rank (world size 1)"
         )
     if ok.empty or not kinds:
-        return Panel(
-            key="comm_bytes",
-            title=title,
-            caption="",
-            missing="not measured in this run: no comm_<kind>_bytes columns (communication volume "
+        return absent(
+            "comm_bytes",
+            title,
+            "not measured in this run: no comm_<kind>_bytes columns (communication volume "
             "is read from the profiled step's trace)",
         )
     ok = ok[ok[[f"comm_{k}_bytes" for k in kinds]].notna().any(axis=1)]
@@ -327,12 +285,10 @@ def build_overlap_panel(cases: pd.DataFrame) -> Panel:
     title = "Communication hidden under compute"
     ok = ok_cases(cases)
     if ok.empty or not any(has_values(ok, c) for c in ("overlap_ratio", "overlap_exposed_comm_ms")):
-        return Panel(
-            key="overlap",
-            title=title,
-            caption="",
-            missing="not measured in this run: no overlap_* columns (overlap is read from the "
-            "profiled step's trace)",
+        return absent(
+            "overlap",
+            title,
+            "not measured in this run: no overlap_* columns (overlap is read from the profiled step's trace)",
         )
     ok = ok[ok[[c for c in ("overlap_ratio", "overlap_exposed_comm_ms") if c in ok]].notna().any(axis=1)]
     labels = ok["label"].tolist()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.report.data import STRATEGY_ORDER, has_values
+from fsdpbench.report.data import STRATEGY_ORDER
 
 # one colour per strategy, the same in every figure
 STRATEGY_COLORS = {
@@ -41,24 +41,15 @@ class Panel:
     notes: list[str] = field(default_factory=list)  # parts of the figure that are absent, and why
 
 
+def absent(key: str, title: str, missing: str) -> Panel:
+    """The panel of a figure that cannot be drawn, saying why."""
+    return Panel(key=key, title=title, caption="", missing=missing)
+
+
 def strategy_color(strategy: str) -> str:
     if strategy in STRATEGY_COLORS:
         return STRATEGY_COLORS[strategy]
     return _EXTRA_COLORS[sum(map(ord, str(strategy))) % len(_EXTRA_COLORS)]
-
-
-def byte_unit(values: list[float] | pd.Series) -> tuple[str, float]:
-    """('KiB'|'MiB'|'GiB'|'TiB', divisor) so that the largest value reads between 1 and 1024."""
-    nums = pd.to_numeric(pd.Series(list(values), dtype="float64"), errors="coerce").abs().dropna()
-    top = float(nums.max()) if len(nums) else 0.0
-    for unit, div in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20)):
-        if top >= div:
-            return unit, div
-    return "KiB", 2.0**10
-
-
-def fmt_pct(err: Any) -> str:
-    return "—" if err is None or pd.isna(err) else f"{err * 100:+.1f}%"
 
 
 def describe_ranks(cases: pd.DataFrame) -> str:
@@ -84,10 +75,6 @@ def ordered_strategies(cases: pd.DataFrame) -> list[str]:
     return sorted(
         names, key=lambda s: STRATEGY_ORDER.index(s) if s in STRATEGY_ORDER else len(STRATEGY_ORDER)
     )
-
-
-def missing_columns(cases: pd.DataFrame, columns: tuple[str, ...] | list[str]) -> list[str]:
-    return [c for c in columns if not has_values(cases, c)]
 
 
 def steps_text(cases: pd.DataFrame) -> str:

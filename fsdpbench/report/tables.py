@@ -12,11 +12,16 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.report.data import FAILED_STATUSES, axis_text, case_labels, has_values, ok_cases
-from fsdpbench.report.figures import BREAKDOWN_MEASURED, breakdown_frames
-from fsdpbench.report.figures_perf import BASELINE_KEYS
-from fsdpbench.report.panel import fmt_pct
-from fsdpbench.summary import fmt_bytes
+from fsdpbench.analysis_frame import (
+    BREAKDOWN_MEASURED,
+    breakdown_frames,
+    has_values,
+    is_reference_strategy,
+    number,
+)
+from fsdpbench.formatting import fmt_bytes, fmt_pct
+from fsdpbench.report.data import axis_text, case_labels, ok_cases
+from fsdpbench.schema import FAILED_STATUSES, PEER_COLUMNS
 
 TIE_TOLERANCE = 0.005  # values within 0.5% of the best are all winners
 
@@ -32,14 +37,6 @@ class CompareRow:
     winners: list[str] = field(default_factory=list)
 
 
-def _num(value: Any) -> float | None:
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if out != out else out
-
-
 def _winners(values: dict[str, float], better: str | None) -> list[str]:
     vals = {k: v for k, v in values.items() if v is not None}
     if better is None or len(vals) < 2:
@@ -51,7 +48,7 @@ def _winners(values: dict[str, float], better: str | None) -> list[str]:
 
 
 def _sum_cols(row: pd.Series, cols: tuple[str, ...]) -> float | None:
-    vals = [_num(row.get(c)) for c in cols if c in row.index]
+    vals = [number(row.get(c)) for c in cols if c in row.index]
     vals = [v for v in vals if v is not None]
     return sum(vals) if vals else None
 
@@ -82,10 +79,10 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
 
     def mem_pair(pred_col: str, err_col: str | None) -> Callable[[pd.Series, Any], str]:
         def fmt(r: pd.Series, v: Any) -> str:
-            pred = _num(r.get(pred_col))
+            pred = number(r.get(pred_col))
             if pred is None:
                 return fmt_bytes(v)
-            err = f" ({fmt_pct(r.get(err_col))})" if err_col and _num(r.get(err_col)) is not None else ""
+            err = f" ({fmt_pct(r.get(err_col))})" if err_col and number(r.get(err_col)) is not None else ""
             return f"{fmt_bytes(v)} / {fmt_bytes(pred)}{err}"
 
         return fmt
@@ -93,13 +90,13 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     rows.append(CompareRow(metric="status", text={k: str(r.get("status")) for k, r in cols.items()}))
     add(
         "peak / rank: measured / predicted",
-        lambda r: _num(r.get("mem_tracker_peak_bytes")),
+        lambda r: number(r.get("mem_tracker_peak_bytes")),
         mem_pair("pred_peak_bytes", "pred_peak_err"),
         "low",
     )
     add(
         "model states: measured / predicted",
-        lambda r: _num(r.get("mem_tracker_model_states_bytes")),
+        lambda r: number(r.get("mem_tracker_model_states_bytes")),
         mem_pair("pred_model_states_bytes", "pred_model_states_err"),
         "low",
     )
@@ -110,10 +107,10 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     for group in BREAKDOWN_MEASURED:
         add(
             f"  {group} at peak",
-            lambda r, g=group: _num(measured.at[r["label"], g]),
+            lambda r, g=group: number(measured.at[r["label"], g]),
             lambda r, v, g=group: (
                 fmt_bytes(v)
-                + (f" / {fmt_bytes(_num(predicted.at[r['label'], g]))}" if predicted is not None else "")
+                + (f" / {fmt_bytes(number(predicted.at[r['label'], g]))}" if predicted is not None else "")
             ),
             None,
         )
@@ -123,19 +120,19 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         ("mem_nvml_peak_bytes", "NVML peak (GPU)"),
         ("mem_rss_peak_bytes", "RSS peak (process)"),
     ):
-        add(name, lambda r, c=col: _num(r.get(c)), lambda r, v: fmt_bytes(v), "low")
+        add(name, lambda r, c=col: number(r.get(c)), lambda r, v: fmt_bytes(v), "low")
     if _any_offload(cases):
         add(
             "params on host (CPU offload): measured / predicted",
-            lambda r: _num(r.get("mem_placement_params_host_bytes")),
-            lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(_num(r.get('pred_params_host_bytes')))}",
+            lambda r: number(r.get("mem_placement_params_host_bytes")),
+            lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(number(r.get('pred_params_host_bytes')))}",
             None,
         )
-    add("step time (p10–p90)", lambda r: _num(r.get("step_time_ms")), _fmt_step, "low")
-    add("step time, modelled (error)", lambda r: _num(r.get("model_step_time_ms")), _fmt_modelled, "low")
+    add("step time (p10–p90)", lambda r: number(r.get("step_time_ms")), _fmt_step, "low")
+    add("step time, modelled (error)", lambda r: number(r.get("model_step_time_ms")), _fmt_modelled, "low")
     add(
         "throughput",
-        lambda r: _num(r.get("throughput_samples_s")),
+        lambda r: number(r.get("throughput_samples_s")),
         lambda r, v: "—" if v is None else f"{v:.1f} samples/s",
         "high",
     )
@@ -145,8 +142,8 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         lambda r, v: (
             fmt_bytes(v)
             + (
-                f" / {fmt_bytes(_num(r.get('comm_pred_total_bytes')))}"
-                if _num(r.get("comm_pred_total_bytes")) is not None
+                f" / {fmt_bytes(number(r.get('comm_pred_total_bytes')))}"
+                if number(r.get("comm_pred_total_bytes")) is not None
                 else ""
             )
         ),
@@ -156,14 +153,14 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     add("bus bandwidth (nccl-tests busbw)", _busbw_total, _fmt_busbw, "high", True)
     add(
         "exposed comm",
-        lambda r: _num(r.get("overlap_exposed_comm_ms")),
+        lambda r: number(r.get("overlap_exposed_comm_ms")),
         lambda r, v: "—" if v is None else f"{v:.1f} ms",
         "low",
         True,
     )
     add(
         "overlap",
-        lambda r: _num(r.get("overlap_ratio")),
+        lambda r: number(r.get("overlap_ratio")),
         lambda r, v: "—" if v is None else f"{v:.0%}",
         "high",
         True,
@@ -176,12 +173,12 @@ _BUSBW_KINDS = {"all_gather": "AG", "reduce_scatter": "RS", "all_reduce": "AR", 
 
 
 def _one_rank(r: pd.Series) -> bool:
-    return _num(r.get("world_size")) == 1
+    return number(r.get("world_size")) == 1
 
 
 def _busbw_total(r: pd.Series) -> float | None:
     """The case's bus bandwidth over all its collectives: bytes-weighted by time (Σ busbw·t / Σ t)."""
-    pairs = [(_num(r.get(f"comm_{k}_busbw_gbs")), _num(r.get(f"comm_{k}_time_ms"))) for k in _BUSBW_KINDS]
+    pairs = [(number(r.get(f"comm_{k}_busbw_gbs")), number(r.get(f"comm_{k}_time_ms"))) for k in _BUSBW_KINDS]
     pairs = [(b, t) for b, t in pairs if b is not None and t]
     return sum(b * t for b, t in pairs) / sum(t for _, t in pairs) if pairs else None
 
@@ -190,9 +187,9 @@ def _fmt_busbw(r: pd.Series, v: Any) -> str:
     if v is None:
         return "—"
     parts = [
-        f"{short} {_num(r.get(f'comm_{k}_busbw_gbs')):.2f}"
+        f"{short} {number(r.get(f'comm_{k}_busbw_gbs')):.2f}"
         for k, short in _BUSBW_KINDS.items()
-        if _num(r.get(f"comm_{k}_busbw_gbs")) is not None
+        if number(r.get(f"comm_{k}_busbw_gbs")) is not None
     ]
     return f"{v:.2f} GB/s ({', '.join(parts)})"
 
@@ -200,7 +197,7 @@ def _fmt_busbw(r: pd.Series, v: Any) -> str:
 def _fmt_step(r: pd.Series, v: Any) -> str:
     if v is None:
         return "—"
-    p10, p90 = _num(r.get("step_time_p10_ms")), _num(r.get("step_time_p90_ms"))
+    p10, p90 = number(r.get("step_time_p10_ms")), number(r.get("step_time_p90_ms"))
     return f"{v:.1f} ms" + (f" ({p10:.0f}–{p90:.0f})" if p10 is not None and p90 is not None else "")
 
 
@@ -208,8 +205,8 @@ def _fmt_modelled(r: pd.Series, v: Any) -> str:
     """Modelled step time with its error against the measured one, and the exposed communication."""
     if v is None:
         return "—"
-    err = _num(r.get("model_step_err"))
-    exposed = _num(r.get("model_exposed_comm_ms"))
+    err = number(r.get("model_step_err"))
+    exposed = number(r.get("model_exposed_comm_ms"))
     link = str(r.get("model_link") or "").split(" (")[0]
     return (
         f"{v:.1f} ms"
@@ -220,7 +217,7 @@ def _fmt_modelled(r: pd.Series, v: Any) -> str:
 
 
 def _comm_total(r: pd.Series) -> float | None:
-    total = _num(r.get("comm_total_bytes"))
+    total = number(r.get("comm_total_bytes"))
     if total is not None:
         return total
     return _sum_cols(
@@ -237,7 +234,7 @@ def _comm_total(r: pd.Series) -> float | None:
 
 def glance_groups(cases: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     """Cases that differ only in strategy/wrap/prefetch (same world size and settings), ≥ 2 per group."""
-    keys = [k for k in BASELINE_KEYS if k in cases]
+    keys = [k for k in PEER_COLUMNS if k in cases]
     groups = [
         g
         for _, g in (cases.groupby(keys, sort=False, dropna=False) if keys else [(None, cases)])
@@ -259,7 +256,7 @@ def glance_groups(cases: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 
 # settings a group title may name (ranks, device and backend are in its ranks label, the model always)
-_TITLE_KEYS = tuple(k for k in BASELINE_KEYS if k not in ("run", "world_size", "model", "device", "backend"))
+_TITLE_KEYS = tuple(k for k in PEER_COLUMNS if k not in ("run", "world_size", "model", "device", "backend"))
 
 
 def _differs(groups: list[pd.DataFrame], key: str) -> bool:
@@ -273,14 +270,14 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
         parts = []
         by_label = group.set_index("label")
         if has_values(group, "mem_tracker_peak_bytes"):
-            peaks = {k: _num(v) for k, v in by_label["mem_tracker_peak_bytes"].items()}
+            peaks = {k: number(v) for k, v in by_label["mem_tracker_peak_bytes"].items()}
             best = _winners(peaks, "low")
             if not best:
                 parts.append(f"peak memory per rank equal for all ({fmt_bytes(next(iter(peaks.values())))})")
             else:
-                ddp = group[group["strategy"] == "ddp"]
+                ddp = group[is_reference_strategy(group)]
                 vs = ""
-                if len(ddp) and "ddp" not in set(by_label.loc[best, "strategy"]):
+                if len(ddp) and not is_reference_strategy(by_label.loc[best]).any():
                     d = float(ddp["mem_tracker_peak_bytes"].iloc[0])
                     vs = f", {(peaks[best[0]] - d) / d:+.0%} vs DDP's {fmt_bytes(d)}"
                 parts.append(
@@ -288,7 +285,7 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
                     f"tracker peak{vs})"
                 )
         if has_values(group, "step_time_ms"):
-            times = {k: _num(v) for k, v in by_label["step_time_ms"].items()}
+            times = {k: number(v) for k, v in by_label["step_time_ms"].items()}
             best = _winners(times, "low")
             slowest = max((k for k in times if times[k] is not None), key=lambda k: times[k])
             if best:
@@ -318,34 +315,34 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
                 "case_id": r["case_id"],
                 "status": status,
                 "ranks": r.get("ranks_label"),
-                "step time (p10–p90)": _fmt_step(r, _num(r.get("step_time_ms"))),
-                "step time modelled": _fmt_modelled(r, _num(r.get("model_step_time_ms"))),
+                "step time (p10–p90)": _fmt_step(r, number(r.get("step_time_ms"))),
+                "step time modelled": _fmt_modelled(r, number(r.get("model_step_time_ms"))),
                 "throughput": "—"
-                if _num(r.get("throughput_samples_s")) is None
+                if number(r.get("throughput_samples_s")) is None
                 else f"{r['throughput_samples_s']:.1f} samples/s",
-                "peak measured (tracker)": fmt_bytes(_num(r.get("mem_tracker_peak_bytes"))),
-                "peak predicted": fmt_bytes(_num(r.get("pred_peak_bytes"))),
+                "peak measured (tracker)": fmt_bytes(number(r.get("mem_tracker_peak_bytes"))),
+                "peak predicted": fmt_bytes(number(r.get("pred_peak_bytes"))),
                 "peak error": fmt_pct(r.get("pred_peak_err")),
-                "model states measured": fmt_bytes(_num(r.get("mem_tracker_model_states_bytes"))),
-                "model states predicted": fmt_bytes(_num(r.get("pred_model_states_bytes"))),
+                "model states measured": fmt_bytes(number(r.get("mem_tracker_model_states_bytes"))),
+                "model states predicted": fmt_bytes(number(r.get("pred_model_states_bytes"))),
                 "model states error": fmt_pct(r.get("pred_model_states_err")),
                 # DeepSpeed's own estimator (ds_zero2/3 only; docs/deepspeed.md explains its terms)
-                "model states, DeepSpeed's estimate": fmt_bytes(_num(r.get("ds_est_model_states_bytes"))),
+                "model states, DeepSpeed's estimate": fmt_bytes(number(r.get("ds_est_model_states_bytes"))),
                 "DeepSpeed estimate error": fmt_pct(r.get("ds_est_model_states_err")),
                 "comm / step": fmt_bytes(_comm_total(r)),
-                "overlap": "—" if _num(r.get("overlap_ratio")) is None else f"{r['overlap_ratio']:.0%}",
-                "wall (s)": "—" if _num(launch.get("wall_s")) is None else f"{launch['wall_s']:.1f}",
+                "overlap": "—" if number(r.get("overlap_ratio")) is None else f"{r['overlap_ratio']:.0%}",
+                "wall (s)": "—" if number(launch.get("wall_s")) is None else f"{launch['wall_s']:.1f}",
                 "note": note if status != "ok" else "",
                 "_failed": status in FAILED_STATUSES,
             }
         )
         if "traced_peak_bytes" in cases and cases["traced_peak_bytes"].notna().any():  # run with --traced
-            out[-1]["peak traced"] = fmt_bytes(_num(r.get("traced_peak_bytes")))
+            out[-1]["peak traced"] = fmt_bytes(number(r.get("traced_peak_bytes")))
             out[-1]["traced error"] = fmt_pct(r.get("traced_peak_err"))
         if _any_offload(cases):  # host memory apart from device memory: where the parameters live
             out[-1]["params on host: measured / predicted"] = (
-                f"{fmt_bytes(_num(r.get('mem_placement_params_host_bytes')))} / "
-                f"{fmt_bytes(_num(r.get('pred_params_host_bytes')))}"
+                f"{fmt_bytes(number(r.get('mem_placement_params_host_bytes')))} / "
+                f"{fmt_bytes(number(r.get('pred_params_host_bytes')))}"
             )
     return pd.DataFrame(out)
 
