@@ -23,10 +23,12 @@ from typing import Any
 
 import pandas as pd
 
+from fsdpbench.analysis_frame import relative_error
 from fsdpbench.case import Case
 from fsdpbench.memory_model import predict_memory
 from fsdpbench.regress import case_from_row
 from fsdpbench.results import load_results
+from fsdpbench.schema import OK, TRACKER_MODEL_STATES, TRACKER_PEAK, tracker_peak_column
 
 # the model's categories → comparable groups of the tracker's
 TRANSIENT = "transient"  # unsharded grads, temporaries, reduce-scatter buffers, DDP buckets
@@ -44,6 +46,7 @@ TRACKER_CATEGORY = {
     "inputs": "activations",
     "temp": TRANSIENT,
 }
+# the tracker's categories (schema.TRACKER_CATEGORIES) compared, grouped (the model has no buffers or other)
 MEASURED_GROUPS = {
     "params": ("params",),
     "optim": ("optim",),
@@ -58,7 +61,7 @@ MEASURED_GROUPS = {
 def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
     """One row per measured case × rank: measured, predicted (analytic, and traced) and errors."""
     frame = load_results(run_dir)
-    ok = frame[(frame["status"] == "ok") & frame["mem_tracker_peak_bytes"].notna()]
+    ok = frame[(frame["status"] == OK) & frame[TRACKER_PEAK].notna()]
     out = []
     for _, row in ok.iterrows():
         case = _ints(case_from_row(row))
@@ -71,16 +74,16 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
             "rank": rank,
             "model": case.model,
             "precision": case.precision,
-            "states_measured": int(row["mem_tracker_model_states_bytes"]),
+            "states_measured": int(row[TRACKER_MODEL_STATES]),
             "states_pred": pred.resting_states_bytes,
-            "peak_measured": int(row["mem_tracker_peak_bytes"]),
+            "peak_measured": int(row[TRACKER_PEAK]),
             "peak_pred": pred.peak_bytes,
             "peak_moment": pred.peak_moment,
         }
-        rec["states_err"] = _rel(rec["states_pred"], rec["states_measured"])
-        rec["peak_err"] = _rel(rec["peak_pred"], rec["peak_measured"])
+        rec["states_err"] = relative_error(rec["states_pred"], rec["states_measured"])
+        rec["peak_err"] = relative_error(rec["peak_pred"], rec["peak_measured"])
         for group, cats in MEASURED_GROUPS.items():
-            rec[f"m:{group}"] = sum(int(row.get(f"mem_tracker_peak_{c}_bytes") or 0) for c in cats)
+            rec[f"m:{group}"] = sum(int(row.get(tracker_peak_column(c)) or 0) for c in cats)
         pred_groups: dict[str, int] = {}
         for cat, nbytes in pred.peak_breakdown.items():
             pred_groups[TRACKER_CATEGORY[cat]] = pred_groups.get(TRACKER_CATEGORY[cat], 0) + nbytes
@@ -92,7 +95,7 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
             est = estimate(case, rank=rank)
             rec["peak_traced"] = est.peak_bytes
             rec["states_traced"] = est.model_states_bytes
-            rec["peak_traced_err"] = _rel(est.peak_bytes, rec["peak_measured"])
+            rec["peak_traced_err"] = relative_error(est.peak_bytes, rec["peak_measured"])
             rec["traced_s"] = est.wall_s
         out.append(rec)
     result = pd.DataFrame(out)
@@ -121,10 +124,6 @@ def summarize(result: pd.DataFrame) -> dict[str, float]:
     if "peak_traced_err" in result:
         out["max_abs_peak_traced_err"] = float(result["peak_traced_err"].abs().max())
     return out
-
-
-def _rel(pred: float | None, measured: float) -> float | None:
-    return None if pred is None or not measured else (pred - measured) / measured
 
 
 def _mib(x: Any) -> str:

@@ -287,7 +287,7 @@ GRADS_AT_PEAK_NOTE = (
 
 
 def breakdown_frames(cases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None, str | None]:
-    """Memory at the peak by group: measured (tracker), predicted (None without pred_*), and how grads were got.
+    """Memory at the peak by group: measured (tracker), predicted (None without pred_*), how grads were got.
 
     pred_peak_<category>_bytes columns (the tracker's categories at the predicted peak) are used as they
     are when the memory model writes them; otherwise the predicted grads at the peak are derived.

@@ -433,14 +433,8 @@ def compare(
     machine_now = machine_of(frame)
     machine_base = baseline.get("machine") or {}
     differs = [k for k in MACHINE_KEYS if str(machine_base.get(k)) != machine_now[k]]
-    notes = (
-        [
-            f"machine differs ({', '.join(f'{k}: {machine_base.get(k)} → {machine_now[k]}' for k in differs)}): "
-            "absolute step times not compared"
-        ]
-        if differs
-        else []
-    )
+    changes = ", ".join(f"{k}: {machine_base.get(k)} → {machine_now[k]}" for k in differs)
+    notes = [f"machine differs ({changes}): absolute step times not compared"] if differs else []
     if "torch_version" in differs:
         notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
     rows: list[dict[str, Any]] = []

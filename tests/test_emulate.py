@@ -7,7 +7,7 @@ import pytest
 
 from fsdpbench.case import Case
 from fsdpbench.emulate import check_emulation, fill_local_data, resolve_emulate_ranks
-from fsdpbench.metrics.tracker import CATEGORIES
+from fsdpbench.schema import TRACKER_CATEGORIES
 from fsdpbench.results import build_rows
 from tests.helpers import run
 
@@ -45,7 +45,7 @@ def test_emulated_rank_equals_the_real_rank_category_by_category(strategy, world
     for emu_rank in emu_out.ranks:
         real_rank = real_out.ranks[emu_rank["rank"]]
         got, want = _tracker(emu_rank), _tracker(real_rank)
-        assert set(got["peak"]) == set(CATEGORIES) | {"total"}
+        assert set(got["peak"]) == set(TRACKER_CATEGORIES) | {"total"}
         for cat in got["peak"]:  # one category at a time, so a failure names it
             assert (cat, got["peak"][cat]) == (cat, want["peak"][cat])
         assert got["states"] == want["states"]

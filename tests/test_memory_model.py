@@ -357,7 +357,7 @@ def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(
     optimizer state, the batch as activations; the prediction's pred_peak_<category> columns follow it.
     (Shapes whose peak does not fall at a reduce-scatter: there, which buffers are alive depends on when
     gloo's asynchronous collective finishes, and the categories move from run to run.)"""
-    from fsdpbench.metrics.tracker import CATEGORIES
+    from fsdpbench.schema import TRACKER_CATEGORIES
 
     case = Case(
         model="decoder-tiny",
@@ -371,7 +371,7 @@ def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(
     )
     rows = run_with_predictions(case, tmp_path)
     assert set(rows["pred_peak_moment"]) == {moment}
-    for cat in CATEGORIES:
+    for cat in TRACKER_CATEGORIES:
         assert list(rows[f"pred_peak_{cat}_bytes"]) == list(rows[f"mem_tracker_peak_{cat}_bytes"]), cat
     if moment == "optimizer step":  # the update's temporaries are counted as optimizer state
         assert (rows["mem_tracker_peak_optim_bytes"] > rows["mem_tracker_states_optim_bytes"]).all()

@@ -10,10 +10,11 @@ import torch
 
 from fsdpbench.case import PRECISIONS, Case
 from fsdpbench.metrics.timing import StepTimes
-from fsdpbench.metrics.tracker import CATEGORIES, TrackedMemory
+from fsdpbench.metrics.tracker import TrackedMemory
 from fsdpbench.precision import get_precision
 from fsdpbench.rank_result import RankResult, Setup
 from fsdpbench.results import rank_columns
+from fsdpbench.schema import TRACKER_CATEGORIES
 
 
 def _finished_rank() -> RankResult:
@@ -66,7 +67,7 @@ def test_a_rank_that_never_wrote_has_every_column_empty() -> None:
     row = rank_columns({"rank": 3, "status": None, "phase": "start", "error": "no result written"})
     assert (row["rank"], row["status"], row["phase"]) == (3, None, "start")
     assert row["params"] is None and row["step_time_ms"] is None and row["step_times_ms"] == []
-    assert all(row[f"mem_tracker_peak_{c}_bytes"] is None for c in CATEGORIES)
+    assert all(row[f"mem_tracker_peak_{c}_bytes"] is None for c in TRACKER_CATEGORIES)
     assert "mem_tracker_model_states_bytes" not in row
 
 

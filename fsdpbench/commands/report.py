@@ -35,8 +35,8 @@ def main(args: argparse.Namespace) -> int:
     for run_dir in run_dirs:
         if not (run_dir / "run.json").exists() and not (run_dir / "results.parquet").exists():
             err.print(
-                f"[red]error:[/] {escape(str(run_dir))}: not a run directory (no run.json or results.parquet); "
-                "give a directory written by fsdpbench run or fsdpbench compare",
+                f"[red]error:[/] {escape(str(run_dir))}: not a run directory (no run.json or "
+                "results.parquet); give a directory written by fsdpbench run or fsdpbench compare",
                 highlight=False,
             )
             return 2

@@ -9,20 +9,22 @@ and ``pred_peak_err`` vs ``mem_tracker_peak_bytes``.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
 
+from fsdpbench.analysis_frame import is_number, relative_error
 from fsdpbench.case import Case
+from fsdpbench.schema import ERROR_COLUMNS
 
-# the model's categories at the predicted peak, as the tracker's categories (pred_peak_<cat>_bytes);
+# the model's categories at the predicted peak, filed under each of the tracker's categories
+# (schema.TRACKER_CATEGORIES, all of them) for pred_peak_<cat>_bytes;
 # DDP buckets are where the tracker files them (temp: it first sees a bucket when backward writes into it),
 # the optimizer update's temporaries (optim: allocated inside optimizer.step), unsharded gradients before
 # their unit's post-backward (temp: FSDPMemTracker relabels them when post-backward starts), and the batch
 # (activations: the tracker's "inputs" are module inputs it registers, which the batch slices are not), as
 # are forward temporaries (the logits while the loss runs: anything made in forward is an activation to it)
-TRACKER_CATEGORIES = {
+TRACKER_FILING = {
     "params": ("params", "padding"),
     "params_unsharded": ("params_unsharded",),
     "grads": ("grads",),
@@ -54,7 +56,7 @@ PRED_COLUMNS = (
     "pred_host_bytes",
     "pred_params_host_bytes",
     "pred_params_device_bytes",
-    *(f"pred_peak_{c}_bytes" for c in TRACKER_CATEGORIES),
+    *(f"pred_peak_{c}_bytes" for c in TRACKER_FILING),
 )
 # a third prediction where the engine's authors publish one (DeepSpeed's estimators: ds_zero2/3)
 VENDOR_COLUMNS = ("ds_est_model_states_bytes", "ds_est_model_states_err")
@@ -71,11 +73,20 @@ def vendor_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
         return {}
     if nbytes is None:
         return {}
+    values = {"ds_est_model_states_bytes": nbytes}
+    errors = [errors_against(values, rows, i) for i in range(len(rows))]
     return {
         "ds_est_model_states_bytes": [nbytes] * len(rows),
-        "ds_est_model_states_err": [
-            relative_error(nbytes, _cell(rows, i, "mem_tracker_model_states_bytes")) for i in range(len(rows))
-        ],
+        "ds_est_model_states_err": [e["ds_est_model_states_err"] for e in errors],
+    }
+
+
+def errors_against(predicted: dict[str, Any], rows: pd.DataFrame, i: int) -> dict[str, float | None]:
+    """The error columns (schema.ERROR_COLUMNS) of these predicted values against row ``i``'s measurements."""
+    return {
+        err: relative_error(predicted[pred], _cell(rows, i, measured))
+        for err, (pred, measured) in ERROR_COLUMNS.items()
+        if pred in predicted
     }
 
 
@@ -86,7 +97,7 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
     try:
         if case.precision not in _runnable_precisions():
             return {}
-        ranks = [int(r) if _is_number(r) else 0 for r in rows.get("rank", pd.Series([0] * len(rows)))]
+        ranks = [int(r) if is_number(r) else 0 for r in rows.get("rank", pd.Series([0] * len(rows)))]
         preds = {r: predict_memory(case, rank=max(r, 0)) for r in set(ranks)}
     except Exception:  # noqa: BLE001 — an unknown plugin strategy or model: no prediction, never a failure
         return {}
@@ -119,15 +130,12 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             "pred_peak_bytes": p.peak_bytes,
             "pred_peak_moment": p.peak_moment,
             "pred_device_peak_bytes": p.device_peak_bytes,
-            "pred_model_states_err": relative_error(
-                p.resting_states_bytes, _cell(rows, i, "mem_tracker_model_states_bytes")
-            ),
-            "pred_peak_err": relative_error(p.peak_bytes, _cell(rows, i, "mem_tracker_peak_bytes")),
             # where the parameters live (CPU offload), beside mem_placement_params_{host,device}_bytes
             "pred_host_bytes": p.host_bytes,
             "pred_params_host_bytes": p.params_host_bytes,
             "pred_params_device_bytes": p.params_device_bytes,
         }
+        values.update(errors_against(values, rows, i))
         filing = _tracker_filing(p)
         for cat, ours in filing.items():
             values[f"pred_peak_{cat}_bytes"] = sum(bd.get(c, 0) for c in ours) if bd else None
@@ -137,14 +145,14 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
 
 
 def _tracker_filing(p: Any) -> dict[str, tuple[str, ...]]:
-    """TRACKER_CATEGORIES for one prediction: FSDPMemTracker files a reduce-scatter input as such only when
+    """TRACKER_FILING for one prediction: FSDPMemTracker files a reduce-scatter input as such only when
     the collective runs; with one rank per shard group FSDP2 skips it and the buffer is a temporary."""
     if (p.shard_size or p.world_size) != 1:
-        return TRACKER_CATEGORIES
+        return TRACKER_FILING
     return {
-        **TRACKER_CATEGORIES,
+        **TRACKER_FILING,
         "reduce_scatter": (),
-        "temp": (*TRACKER_CATEGORIES["temp"], "reduce_scatter"),
+        "temp": (*TRACKER_FILING["temp"], "reduce_scatter"),
     }
 
 
@@ -154,22 +162,8 @@ def _runnable_precisions() -> set[str]:
     return {name for name, p in PRECISIONS.items() if p.runnable}
 
 
-def _is_number(x: Any) -> bool:
-    try:
-        return not math.isnan(float(x))
-    except (TypeError, ValueError):
-        return False
-
-
 def _cell(rows: pd.DataFrame, i: int, column: str) -> float | None:
     if column not in rows.columns:
         return None
     value = rows[column].iloc[i]
-    return float(value) if _is_number(value) else None
-
-
-def relative_error(pred: float | None, measured: Any) -> float | None:
-    """(pred − measured) / measured; None when either is missing, not a number, or measured is 0."""
-    if pred is None or not _is_number(measured) or not float(measured):
-        return None
-    return (pred - float(measured)) / float(measured)
+    return float(value) if is_number(value) else None

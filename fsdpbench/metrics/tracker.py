@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpbench.schema import TRACKER_CATEGORIES
+
 # our category name for each tracker category (by the enum's value string)
 CATEGORY_NAMES = {
     "Sharded Param": "params",
@@ -31,20 +33,6 @@ CATEGORY_NAMES = {
     "Inputs": "inputs",
     "Other": "other",
 }
-CATEGORIES = (
-    "params",
-    "params_unsharded",
-    "grads",
-    "grads_unsharded",
-    "optim",
-    "activations",
-    "temp",
-    "all_gather",
-    "reduce_scatter",
-    "inputs",
-    "buffers",
-    "other",
-)
 
 MODEL_STATES = ("params", "grads", "optim")
 
@@ -69,7 +57,7 @@ class TrackedMemory:
     def to_columns(self) -> dict[str, Any]:
         """mem_tracker_peak[_<category>]_bytes, mem_tracker_states_*, mem_local_* (None: not measured)."""
         out: dict[str, Any] = {}
-        for cat in (*CATEGORIES, "total"):
+        for cat in (*TRACKER_CATEGORIES, "total"):
             suffix = "" if cat == "total" else f"_{cat}"
             out[f"mem_tracker_peak{suffix}_bytes"] = self.peak.get(cat)
         for cat in MODEL_STATES:
@@ -105,7 +93,7 @@ def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp_root:
 def snapshot_by_category(tracker: Any, kind: str, device: torch.device) -> dict[str, int]:
     """Bytes per category ('peak' = at the moment of the total peak, or 'current'); plus 'total'."""
     snap = tracker.get_tracker_snapshot(kind)
-    out = dict.fromkeys(CATEGORIES, 0)
+    out = dict.fromkeys(TRACKER_CATEGORIES, 0)
     total = 0
     for dev, by_type in snap.items():
         if torch.device(dev).type != device.type:

@@ -168,7 +168,8 @@ def ranks_label(
     return f"{n} CPU rank{'s' if n != 1 else ''} ({backend_name})"
 
 
-# axes that a strategy normalises (DDP has no wrap, only HSDP a shard size): only variation within a strategy counts
+# axes that a strategy normalises (DDP has no wrap, only HSDP a shard size): only variation within a
+# strategy counts
 _PER_STRATEGY_AXES = ("wrap", "shard_size")
 
 

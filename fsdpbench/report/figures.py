@@ -138,9 +138,9 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     caption = (
         f"Per-rank memory against world size N, one colour per strategy. Markers are measured by the "
         f"{TRACKER_SOURCE} in the memory-tracked step: ● total at the peak of the largest rank, "
-        f"◇ model states (params + grads + optimizer state after optimizer.step). Lines are predictions for the "
-        f"same cases: solid = analytic peak, dashed = analytic model states (P+G+K)·Ψ/N, dotted = traced. "
-        f"Ranks: {describe_ranks(ok)}."
+        f"◇ model states (params + grads + optimizer state after optimizer.step). Lines are predictions for "
+        f"the same cases: solid = analytic peak, dashed = analytic model states (P+G+K)·Ψ/N, dotted = "
+        f"traced. Ranks: {describe_ranks(ok)}."
     )
     return Panel(key="memory_scaling", title=title, caption=caption, figure=fig, notes=notes)
 
@@ -238,10 +238,10 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     if not has_pred:
         notes.append("prediction not in this run: no pred_* columns (the memory model did not run)")
     caption = (
-        f"Memory of the rank with the largest peak, by category, at the moment of its peak in the memory-tracked "
-        f"step; measured = {TRACKER_SOURCE}, predicted = the analytic model for the same case (label: predicted "
-        f"peak and its error against the measured peak). DDP's gradient buckets are 'other' to the tracker and "
-        f"'comm buffers' to the model. Ranks: {describe_ranks(ok)}."
+        f"Memory of the rank with the largest peak, by category, at the moment of its peak in the "
+        f"memory-tracked step; measured = {TRACKER_SOURCE}, predicted = the analytic model for the same case "
+        f"(label: predicted peak and its error against the measured peak). DDP's gradient buckets are "
+        f"'other' to the tracker and 'comm buffers' to the model. Ranks: {describe_ranks(ok)}."
     )
     return Panel(key="memory_breakdown", title=title, caption=caption, figure=fig, notes=notes)
 
@@ -281,8 +281,8 @@ def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) ->
                     visible=i == 0,
                     name=f"rank {rank} · {source}",
                     customdata=line["phase"].astype(str).tolist(),
-                    hovertemplate=f"rank {rank} ({source})<br>t=%{{x:.3f}} s<br>%{{y:.2f}} {unit}<br>phase %{{customdata}}"
-                    "<extra></extra>",
+                    hovertemplate=f"rank {rank} ({source})<br>t=%{{x:.3f}} s<br>%{{y:.2f}} {unit}"
+                    "<br>phase %{customdata}<extra></extra>",
                 )
             )
             owners.append(i)
@@ -311,8 +311,8 @@ def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) ->
     )
     sources = [MEMORY_SOURCES.get(str(s), str(s)) for s in dict.fromkeys(tl["source"])]
     caption = (
-        f"Memory of each rank over time while the case ran, sampled by {', '.join(sources)}; shaded bands are "
-        f"the worker's phases (rank 0). Pick the case in the menu. Ranks: {describe_ranks(cases)}."
+        f"Memory of each rank over time while the case ran, sampled by {', '.join(sources)}; shaded bands "
+        f"are the worker's phases (rank 0). Pick the case in the menu. Ranks: {describe_ranks(cases)}."
     )
     return Panel(key="memory_timeline", title=title, caption=caption, figure=fig)
 

@@ -196,7 +196,8 @@ def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
                     symbol=[symbols[sizes.index(int(n)) % len(symbols)] for n in sub["world_size"]],
                 ),
                 customdata=sub["label"].tolist(),
-                hovertemplate=f"%{{customdata}}<br>%{{x:.1f}} ms/step<br>%{{y:.2f}} {unit} peak<extra></extra>",
+                hovertemplate="%{customdata}<br>%{x:.1f} ms/step"
+                f"<br>%{{y:.2f}} {unit} peak<extra></extra>",
             )
         )
     fig.update_layout(
@@ -337,7 +338,8 @@ def build_overlap_panel(cases: pd.DataFrame) -> Panel:
     )
     backends = set(ok.get("backend", pd.Series(dtype=str)).dropna())
     what = (
-        "on gloo, communication is the gloo work on its own threads, so 'overlap' means concurrent in wall time"
+        "on gloo, communication is the gloo work on its own threads, so 'overlap' means concurrent in wall "
+        "time"
         if "gloo" in backends
         else "communication = NCCL kernels, compute = all other kernels"
     )
@@ -351,7 +353,7 @@ def build_overlap_panel(cases: pd.DataFrame) -> Panel:
 
 
 def swept_axes(cases: pd.DataFrame) -> list[str]:
-    """Sweep axes that take more than one value within some strategy (DDP's normalised wrap does not count)."""
+    """Sweep axes that take more than one value within some strategy (a normalised wrap does not count)."""
     ok = ok_cases(cases)
     out = []
     for axis in SWEEP_AXES:

@@ -136,10 +136,10 @@ def render_case_table(data: ReportData) -> str:
     parts = [
         '<section id="cases"><h2>Every case</h2>',
         '<p class="caption">All cases of the run, failed and skipped ones with their reason. Memory: tracker '
-        "peak of the largest rank; prediction: analytic model for the same case (traced: the traced predictor, "
-        "in runs made with --traced), error = (predicted − measured) / measured; wall: launch to exit of the "
-        "case's processes (from run.json). Emulated cases (ranks column): only the named ranks ran, each alone "
-        "with a fake process group: compute-only step time, no NCCL buffers, no losses.</p>",
+        "peak of the largest rank; prediction: analytic model for the same case (traced: the traced "
+        "predictor, in runs made with --traced), error = (predicted − measured) / measured; wall: launch to "
+        "exit of the case's processes (from run.json). Emulated cases (ranks column): only the named ranks "
+        "ran, each alone with a fake process group: compute-only step time, no NCCL buffers, no losses.</p>",
     ]
     if table.empty:
         parts.append('<p class="missing">no cases in this run</p></section>')
