@@ -497,23 +497,10 @@ def _row(
     cid, metric, base, now, change, threshold, verdict, fails, note="", *, run_case_id=None, stats=None
 ) -> dict:
     kind = METRICS[metric].kind if metric in METRICS else "case"
-    return dict(
-        case_id=cid,
-        metric=metric,
-        kind=kind,
-        baseline=base,
-        now=now,
-        change=change,
-        tolerance=threshold.tolerance if threshold else None,
-        gate=threshold.gate if threshold else None,
-        verdict=verdict,
-        fails=fails,
-        note=note,
-        run_case_id=run_case_id or cid,
-        effect_low=stats.low if stats else None,
-        effect_high=stats.high if stats else None,
-        p_value=stats.p_value if stats else None,
-    )
+    gate = (threshold.tolerance, threshold.gate) if threshold else (None, None)
+    effect = (stats.low, stats.high, stats.p_value) if stats else (None, None, None)
+    values = (cid, metric, kind, base, now, change, *gate, verdict, fails, note, run_case_id or cid, *effect)
+    return dict(zip(_COLUMNS, values, strict=True))
 
 
 def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_differs) -> list[dict]:

@@ -50,63 +50,22 @@ TRACED_PREFIX = "traced_"  # the traced predictor (fsdpbench.estimate)
 VENDOR_PREFIX = "ds_est_"  # the engine's own estimator (DeepSpeed)
 
 # ---- a case's configuration, the same on every rank's row ----------------------------------------------
-CONFIG_COLUMNS = (
-    "scenario",
-    "strategy",
-    "world_size",
-    "shard_size",
-    "model",
-    "model_args",
-    "params",
-    "wrap",
-    "n_units",
-    "prefetch",
-    "precision",
-    "optimizer",
-    "batch_size",
-    "global_batch_size",
-    "seq_len",
-    "warmup_steps",
-    "timed_steps",
-    "backend",
-    "device",
-    "device_name",
-    "activation_checkpointing",
-    "compile",
-    "cpu_offload",
-    "backward_prefetch",
-    "forward_prefetch",
-    "limit_all_gathers",
-    "strategy_args",
-    "torch_version",
-    "commit",
-    "case_step_time_ms",
-    "throughput_samples_s",
-    "throughput_tokens_s",
-    "case_wall_s",
-    "loss_first",
-    "loss_final",
-    "mode",
-    "emulate_ranks",
+CONFIG_COLUMNS = tuple(
+    (
+        "scenario strategy world_size shard_size model model_args params wrap n_units prefetch precision "
+        "optimizer batch_size global_batch_size seq_len warmup_steps timed_steps backend device device_name "
+        "activation_checkpointing compile cpu_offload backward_prefetch forward_prefetch limit_all_gathers "
+        "strategy_args torch_version commit case_step_time_ms throughput_samples_s throughput_tokens_s "
+        "case_wall_s loss_first loss_final mode emulate_ranks"
+    ).split()
 )
 # what two cases must share for one's step time to be compared with the other's (the reference case's);
 # strategy, wrap, prefetch and shard size are what is compared
-PEER_COLUMNS = (
-    "run",
-    "world_size",
-    "model",
-    "model_args",
-    "precision",
-    "optimizer",
-    "batch_size",
-    "seq_len",
-    "activation_checkpointing",
-    "compile",
-    "cpu_offload",
-    "device",
-    "backend",
-    "warmup_steps",
-    "timed_steps",
+PEER_COLUMNS = tuple(
+    (
+        "run world_size model model_args precision optimizer batch_size seq_len activation_checkpointing "
+        "compile cpu_offload device backend warmup_steps timed_steps"
+    ).split()
 )
 
 # ---- step time --------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from fsdpbench.report.panel import (
     describe_ranks,
     strategy_color,
 )
+from fsdpbench.schema import TRACKER_MODEL_STATES, TRACKER_PEAK
 
 BREAKDOWN_COLORS = {
     "params": "#4C78A8",
@@ -59,8 +60,7 @@ def series_name(row: Any, axes: list[str], several_runs: bool) -> str:
 def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     """Per-rank memory vs world size: measured tracker peaks/model states as markers, predictions as lines."""
     title = "Memory per rank vs world size — the (P+G+K)·Ψ/N check"
-    ok = ok_cases(cases)
-    ok = rows_with(ok, "mem_tracker_peak_bytes")
+    ok = rows_with(ok_cases(cases), TRACKER_PEAK)
     if ok.empty or "mem_tracker_peak_bytes" not in ok:
         return absent(
             "memory_scaling",
@@ -77,46 +77,7 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     ok = ok.assign(_series=names)
     fig = go.Figure()
     for name, sub in ok.groupby("_series", sort=False):
-        sub = sub.sort_values("world_size")
-        color = strategy_color(sub["strategy"].iloc[0])
-        group = dict(legendgroup=name, legendgrouptitle_text=name)
-        fig.add_trace(
-            go.Scatter(
-                x=sub["world_size"].tolist(),
-                y=(sub["mem_tracker_peak_bytes"] / div).tolist(),
-                mode="markers",
-                name="measured peak",
-                marker=dict(color=color, size=11, symbol="circle"),
-                **group,
-                text=[_scaling_hover(r, unit, div) for _, r in sub.iterrows()],
-                hoverinfo="text",
-            )
-        )
-        if has_values(sub, "mem_tracker_model_states_bytes"):
-            fig.add_trace(
-                go.Scatter(
-                    x=sub["world_size"].tolist(),
-                    y=(sub["mem_tracker_model_states_bytes"] / div).tolist(),
-                    mode="markers",
-                    name="measured model states",
-                    **group,
-                    marker=dict(color=color, size=10, symbol="diamond-open", line=dict(width=2)),
-                )
-            )
-        for col, what, dash in _SCALING_LINES:
-            if has_values(sub, col):
-                pts = sub[sub[col].notna()]
-                fig.add_trace(
-                    go.Scatter(
-                        x=pts["world_size"].tolist(),
-                        y=(pts[col] / div).tolist(),
-                        mode="lines+markers" if len(pts) == 1 else "lines",
-                        name=what,
-                        line=dict(color=color, dash=dash, width=2),
-                        marker=dict(symbol="line-ew-open", size=14, color=color),
-                        **group,
-                    )
-                )
+        fig.add_traces(_scaling_traces(sub.sort_values("world_size"), name, unit, div))
     sizes = sorted({int(n) for n in ok["world_size"]})
     fig.update_layout(
         **base_layout(
@@ -145,6 +106,60 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     return Panel(key="memory_scaling", title=title, caption=caption, figure=fig, notes=notes)
 
 
+def _scaling_traces(sub: pd.DataFrame, name: str, unit: str, div: float) -> list[go.Scatter]:
+    """One series of the scaling figure, grouped in the legend under ``name``: measured markers, predicted
+    lines."""
+    color = strategy_color(sub["strategy"].iloc[0])
+    group = dict(legendgroup=name, legendgrouptitle_text=name)
+    traces = [
+        _by_world_size(
+            sub,
+            TRACKER_PEAK,
+            div,
+            mode="markers",
+            name="measured peak",
+            marker=dict(color=color, size=11, symbol="circle"),
+            **group,
+            text=[_scaling_hover(r, unit, div) for _, r in sub.iterrows()],
+            hoverinfo="text",
+        )
+    ]
+    if has_values(sub, TRACKER_MODEL_STATES):
+        states_marker = dict(color=color, size=10, symbol="diamond-open", line=dict(width=2))
+        traces.append(
+            _by_world_size(
+                sub,
+                TRACKER_MODEL_STATES,
+                div,
+                mode="markers",
+                name="measured model states",
+                **group,
+                marker=states_marker,
+            )
+        )
+    for col, what, dash in _SCALING_LINES:
+        if has_values(sub, col):
+            pts = sub[sub[col].notna()]
+            traces.append(
+                _by_world_size(
+                    pts,
+                    col,
+                    div,
+                    mode="lines+markers" if len(pts) == 1 else "lines",
+                    name=what,
+                    line=dict(color=color, dash=dash, width=2),
+                    marker=dict(symbol="line-ew-open", size=14, color=color),
+                    **group,
+                )
+            )
+    return traces
+
+
+def _by_world_size(rows: pd.DataFrame, column: str, div: float, **scatter: Any) -> go.Scatter:
+    """A column (divided by ``div``) against world size."""
+    return go.Scatter(x=rows["world_size"].tolist(), y=(rows[column] / div).tolist(), **scatter)
+
+
 def _scaling_hover(row: Any, unit: str, div: float) -> str:
     lines = [
         f"<b>{row['label']}</b>",
@@ -167,8 +182,7 @@ def _scaling_hover(row: Any, unit: str, div: float) -> str:
 def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     """Stacked bars per case: memory at the peak by category, measured (tracker) beside predicted."""
     title = "Memory breakdown at the peak, per case"
-    ok = ok_cases(cases)
-    ok = rows_with(ok, "mem_tracker_peak_bytes")
+    ok = rows_with(ok_cases(cases), TRACKER_PEAK)
     if ok.empty:
         return absent(
             "memory_breakdown",

@@ -23,6 +23,7 @@ from fsdpbench.report.panel import (
     steps_text,
     strategy_color,
 )
+from fsdpbench.schema import TRACKER_PEAK
 
 COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 COMM_COLORS = {
@@ -72,42 +73,23 @@ def build_step_time_panel(cases: pd.DataFrame) -> Panel:
         med = sub["step_time_ms"].astype(float)
         p10 = pd.to_numeric(sub.get("step_time_p10_ms", med), errors="coerce").fillna(med)
         p90 = pd.to_numeric(sub.get("step_time_p90_ms", med), errors="coerce").fillna(med)
-        color = strategy_color(strategy)
+        gbs = sub["global_batch_size"].astype(float)
+        bars = dict(x=sub["label"].tolist(), name=strategy, marker_color=strategy_color(strategy))
+        bars.update(legendgroup=strategy)
         fig.add_trace(
-            go.Bar(
-                x=sub["label"].tolist(),
-                y=med.tolist(),
-                name=strategy,
-                marker_color=color,
-                legendgroup=strategy,
-                error_y=dict(
-                    type="data",
-                    symmetric=False,
-                    array=(p90 - med).clip(lower=0).tolist(),
-                    arrayminus=(med - p10).clip(lower=0).tolist(),
-                ),
-                hovertemplate="%{x}<br>median %{y:.1f} ms<extra></extra>",
-            ),
+            _bar_with_whiskers(med, p10, p90, "%{x}<br>median %{y:.1f} ms<extra></extra>", **bars),
             row=1,
             col=1,
         )
-        gbs = sub["global_batch_size"].astype(float)
-        thr = gbs / (med / 1e3)
+        # throughput's whiskers: the step time's p10 is its p90
         fig.add_trace(
-            go.Bar(
-                x=sub["label"].tolist(),
-                y=thr.tolist(),
-                name=strategy,
-                marker_color=color,
-                legendgroup=strategy,
+            _bar_with_whiskers(
+                gbs / (med / 1e3),
+                gbs / (p90 / 1e3),
+                gbs / (p10 / 1e3),
+                "%{x}<br>%{y:.1f} samples/s<extra></extra>",
                 showlegend=False,
-                error_y=dict(
-                    type="data",
-                    symmetric=False,
-                    array=(gbs / (p10 / 1e3) - thr).clip(lower=0).tolist(),
-                    arrayminus=(thr - gbs / (p90 / 1e3)).clip(lower=0).tolist(),
-                ),
-                hovertemplate="%{x}<br>%{y:.1f} samples/s<extra></extra>",
+                **bars,
             ),
             row=2,
             col=1,
@@ -120,6 +102,23 @@ def build_step_time_panel(cases: pd.DataFrame) -> Panel:
         f"Throughput = global batch / step time, whiskers from the same p10/p90."
     )
     return Panel(key="step_time", title=title, caption=caption, figure=fig)
+
+
+def _bar_with_whiskers(
+    mid: pd.Series, low: pd.Series, high: pd.Series, hovertemplate: str, **bar: Any
+) -> go.Bar:
+    """Bars at ``mid`` with whiskers down to ``low`` and up to ``high``."""
+    return go.Bar(
+        y=mid.tolist(),
+        error_y=dict(
+            type="data",
+            symmetric=False,
+            array=(high - mid).clip(lower=0).tolist(),
+            arrayminus=(mid - low).clip(lower=0).tolist(),
+        ),
+        hovertemplate=hovertemplate,
+        **bar,
+    )
 
 
 def build_speedup_panel(cases: pd.DataFrame) -> Panel:
@@ -170,8 +169,7 @@ def build_speedup_panel(cases: pd.DataFrame) -> Panel:
 def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
     """Peak memory per rank against step time, one marker per case: the lower left wins."""
     title = "Memory vs speed: the trade-off"
-    ok = _timed(cases)
-    ok = rows_with(ok, "mem_tracker_peak_bytes")
+    ok = rows_with(_timed(cases), TRACKER_PEAK)
     if ok.empty:
         return absent(
             "tradeoff", title, "not measured in this run: no case with both a step time and a tracker peak"
@@ -272,11 +270,11 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
         )
     )
     notes = [] if has_pred else ["analytic volume not in this run: no comm_pred_total_bytes column"]
+    analytic = "; black bar = analytic volume for the same case" if has_pred else ""
     caption = (
-        f"Bytes each rank sends per step by collective (ring convention: all-reduce 2(N−1)/N·S, "
-        f"all-gather/reduce-scatter (N−1)/N·S), measured from the profiled step's trace (mean over ranks)"
-        f"{'; black bar = analytic volume for the same case' if has_pred else ''}. "
-        f"Ranks: {describe_ranks(ok)}."
+        "Bytes each rank sends per step by collective (ring convention: all-reduce 2(N−1)/N·S, "
+        "all-gather/reduce-scatter (N−1)/N·S), measured from the profiled step's trace (mean over ranks)"
+        f"{analytic}. Ranks: {describe_ranks(ok)}."
     )
     return Panel(key="comm_bytes", title=title, caption=caption, figure=fig, notes=notes)
 

@@ -151,20 +151,17 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         True,
     )
     add("bus bandwidth (nccl-tests busbw)", _busbw_total, _fmt_busbw, "high", True)
-    add(
-        "exposed comm",
-        lambda r: number(r.get("overlap_exposed_comm_ms")),
-        lambda r, v: "—" if v is None else f"{v:.1f} ms",
-        "low",
-        True,
-    )
-    add(
-        "overlap",
-        lambda r: number(r.get("overlap_ratio")),
-        lambda r, v: "—" if v is None else f"{v:.0%}",
-        "high",
-        True,
-    )
+    for metric, col, text, better in (
+        ("exposed comm", "overlap_exposed_comm_ms", "{:.1f} ms", "low"),
+        ("overlap", "overlap_ratio", "{:.0%}", "high"),
+    ):
+        add(
+            metric,
+            lambda r, c=col: number(r.get(c)),
+            lambda r, v, t=text: "—" if v is None else t.format(v),
+            better,
+            between_ranks=True,
+        )
     return rows
 
 
