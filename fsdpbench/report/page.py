@@ -12,7 +12,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from fsdpbench.report.data import ReportData
+from fsdpbench.report.data import ReportData, RunData
 from fsdpbench.report.panel import Panel, describe_ranks
 from fsdpbench.report.tables import CompareRow, case_table, compare_rows, glance_groups, verdict_lines
 
@@ -165,60 +165,72 @@ def render_case_table(data: ReportData) -> str:
 def render_environment(data: ReportData) -> str:
     parts = ['<section id="environment"><h2>Environment</h2>']
     for run in data.runs:
-        meta, env = run.meta, run.meta.get("env") or {}
-        scenario = meta.get("scenario") or {}
-        items = [
-            ("run", f"{run.run} ({run.run_dir})"),
-            ("scenario", scenario.get("name")),
-            ("description", scenario.get("description")),
-            ("scenario file", scenario.get("path")),
-            ("overrides", json.dumps(scenario.get("overrides")) if scenario.get("overrides") else "none"),
-            ("command", meta.get("command")),
-            ("started", meta.get("started")),
-            ("ended", meta.get("ended")),
-            ("status", meta.get("status")),
-            ("torch", env.get("torch_version")),
-            ("fsdpbench", f"{env.get('fsdpbench_version', '?')}, commit {env.get('commit', '?')}"),
-            ("python", env.get("python_version")),
-            ("host", env.get("hostname")),
-            ("platform", env.get("platform")),
-            ("CPU", f"{env.get('cpu', '?')} ({env.get('cpu_count', '?')} cores)"),
-            ("GPUs", ", ".join(env.get("gpus") or []) or "none"),
-            (
-                "backends",
-                ", ".join(f"{k}: {'yes' if v else 'no'}" for k, v in (env.get("backends") or {}).items()),
-            ),
-            ("CUDA", f"{'yes' if env.get('cuda_available') else 'no'} — {env.get('cuda_reason', '')}"),
-            ("NVML", f"{'yes' if env.get('nvml_available') else 'no'} — {env.get('nvml_reason', '')}"),
-            (
-                "ranks",
-                describe_ranks(data.cases[data.cases["run"] == run.run]) if "run" in data.cases else "",
-            ),
-        ]
-        emulation = meta.get("emulation") or {}
-        if emulation:
-            items.append(
-                (
-                    "emulated cases",
-                    f"{len(emulation.get('cases') or [])}: each listed rank ran alone on one "
-                    "device with a fake process group (collectives are no-ops; every allocation is real)",
-                )
-            )
-            items += [
-                (f"emulation cannot see: {k.replace('_', ' ')}", v)
-                for k, v in (emulation.get("cannot_see") or {}).items()
-            ]
-        skipped = meta.get("skipped") or []
+        ranks = describe_ranks(data.cases[data.cases["run"] == run.run]) if "run" in data.cases else ""
+        items = [*_run_items(run), *_machine_items(run.meta.get("env") or {}), ("ranks", ranks)]
+        items += _emulation_items(run.meta.get("emulation") or {})
+        skipped = run.meta.get("skipped") or []
         if skipped:
             items.append(("skipped", "; ".join(f"{s.get('case_id')}: {s.get('reason')}" for s in skipped)))
         rows = "".join(f'<tr><th class="l">{_e(k)}</th><td class="l">{_e(v)}</td></tr>' for k, v in items)
         parts.append(f"<h3>{_e(run.run)}</h3><table>{rows}</table>")
-        if scenario.get("text"):
-            parts.append(
-                f"<details open><summary>scenario text</summary><pre>{_e(scenario['text'])}</pre></details>"
-            )
+        text = (run.meta.get("scenario") or {}).get("text")
+        if text:
+            parts.append(f"<details open><summary>scenario text</summary><pre>{_e(text)}</pre></details>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def _run_items(run: RunData) -> list[tuple[str, Any]]:
+    """What was run, from run.json: the scenario, the command, when, how it ended."""
+    meta = run.meta
+    scenario = meta.get("scenario") or {}
+    overrides = scenario.get("overrides")
+    return [
+        ("run", f"{run.run} ({run.run_dir})"),
+        ("scenario", scenario.get("name")),
+        ("description", scenario.get("description")),
+        ("scenario file", scenario.get("path")),
+        ("overrides", json.dumps(overrides) if overrides else "none"),
+        ("command", meta.get("command")),
+        ("started", meta.get("started")),
+        ("ended", meta.get("ended")),
+        ("status", meta.get("status")),
+    ]
+
+
+def _machine_items(env: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Where it ran: software versions, host, CPU, GPUs, backends."""
+    backends = ", ".join(f"{k}: {_yes(v)}" for k, v in (env.get("backends") or {}).items())
+    return [
+        ("torch", env.get("torch_version")),
+        ("fsdpbench", f"{env.get('fsdpbench_version', '?')}, commit {env.get('commit', '?')}"),
+        ("python", env.get("python_version")),
+        ("host", env.get("hostname")),
+        ("platform", env.get("platform")),
+        ("CPU", f"{env.get('cpu', '?')} ({env.get('cpu_count', '?')} cores)"),
+        ("GPUs", ", ".join(env.get("gpus") or []) or "none"),
+        ("backends", backends),
+        ("CUDA", f"{_yes(env.get('cuda_available'))} — {env.get('cuda_reason', '')}"),
+        ("NVML", f"{_yes(env.get('nvml_available'))} — {env.get('nvml_reason', '')}"),
+    ]
+
+
+def _emulation_items(emulation: dict[str, Any]) -> list[tuple[str, Any]]:
+    if not emulation:
+        return []
+    cases = (
+        f"{len(emulation.get('cases') or [])}: each listed rank ran alone on one device with a fake process "
+        "group (collectives are no-ops; every allocation is real)"
+    )
+    unseen = [
+        (f"emulation cannot see: {k.replace('_', ' ')}", v)
+        for k, v in (emulation.get("cannot_see") or {}).items()
+    ]
+    return [("emulated cases", cases), *unseen]
+
+
+def _yes(flag: Any) -> str:
+    return "yes" if flag else "no"
 
 
 def render_page(data: ReportData, panels: list[Panel], plotly_js: str) -> str:
