@@ -44,6 +44,7 @@ from fsdpbench.analysis_frame import (
 )
 from fsdpbench.case import Case
 from fsdpbench.schema import (
+    CASE_STEP_TIME,
     OK,
     SKIPPED,
     TRACKER_CATEGORIES,
@@ -78,7 +79,7 @@ METRICS: dict[str, MetricDef] = {
     "mem_alloc_peak_allocated_bytes": MetricDef(kind="memory", tolerance=0.05, deterministic=False),
     "comm_total_bytes": MetricDef(kind="comm", tolerance=0.01),
     "step_time_ratio": MetricDef(kind="time", tolerance=0.25, deterministic=False),
-    "case_step_time_ms": MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
+    CASE_STEP_TIME: MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
     # samples, one per block; the tolerance is the minimum effect (fsdpbench.timegate)
     "step_time_ref_ratios": MetricDef(kind="time", tolerance=0.10, deterministic=False),
     "losses": MetricDef(kind="loss", tolerance=1e-4),
@@ -254,9 +255,9 @@ def case_records(frame: pd.DataFrame, reference: str = REFERENCE_STRATEGY) -> di
 def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
     """The gated metrics of one finished case."""
     metrics: dict[str, Any] = {name: int(v) for name, v in maxima.items() if number(v) is not None}
-    step = number(case.get("case_step_time_ms"))
+    step = number(case.get(CASE_STEP_TIME))
     if step is not None:
-        metrics["case_step_time_ms"] = step
+        metrics[CASE_STEP_TIME] = step
     for name in ("losses", SAMPLED):
         values = case.get(name)
         if values is not None and len(values):
@@ -268,7 +269,7 @@ def time_ratio(cases: Mapping[str, dict[str, Any]], case_id: str, ref_id: str) -
     ref = cases.get(ref_id)
     if not ref or ref["status"] != OK:
         return None
-    num, den = cases[case_id]["metrics"].get("case_step_time_ms"), ref["metrics"].get("case_step_time_ms")
+    num, den = cases[case_id]["metrics"].get(CASE_STEP_TIME), ref["metrics"].get(CASE_STEP_TIME)
     return num / den if num and den else None
 
 
@@ -327,7 +328,7 @@ def _baseline_entry(cid: str, cases: Mapping[str, dict[str, Any]]) -> dict[str, 
         entry["mode"] = "emulated"
     if c["status"] == SKIPPED:
         entry["reason"] = c["error"]
-    metrics = {k: (round(v, 3) if k == "case_step_time_ms" else v) for k, v in c["metrics"].items()}
+    metrics = {k: (round(v, 3) if k == CASE_STEP_TIME else v) for k, v in c["metrics"].items()}
     if "losses" in metrics:
         metrics["losses"] = [float(f"{x:.7g}") for x in metrics["losses"]]
     if SAMPLED in metrics:  # sorted: a distribution, and a smaller diff
@@ -506,15 +507,15 @@ def _row(
 def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_differs) -> list[dict]:
     if now is None:
         return [_row(cid, "case", entry["status"], None, None, None, "missing", True, "case not in the run")]
-    if entry["status"] == "skipped" or now["status"] != "ok":
+    if entry["status"] == SKIPPED or now["status"] != OK:
         error = now["error"].splitlines()[0][:200] if now["error"] else ""
         if entry["status"] == now["status"]:
             verdict, note = "ok", ""
-        elif now["status"] == "ok":  # skipped in the baseline, runs now
+        elif now["status"] == OK:  # skipped in the baseline, runs now
             verdict, note = "new", "was skipped in the baseline; re-write the baseline to gate it"
         else:
             verdict, note = (
-                ("missing" if now["status"] == "skipped" else "failed"),
+                ("missing" if now["status"] == SKIPPED else "failed"),
                 f"{now['status']} in the run: {error}",
             )
         return [

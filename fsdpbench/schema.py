@@ -13,7 +13,6 @@ FAILED = "failed"
 OOM = "oom"
 TIMEOUT = "timeout"
 FAILED_STATUSES = (FAILED, TIMEOUT, OOM)
-STATUSES = (OK, SKIPPED, *FAILED_STATUSES)
 
 # ---- memory: the live-tensor trackers (fsdpbench.metrics.tracker) ---------------------------------------
 TRACKER_CATEGORIES = (
@@ -47,7 +46,6 @@ COMM_PREFIX = "comm_"  # communication volume, time and bandwidth per collective
 OVERLAP_PREFIX = "overlap_"  # communication hidden under compute (profiled step)
 PREDICTED_PREFIX = "pred_"  # the analytic memory model (fsdpbench.memory_model.columns)
 TRACED_PREFIX = "traced_"  # the traced predictor (fsdpbench.estimate)
-VENDOR_PREFIX = "ds_est_"  # the engine's own estimator (DeepSpeed)
 
 # ---- a case's configuration, the same on every rank's row ----------------------------------------------
 CONFIG_COLUMNS = tuple(

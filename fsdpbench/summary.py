@@ -9,7 +9,7 @@ from rich.text import Text
 
 from fsdpbench.analysis_frame import case_frame, case_mode
 from fsdpbench.formatting import fmt_bytes
-from fsdpbench.schema import OK, TRACKER_PEAK
+from fsdpbench.schema import CASE_STEP_TIME, OK, STEP_TIME, TRACKER_PEAK
 
 
 def case_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -32,7 +32,7 @@ def case_table(frame: pd.DataFrame) -> pd.DataFrame:
             **{
                 name: cases[col] if col in cases else None
                 for name, col in (
-                    ("step_time_ms", "case_step_time_ms"),
+                    (STEP_TIME, CASE_STEP_TIME),
                     ("p10_ms", "step_time_p10_ms"),
                     ("p90_ms", "step_time_p90_ms"),
                     ("steps", "timed_steps"),

@@ -58,8 +58,6 @@ PRED_COLUMNS = (
     "pred_params_device_bytes",
     *(f"pred_peak_{c}_bytes" for c in TRACKER_FILING),
 )
-# a third prediction where the engine's authors publish one (DeepSpeed's estimators: ds_zero2/3)
-VENDOR_COLUMNS = ("ds_est_model_states_bytes", "ds_est_model_states_err")
 
 
 def vendor_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:

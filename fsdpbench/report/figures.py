@@ -61,15 +61,13 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     """Per-rank memory vs world size: measured tracker peaks/model states as markers, predictions as lines."""
     title = "Memory per rank vs world size — the (P+G+K)·Ψ/N check"
     ok = rows_with(ok_cases(cases), TRACKER_PEAK)
-    if ok.empty or "mem_tracker_peak_bytes" not in ok:
+    if ok.empty or TRACKER_PEAK not in ok:
         return absent(
             "memory_scaling",
             title,
             "not measured in this run: no case finished with a tracker peak (mem_tracker_peak_bytes)",
         )
-    value_cols = ["mem_tracker_peak_bytes", "mem_tracker_model_states_bytes"] + [
-        c for c, _, _ in _SCALING_LINES
-    ]
+    value_cols = [TRACKER_PEAK, TRACKER_MODEL_STATES] + [c for c, _, _ in _SCALING_LINES]
     unit, div = byte_unit([v for c in value_cols if c in ok for v in ok[c]])
     axes = series_key_axes(ok)
     several_runs = ok["run"].nunique() > 1 if "run" in ok else False
@@ -166,7 +164,7 @@ def _scaling_hover(row: Any, unit: str, div: float) -> str:
         f"measured peak {row['mem_tracker_peak_bytes'] / div:.2f} {unit}"
         f" (rank {row.get('peak_rank', '?')}, tracker)",
     ]
-    if pd.notna(row.get("mem_tracker_model_states_bytes")):
+    if pd.notna(row.get(TRACKER_MODEL_STATES)):
         lines.append(f"measured model states {row['mem_tracker_model_states_bytes'] / div:.2f} {unit}")
     for col, what, err in (
         ("pred_peak_bytes", "analytic peak", "pred_peak_err"),
@@ -195,7 +193,7 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     kinds = ["measured", "predicted"] if has_pred else ["measured"]
     # horizontal bars, one row per case (and kind), so that long case labels stay readable
     y = [[lab for lab in labels for _ in kinds], [k for _ in labels for k in kinds]] if has_pred else labels
-    unit, div = byte_unit(list(ok["mem_tracker_peak_bytes"]) + list(numeric_column(ok, "pred_peak_bytes")))
+    unit, div = byte_unit(list(ok[TRACKER_PEAK]) + list(numeric_column(ok, "pred_peak_bytes")))
     fig = go.Figure()
     for group in BREAKDOWN_MEASURED:
         x = []
@@ -215,7 +213,7 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
         )
     ty, tx, tt = ([[], []] if has_pred else []), [], []  # totals beside the bars: measured, predicted (error)
     for i, (_, row) in enumerate(ok.iterrows()):
-        rows = [("measured", row["mem_tracker_peak_bytes"], "")]
+        rows = [("measured", row[TRACKER_PEAK], "")]
         if has_pred and pd.notna(row.get("pred_peak_bytes")):
             rows.append(("predicted", row["pred_peak_bytes"], f" ({fmt_pct(row.get('pred_peak_err'))})"))
         for kind, total, extra in rows:

@@ -23,7 +23,7 @@ from fsdpbench.report.panel import (
     steps_text,
     strategy_color,
 )
-from fsdpbench.schema import TRACKER_PEAK
+from fsdpbench.schema import STEP_TIME, TRACKER_PEAK
 
 COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 COMM_COLORS = {
@@ -39,11 +39,7 @@ SWEEP_AXES = {"wrap": WRAPS, "prefetch": None, "precision": PRECISIONS, "activat
 
 def _timed(cases: pd.DataFrame) -> pd.DataFrame:
     ok = ok_cases(cases)
-    return (
-        ok[pd.to_numeric(ok["step_time_ms"], errors="coerce").notna()]
-        if "step_time_ms" in ok
-        else ok.iloc[0:0]
-    )
+    return ok[pd.to_numeric(ok[STEP_TIME], errors="coerce").notna()] if STEP_TIME in ok else ok.iloc[0:0]
 
 
 def _time_caption(ok: pd.DataFrame) -> str:
@@ -70,7 +66,7 @@ def build_step_time_panel(cases: pd.DataFrame) -> Panel:
     )
     for strategy in ordered_strategies(ok):
         sub = ok[ok["strategy"] == strategy]
-        med = sub["step_time_ms"].astype(float)
+        med = sub[STEP_TIME].astype(float)
         p10 = pd.to_numeric(sub.get("step_time_p10_ms", med), errors="coerce").fillna(med)
         p90 = pd.to_numeric(sub.get("step_time_p90_ms", med), errors="coerce").fillna(med)
         gbs = sub["global_batch_size"].astype(float)
@@ -174,7 +170,7 @@ def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
         return absent(
             "tradeoff", title, "not measured in this run: no case with both a step time and a tracker peak"
         )
-    unit, div = byte_unit(ok["mem_tracker_peak_bytes"])
+    unit, div = byte_unit(ok[TRACKER_PEAK])
     fig = go.Figure()
     symbols = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "hexagon"]
     sizes = sorted({int(n) for n in ok["world_size"]})
@@ -182,8 +178,8 @@ def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
         sub = ok[ok["strategy"] == strategy]
         fig.add_trace(
             go.Scatter(
-                x=sub["step_time_ms"].tolist(),
-                y=(sub["mem_tracker_peak_bytes"] / div).tolist(),
+                x=sub[STEP_TIME].tolist(),
+                y=(sub[TRACKER_PEAK] / div).tolist(),
                 mode="markers+text",
                 name=strategy,
                 text=[f"n{int(n)}" for n in sub["world_size"]],
@@ -385,7 +381,7 @@ def _sweep_panel(ok: pd.DataFrame, axis: str) -> Panel:
         _series=[f"{series_name(r, others, several_runs)} n{int(r['world_size'])}" for _, r in ok.iterrows()]
     )
     ok = ok[ok.groupby("_series")[axis].transform(lambda s: s.astype(str).nunique()) > 1]
-    unit, div = byte_unit(ok.get("mem_tracker_peak_bytes", pd.Series(dtype=float)))
+    unit, div = byte_unit(ok.get(TRACKER_PEAK, pd.Series(dtype=float)))
     fig = make_subplots(rows=1, cols=2, subplot_titles=(f"peak memory per rank ({unit})", "step time (ms)"))
     for name, sub in ok.groupby("_series", sort=False):
         sub = sub.assign(_x=sub[axis].map(lambda v: values.index(v) if v in values else -1)).sort_values("_x")
@@ -394,14 +390,10 @@ def _sweep_panel(ok: pd.DataFrame, axis: str) -> Panel:
         common: dict[str, Any] = dict(
             x=x, mode="lines+markers", name=name, legendgroup=name, line=dict(color=color)
         )
-        if has_values(sub, "mem_tracker_peak_bytes"):
-            fig.add_trace(
-                go.Scatter(y=(sub["mem_tracker_peak_bytes"] / div).tolist(), **common), row=1, col=1
-            )
-        if has_values(sub, "step_time_ms"):
-            fig.add_trace(
-                go.Scatter(y=sub["step_time_ms"].tolist(), showlegend=False, **common), row=1, col=2
-            )
+        if has_values(sub, TRACKER_PEAK):
+            fig.add_trace(go.Scatter(y=(sub[TRACKER_PEAK] / div).tolist(), **common), row=1, col=1)
+        if has_values(sub, STEP_TIME):
+            fig.add_trace(go.Scatter(y=sub[STEP_TIME].tolist(), showlegend=False, **common), row=1, col=2)
     cats = [axis_text(axis, v) if isinstance(v, bool) else str(v) for v in values]
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=cats, title_text=axis)
     fig.update_yaxes(rangemode="tozero")

@@ -15,6 +15,7 @@ from typing import Any
 from fsdpbench.report.data import ReportData, RunData
 from fsdpbench.report.panel import Panel, describe_ranks
 from fsdpbench.report.tables import CompareRow, case_table, compare_rows, glance_groups, verdict_lines
+from fsdpbench.schema import SKIPPED
 
 _ERRORS_JS = """
 window.__fsdpbenchErrors = [];
@@ -152,7 +153,7 @@ def render_case_table(data: ReportData) -> str:
         + "</tr>"
     )
     for _, row in table.iterrows():
-        cls = "failed" if row["_failed"] else ("skipped" if row["status"] == "skipped" else "")
+        cls = "failed" if row["_failed"] else ("skipped" if row["status"] == SKIPPED else "")
         cells = []
         for c in cols:
             text = _e(row[c]) + (f'<br><code class="id">{_e(row["case_id"])}</code>' if c == "case" else "")

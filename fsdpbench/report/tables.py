@@ -21,7 +21,7 @@ from fsdpbench.analysis_frame import (
 )
 from fsdpbench.formatting import fmt_bytes, fmt_pct
 from fsdpbench.report.data import axis_text, case_labels, ok_cases
-from fsdpbench.schema import FAILED_STATUSES, PEER_COLUMNS
+from fsdpbench.schema import FAILED_STATUSES, OK, PEER_COLUMNS, STEP_TIME, TRACKER_MODEL_STATES, TRACKER_PEAK
 
 TIE_TOLERANCE = 0.005  # values within 0.5% of the best are all winners
 
@@ -90,13 +90,13 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     rows.append(CompareRow(metric="status", text={k: str(r.get("status")) for k, r in cols.items()}))
     add(
         "peak / rank: measured / predicted",
-        lambda r: number(r.get("mem_tracker_peak_bytes")),
+        lambda r: number(r.get(TRACKER_PEAK)),
         mem_pair("pred_peak_bytes", "pred_peak_err"),
         "low",
     )
     add(
         "model states: measured / predicted",
-        lambda r: number(r.get("mem_tracker_model_states_bytes")),
+        lambda r: number(r.get(TRACKER_MODEL_STATES)),
         mem_pair("pred_model_states_bytes", "pred_model_states_err"),
         "low",
     )
@@ -128,7 +128,7 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
             lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(number(r.get('pred_params_host_bytes')))}",
             None,
         )
-    add("step time (p10–p90)", lambda r: number(r.get("step_time_ms")), _fmt_step, "low")
+    add("step time (p10–p90)", lambda r: number(r.get(STEP_TIME)), _fmt_step, "low")
     add("step time, modelled (error)", lambda r: number(r.get("model_step_time_ms")), _fmt_modelled, "low")
     add(
         "throughput",
@@ -266,8 +266,8 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
     for title, group in glance_groups(ok_cases(cases)):  # labels inside a group name only what differs
         parts = []
         by_label = group.set_index("label")
-        if has_values(group, "mem_tracker_peak_bytes"):
-            peaks = {k: number(v) for k, v in by_label["mem_tracker_peak_bytes"].items()}
+        if has_values(group, TRACKER_PEAK):
+            peaks = {k: number(v) for k, v in by_label[TRACKER_PEAK].items()}
             best = _winners(peaks, "low")
             if not best:
                 parts.append(f"peak memory per rank equal for all ({fmt_bytes(next(iter(peaks.values())))})")
@@ -275,14 +275,14 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
                 ddp = group[is_reference_strategy(group)]
                 vs = ""
                 if len(ddp) and not is_reference_strategy(by_label.loc[best]).any():
-                    d = float(ddp["mem_tracker_peak_bytes"].iloc[0])
+                    d = float(ddp[TRACKER_PEAK].iloc[0])
                     vs = f", {(peaks[best[0]] - d) / d:+.0%} vs DDP's {fmt_bytes(d)}"
                 parts.append(
                     f"least memory per rank: {' = '.join(best)} ({fmt_bytes(peaks[best[0]])} "
                     f"tracker peak{vs})"
                 )
-        if has_values(group, "step_time_ms"):
-            times = {k: number(v) for k, v in by_label["step_time_ms"].items()}
+        if has_values(group, STEP_TIME):
+            times = {k: number(v) for k, v in by_label[STEP_TIME].items()}
             best = _winners(times, "low")
             slowest = max((k for k in times if times[k] is not None), key=lambda k: times[k])
             if best:
@@ -312,15 +312,15 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
                 "case_id": r["case_id"],
                 "status": status,
                 "ranks": r.get("ranks_label"),
-                "step time (p10–p90)": _fmt_step(r, number(r.get("step_time_ms"))),
+                "step time (p10–p90)": _fmt_step(r, number(r.get(STEP_TIME))),
                 "step time modelled": _fmt_modelled(r, number(r.get("model_step_time_ms"))),
                 "throughput": "—"
                 if number(r.get("throughput_samples_s")) is None
                 else f"{r['throughput_samples_s']:.1f} samples/s",
-                "peak measured (tracker)": fmt_bytes(number(r.get("mem_tracker_peak_bytes"))),
+                "peak measured (tracker)": fmt_bytes(number(r.get(TRACKER_PEAK))),
                 "peak predicted": fmt_bytes(number(r.get("pred_peak_bytes"))),
                 "peak error": fmt_pct(r.get("pred_peak_err")),
-                "model states measured": fmt_bytes(number(r.get("mem_tracker_model_states_bytes"))),
+                "model states measured": fmt_bytes(number(r.get(TRACKER_MODEL_STATES))),
                 "model states predicted": fmt_bytes(number(r.get("pred_model_states_bytes"))),
                 "model states error": fmt_pct(r.get("pred_model_states_err")),
                 # DeepSpeed's own estimator (ds_zero2/3 only; docs/deepspeed.md explains its terms)
@@ -329,7 +329,7 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
                 "comm / step": fmt_bytes(_comm_total(r)),
                 "overlap": "—" if number(r.get("overlap_ratio")) is None else f"{r['overlap_ratio']:.0%}",
                 "wall (s)": "—" if number(launch.get("wall_s")) is None else f"{launch['wall_s']:.1f}",
-                "note": note if status != "ok" else "",
+                "note": note if status != OK else "",
                 "_failed": status in FAILED_STATUSES,
             }
         )
