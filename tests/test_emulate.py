@@ -7,8 +7,8 @@ import pytest
 
 from fsdpbench.case import Case
 from fsdpbench.emulate import check_emulation, fill_local_data, resolve_emulate_ranks
-from fsdpbench.schema import TRACKER_CATEGORIES
 from fsdpbench.results import build_rows
+from fsdpbench.schema import TRACKER_CATEGORIES
 from tests.helpers import run
 
 # scenarios/ci.yaml's shape (its peak is not at gloo's asynchronous reduce-scatter, so a real run's
