@@ -15,11 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from fsdpbench.case import Case
-from fsdpbench.memory_model.activations import AUTOCAST16, FP32, PURE16, Shape, get_activation_profile
+from fsdpbench.memory_model.activations import (
+    AUTOCAST16,
+    FP32,
+    PURE16,
+    ActivationProfile,
+    Shape,
+    get_activation_profile,
+)
 from fsdpbench.memory_model.facts import ModelFacts, get_model_facts
 from fsdpbench.memory_model.precision import PRECISIONS, Precision, get_precision, optimizer_k
 from fsdpbench.memory_model.states import RankStates, get_rank_states
-from fsdpbench.memory_model.timeline import CATEGORIES, Moment, walk_step
+from fsdpbench.memory_model.timeline import CATEGORIES, Moment, StepConfig, walk_step
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.base import Sharding, Strategy
 
@@ -159,15 +166,22 @@ def zero_model_states_bytes(
     return param_bytes * params / d_p + grad_bytes * params / d_g + k * params / d_o
 
 
-def predict_memory(
-    case: Case,
-    *,
-    rank: int = 0,
-    facts: ModelFacts | None = None,
-    strategy: Strategy | None = None,
-    context_bytes: int | None = None,
-) -> MemoryPrediction:
-    """The analytic prediction for one rank of a case (``facts`` overrides the model, e.g. a bare Ψ)."""
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """What every prediction for one rank of a case starts from."""
+
+    strategy: Strategy
+    sharding: Sharding
+    precision: Precision
+    shard_size: int | None
+    uses_units: bool  # FSDP units are all-gathered one by one (else the model is one unit)
+    facts: ModelFacts
+    states: RankStates
+
+
+def _set_up(
+    case: Case, rank: int, facts: ModelFacts | None = None, strategy: Strategy | None = None
+) -> _Setup:
     strategy = strategy or get_strategy(case.strategy)
     sharding = strategy.sharding
     prec = get_precision(case.precision)
@@ -181,7 +195,21 @@ def predict_memory(
             wrap_min_params=case.wrap_min_params,
             wrap_classes=tuple(case.wrap_classes),
         )
-    states = get_rank_states(
+    states = _rank_states(case, facts, sharding, prec, shard, rank, uses_units, case.device)
+    return _Setup(strategy, sharding, prec, shard, uses_units, facts, states)
+
+
+def _rank_states(
+    case: Case,
+    facts: ModelFacts,
+    sharding: Sharding,
+    prec: Precision,
+    shard: int | None,
+    rank: int,
+    uses_units: bool,
+    device: str,
+) -> RankStates:
+    return get_rank_states(
         facts,
         sharding,
         prec,
@@ -189,26 +217,103 @@ def predict_memory(
         world_size=case.world_size,
         shard_size=shard,
         rank=rank,
-        device=case.device,
+        device=device,
         uses_units=uses_units,
     )
-    host_states = None  # CPU offload: the same states as host tensors (no CUDA allocator rounding)
+
+
+def _walk(case: Case, setup: _Setup, profile: ActivationProfile) -> list[Moment]:
+    group = max(setup.sharding.degrees(case.world_size, setup.shard_size))
+    config = StepConfig(
+        prefetch=case.prefetch, shard_group=group, replicas=case.world_size // group, backend=case.backend
+    )
+    return walk_step(setup.facts, setup.states, profile, setup.sharding, config)
+
+
+def predict_memory(
+    case: Case,
+    *,
+    rank: int = 0,
+    facts: ModelFacts | None = None,
+    strategy: Strategy | None = None,
+    context_bytes: int | None = None,
+) -> MemoryPrediction:
+    """The analytic prediction for one rank of a case (``facts`` overrides the model, e.g. a bare Ψ)."""
+    setup = _set_up(case, rank, facts, strategy)
+    facts, states, prec = setup.facts, setup.states, setup.precision
+    # CPU offload: the same states as host tensors (no CUDA allocator rounding)
+    host_states = None
     if case.cpu_offload:
-        host_states = (
-            states
-            if case.device == "cpu"
-            else get_rank_states(
-                facts,
-                sharding,
-                prec,
-                case.optimizer,
-                world_size=case.world_size,
-                shard_size=shard,
-                rank=rank,
-                device="cpu",
-                uses_units=uses_units,
-            )
+        host_states = states if case.device == "cpu" else _host_states(case, setup, rank)
+    notes = _case_notes(case, setup.strategy)
+    if not states.exact:
+        notes.append(
+            "model states from the parameter count alone (textbook b·Ψ/d: no padding, no ZeRO-1 "
+            "partition imbalance, no step tensors)"
         )
+    context = (CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes) if case.device == "cuda" else 0
+    pred = MemoryPrediction(
+        strategy=case.strategy,
+        world_size=case.world_size,
+        shard_size=setup.shard_size,
+        rank=rank,
+        params=facts.n_params,
+        precision=case.precision,
+        optimizer=case.optimizer,
+        batch_size=case.batch_size,
+        seq_len=case.seq_len,
+        method="analytic",
+        params_bytes=states.params,
+        padding_bytes=states.params_padding + states.grads_padding,
+        grads_bytes=states.grads,
+        optim_bytes=states.optim,
+        resting_states_bytes=states.model_states,
+        model_states_bytes=_model_states_bytes(case, setup),
+        exact_states=states.exact,
+        context_bytes=context,
+        device=case.device,
+        host_bytes=host_states.model_states if host_states else 0,
+        params_host_bytes=host_states.params + host_states.params_padding if host_states else 0,
+        params_device_bytes=0 if case.cpu_offload else states.params + states.params_padding,
+    )
+    if not facts.known:
+        notes.append(
+            "activations, unsharded units and communication buffers need a model (--model): not estimated"
+        )
+        return replace(pred, notes=tuple(notes))
+    terms = _named_terms(facts, states, case.prefetch, setup.sharding)
+    profile = _profile(case, setup.strategy, prec)
+    if profile is None:
+        notes.append(f"no activation model for {case.model!r}: peak not estimated (use --method traced)")
+        return replace(pred, notes=tuple(notes), **terms)
+    if profile.kernel_note:
+        notes.append(profile.kernel_note)
+    if prec.name == "mixed":
+        notes.append("'mixed' is an accounting (ZeRO paper); the peak assumes FSDP-style 16-bit compute")
+    return replace(
+        pred,
+        **terms,
+        **_peak_terms(_walk(case, setup, profile), offload=case.cpu_offload),
+        activations_bytes=profile.inputs_bytes + profile.saved_bytes,
+        notes=tuple(notes),
+    )
+
+
+def peak_moments(case: Case, *, rank: int = 0) -> list[Moment]:
+    """Every moment of the step (for inspection: which term grows when)."""
+    setup = _set_up(case, rank)
+    profile = _profile(case, setup.strategy, setup.precision)
+    return [] if profile is None else _walk(case, setup, profile)
+
+
+def _host_states(case: Case, setup: _Setup, rank: int) -> RankStates:
+    return _rank_states(
+        case, setup.facts, setup.sharding, setup.precision, setup.shard_size, rank, setup.uses_units, "cpu"
+    )
+
+
+def _case_notes(case: Case, strategy: Strategy) -> list[str]:
+    """What the prediction leaves out for this case's strategy and knobs."""
     notes: list[str] = []
     if getattr(strategy, "uses_fsdp1_knobs", False):
         notes.append(
@@ -222,133 +327,41 @@ def predict_memory(
         )
     if case.compile:
         notes.append("torch.compile is not modelled: activations are those of the eager model")
-    k = optimizer_k(case.optimizer, prec)
-    zero_states = round(
-        zero_model_states_bytes(
-            facts.n_params, sharding, case.world_size, shard, prec.param_bytes, prec.grad_bytes, k
-        )
-    )
+    return notes
+
+
+def _model_states_bytes(case: Case, setup: _Setup) -> int:
+    """The ZeRO paper's accounting: the real layout where it is known (plus the params ZeRO-2 holds
+    unsharded from forward to backward), the textbook formula otherwise or under ``mixed``."""
+    prec, states, sharding = setup.precision, setup.states, setup.sharding
     if prec.master_in_optimizer or not states.exact:
-        model_states = zero_states
-    else:  # the real layout, plus params held unsharded from forward to backward (zero2)
-        model_states = states.model_states + (
-            sum(states.unit_unsharded.values()) if sharding.params_unsharded_fwd_to_bwd else 0
+        k = optimizer_k(case.optimizer, prec)
+        params = setup.facts.n_params
+        return round(
+            zero_model_states_bytes(
+                params, sharding, case.world_size, setup.shard_size, prec.param_bytes, prec.grad_bytes, k
+            )
         )
-    if not states.exact:
-        notes.append(
-            "model states from the parameter count alone (textbook b·Ψ/d: no padding, no ZeRO-1 "
-            "partition imbalance, no step tensors)"
-        )
-    context = (CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes) if case.device == "cuda" else 0
-    pred = MemoryPrediction(
-        strategy=case.strategy,
-        world_size=case.world_size,
-        shard_size=shard,
-        rank=rank,
-        params=facts.n_params,
-        precision=case.precision,
-        optimizer=case.optimizer,
-        batch_size=case.batch_size,
-        seq_len=case.seq_len,
-        method="analytic",
-        params_bytes=states.params,
-        padding_bytes=states.params_padding + states.grads_padding,
-        grads_bytes=states.grads,
-        optim_bytes=states.optim,
-        resting_states_bytes=states.model_states,
-        model_states_bytes=model_states,
-        exact_states=states.exact,
-        context_bytes=context,
-        device=case.device,
-        host_bytes=host_states.model_states if host_states else 0,
-        params_host_bytes=host_states.params + host_states.params_padding if host_states else 0,
-        params_device_bytes=0 if case.cpu_offload else states.params + states.params_padding,
-    )
-    if not facts.known:
-        notes.append(
-            "activations, unsharded units and communication buffers need a model (--model): not estimated"
-        )
-        return replace(pred, notes=tuple(notes))
-    terms = _named_terms(facts, states, case.prefetch, sharding)
-    profile = _profile(case, facts, strategy, prec)
-    if profile is None:
-        notes.append(f"no activation model for {case.model!r}: peak not estimated (use --method traced)")
-        return replace(pred, notes=tuple(notes), **terms)
-    moments = walk_step(
-        facts,
-        states,
-        profile,
-        sharding,
-        prefetch=case.prefetch,
-        shard_group=_group_size(case, sharding, shard),
-        replicas=case.world_size // _group_size(case, sharding, shard),
-        backend=case.backend,
-    )
+    held = sum(states.unit_unsharded.values()) if sharding.params_unsharded_fwd_to_bwd else 0
+    return states.model_states + held
+
+
+def _peak_terms(moments: list[Moment], *, offload: bool) -> dict:
+    """The peak moment's fields of a prediction."""
     peak = max(moments, key=lambda m: m.total)
     device_resident = None
-    if case.cpu_offload:  # the host keeps the sharded states: the device's own peak may fall elsewhere
+    if offload:  # the host keeps the sharded states: the device's own peak may fall elsewhere
         device_resident = max(m.total - sum(m.bytes.get(c, 0) for c in HOST_CATEGORIES) for m in moments)
-    if profile.kernel_note:
-        notes.append(profile.kernel_note)
-    if prec.name == "mixed":
-        notes.append("'mixed' is an accounting (ZeRO paper); the peak assumes FSDP-style 16-bit compute")
-    return replace(
-        pred,
-        **terms,
-        activations_bytes=profile.inputs_bytes + profile.saved_bytes,
-        peak_bytes=peak.total,
-        peak_moment=peak.label,
-        peak_breakdown={c: peak.bytes.get(c, 0) for c in CATEGORIES},
-        untracked_bytes=peak.untracked_bytes,
-        notes=tuple(notes),
-        device_resident_peak_bytes=device_resident,
-    )
+    return {
+        "peak_bytes": peak.total,
+        "peak_moment": peak.label,
+        "peak_breakdown": {c: peak.bytes.get(c, 0) for c in CATEGORIES},
+        "untracked_bytes": peak.untracked_bytes,
+        "device_resident_peak_bytes": device_resident,
+    }
 
 
-def peak_moments(case: Case, *, rank: int = 0) -> list[Moment]:
-    """Every moment of the step (for inspection: which term grows when)."""
-    strategy = get_strategy(case.strategy)
-    prec = get_precision(case.precision)
-    uses_units = bool(strategy.uses_wrap and strategy.sharding.per_unit_gather)
-    facts = get_model_facts(
-        case.model,
-        case.model_args,
-        wrap=case.wrap if uses_units else "none",
-        wrap_min_params=case.wrap_min_params,
-        wrap_classes=tuple(case.wrap_classes),
-    )
-    states = get_rank_states(
-        facts,
-        strategy.sharding,
-        prec,
-        case.optimizer,
-        world_size=case.world_size,
-        shard_size=resolve_shard_size(case, strategy.sharding),
-        rank=rank,
-        device=case.device,
-        uses_units=uses_units,
-    )
-    profile = _profile(case, facts, strategy, prec)
-    if profile is None:
-        return []
-    shard = resolve_shard_size(case, strategy.sharding)
-    return walk_step(
-        facts,
-        states,
-        profile,
-        strategy.sharding,
-        prefetch=case.prefetch,
-        shard_group=_group_size(case, strategy.sharding, shard),
-        replicas=case.world_size // _group_size(case, strategy.sharding, shard),
-        backend=case.backend,
-    )
-
-
-def _group_size(case: Case, sharding: Sharding, shard: int | None) -> int:
-    return max(sharding.degrees(case.world_size, shard))
-
-
-def _profile(case: Case, facts: ModelFacts, strategy: Strategy, prec: Precision):
+def _profile(case: Case, strategy: Strategy, prec: Precision) -> ActivationProfile | None:
     from fsdpbench.models import resolve_model
 
     mdef, args = resolve_model(case.model, case.model_args)

@@ -1,5 +1,6 @@
-"""When the peak happens: walk one training step (forward, backward, optimizer step) stage by stage
-and add up what is alive at each moment, by category, as PyTorch's memory trackers count it.
+"""When the peak happens: one training step as a schedule of events (buffers allocated and freed, by
+category, and the moments worth recording), and an accountant that walks the schedule keeping the live
+bytes per category, as PyTorch's memory trackers count them.
 
 The step is the worker's: batch → forward → loss → backward → optimizer.step → zero_grad(set_to_none),
 after a warm-up, so optimizer state exists and gradients start freed. What is alive:
@@ -18,13 +19,18 @@ after a warm-up, so optimizer state exists and gradients start freed. What is al
   post-backward runs last. ZeRO-2 (``params_unsharded_fwd_to_bwd``) keeps every unit unsharded from its
   forward until its post-backward;
 - optimizer step: all gradients plus the update's temporaries for one parameter.
+
+The activation profile works at stage granularity (a decoder block, the head): a moment at the end of a
+stage's forward sees every unit the stage uses unsharded, even where the wrap policy cuts a block into
+several units whose forwards end one after another.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fsdpbench.memory_model.activations import ActivationProfile, Stage
+from fsdpbench.memory_model.activations import ActivationProfile, BwdMoment, Stage
 from fsdpbench.memory_model.facts import ModelFacts
 from fsdpbench.memory_model.states import RankStates
 from fsdpbench.strategies.base import Sharding
@@ -46,6 +52,8 @@ CATEGORIES = (
     "fwd_temp",
     "optim_temp",
 )
+RESIDENT_CATEGORIES = ("params", "padding", "optim")  # in every moment's bytes, zero or not
+UNTRACKED = "untracked"  # device memory the tracker does not count yet: DDP buckets backward has not written
 LOSS_BYTES = 4  # the fp32 loss scalar the step still references while the optimizer runs
 
 
@@ -60,304 +68,439 @@ class Moment:
         return sum(self.bytes.values())
 
 
+@dataclass(frozen=True, slots=True)
+class Alloc:
+    """A buffer of ``nbytes`` in ``category`` comes alive under ``name`` (a later ``Free`` names it)."""
+
+    name: str
+    category: str
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """The buffer allocated under ``name`` is freed."""
+
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A moment worth recording: what is alive now, plus bytes alive only at this instant, by category
+    (a stage's gradient temporaries, its saved activations while its backward consumes them)."""
+
+    label: str
+    transient: tuple[tuple[str, int], ...] = ()
+
+
+Event = Alloc | Free | Record
+
+
+class Accountant:
+    """Walks a schedule: live bytes per category as buffers come and go, a ``Moment`` at every ``Record``."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, tuple[str, int]] = {}
+        self.live = dict.fromkeys((*CATEGORIES, UNTRACKED), 0)
+        self.moments: list[Moment] = []
+
+    def apply(self, event: Event) -> None:
+        if isinstance(event, Alloc):
+            if event.name in self.buffers:
+                raise ValueError(f"buffer {event.name!r} allocated twice")
+            self.buffers[event.name] = (event.category, event.nbytes)
+            self.live[event.category] += event.nbytes
+        elif isinstance(event, Free):
+            category, nbytes = self.buffers.pop(event.name)
+            self.live[category] -= nbytes
+        else:
+            self.moments.append(self.moment(event))
+
+    def moment(self, record: Record) -> Moment:
+        live = dict(self.live)
+        for category, nbytes in record.transient:
+            live[category] += nbytes
+        tracked = {c: live[c] for c in CATEGORIES if live[c] or c in RESIDENT_CATEGORIES}
+        return Moment(record.label, tracked, live[UNTRACKED])
+
+
+def account(events: Iterable[Event]) -> list[Moment]:
+    """Every recorded moment of a schedule, with its live bytes by category."""
+    accountant = Accountant()
+    for event in events:
+        accountant.apply(event)
+    return accountant.moments
+
+
+@dataclass(frozen=True, slots=True)
+class StepConfig:
+    """What the schedule depends on besides the model, its states and its activations."""
+
+    prefetch: int = 0
+    shard_group: int = 1  # ranks a unit is all-gathered over
+    replicas: int = 1  # HSDP: shard groups a gradient is all-reduced over
+    backend: str = "nccl"
+
+
 def walk_step(
     facts: ModelFacts,
     states: RankStates,
     profile: ActivationProfile,
     sharding: Sharding,
-    *,
-    prefetch: int,
-    shard_group: int = 1,
-    replicas: int = 1,
-    backend: str = "nccl",
+    config: StepConfig,
 ) -> list[Moment]:
     """Every moment of one step with its bytes by category."""
-    unit_of = {p.name: p.unit for p in facts.params or ()}
-    fsdp = bool(states.unit_unsharded)
-    base = {"params": states.params, "padding": states.params_padding, "optim": states.optim}
-    stages = profile.stages
-    moments: list[Moment] = []
-    total_buckets = sum(b for b, _ in states.buckets)
+    return account(step_schedule(facts, states, profile, sharding, config))
 
-    # units in the order forward first uses them (the root, holding whatever no block claimed, first)
-    root = facts.root
-    fwd_units: list[int] = []
-    for st in stages:
-        for u in sorted({unit_of[n] for n in st.params if n in unit_of} - {root}):
-            if u not in fwd_units:
-                fwd_units.append(u)
-    has_root = root in states.unit_unsharded
-    U = states.unit_unsharded
-    AG = states.unit_all_gather
-    keep_fwd_bwd = sharding.params_unsharded_fwd_to_bwd
-    hold_all_gather = shard_group > 1
-    hold_all_reduce = replicas > 1 and any(
-        states.unit_reduce_output.get(u) != states.unit_sharded_grads.get(u)
-        for u in states.unit_reduce_output
-    )
-    gloo_copy = backend == "gloo" and shard_group > 1  # FSDP2 skips the collective on one rank
 
-    def moment(label: str, **parts: int) -> Moment:
-        m = Moment(label, dict(base))
-        for k, v in parts.items():
-            if v:
-                m.bytes[k] = m.bytes.get(k, 0) + v
-        return m
+def step_schedule(
+    facts: ModelFacts,
+    states: RankStates,
+    profile: ActivationProfile,
+    sharding: Sharding,
+    config: StepConfig,
+) -> list[Event]:
+    """The events of one step: resident states and batch, forward, backward, optimizer step."""
+    schedule = _Schedule()
+    schedule.alloc("params", "params", states.params)
+    schedule.alloc("padding", "padding", states.params_padding)
+    schedule.alloc("optimizer state", "optim", states.optim)
+    schedule.alloc("batch", "inputs", profile.inputs_bytes)
+    if states.unit_unsharded:
+        hooks: _Hooks = _FsdpHooks(schedule, facts, states, sharding, config, profile.stages)
+    else:
+        hooks = _ReplicatedHooks(schedule, states)
+    _forward(schedule, profile.stages, hooks)
+    _backward(schedule, profile.stages, hooks)
+    hooks.end_backward()
+    schedule.alloc("gradients", "grads", states.grads + states.grads_padding)
+    schedule.record("optimizer step", activations=LOSS_BYTES, optim_temp=states.optim_temp)
+    return schedule.events
 
-    # ---- forward ------------------------------------------------------------------------------------
-    # In forward FSDP2 keeps each unit's all-gather output until the *next* unit's copy-out has returned
-    # (``comm_ctx.all_gather_state``, when the shard group has more than one rank); explicit prefetch
-    # keeps the next ``prefetch`` units' outputs in flight.
-    saved = 0
-    held = 0
-    unsharded_fwd = U.get(root, 0) if fsdp and has_root else 0  # root unsharded at its pre-forward
-    if unsharded_fwd:
-        moments.append(
-            moment(
-                f"forward: all-gather {facts.units[root]}",
-                inputs=profile.inputs_bytes,
-                params_unsharded=U[root],
-                all_gather=AG[root],
-            )
-        )
-        held = AG[root] if hold_all_gather else 0
-    seen: list[int] = []
-    ahead: list[int] = []
-    for st in stages:
-        for u in sorted({unit_of[n] for n in st.params if n in unit_of} - {root}):
-            if not fsdp or u in seen:
+
+def _forward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> None:
+    hooks.start_forward()
+    for stage in stages:
+        hooks.pre_forward(stage)
+        last = stage is stages[-1]
+        if last and stage.in_model is not None:
+            hooks.in_model(stage)
+        schedule.alloc(f"saved {stage.name}", "activations", stage.saved_bytes)
+        hooks.post_forward(stage, last=last)
+        schedule.record(f"forward: {stage.name}", fwd_temp=stage.fwd_extra_bytes)
+
+
+def _backward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> None:
+    hooks.start_backward()
+    for j in range(len(stages) - 1, -1, -1):
+        stage = stages[j]
+        schedule.free(f"saved {stage.name}")  # what of it is still alive, moment by moment: saved_left_bytes
+        for step in stage.bwd:
+            hooks.grads_ready(step.grads_done)
+            hooks.pre_backward(stage, step)
+            schedule.record(f"backward: {stage.name} ({step.label})", **_backward_transient(step))
+        hooks.post_backward(stage, first_stage=j == 0)
+
+
+def _backward_transient(step: BwdMoment) -> dict[str, int]:
+    return {"activations": step.saved_left_bytes, "temp": step.temp_bytes}
+
+
+class _Schedule:
+    """The events of a step, in order, as the hooks generate them."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+
+    def alloc(self, name: str, category: str, nbytes: int) -> None:
+        self.events.append(Alloc(name, category, nbytes))
+
+    def free(self, name: str) -> None:
+        self.events.append(Free(name))
+
+    def record(self, label: str, **transient: int) -> None:
+        self.events.append(Record(label, tuple((c, b) for c, b in transient.items() if b)))
+
+
+class _Hooks:
+    """What a strategy adds to the step at each point of it; the base adds nothing."""
+
+    def start_forward(self) -> None: ...
+
+    def pre_forward(self, stage: Stage) -> None: ...
+
+    def in_model(self, stage: Stage) -> None: ...
+
+    def post_forward(self, stage: Stage, *, last: bool) -> None: ...
+
+    def start_backward(self) -> None: ...
+
+    def grads_ready(self, names: tuple[str, ...]) -> None: ...
+
+    def pre_backward(self, stage: Stage, step: BwdMoment) -> None: ...
+
+    def post_backward(self, stage: Stage, *, first_stage: bool) -> None: ...
+
+    def end_backward(self) -> None: ...
+
+
+class _ReplicatedHooks(_Hooks):
+    """Parameters whole on every rank (DDP, ZeRO-1, any strategy without per-unit gathers): gradients as
+    backward produces them, each DDP bucket counted from the first gradient written into it."""
+
+    def __init__(self, schedule: _Schedule, states: RankStates) -> None:
+        self.schedule = schedule
+        self.states = states
+        self.grads: set[str] = set()
+        self.bucket_of = {n: i for i, (_, names) in enumerate(states.buckets) for n in names}
+        self.written: set[int] = set()
+        for i, (nbytes, _) in enumerate(states.buckets):
+            schedule.alloc(f"ddp bucket {i}", UNTRACKED, nbytes)
+
+    def grads_ready(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            if f"grad {name}" in self.grads:
                 continue
-            seen.append(u)
-            i = fwd_units.index(u)
-            prefetched = fwd_units[i + 1 : i + prefetch]  # issued by the previous unit
-            earlier = sum(U[v] for v in seen[:-1]) if keep_fwd_bwd else 0
-            # copy-out of unit u: the previous output (held), u's output and u's unsharded params alive
-            moments.append(
-                moment(
-                    f"forward: all-gather {facts.units[u]}",
-                    inputs=profile.inputs_bytes,
-                    activations=saved,
-                    params_unsharded=unsharded_fwd + earlier + U[u],
-                    all_gather=held + AG[u] + sum(AG[v] for v in prefetched),
-                )
-            )
-            held = AG[u] if hold_all_gather else 0
-            ahead = fwd_units[i + 1 : i + 1 + prefetch]
-        if fsdp and st is stages[-1] and st.in_model is not None:
-            # the output projection inside the root's forward: the last all-gather output still held
-            kept, extra = st.in_model
-            in_flight = unsharded_fwd + (sum(U[v] for v in seen) if keep_fwd_bwd else 0)
-            moments.append(
-                moment(
-                    f"forward: {st.name} (in the model)",
-                    inputs=profile.inputs_bytes,
-                    activations=saved + kept,
-                    fwd_temp=extra,
-                    params_unsharded=in_flight,
-                    all_gather=held,
-                )
-            )
-        saved += st.saved_bytes
-        in_flight = all_gather = 0
-        if fsdp:
-            if st is stages[-1] and not keep_fwd_bwd:
-                pass  # the loss runs after the root's post-forward: everything resharded, outputs freed
-            elif keep_fwd_bwd:  # (the root's post-forward frees the held all-gather output before the loss)
-                in_flight = unsharded_fwd + sum(U[v] for v in seen)
-                all_gather = 0 if st is stages[-1] else held + sum(AG[v] for v in ahead)
-            else:
-                units_here = {unit_of[n] for n in st.params if n in unit_of} - {root}
-                in_flight = unsharded_fwd + sum(U[v] for v in units_here)
-                all_gather = held + sum(AG[v] for v in ahead)
-        moments.append(
-            moment(
-                f"forward: {st.name}",
-                inputs=profile.inputs_bytes,
-                activations=saved,
-                fwd_temp=st.fwd_extra_bytes,
-                params_unsharded=in_flight,
-                all_gather=all_gather,
-            )
-        )
-        moments[-1].untracked_bytes = total_buckets  # DDP buckets: allocated, not yet seen by the tracker
+            self.grads.add(f"grad {name}")
+            self.schedule.alloc(f"grad {name}", "grads", self.states.grad_bytes_by_param.get(name, 0))
+            if name in self.bucket_of:
+                self._write_bucket(self.bucket_of[name])
 
-    # ---- backward -----------------------------------------------------------------------------------
-    bwd_units = [root] + list(reversed(fwd_units)) if fsdp else []
-    depth = max(1, prefetch)
-    grads_done: set[str] = set()
-    reduced: list[int] = []  # units whose post-backward ran (sharded grads exist)
-    rs_held = 0  # the last reduce-scatter input, held until the next post-backward
-    unsharded_bwd: list[int] = list(seen) if keep_fwd_bwd else []
-    if keep_fwd_bwd and has_root:
-        unsharded_bwd.append(root)
-    last_grad = {p.unit: states.unsharded_grad_by_param.get(p.name, 0) for p in facts.params or ()}
-    started: set[int] = set(unsharded_bwd)  # units whose pre-backward ran (prefetch targets the others)
-    pending: dict[int, set[str]] = {u: set() for u in bwd_units}
-    for st in stages:
-        for n in st.params:
-            if unit_of.get(n) in pending:
-                pending[unit_of[n]].add(n)
-    # running sums (a 70B model has ~700 parameters and ~500 moments)
-    run = {"ug": 0, "grads": 0, "all_reduce": 0, "ddp_grads": 0}
-    ug_by_unit: dict[int, int] = {}
-    bucket_of = {n: i for i, (_, names) in enumerate(states.buckets) for n in names}
-    touched: set[int] = set()
+    def _write_bucket(self, i: int) -> None:
+        if i not in self.written:
+            self.written.add(i)
+            self.schedule.free(f"ddp bucket {i}")
+            self.schedule.alloc(f"ddp bucket {i} (written)", "ddp_buckets", self.states.buckets[i][0])
 
-    def add_grads(names: tuple[str, ...]) -> None:
-        for n in names:
-            if n in grads_done:
-                continue
-            grads_done.add(n)
-            if fsdp:
-                b = states.unsharded_grad_by_param.get(n, 0)
-                ug_by_unit[unit_of.get(n, -1)] = ug_by_unit.get(unit_of.get(n, -1), 0) + b
-                run["ug"] += b
-            else:
-                run["ddp_grads"] += states.grad_bytes_by_param.get(n, 0)
-                if n in bucket_of:
-                    touched.add(bucket_of[n])
+    def end_backward(self) -> None:
+        """The optimizer reads the gradients as resident states; every bucket has been written."""
+        for name in self.grads:
+            self.schedule.free(name)
+        for i in range(len(self.states.buckets)):
+            self._write_bucket(i)
 
-    def mark_reduced(u: int) -> None:
-        reduced.append(u)
-        run["ug"] -= ug_by_unit.get(u, 0)
-        run["grads"] += states.unit_sharded_grads.get(u, 0)
-        run["all_reduce"] += states.unit_reduce_output.get(u, 0) if hold_all_reduce else 0
 
-    def fsdp_parts(current: set[int], post_backward: int | None = None) -> dict[str, int]:
-        """Unsharded params, prefetched all-gathers, unsharded grads, sharded grads, held RS input.
+class _FsdpHooks(_Hooks):
+    """FSDP2's hooks on every wrap unit: all-gather and copy-out at pre-forward/pre-backward (with
+    prefetch), reshard at post-forward (not ZeRO-2), reduce-scatter at post-backward.
 
-        Unsharded gradients are ``grads_unsharded_in_bwd`` until their unit's post-backward starts (the
-        tracker files them as temporaries until then), ``grads_unsharded`` from then on."""
-        if not fsdp:
-            return {}
-        labelled = ug_by_unit.get(post_backward, 0) if post_backward is not None else 0
-        live = set(unsharded_bwd) | current
-        ahead = [] if keep_fwd_bwd else [u for u in bwd_units if u not in started][:depth]
+    The units alive are held as sets (unsharded parameters, all-gather outputs); a hook states the set it
+    leaves and ``_set_unsharded``/``_set_gathered`` turn the difference into allocations and frees."""
+
+    def __init__(
+        self,
+        schedule: _Schedule,
+        facts: ModelFacts,
+        states: RankStates,
+        sharding: Sharding,
+        config: StepConfig,
+        stages: tuple[Stage, ...],
+    ) -> None:
+        self.schedule = schedule
+        self.facts = facts
+        self.states = states
+        self.prefetch = config.prefetch
+        self.unit_of = {p.name: p.unit for p in facts.params or ()}
+        root = facts.root
+        self.root_units = {root} if root in states.unit_unsharded else set()
+        self.keep_unsharded = sharding.params_unsharded_fwd_to_bwd  # ZeRO-2: no reshard after forward
+        # FSDP2 keeps a unit's all-gather output until the next unit's copy-out has returned
+        # (``comm_ctx.all_gather_state``) when the shard group has more than one rank
+        self.hold_previous_gather = config.shard_group > 1
         # HSDP keeps each unit's all-reduce input until the end of backward; with a reduce dtype other
         # than the gradient's it is a buffer of its own (``FSDPParamGroup._all_reduce_state``)
-        return {
-            "params_unsharded": sum(U.get(u, 0) for u in live),
-            "all_gather": sum(AG.get(u, 0) for u in ahead),
-            "grads_unsharded": labelled,
-            "grads_unsharded_in_bwd": run["ug"] - labelled,
-            "grads": run["grads"],
-            "reduce_scatter": rs_held + run["all_reduce"],
-        }
-
-    def ddp_parts() -> tuple[dict[str, int], int]:
-        if fsdp:
-            return {}, 0
-        used = sum(states.buckets[i][0] for i in touched)
-        return {"grads": run["ddp_grads"], "ddp_buckets": used}, total_buckets - used
-
-    saved_before = [0]
-    for st in stages:
-        saved_before.append(saved_before[-1] + st.saved_bytes)
-    for j in range(len(stages) - 1, -1, -1):
-        st: Stage = stages[j]
-        before = saved_before[j]
-        units_here = {unit_of[n] for n in st.params if n in unit_of}
-        for bm in st.bwd:
-            add_grads(bm.grads_done)
-            label = f"backward: {st.name} ({bm.label})"
-            if fsdp and (bm.pre_backward or bm.grads_done):
-                for u in sorted(units_here - started):
-                    # pre-backward: copy-out of u's all-gather output into its unsharded parameters
-                    started.add(u)
-                    unsharded_bwd.append(u)
-                    earlier = [v for v in bwd_units if v not in started][: depth - 1]  # prefetched before
-                    parts = {
-                        **fsdp_parts(set()),
-                        "all_gather": AG.get(u, 0) + sum(AG.get(v, 0) for v in earlier),
-                    }
-                    moments.append(
-                        moment(
-                            f"backward: all-gather {facts.units[u]}",
-                            inputs=profile.inputs_bytes,
-                            activations=before + bm.saved_left_bytes,
-                            temp=bm.temp_bytes,
-                            **parts,
-                        )
-                    )
-            if fsdp and units_here <= started:
-                parts = fsdp_parts(units_here)
-            elif fsdp:  # before the stage's pre-backward hook (the loss backward): nothing prefetched yet
-                parts = {k: v for k, v in fsdp_parts(set()).items() if k != "all_gather"}
-            else:
-                parts, untracked = ddp_parts()
-            m = moment(
-                label,
-                inputs=profile.inputs_bytes,
-                activations=before + bm.saved_left_bytes,
-                temp=bm.temp_bytes,
-                **parts,
-            )
-            if not fsdp:
-                m.untracked_bytes = untracked
-            moments.append(m)
-        if fsdp:
-            # post-backward of every unit whose parameters all have gradients now (the root runs last)
-            for u in [u for u in units_here if u != root or j == 0]:
-                pending[u] -= grads_done
-                if pending[u]:
-                    continue
-                if u in unsharded_bwd:
-                    unsharded_bwd.remove(u)  # reshard
-                rs_held = states.unit_reduce_scatter.get(u, 0)  # previous input freed, this one allocated
-                # copy-in: u's unsharded gradients are copied into the reduce-scatter input
-                moments.append(
-                    moment(
-                        f"backward: reduce-scatter copy-in {facts.units[u]}",
-                        inputs=profile.inputs_bytes,
-                        activations=before,
-                        **fsdp_parts(set(), post_backward=u),
-                    )
-                )
-                mark_reduced(u)
-                # the collective: unsharded grads freed, the sharded output allocated; gloo stages a
-                # flattened copy of the input (ProcessGroupGloo's reduce_scatter reduces a copy)
-                # FSDPMemTracker's post-backward wrapper keeps its loop variable, the unit's last
-                # parameter's unsharded gradient, alive until post-backward returns (a tracker artifact)
-                parts = fsdp_parts(set())
-                parts["grads_unsharded"] += last_grad.get(u, 0)
-                cast = states.unit_reduce_output.get(u, 0) != states.unit_sharded_grads.get(u, 0)
-                op = dict(parts, reduce_scatter=parts["reduce_scatter"] + (rs_held if gloo_copy else 0))
-                if cast:  # the output is in the reduce dtype until cast to the gradient dtype
-                    op["grads"] -= states.unit_sharded_grads.get(u, 0)
-                    op["reduce_scatter"] += 0 if hold_all_reduce else states.unit_reduce_output.get(u, 0)
-                moments.append(
-                    moment(
-                        f"backward: reduce-scatter {facts.units[u]}",
-                        inputs=profile.inputs_bytes,
-                        activations=before,
-                        **op,
-                    )
-                )
-                if cast:
-                    moments.append(
-                        moment(
-                            f"backward: reduce-scatter {facts.units[u]} (cast)",
-                            inputs=profile.inputs_bytes,
-                            activations=before,
-                            **dict(
-                                parts,
-                                reduce_scatter=parts["reduce_scatter"]
-                                + (0 if hold_all_reduce else states.unit_reduce_output.get(u, 0)),
-                            ),
-                        )
-                    )
-
-    # ---- optimizer step -----------------------------------------------------------------------------
-    grads_all = states.grads + states.grads_padding
-    buckets = total_buckets
-    moments.append(
-        moment(
-            "optimizer step",
-            inputs=profile.inputs_bytes,
-            activations=LOSS_BYTES,
-            grads=grads_all,
-            ddp_buckets=buckets,
-            optim_temp=states.optim_temp,
+        self.hold_all_reduce = config.replicas > 1 and any(
+            states.unit_reduce_output.get(u) != states.unit_sharded_grads.get(u)
+            for u in states.unit_reduce_output
         )
-    )
-    return moments
+        # gloo's reduce-scatter reduces a staging copy of its input; FSDP2 skips the collective on one rank
+        self.gloo_staging = config.backend == "gloo" and config.shard_group > 1
+        self.forward_order = _forward_order(stages, self.unit_of, root)  # the root first, not listed
+        self.backward_order = [root, *reversed(self.forward_order)]
+        self.backward_depth = max(1, config.prefetch)
+        # the unit's last parameter: FSDPMemTracker's post-backward wrapper keeps its unsharded
+        # gradient (its loop variable) alive until post-backward returns (a tracker artifact)
+        self.last_grad = {p.unit: states.unsharded_grad_by_param.get(p.name, 0) for p in facts.params or ()}
+        self.pending = {u: set() for u in self.backward_order}  # parameters without a gradient yet
+        for stage in stages:
+            for name in stage.params:
+                if self.unit_of.get(name) in self.pending:
+                    self.pending[self.unit_of[name]].add(name)
+        self.unsharded: set[int] = set()
+        self.gathered: set[int] = set()  # all-gather outputs alive
+        self.held_gather: set[int] = set()  # forward: the previous unit's output, until the next copy-out
+        self.prefetched: list[int] = []  # forward: outputs issued ahead of their unit
+        self.seen: list[int] = []  # units whose forward ran
+        self.started: set[int] = set()  # units whose pre-backward ran (unsharded in backward)
+        self.grads_done: set[str] = set()
+        self.unsharded_grads: dict[int, list[str]] = {}  # per unit: parameters whose unsharded grad exists
+        self.reduced: list[int] = []  # units whose post-backward ran
+        self.reduce_scatter_input: int | None = None  # the last one, held until the next post-backward
+
+    # ---- the buffers a hook leaves alive ------------------------------------------------------------
+    def _set_unsharded(self, units: set[int]) -> None:
+        self._set(self.unsharded, units, "unsharded params", "params_unsharded", self.states.unit_unsharded)
+
+    def _set_gathered(self, units: set[int]) -> None:
+        self._set(self.gathered, units, "all-gather output", "all_gather", self.states.unit_all_gather)
+
+    def _set(self, alive: set[int], units: set[int], what: str, category: str, sizes: dict[int, int]) -> None:
+        for u in sorted(alive - units):
+            self.schedule.free(f"{what} {u}")
+        for u in sorted(units - alive):
+            self.schedule.alloc(f"{what} {u}", category, sizes.get(u, 0))
+        alive.clear()
+        alive.update(units)
+
+    def _units_of(self, stage: Stage) -> set[int]:
+        return {self.unit_of[n] for n in stage.params if n in self.unit_of}
+
+    def _name(self, unit: int) -> str:
+        return self.facts.units[unit]
+
+    # ---- forward ------------------------------------------------------------------------------------
+    def start_forward(self) -> None:
+        """The root's pre-forward: it stays unsharded through forward (resharded before the loss)."""
+        root = self.facts.root
+        if not (self.root_units and self.states.unit_unsharded[root]):
+            return
+        self._set_unsharded(self.root_units)
+        self._set_gathered({root})
+        self.schedule.record(f"forward: all-gather {self._name(root)}")
+        self.held_gather = {root} if self.hold_previous_gather else set()
+        self._set_gathered(self.held_gather)
+
+    def pre_forward(self, stage: Stage) -> None:
+        """Each unit the stage uses first: its copy-out, with the previous unit's output still held and
+        the next ``prefetch`` units' outputs in flight (the first unit issues those before it too)."""
+        new = sorted(self._units_of(stage) - {self.facts.root} - set(self.seen))
+        for u in new:
+            self.seen.append(u)
+            i = self.forward_order.index(u)
+            self._set_unsharded(self.root_units | (set(self.seen) if self.keep_unsharded else {u}))
+            self._set_gathered(self.held_gather | {u, *self.forward_order[i + 1 : i + self.prefetch]})
+            self.schedule.record(f"forward: all-gather {self._name(u)}")
+            self.held_gather = {u} if self.hold_previous_gather else set()
+            self.prefetched = self.forward_order[i + 1 : i + 1 + self.prefetch]
+            self._set_gathered(self.held_gather | set(self.prefetched))
+
+    def in_model(self, stage: Stage) -> None:
+        """The output projection inside the root's forward: the last all-gather output still held."""
+        self._set_unsharded(self.root_units | (set(self.seen) if self.keep_unsharded else set()))
+        self._set_gathered(self.held_gather)
+        kept, logits = stage.in_model or (0, 0)
+        self.schedule.record(f"forward: {stage.name} (in the model)", activations=kept, fwd_temp=logits)
+
+    def post_forward(self, stage: Stage, *, last: bool) -> None:
+        """What the stage's end sees: ZeRO-2 keeps every unit so far; the others the stage's own units.
+        The loss runs after the root's post-forward: all resharded (ZeRO-2: the held output freed)."""
+        if self.keep_unsharded:
+            self._set_unsharded(self.root_units | set(self.seen))
+        elif last:
+            self._set_unsharded(set())
+        else:
+            self._set_unsharded(self.root_units | (self._units_of(stage) - {self.facts.root}))
+        self._set_gathered(set() if last else self.held_gather | set(self.prefetched))
+
+    # ---- backward -----------------------------------------------------------------------------------
+    def start_backward(self) -> None:
+        self.started = set(self.unsharded)  # ZeRO-2's units are still unsharded from forward
+
+    def grads_ready(self, names: tuple[str, ...]) -> None:
+        for name in names:
+            if name in self.grads_done:
+                continue
+            self.grads_done.add(name)
+            nbytes = self.states.unsharded_grad_by_param.get(name, 0)
+            # the tracker files them as temporaries until their unit's post-backward starts
+            self.schedule.alloc(f"unsharded grad {name}", "grads_unsharded_in_bwd", nbytes)
+            self.unsharded_grads.setdefault(self.unit_of.get(name, -1), []).append(name)
+
+    def pre_backward(self, stage: Stage, step: BwdMoment) -> None:
+        """Each unit of the stage not yet unsharded, once its output gradient or a parameter gradient
+        arrives: copy-out of its all-gather output, the next ``max(1, prefetch)`` units prefetched."""
+        if not (step.pre_backward or step.grads_done):
+            return
+        for u in sorted(self._units_of(stage) - self.started):
+            self.started.add(u)
+            self._set_unsharded(self.unsharded | {u})
+            self._set_gathered({u, *self._not_started(self.backward_depth - 1)})
+            self.schedule.record(f"backward: all-gather {self._name(u)}", **_backward_transient(step))
+            self._set_gathered(set() if self.keep_unsharded else set(self._not_started(self.backward_depth)))
+
+    def _not_started(self, n: int) -> list[int]:
+        return [u for u in self.backward_order if u not in self.started][:n]
+
+    def post_backward(self, stage: Stage, *, first_stage: bool) -> None:
+        """Every unit whose parameters all have gradients now reduce-scatters (the root's runs last)."""
+        units = self._units_of(stage)
+        for u in [u for u in units if u != self.facts.root or first_stage]:
+            self.pending[u] -= self.grads_done
+            if not self.pending[u]:
+                self._reduce_scatter(u)
+
+    def _reduce_scatter(self, u: int) -> None:
+        """Reshard; copy-in of the unsharded gradients into the reduce-scatter input (the previous input
+        freed); the collective: unsharded gradients freed, the sharded output allocated, cast to the
+        gradient dtype where the reduce dtype differs."""
+        states = self.states
+        self._set_unsharded(self.unsharded - {u})
+        if self.reduce_scatter_input is not None:
+            self.schedule.free(f"reduce-scatter input {self.reduce_scatter_input}")
+        self.reduce_scatter_input = u
+        self.schedule.alloc(
+            f"reduce-scatter input {u}", "reduce_scatter", states.unit_reduce_scatter.get(u, 0)
+        )
+        grads = self.unsharded_grads.pop(u, [])
+        for name in grads:
+            self.schedule.free(f"unsharded grad {name}")
+            self.schedule.alloc(
+                f"unsharded grad {name}", "grads_unsharded", states.unsharded_grad_by_param.get(name, 0)
+            )
+        self.schedule.record(f"backward: reduce-scatter copy-in {self._name(u)}")
+        for name in grads:
+            self.schedule.free(f"unsharded grad {name}")
+        self.reduced.append(u)
+        output = states.unit_reduce_output.get(u, 0)
+        cast = output != states.unit_sharded_grads.get(u, 0)
+        if self.hold_all_reduce:
+            self.schedule.alloc(f"all-reduce input {u}", "reduce_scatter", output)
+        elif cast:
+            self.schedule.alloc(f"reduce-scatter output {u}", "reduce_scatter", output)
+        if not cast:
+            self._alloc_sharded_grads(u)
+        staging = states.unit_reduce_scatter.get(u, 0) if self.gloo_staging else 0
+        label = f"backward: reduce-scatter {self._name(u)}"
+        self.schedule.record(label, grads_unsharded=self.last_grad.get(u, 0), reduce_scatter=staging)
+        if cast:
+            self._alloc_sharded_grads(u)
+            self.schedule.record(f"{label} (cast)", grads_unsharded=self.last_grad.get(u, 0))
+            if not self.hold_all_reduce:
+                self.schedule.free(f"reduce-scatter output {u}")
+
+    def _alloc_sharded_grads(self, u: int) -> None:
+        self.schedule.alloc(f"sharded grads {u}", "grads", self.states.unit_sharded_grads.get(u, 0))
+
+    def end_backward(self) -> None:
+        """Everything backward allocated is freed; the optimizer reads the gradients as resident states."""
+        self._set_unsharded(set())
+        self._set_gathered(set())
+        if self.reduce_scatter_input is not None:
+            self.schedule.free(f"reduce-scatter input {self.reduce_scatter_input}")
+        for u in self.reduced:
+            self.schedule.free(f"sharded grads {u}")
+            if self.hold_all_reduce:
+                self.schedule.free(f"all-reduce input {u}")
+        for names in self.unsharded_grads.values():
+            for name in names:
+                self.schedule.free(f"unsharded grad {name}")
+
+
+def _forward_order(stages: tuple[Stage, ...], unit_of: dict[str, int], root: int) -> list[int]:
+    """Units in the order forward first uses them, the root excluded."""
+    order: list[int] = []
+    for stage in stages:
+        for u in sorted({unit_of[n] for n in stage.params if n in unit_of} - {root}):
+            if u not in order:
+                order.append(u)
+    return order
