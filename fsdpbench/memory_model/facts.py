@@ -48,9 +48,6 @@ class ModelFacts:
     def root(self) -> int:
         return len(self.units) - 1
 
-    def unit_params(self, unit: int) -> list[ParamFact]:
-        return [p for p in self.params or () if p.unit == unit]
-
     @classmethod
     def from_count(cls, n_params: int) -> ModelFacts:
         return cls(model=None, args=(), n_params=int(n_params), params=None)
