@@ -15,6 +15,7 @@ Where only a parameter count is known, the textbook b·Ψ/d is used (no padding,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsdpbench.memory_model.facts import ModelFacts, ParamFact
@@ -61,6 +62,26 @@ class RankStates:
         return self.params + self.params_padding + self.grads + self.grads_padding + self.optim
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """How this rank holds every parameter: the sharding degrees, its rank in the shard group, bytes per
+    element, the optimizer's state, and the device's storage rounding."""
+
+    d_p: int
+    d_g: int
+    d_o: int
+    shard_rank: int
+    precision: Precision
+    k: int  # optimizer-state bytes per parameter
+    n_state: int  # state tensors per parameter (Adam: exp_avg, exp_avg_sq)
+    step: int  # the optimizer's step tensor per parameter (0: none, or not on this device)
+    storage: Callable[[int], int]  # bytes a tensor of this many bytes takes on the device
+
+    @property
+    def shards(self) -> int:
+        return max(self.d_p, self.d_g, self.d_o)
+
+
 def get_rank_states(
     facts: ModelFacts,
     sharding: Sharding,
@@ -75,75 +96,99 @@ def get_rank_states(
 ) -> RankStates:
     """This rank's states for a strategy's declared sharding."""
     d_p, d_g, d_o = sharding.degrees(world_size, shard_size)
-    n = max(d_p, d_g, d_o)
-    shard_rank = rank % n
     k = optimizer_k(optimizer, precision)
-    step = STEP_TENSOR_BYTES if optimizer_has_step(optimizer) and device == "cpu" else 0
-    n_state = max(1, k // 4) if k else 0  # state tensors per parameter (Adam: exp_avg, exp_avg_sq)
-    rnd = _rounder(device)
-    out = RankStates()
+    layout = _Layout(
+        d_p=d_p,
+        d_g=d_g,
+        d_o=d_o,
+        shard_rank=rank % max(d_p, d_g, d_o),
+        precision=precision,
+        k=k,
+        n_state=max(1, k // 4) if k else 0,
+        step=STEP_TENSOR_BYTES if optimizer_has_step(optimizer) and device == "cpu" else 0,
+        storage=_rounder(device),
+    )
     if not facts.known:
-        psi = facts.n_params
-        out.exact = False
-        out.params = round(precision.param_bytes * psi / d_p)
-        out.grads = round(precision.grad_bytes * psi / d_g)
-        out.optim = round(k * psi / d_o)
-        return out
+        return _textbook_states(facts.n_params, layout)
+    out = RankStates()
+    if sharding.params and sharding.per_unit_gather:
+        update_sizes = [_add_fsdp_param(out, p, layout, uses_units) for p in facts.params]
+        for u, nbytes in list(out.unit_sharded_grads.items()):
+            out.unit_sharded_grads[u] = layout.storage(nbytes)
+    else:
+        update_sizes = _add_whole_params(out, facts.params, sharding, layout)
+        if not sharding.grads and not uses_units:
+            out.buckets = ddp_buckets(facts.params, precision.grad_bytes)
+    out.optim_temp = _update_temp_bytes(update_sizes, optimizer_update_temporaries(optimizer))
+    return out
 
-    fsdp = sharding.params and sharding.per_unit_gather
+
+def _textbook_states(psi: int, layout: _Layout) -> RankStates:
+    """b·Ψ/d from a parameter count alone."""
+    prec = layout.precision
+    return RankStates(
+        params=round(prec.param_bytes * psi / layout.d_p),
+        grads=round(prec.grad_bytes * psi / layout.d_g),
+        optim=round(layout.k * psi / layout.d_o),
+        exact=False,
+    )
+
+
+def _add_fsdp_param(out: RankStates, p: ParamFact, layout: _Layout, uses_units: bool) -> int:
+    """One parameter's dim-0 shard (and its unit's buffers); returns the bytes its update reads."""
+    prec, rnd, n = layout.precision, layout.storage, layout.shards
+    local, padded = _fsdp_local(p, n, layout.shard_rank)
+    out.params += local * prec.param_bytes
+    out.params_padding += rnd(padded * prec.param_bytes) - local * prec.param_bytes
+    out.grads += local * prec.grad_bytes
+    out.grads_padding += (padded - local) * prec.grad_bytes
+    if layout.k:
+        out.optim += layout.n_state * rnd(local * layout.k // layout.n_state) + layout.step
+    if uses_units:
+        _add_to_unit(out, p, padded, layout)
+    return local * 4
+
+
+def _add_to_unit(out: RankStates, p: ParamFact, padded: int, layout: _Layout) -> None:
+    prec, n, u = layout.precision, layout.shards, p.unit
+    full_padded = padded * n
+
+    def add(sizes: dict[int, int], nbytes: int) -> None:
+        sizes[u] = sizes.get(u, 0) + nbytes
+
+    add(out.unit_unsharded, layout.storage(full_padded * prec.unsharded_bytes))
+    # one rank: FSDP2 copies the shard straight into the unsharded parameter, no all-gather buffer
+    add(out.unit_all_gather, full_padded * prec.unsharded_bytes if n > 1 else 0)
+    add(out.unit_reduce_scatter, full_padded * prec.reduce_bytes)
+    add(out.unit_sharded_grads, padded * prec.grad_bytes)
+    add(out.unit_reduce_output, padded * prec.reduce_bytes)
+    out.unsharded_grad_by_param[p.name] = layout.storage(p.numel * prec.unsharded_bytes)
+
+
+def _add_whole_params(
+    out: RankStates, params: tuple[ParamFact, ...], sharding: Sharding, layout: _Layout
+) -> list[int]:
+    """Parameters whole on every rank (DDP, ZeRO-1, FSDP1 NO_SHARD) or a plugin's even split; returns
+    the bytes each parameter's update reads, in the local optimizer's order."""
+    prec, rnd, k, n_state = layout.precision, layout.storage, layout.k, layout.n_state
     # ZeroRedundancyOptimizer (optimizer sharded, gradients whole): whole parameters per rank
-    zero1 = sharding.optim and not sharding.grads and not fsdp
-    zero1_owned = _zero1_partition(facts.params, d_o)[shard_rank] if zero1 else None
-    update_sizes: list[int] = []  # bytes of each parameter the local optimizer updates, in its order
-    for p in facts.params:
-        if fsdp:
-            local, padded = _fsdp_local(p, n, shard_rank)
-            full_padded = padded * n
-            out.params += local * precision.param_bytes
-            out.params_padding += rnd(padded * precision.param_bytes) - local * precision.param_bytes
-            out.grads += local * precision.grad_bytes
-            out.grads_padding += (padded - local) * precision.grad_bytes
-            out.optim += n_state * rnd(local * k // n_state) + step if k else 0
-            update_sizes.append(local * 4)
-            if uses_units:
-                u = p.unit
-                out.unit_unsharded[u] = out.unit_unsharded.get(u, 0) + rnd(
-                    full_padded * precision.unsharded_bytes
-                )
-                # one rank: FSDP2 copies the shard straight into the unsharded parameter, no all-gather buffer
-                ag = full_padded * precision.unsharded_bytes if n > 1 else 0
-                out.unit_all_gather[u] = out.unit_all_gather.get(u, 0) + ag
-                out.unit_reduce_scatter[u] = (
-                    out.unit_reduce_scatter.get(u, 0) + full_padded * precision.reduce_bytes
-                )
-                out.unit_sharded_grads[u] = out.unit_sharded_grads.get(u, 0) + padded * precision.grad_bytes
-                out.unit_reduce_output[u] = out.unit_reduce_output.get(u, 0) + padded * precision.reduce_bytes
-                out.unsharded_grad_by_param[p.name] = rnd(p.numel * precision.unsharded_bytes)
-            continue
-        # parameters whole on every rank (DDP, ZeRO-1, FSDP1 NO_SHARD) or a plugin's even split
-        out.params += rnd(math.ceil(p.numel * precision.param_bytes / d_p))
-        g = rnd(math.ceil(p.numel * precision.grad_bytes / d_g))
+    zero1 = sharding.optim and not sharding.grads
+    owned = _zero1_partition(params, layout.d_o)[layout.shard_rank] if zero1 else None
+    update_sizes: list[int] = []
+    for p in params:
+        out.params += rnd(math.ceil(p.numel * prec.param_bytes / layout.d_p))
+        g = rnd(math.ceil(p.numel * prec.grad_bytes / layout.d_g))
         out.grads += g
         out.grad_bytes_by_param[p.name] = g
-        if zero1_owned is not None:
-            if p.name in zero1_owned and k:
-                out.optim += n_state * rnd(p.numel * k // n_state) + step
+        if owned is not None:
+            if p.name in owned and k:
+                out.optim += n_state * rnd(p.numel * k // n_state) + layout.step
         elif k:
-            out.optim += n_state * rnd(math.ceil(p.numel * k / d_o / n_state)) + step
-            update_sizes.append(math.ceil(p.numel / d_o) * 4)
-    if zero1_owned is not None:  # the rank's local optimizer holds its partition largest first
-        update_sizes = [
-            p.numel * 4
-            for p in sorted(facts.params, key=lambda t: t.numel, reverse=True)
-            if p.name in zero1_owned
-        ]
-    out.optim_temp = _update_temp_bytes(update_sizes, optimizer_update_temporaries(optimizer))
-    if fsdp:
-        for u, nbytes in list(out.unit_sharded_grads.items()):
-            out.unit_sharded_grads[u] = rnd(nbytes)
-    elif not sharding.grads and not uses_units:
-        out.buckets = ddp_buckets(facts.params, precision.grad_bytes)
-    return out
+            out.optim += n_state * rnd(math.ceil(p.numel * k / layout.d_o / n_state)) + layout.step
+            update_sizes.append(math.ceil(p.numel / layout.d_o) * 4)
+    if owned is not None:  # the rank's local optimizer holds its partition largest first
+        return [p.numel * 4 for p in sorted(params, key=lambda t: t.numel, reverse=True) if p.name in owned]
+    return update_sizes
 
 
 def _update_temp_bytes(sizes: list[int], per_param: int) -> int:
