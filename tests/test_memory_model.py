@@ -339,6 +339,52 @@ def test_unsharded_gradients_are_in_backward_until_their_units_post_backward():
     assert copy_in["grads_unsharded_in_bwd"] == root_pending
 
 
+@pytest.mark.parametrize(
+    ("strategy", "world", "prefetch"),
+    [("ddp", 2, 0), ("zero1", 2, 0), ("zero2", 2, 1), ("zero3", 2, 2), ("hsdp", 4, 0)],
+)
+def test_every_buffer_the_step_allocates_is_freed_by_the_optimizer_step(strategy, world, prefetch):
+    """What backward allocates (unsharded units, all-gather outputs, reduce-scatter and all-reduce buffers,
+    unsharded and per-unit gradients) is freed once the optimizer runs: the resident states, the batch,
+    the gradients and DDP's buckets remain; the moments are the accountant's walk of those events."""
+    from fsdpbench.memory_model import peak_moments, step_events
+    from fsdpbench.memory_model.timeline import Accountant
+
+    case = Case(
+        model="decoder-tiny", strategy=strategy, world_size=world, precision="bf16", prefetch=prefetch
+    )
+    accountant = Accountant()
+    for event in step_events(case):
+        accountant.apply(event)
+    left = {name for name in accountant.buffers if not name.startswith("ddp bucket")}
+    assert left == {"params", "padding", "optimizer state", "batch", "gradients"}
+    buckets = {
+        category for name, (category, _) in accountant.buffers.items() if name.startswith("ddp bucket")
+    }
+    assert buckets == ({"ddp_buckets"} if strategy in ("ddp", "zero1") else set())  # all written by now
+    assert accountant.moments == peak_moments(case)
+    assert accountant.moments[-1].label == "optimizer step"
+
+
+def test_the_accountant_counts_transients_at_one_moment_and_refuses_a_buffer_allocated_twice():
+    from fsdpbench.memory_model.timeline import UNTRACKED, Alloc, Free, Record, account
+
+    one, two = account(
+        [
+            Alloc("grad w", "grads", 10),
+            Alloc("bucket", UNTRACKED, 7),
+            Record("one", (("temp", 5),)),
+            Free("grad w"),
+            Record("two"),
+        ]
+    )
+    assert one.bytes == {"params": 0, "padding": 0, "optim": 0, "grads": 10, "temp": 5}
+    assert one.untracked_bytes == two.untracked_bytes == 7
+    assert two.total == 0
+    with pytest.raises(ValueError, match="allocated twice"):
+        account([Alloc("a", "grads", 1), Alloc("a", "grads", 1)])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("strategy", "world", "shape", "moment"),

@@ -26,7 +26,7 @@ from fsdpbench.memory_model.activations import (
 from fsdpbench.memory_model.facts import ModelFacts, get_model_facts
 from fsdpbench.memory_model.precision import PRECISIONS, Precision, get_precision, optimizer_k
 from fsdpbench.memory_model.states import RankStates, get_rank_states
-from fsdpbench.memory_model.timeline import CATEGORIES, Moment, StepConfig, walk_step
+from fsdpbench.memory_model.timeline import CATEGORIES, Event, Moment, StepConfig, account, step_schedule
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.base import Sharding, Strategy
 
@@ -166,6 +166,10 @@ def zero_model_states_bytes(
     return param_bytes * params / d_p + grad_bytes * params / d_g + k * params / d_o
 
 
+# the fields a prediction copies from its case
+_FROM_CASE = ("strategy", "world_size", "precision", "optimizer", "batch_size", "seq_len", "device")
+
+
 @dataclass(frozen=True, slots=True)
 class _Setup:
     """What every prediction for one rank of a case starts from."""
@@ -222,12 +226,12 @@ def _rank_states(
     )
 
 
-def _walk(case: Case, setup: _Setup, profile: ActivationProfile) -> list[Moment]:
+def _schedule(case: Case, setup: _Setup, profile: ActivationProfile) -> list[Event]:
     group = max(setup.sharding.degrees(case.world_size, setup.shard_size))
     config = StepConfig(
         prefetch=case.prefetch, shard_group=group, replicas=case.world_size // group, backend=case.backend
     )
-    return walk_step(setup.facts, setup.states, profile, setup.sharding, config)
+    return step_schedule(setup.facts, setup.states, profile, setup.sharding, config)
 
 
 def predict_memory(
@@ -253,15 +257,10 @@ def predict_memory(
         )
     context = (CUDA_CONTEXT_BYTES if context_bytes is None else context_bytes) if case.device == "cuda" else 0
     pred = MemoryPrediction(
-        strategy=case.strategy,
-        world_size=case.world_size,
+        **{name: getattr(case, name) for name in _FROM_CASE},
         shard_size=setup.shard_size,
         rank=rank,
         params=facts.n_params,
-        precision=case.precision,
-        optimizer=case.optimizer,
-        batch_size=case.batch_size,
-        seq_len=case.seq_len,
         method="analytic",
         params_bytes=states.params,
         padding_bytes=states.params_padding + states.grads_padding,
@@ -271,7 +270,6 @@ def predict_memory(
         model_states_bytes=_model_states_bytes(case, setup),
         exact_states=states.exact,
         context_bytes=context,
-        device=case.device,
         host_bytes=host_states.model_states if host_states else 0,
         params_host_bytes=host_states.params + host_states.params_padding if host_states else 0,
         params_device_bytes=0 if case.cpu_offload else states.params + states.params_padding,
@@ -293,7 +291,7 @@ def predict_memory(
     return replace(
         pred,
         **terms,
-        **_peak_terms(_walk(case, setup, profile), offload=case.cpu_offload),
+        **_peak_terms(account(_schedule(case, setup, profile)), offload=case.cpu_offload),
         activations_bytes=profile.inputs_bytes + profile.saved_bytes,
         notes=tuple(notes),
     )
@@ -301,9 +299,15 @@ def predict_memory(
 
 def peak_moments(case: Case, *, rank: int = 0) -> list[Moment]:
     """Every moment of the step (for inspection: which term grows when)."""
+    return account(step_events(case, rank=rank))
+
+
+def step_events(case: Case, *, rank: int = 0) -> list[Event]:
+    """The step's schedule: every buffer allocated and freed, and the moments recorded (empty without
+    an activation model)."""
     setup = _set_up(case, rank)
     profile = _profile(case, setup.strategy, setup.precision)
-    return [] if profile is None else _walk(case, setup, profile)
+    return [] if profile is None else _schedule(case, setup, profile)
 
 
 def _host_states(case: Case, setup: _Setup, rank: int) -> RankStates:
@@ -416,5 +420,6 @@ __all__ = [
     "peak_moments",
     "predict_memory",
     "prediction_columns",
+    "step_events",
     "zero_model_states_bytes",
 ]

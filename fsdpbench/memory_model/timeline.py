@@ -142,17 +142,6 @@ class StepConfig:
     backend: str = "nccl"
 
 
-def walk_step(
-    facts: ModelFacts,
-    states: RankStates,
-    profile: ActivationProfile,
-    sharding: Sharding,
-    config: StepConfig,
-) -> list[Moment]:
-    """Every moment of one step with its bytes by category."""
-    return account(step_schedule(facts, states, profile, sharding, config))
-
-
 def step_schedule(
     facts: ModelFacts,
     states: RankStates,
@@ -173,6 +162,7 @@ def step_schedule(
     _forward(schedule, profile.stages, hooks)
     _backward(schedule, profile.stages, hooks)
     hooks.end_backward()
+    # the optimizer reads the gradients as the resident states hold them, padding included
     schedule.alloc("gradients", "grads", states.grads + states.grads_padding)
     schedule.record("optimizer step", activations=LOSS_BYTES, optim_temp=states.optim_temp)
     return schedule.events
@@ -192,9 +182,9 @@ def _forward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> N
 
 def _backward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> None:
     hooks.start_backward()
-    for j in range(len(stages) - 1, -1, -1):
-        stage = stages[j]
-        schedule.free(f"saved {stage.name}")  # what of it is still alive, moment by moment: saved_left_bytes
+    for j, stage in reversed(list(enumerate(stages))):
+        # its backward consumes what the stage saved: each moment says how much is left (saved_left_bytes)
+        schedule.free(f"saved {stage.name}")
         for step in stage.bwd:
             hooks.grads_ready(step.grads_done)
             hooks.pre_backward(stage, step)
@@ -251,7 +241,7 @@ class _ReplicatedHooks(_Hooks):
     def __init__(self, schedule: _Schedule, states: RankStates) -> None:
         self.schedule = schedule
         self.states = states
-        self.grads: set[str] = set()
+        self.grad_buffers: set[str] = set()
         self.bucket_of = {n: i for i, (_, names) in enumerate(states.buckets) for n in names}
         self.written: set[int] = set()
         for i, (nbytes, _) in enumerate(states.buckets):
@@ -259,9 +249,9 @@ class _ReplicatedHooks(_Hooks):
 
     def grads_ready(self, names: tuple[str, ...]) -> None:
         for name in names:
-            if f"grad {name}" in self.grads:
+            if f"grad {name}" in self.grad_buffers:
                 continue
-            self.grads.add(f"grad {name}")
+            self.grad_buffers.add(f"grad {name}")
             self.schedule.alloc(f"grad {name}", "grads", self.states.grad_bytes_by_param.get(name, 0))
             if name in self.bucket_of:
                 self._write_bucket(self.bucket_of[name])
@@ -274,7 +264,7 @@ class _ReplicatedHooks(_Hooks):
 
     def end_backward(self) -> None:
         """The optimizer reads the gradients as resident states; every bucket has been written."""
-        for name in self.grads:
+        for name in self.grad_buffers:
             self.schedule.free(name)
         for i in range(len(self.states.buckets)):
             self._write_bucket(i)
