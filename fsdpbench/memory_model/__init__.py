@@ -174,13 +174,37 @@ _FROM_CASE = ("strategy", "world_size", "precision", "optimizer", "batch_size", 
 class _Setup:
     """What every prediction for one rank of a case starts from."""
 
+    case: Case
+    rank: int
     strategy: Strategy
     sharding: Sharding
     precision: Precision
     shard_size: int | None
     uses_units: bool  # FSDP units are all-gathered one by one (else the model is one unit)
     facts: ModelFacts
-    states: RankStates
+
+    def rank_states(self, device: str) -> RankStates:
+        """The rank's states, with ``device``'s storage rounding."""
+        return get_rank_states(
+            self.facts,
+            self.sharding,
+            self.precision,
+            self.case.optimizer,
+            world_size=self.case.world_size,
+            shard_size=self.shard_size,
+            rank=self.rank,
+            device=device,
+            uses_units=self.uses_units,
+        )
+
+    def schedule(self, states: RankStates, profile: ActivationProfile) -> list[Event]:
+        """The step's events for these states and activations."""
+        world = self.case.world_size
+        group = max(self.sharding.degrees(world, self.shard_size))
+        config = StepConfig(
+            prefetch=self.case.prefetch, shard_group=group, replicas=world // group, backend=self.case.backend
+        )
+        return step_schedule(self.facts, states, profile, self.sharding, config)
 
 
 def _set_up(
@@ -199,39 +223,7 @@ def _set_up(
             wrap_min_params=case.wrap_min_params,
             wrap_classes=tuple(case.wrap_classes),
         )
-    states = _rank_states(case, facts, sharding, prec, shard, rank, uses_units, case.device)
-    return _Setup(strategy, sharding, prec, shard, uses_units, facts, states)
-
-
-def _rank_states(
-    case: Case,
-    facts: ModelFacts,
-    sharding: Sharding,
-    prec: Precision,
-    shard: int | None,
-    rank: int,
-    uses_units: bool,
-    device: str,
-) -> RankStates:
-    return get_rank_states(
-        facts,
-        sharding,
-        prec,
-        case.optimizer,
-        world_size=case.world_size,
-        shard_size=shard,
-        rank=rank,
-        device=device,
-        uses_units=uses_units,
-    )
-
-
-def _schedule(case: Case, setup: _Setup, profile: ActivationProfile) -> list[Event]:
-    group = max(setup.sharding.degrees(case.world_size, setup.shard_size))
-    config = StepConfig(
-        prefetch=case.prefetch, shard_group=group, replicas=case.world_size // group, backend=case.backend
-    )
-    return step_schedule(setup.facts, setup.states, profile, setup.sharding, config)
+    return _Setup(case, rank, strategy, sharding, prec, shard, uses_units, facts)
 
 
 def predict_memory(
@@ -244,11 +236,12 @@ def predict_memory(
 ) -> MemoryPrediction:
     """The analytic prediction for one rank of a case (``facts`` overrides the model, e.g. a bare Ψ)."""
     setup = _set_up(case, rank, facts, strategy)
-    facts, states, prec = setup.facts, setup.states, setup.precision
+    facts, prec = setup.facts, setup.precision
+    states = setup.rank_states(case.device)
     # CPU offload: the same states as host tensors (no CUDA allocator rounding)
     host_states = None
     if case.cpu_offload:
-        host_states = states if case.device == "cpu" else _host_states(case, setup, rank)
+        host_states = states if case.device == "cpu" else setup.rank_states("cpu")
     notes = _case_notes(case, setup.strategy)
     if not states.exact:
         notes.append(
@@ -267,7 +260,7 @@ def predict_memory(
         grads_bytes=states.grads,
         optim_bytes=states.optim,
         resting_states_bytes=states.model_states,
-        model_states_bytes=_model_states_bytes(case, setup),
+        model_states_bytes=_model_states_bytes(setup, states),
         exact_states=states.exact,
         context_bytes=context,
         host_bytes=host_states.model_states if host_states else 0,
@@ -291,7 +284,7 @@ def predict_memory(
     return replace(
         pred,
         **terms,
-        **_peak_terms(account(_schedule(case, setup, profile)), offload=case.cpu_offload),
+        **_peak_terms(account(setup.schedule(states, profile)), offload=case.cpu_offload),
         activations_bytes=profile.inputs_bytes + profile.saved_bytes,
         notes=tuple(notes),
     )
@@ -307,13 +300,7 @@ def step_events(case: Case, *, rank: int = 0) -> list[Event]:
     an activation model)."""
     setup = _set_up(case, rank)
     profile = _profile(case, setup.strategy, setup.precision)
-    return [] if profile is None else _schedule(case, setup, profile)
-
-
-def _host_states(case: Case, setup: _Setup, rank: int) -> RankStates:
-    return _rank_states(
-        case, setup.facts, setup.sharding, setup.precision, setup.shard_size, rank, setup.uses_units, "cpu"
-    )
+    return [] if profile is None else setup.schedule(setup.rank_states(case.device), profile)
 
 
 def _case_notes(case: Case, strategy: Strategy) -> list[str]:
@@ -334,10 +321,10 @@ def _case_notes(case: Case, strategy: Strategy) -> list[str]:
     return notes
 
 
-def _model_states_bytes(case: Case, setup: _Setup) -> int:
+def _model_states_bytes(setup: _Setup, states: RankStates) -> int:
     """The ZeRO paper's accounting: the real layout where it is known (plus the params ZeRO-2 holds
     unsharded from forward to backward), the textbook formula otherwise or under ``mixed``."""
-    prec, states, sharding = setup.precision, setup.states, setup.sharding
+    case, prec, sharding = setup.case, setup.precision, setup.sharding
     if prec.master_in_optimizer or not states.exact:
         k = optimizer_k(case.optimizer, prec)
         params = setup.facts.n_params
