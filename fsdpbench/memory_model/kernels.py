@@ -14,8 +14,8 @@ Source: every tensor autograd saves in one decoder block, on an H100 (torch 2.11
   attention's, without dropout, on the host, so the GPU tracker does not count them). cuDNN's
   logsumexp is ``(b, h, s, 1)`` and its output is laid out ``(b, h, s, d)``, so the ``(b, s, h·d)``
   reshape before ``wo`` is a copy; memory-efficient attention pads its logsumexp's sequence dimension to
-  a multiple of 32 and lays its output out ``(b, s, h, d)``, so that reshape is a view. The CPU's flash attention saves a ``(b, h, s)`` logsumexp, lays its output
-  out ``(b, h, s, d)`` and keeps no RNG state.
+  a multiple of 32 and lays its output out ``(b, s, h, d)``, so that reshape is a view. The CPU's flash
+  attention saves a ``(b, h, s)`` logsumexp, lays its output out ``(b, h, s, d)`` and keeps no RNG state.
 """
 
 from __future__ import annotations
