@@ -305,7 +305,7 @@ class _FsdpHooks(_Hooks):
         )
         # gloo's reduce-scatter reduces a staging copy of its input; FSDP2 skips the collective on one rank
         self.gloo_staging = config.backend == "gloo" and config.shard_group > 1
-        self.forward_order = _forward_order(stages, self.unit_of, root)  # the root first, not listed
+        self.forward_order = _forward_order(stages, self.unit_of, root)  # the root (gathered first) left out
         self.backward_order = [root, *reversed(self.forward_order)]
         self.backward_depth = max(1, config.prefetch)
         # the unit's last parameter: FSDPMemTracker's post-backward wrapper keeps its unsharded
