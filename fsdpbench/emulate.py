@@ -102,10 +102,8 @@ def fake_collectives(case: Case) -> Iterator[None]:
 
 
 def shards_on_meta(strategy: Any) -> bool:
-    """FSDP2 strategies (those with an FSDP2 root) can be applied on ``meta`` and then materialised."""
-    from fsdpbench.strategies.base import Strategy
-
-    return type(strategy).fsdp_root is not Strategy.fsdp_root
+    """FSDP2 strategies can be applied on ``meta`` and then materialised."""
+    return strategy.fsdp_version == 2
 
 
 def build_rank_model(

@@ -25,7 +25,7 @@ from fsdpbench.case import Case
 from fsdpbench.models import resolve_model
 
 _DEFAULT = Case()
-# knobs only FSDP1 reads (a strategy with ``uses_fsdp1_knobs = True`` reads them)
+# knobs only FSDP1 reads (a strategy with ``fsdp_version = 1`` reads them)
 FSDP1_KNOBS = ("backward_prefetch", "forward_prefetch", "limit_all_gathers")
 
 
@@ -89,20 +89,9 @@ def _outermost(model: nn.Module, classes: tuple[type[nn.Module], ...]) -> list[n
 
 
 # ---- case rules ---------------------------------------------------------------------------------
-def supports_cpu_offload(strategy: Any) -> bool:
-    """A strategy offloads if it says so (``supports_cpu_offload``); FSDP2 strategies (they name an
-    FSDP2 root for the memory tracker) do by default."""
-    declared = getattr(strategy, "supports_cpu_offload", None)
-    if declared is not None:
-        return bool(declared)
-    from fsdpbench.strategies.base import Strategy
-
-    return type(strategy).fsdp_root is not Strategy.fsdp_root
-
-
 def normalize_knobs(case: Case, strategy: Any) -> Case:
     """Reset knobs the strategy ignores to their defaults, so a sweep over them collapses to one case."""
-    if getattr(strategy, "uses_fsdp1_knobs", False):
+    if strategy.fsdp_version == 1:
         return case
     return case.replace(**{k: getattr(_DEFAULT, k) for k in FSDP1_KNOBS})
 
@@ -112,7 +101,7 @@ def check_knobs(case: Case, strategy: Any) -> str | None:
     missing = missing_requirement(case.model)
     if missing:
         return missing
-    if case.cpu_offload and not supports_cpu_offload(strategy):
+    if case.cpu_offload and not strategy.supports_cpu_offload:
         return (
             f"cpu_offload applies to FSDP strategies (zero2, zero3, hsdp, fsdp1_*); "
             f"{strategy.name} keeps every state on the compute device"

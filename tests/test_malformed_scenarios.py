@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 import fsdpbench.models  # noqa: F401  (imported before tracing: torch's import is not the file's cost)
-import fsdpbench.strategies  # noqa: F401
 from fsdpbench.cli import build_parser
+from fsdpbench.strategies import registered
+
+registered()  # loads the strategies (and torch) before tracing, for the same reason
 
 MALFORMED = sorted((Path(__file__).parent / "malformed").glob("*.yaml"))
 MAX_TRACED_BYTES = 64 * 2**20  # Python allocations while rejecting one file

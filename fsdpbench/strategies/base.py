@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -10,12 +11,16 @@ from torch import nn
 
 from fsdpbench.case import Case
 
+GROUPS = ("world", "shard_group")
+GRAD_REDUCTIONS = ("all_reduce", "reduce_scatter")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Sharding:
-    """Which model states are sharded (over the shard group) rather than replicated.
+    """Which model states are sharded (over the shard group) rather than replicated, and what a step
+    communicates to keep them so.
 
-    The memory model reads this; it never needs a table of strategy names.
+    The memory model and the analytic communication volume read this; neither needs a strategy's name.
     """
 
     params: bool
@@ -23,31 +28,68 @@ class Sharding:
     optim: bool
     # SHARD_GRAD_OP / ZeRO-2 via FSDP: params sharded at rest, unsharded from forward to backward.
     params_unsharded_fwd_to_bwd: bool = False
-    # "world": sharded over all ranks; "shard_group": over the HSDP shard group only.
+    # "world": sharded over all ranks; "shard_group": over the shard group only, replicated across groups
+    # (the gradient shards are then all-reduced across the replicas).
     group: str = "world"
     # params are all-gathered unit by unit (FSDP); DDP/ZeRO-1 keep them whole.
     per_unit_gather: bool = False
+    # all-gathers of the parameters per step: 2 = in forward and again in backward, 1 = kept to backward
+    param_gathers: int = 0
+    # how gradients are reduced: "all_reduce" (every rank gets the whole) or "reduce_scatter" (its shard)
+    grad_reduction: str = "all_reduce"
+    # the collective that hands every rank the parameters another rank updated (ZeRO-1), or None
+    param_sync_after_step: str | None = None
+
+    def __post_init__(self) -> None:
+        for field_name, allowed in (
+            ("group", GROUPS),
+            ("grad_reduction", GRAD_REDUCTIONS),
+            ("param_gathers", (0, 1, 2)),
+            ("param_sync_after_step", (None, "broadcast", "all_gather")),
+        ):
+            value = getattr(self, field_name)
+            if value not in allowed:
+                raise ValueError(f"Sharding.{field_name} must be one of {allowed}, got {value!r}")
+
+    @property
+    def over_shard_group(self) -> bool:
+        """Sharded within a shard group and replicated across groups (HSDP): cases name a shard size."""
+        return self.group == "shard_group"
 
     def comm_pattern(self) -> str:
-        """Which textbook communication pattern this sharding implies (for the analytic volume)."""
-        if self.params and self.group == "shard_group":
+        """The textbook communication pattern this sharding follows: a label for the results, not a key."""
+        if self.grad_reduction == "all_reduce":
+            return "zero1" if self.param_sync_after_step else "ddp"
+        if self.over_shard_group:
             return "hsdp"
-        if self.params:
-            return "zero2" if self.params_unsharded_fwd_to_bwd else "zero3"
-        if self.optim:
-            return "zero1"
-        return "ddp"
+        return "zero2" if self.param_gathers == 1 else "zero3"
 
     def degrees(self, world_size: int, shard_size: int | None = None) -> tuple[int, int, int]:
         """(d_p, d_g, d_o): 1 for a replicated state, the shard-group size for a sharded one.
 
         ``shard_size``: a shard-group sharding's group size, resolved (``Case.shard_group_size``)."""
         n = world_size
-        if self.group == "shard_group":
+        if self.over_shard_group:
             if shard_size is None:
                 raise ValueError("a shard-group sharding needs its shard size (Case.shard_group_size)")
             n = shard_size
         return (n if self.params else 1, n if self.grads else 1, n if self.optim else 1)
+
+
+# The shardings the textbook names; a strategy declares one of these or its own.
+REPLICATED = Sharding(params=False, grads=False, optim=False)
+OPTIM_SHARDED = Sharding(params=False, grads=False, optim=True, param_sync_after_step="broadcast")
+FSDP_FULL_SHARD = Sharding(
+    params=True,
+    grads=True,
+    optim=True,
+    per_unit_gather=True,
+    param_gathers=2,
+    grad_reduction="reduce_scatter",
+)
+# FSDP's SHARD_GRAD_OP: gathered once in forward, kept unsharded until backward is done
+FSDP_KEEP_PARAMS = dataclasses.replace(FSDP_FULL_SHARD, params_unsharded_fwd_to_bwd=True, param_gathers=1)
+FSDP_HYBRID_SHARD = dataclasses.replace(FSDP_FULL_SHARD, group="shard_group")
 
 
 @dataclass(kw_only=True)
@@ -62,15 +104,24 @@ class ApplyContext:
 
 
 class Strategy:
-    """Base class; subclasses set the class variables and implement ``apply``."""
+    """Base class; subclasses declare what they are in the class variables and implement ``apply``.
+
+    What a subclass declares is all that the rest of fsdpbench knows of it: nothing outside
+    ``fsdpbench/strategies/`` names a strategy.
+    """
 
     name: ClassVar[str] = ""
-    description: ClassVar[str] = ""
     sharding: ClassVar[Sharding]
     uses_wrap: ClassVar[bool] = False
     uses_prefetch: ClassVar[bool] = False
     # True when the strategy casts parameters itself (FSDP mixed precision); else the worker autocasts.
     native_mixed_precision: ClassVar[bool] = False
+    supports_cpu_offload: ClassVar[bool] = False
+    # 0: no FSDP; 1: FullyShardedDataParallel (reads the FSDP1 knobs); 2: fully_shard (the model is
+    # the FSDP2 root, it can be sharded on the meta device)
+    fsdp_version: ClassVar[int] = 0
+    # the report draws the strategy in this colour; None: one from a fallback palette
+    color: ClassVar[str | None] = None
 
     def check(self, case: Case) -> str | None:
         """Why this case cannot run (a sentence), or None."""
@@ -88,4 +139,4 @@ class Strategy:
 
     def fsdp_root(self, model: nn.Module) -> nn.Module | None:
         """The FSDP2 root module if this strategy uses FSDP2 (memory tracking picks its tracker)."""
-        return None
+        return model if self.fsdp_version == 2 else None

@@ -6,8 +6,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from fsdpbench.case import Case
-from fsdpbench.strategies import register_strategy
-from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
+from fsdpbench.strategies.base import REPLICATED, ApplyContext, Strategy
 
 
 def wrap_ddp(model: nn.Module, ctx: ApplyContext) -> DistributedDataParallel:
@@ -33,11 +32,12 @@ def check_ddp_precision(case: Case) -> str | None:
     return None
 
 
-@register_strategy
 class DDP(Strategy):
+    """DistributedDataParallel: params, grads and optimizer state replicated (16Ψ)."""
+
     name = "ddp"
-    description = "DistributedDataParallel: params, grads and optimizer state replicated (16Ψ)"
-    sharding = Sharding(params=False, grads=False, optim=False)
+    sharding = REPLICATED
+    color = "#4C78A8"
 
     def check(self, case: Case) -> str | None:
         return super().check(case) or check_ddp_precision(case)

@@ -23,6 +23,7 @@ supports a PyTorch-style ``loss.backward()`` with ZeRO), and ``DeepSpeedOptimize
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from collections.abc import Callable
@@ -32,8 +33,7 @@ import torch
 from torch import nn
 
 from fsdpbench.case import Case
-from fsdpbench.strategies import register_strategy
-from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
+from fsdpbench.strategies.base import FSDP_FULL_SHARD, OPTIM_SHARDED, ApplyContext, Sharding, Strategy
 from fsdpbench.strategies.optim import build_optimizer
 
 # name -> (type, DeepSpeed 0.19's default, which stages read it, what it does)
@@ -141,10 +141,25 @@ class DeepSpeedOptimizer:
         """Nothing left to do: ``engine.step()`` zeroed the gradients."""
 
 
+# DeepSpeed's ZeRO stages as fsdpbench strategies: name, what is sharded, the report's colour. Stages
+# 1 and 2 are analysed as ZeRO-1 (gradients all-reduced, then the updated parameters spread: DeepSpeed
+# all-gathers what ZeroRedundancyOptimizer broadcasts, the same bytes per rank), stage 3 as FULL_SHARD.
+STAGES: dict[int, tuple[str, Sharding, str]] = {
+    1: ("ds_zero1", OPTIM_SHARDED, "#83BCB6"),
+    2: ("ds_zero2", dataclasses.replace(OPTIM_SHARDED, grads=True), "#FFBF79"),
+    3: ("ds_zero3", dataclasses.replace(FSDP_FULL_SHARD, per_unit_gather=False), "#FF9D98"),
+}
+
+
 class _DeepSpeedZero(Strategy):
     stage: int
     native_mixed_precision = True  # DeepSpeed's bf16/fp16 config casts; the worker must not autocast
     supports_cpu_offload = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "stage" in vars(cls):  # one of DeepSpeed's stages: declared in STAGES
+            cls.name, cls.sharding, cls.color = STAGES[cls.stage]
 
     def check(self, case: Case) -> str | None:
         missing = deepspeed_missing()
@@ -185,27 +200,21 @@ class _DeepSpeedZero(Strategy):
         return deepspeed_estimate_bytes(case, self.stage)
 
 
-@register_strategy
 class DSZero1(_DeepSpeedZero):
-    name = "ds_zero1"
-    description = "DeepSpeed ZeRO stage 1: optimizer state (and fp32 master) sharded"
-    sharding = Sharding(params=False, grads=False, optim=True)
+    """DeepSpeed ZeRO stage 1: optimizer state (and fp32 master) sharded."""
+
     stage = 1
 
 
-@register_strategy
 class DSZero2(_DeepSpeedZero):
-    name = "ds_zero2"
-    description = "DeepSpeed ZeRO stage 2: gradients and optimizer state sharded, params replicated"
-    sharding = Sharding(params=False, grads=True, optim=True)
+    """DeepSpeed ZeRO stage 2: gradients and optimizer state sharded, params replicated."""
+
     stage = 2
 
 
-@register_strategy
 class DSZero3(_DeepSpeedZero):
-    name = "ds_zero3"
-    description = "DeepSpeed ZeRO stage 3: params, gradients and optimizer state sharded"
-    sharding = Sharding(params=True, grads=True, optim=True)
+    """DeepSpeed ZeRO stage 3: params, gradients and optimizer state sharded."""
+
     stage = 3
 
 

@@ -23,8 +23,15 @@ from torch.distributed.fsdp.wrap import CustomPolicy
 
 from fsdpbench.case import Case
 from fsdpbench.precision import Precision
-from fsdpbench.strategies import register_strategy
-from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
+from fsdpbench.strategies.base import (
+    FSDP_FULL_SHARD,
+    FSDP_HYBRID_SHARD,
+    FSDP_KEEP_PARAMS,
+    REPLICATED,
+    ApplyContext,
+    Sharding,
+    Strategy,
+)
 
 BACKWARD_PREFETCH_MODES = {
     "pre": BackwardPrefetch.BACKWARD_PRE,
@@ -89,15 +96,32 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
     )
 
 
+# FSDP1's sharding strategies as fsdpbench strategies: name, what is sharded, the report's colour
+VARIANTS: dict[ShardingStrategy, tuple[str, Sharding, str]] = {
+    ShardingStrategy.FULL_SHARD: ("fsdp1_full", FSDP_FULL_SHARD, "#B279A2"),
+    ShardingStrategy.SHARD_GRAD_OP: ("fsdp1_grad_op", FSDP_KEEP_PARAMS, "#D6A5C9"),
+    ShardingStrategy.NO_SHARD: ("fsdp1_no_shard", REPLICATED, "#9ECAE9"),
+    ShardingStrategy.HYBRID_SHARD: ("fsdp1_hybrid", FSDP_HYBRID_SHARD, "#88D27A"),
+}
+
+
 class _FSDP1(Strategy):
     uses_wrap = True
     uses_prefetch = False  # FSDP1 has no explicit prefetch depth; it has backward_prefetch/forward_prefetch
     native_mixed_precision = True
     supports_cpu_offload = True
-    uses_fsdp1_knobs = True
+    fsdp_version = 1
     sharding_strategy: ShardingStrategy
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "sharding_strategy" in vars(cls):  # one of FSDP1's own: declared in VARIANTS
+            cls.name, cls.sharding, cls.color = VARIANTS[cls.sharding_strategy]
+
     def check(self, case: Case) -> str | None:
+        shard = case.shard_group_size
+        if self.sharding.over_shard_group and case.world_size % shard:
+            return f"{self.name} shard_size={shard} does not divide world_size={case.world_size}"
         unknown = set(case.strategy_args) - set(STRATEGY_ARGS)
         if unknown:
             allowed = "; ".join(f"{k} ({v})" for k, v in STRATEGY_ARGS.items())
@@ -118,41 +142,25 @@ class _FSDP1(Strategy):
         return apply_fsdp1(model, ctx, sharding_strategy=self.sharding_strategy)
 
 
-@register_strategy
 class FSDP1Full(_FSDP1):
-    name = "fsdp1_full"
-    description = "FSDP1 FULL_SHARD: params, grads, optimizer state sharded (16Ψ/N), resharded after forward"
-    sharding = Sharding(params=True, grads=True, optim=True, per_unit_gather=True)
+    """FSDP1 FULL_SHARD: params, grads, optimizer state sharded (16Ψ/N), resharded after forward."""
+
     sharding_strategy = ShardingStrategy.FULL_SHARD
 
 
-@register_strategy
 class FSDP1GradOp(_FSDP1):
-    name = "fsdp1_grad_op"
-    description = "FSDP1 SHARD_GRAD_OP: grads+optimizer sharded, params unsharded from forward to backward"
-    sharding = Sharding(
-        params=True, grads=True, optim=True, params_unsharded_fwd_to_bwd=True, per_unit_gather=True
-    )
+    """FSDP1 SHARD_GRAD_OP: grads+optimizer sharded, params unsharded from forward to backward."""
+
     sharding_strategy = ShardingStrategy.SHARD_GRAD_OP
 
 
-@register_strategy
 class FSDP1NoShard(_FSDP1):
-    name = "fsdp1_no_shard"
-    description = "FSDP1 NO_SHARD: nothing sharded, gradients all-reduced (DDP's memory, 16Ψ)"
-    sharding = Sharding(params=False, grads=False, optim=False)
+    """FSDP1 NO_SHARD: nothing sharded, gradients all-reduced (DDP's memory, 16Ψ)."""
+
     sharding_strategy = ShardingStrategy.NO_SHARD
 
 
-@register_strategy
 class FSDP1Hybrid(_FSDP1):
-    name = "fsdp1_hybrid"
-    description = "FSDP1 HYBRID_SHARD: FULL_SHARD within a shard group, replicated across groups"
-    sharding = Sharding(params=True, grads=True, optim=True, group="shard_group", per_unit_gather=True)
-    sharding_strategy = ShardingStrategy.HYBRID_SHARD
+    """FSDP1 HYBRID_SHARD: FULL_SHARD within a shard group, replicated across groups."""
 
-    def check(self, case: Case) -> str | None:
-        shard = case.shard_group_size
-        if case.world_size % shard:
-            return f"fsdp1_hybrid shard_size={shard} does not divide world_size={case.world_size}"
-        return super().check(case)
+    sharding_strategy = ShardingStrategy.HYBRID_SHARD

@@ -14,8 +14,13 @@ from torch.distributed.fsdp import (
 
 from fsdpbench.case import Case
 from fsdpbench.precision import Precision
-from fsdpbench.strategies import register_strategy
-from fsdpbench.strategies.base import ApplyContext, Sharding, Strategy
+from fsdpbench.strategies.base import (
+    FSDP_FULL_SHARD,
+    FSDP_HYBRID_SHARD,
+    FSDP_KEEP_PARAMS,
+    ApplyContext,
+    Strategy,
+)
 
 
 def mp_policy_for(precision: Precision) -> MixedPrecisionPolicy:
@@ -73,38 +78,37 @@ class _FSDP2(Strategy):
     uses_wrap = True
     uses_prefetch = True
     native_mixed_precision = True
+    supports_cpu_offload = True
+    fsdp_version = 2
     reshard_after_forward: bool = True
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         return apply_fsdp2(model, ctx, reshard_after_forward=self.reshard_after_forward)
 
-    def fsdp_root(self, model: nn.Module) -> nn.Module | None:
-        return model
 
-
-@register_strategy
 class Zero2(_FSDP2):
+    """FSDP2 reshard_after_forward=False: grads+optimizer sharded, params unsharded fwd→bwd."""
+
     name = "zero2"
-    description = "FSDP2 reshard_after_forward=False: grads+optimizer sharded, params unsharded fwd→bwd"
-    sharding = Sharding(
-        params=True, grads=True, optim=True, params_unsharded_fwd_to_bwd=True, per_unit_gather=True
-    )
+    sharding = FSDP_KEEP_PARAMS
+    color = "#F58518"
     reshard_after_forward = False
 
 
-@register_strategy
 class Zero3(_FSDP2):
+    """FSDP2 fully_shard (FULL_SHARD): params, grads, optimizer state sharded (16Ψ/N)."""
+
     name = "zero3"
-    description = "FSDP2 fully_shard (FULL_SHARD): params, grads, optimizer state sharded (16Ψ/N)"
-    sharding = Sharding(params=True, grads=True, optim=True, per_unit_gather=True)
-    reshard_after_forward = True
+    sharding = FSDP_FULL_SHARD
+    color = "#E45756"
 
 
-@register_strategy
 class HSDP(_FSDP2):
+    """FSDP2 on a 2-D mesh: sharded within a shard group, replicated across groups."""
+
     name = "hsdp"
-    description = "FSDP2 on a 2-D mesh: sharded within a shard group, replicated across groups"
-    sharding = Sharding(params=True, grads=True, optim=True, group="shard_group", per_unit_gather=True)
+    sharding = FSDP_HYBRID_SHARD
+    color = "#54A24B"
 
     def check(self, case: Case) -> str | None:
         shard = case.shard_group_size
