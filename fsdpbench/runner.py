@@ -186,8 +186,9 @@ def add_step_model(
     """The modelled step time on the link (model_* columns per rank; case_model_step_time_ms is the
     slowest rank's, as case_step_time_ms is), from the ranks' profiled traces."""
     from fsdpbench.comm_probe import profiler_overhead_us, resolve_link
-    from fsdpbench.metrics.profiled import hsdp_group_sizes
+    from fsdpbench.metrics.profiled import shard_group_sizes
     from fsdpbench.metrics.step_model import case_model_columns
+    from fsdpbench.strategies import get_strategy
 
     traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows["rank"] if int(r) >= 0}
     traces = {r: p for r, p in traces.items() if p.exists()}
@@ -195,16 +196,16 @@ def add_step_model(
         return rows
     try:
         link = resolve_link(link_spec, case.backend, case.world_size, run_dir)
-        pattern = str(rows["comm_pattern"].dropna().iloc[0])
+        sharding = get_strategy(case.strategy).sharding
         device_type = torch_device_type(case.device)
         overhead = profiler_overhead_us(run_dir, case.world_size) if device_type == "cpu" else 0.0
         per_rank = case_model_columns(
             traces,
-            pattern,
+            sharding,
             device_type,
             link,
             steps=max(1, case.profile_steps),
-            group_size=hsdp_group_sizes(case, pattern)[1],
+            group_size=shard_group_sizes(case, sharding)[1],
             profiler_overhead_us_per_op=overhead,
         )
     except Exception as exc:  # noqa: BLE001 — a model bug must not lose the measurement

@@ -17,6 +17,8 @@ from fsdpbench.metrics.comm import (
     sent_bytes_per_rank,
 )
 from fsdpbench.metrics.overlap import analyze_trace
+from fsdpbench.strategies import get_strategy
+from fsdpbench.strategies.base import Sharding
 from tests.helpers import trace_event
 
 
@@ -253,24 +255,49 @@ def test_sent_bytes_convention():
     assert sent_bytes_per_rank("all_reduce", 800, 1) == 0
 
 
+def _sharding(strategy: str) -> Sharding:
+    return get_strategy(strategy).sharding
+
+
 def test_analytic_comm_bytes():
     p, n = 1000, 4
-    assert analytic_comm_bytes("ddp", p, n) == {**dict.fromkeys(KINDS, 0.0), "all_reduce": 1500.0}
-    zero1 = analytic_comm_bytes("zero1", p, n)
+    assert analytic_comm_bytes(_sharding("ddp"), p, n) == {**dict.fromkeys(KINDS, 0.0), "all_reduce": 1500.0}
+    zero1 = analytic_comm_bytes(_sharding("zero1"), p, n)
     assert (zero1["all_reduce"], zero1["broadcast"]) == (1500.0, 750.0)
-    zero2 = analytic_comm_bytes("zero2", p, n)
+    zero2 = analytic_comm_bytes(_sharding("zero2"), p, n)
     assert (zero2["all_gather"], zero2["reduce_scatter"]) == (750.0, 750.0)
-    zero3 = analytic_comm_bytes("zero3", p, n)
+    zero3 = analytic_comm_bytes(_sharding("zero3"), p, n)
     assert (zero3["all_gather"], zero3["reduce_scatter"]) == (1500.0, 750.0)
-    assert sum(zero3.values()) == 1.5 * sum(analytic_comm_bytes("ddp", p, n).values())
-    mixed = analytic_comm_bytes("zero3", 500, n, grad_bytes_total=1000)  # bf16 params, fp32 grads
+    assert sum(zero3.values()) == 1.5 * sum(analytic_comm_bytes(_sharding("ddp"), p, n).values())
+    mixed = analytic_comm_bytes(_sharding("zero3"), 500, n, grad_bytes_total=1000)  # bf16 params, fp32 grads
     assert (mixed["all_gather"], mixed["reduce_scatter"]) == (750.0, 750.0)
-    hsdp = analytic_comm_bytes("hsdp", 1000, 8, shard_size=4)
+    hsdp = analytic_comm_bytes(_sharding("hsdp"), 1000, 8, shard_size=4)
     assert (hsdp["all_gather"], hsdp["reduce_scatter"], hsdp["all_reduce"]) == (1500.0, 750.0, 250.0)
-    with pytest.raises(ValueError, match="allowed"):
-        analytic_comm_bytes("zero4", p, n)
     with pytest.raises(ValueError, match="shard_size"):
-        analytic_comm_bytes("hsdp", p, 8, shard_size=3)
+        analytic_comm_bytes(_sharding("hsdp"), p, 8, shard_size=3)
+
+
+def test_a_sharding_declares_only_collectives_it_can_run():
+    with pytest.raises(ValueError, match="grad_reduction must be one of"):
+        Sharding(params=False, grads=False, optim=False, grad_reduction="all_to_all")
+
+
+def test_the_comm_pattern_label_is_derived_from_the_declaration():
+    expected = {
+        "ddp": "ddp",
+        "zero1": "zero1",
+        "zero2": "zero2",
+        "zero3": "zero3",
+        "hsdp": "hsdp",
+        "fsdp1_full": "zero3",
+        "fsdp1_grad_op": "zero2",
+        "fsdp1_no_shard": "ddp",
+        "fsdp1_hybrid": "hsdp",
+        "ds_zero1": "zero1",
+        "ds_zero2": "zero1",
+        "ds_zero3": "zero3",
+    }
+    assert {name: _sharding(name).comm_pattern() for name in expected} == expected
 
 
 # -- a real 2-rank gloo run --------------------------------------------------------------
@@ -329,7 +356,7 @@ def test_real_gloo_run_matches_analytic(tmp_path: Path):
     param_bytes = LAYERS * (WIDTH * WIDTH + WIDTH) * 4
     assert param_bytes == 66560
     for strategy in STRATEGIES:
-        expected = analytic_comm_bytes(strategy, param_bytes, WORLD_SIZE)
+        expected = analytic_comm_bytes(_sharding(strategy), param_bytes, WORLD_SIZE)
         for rank in range(WORLD_SIZE):
             path = tmp_path / f"{strategy}_rank{rank}.json"
             frame = collectives_from_trace(json.loads(path.read_text()))

@@ -10,7 +10,10 @@ import pytest
 from fsdpbench.comm_model import LINK_PRESETS, Link, LinkError, collective_time_us, validate_link_spec
 from fsdpbench.comm_probe import fit_link
 from fsdpbench.metrics.step_model import PlacedCollective, StepTimeline, build_timeline, simulate
+from fsdpbench.strategies import get_strategy
 from tests.helpers import trace_event
+
+ZERO3 = get_strategy("zero3").sharding
 
 LINK = Link("test", alpha_us=10.0, busbw_GBps=100.0)  # 100 GB/s = 1e5 bytes per µs
 
@@ -84,7 +87,7 @@ def _gloo_trace() -> dict:
 
 
 def test_timeline_from_a_gloo_trace_removes_waits_and_places_collectives() -> None:
-    timeline = build_timeline(_gloo_trace(), "zero3", "cpu")
+    timeline = build_timeline(_gloo_trace(), ZERO3, "cpu")
     # the span is 700 µs; waits: 100–400 (the all-gather's end) and 500–600 (the reduce-scatter's)
     assert timeline.waits_removed_us == pytest.approx(400.0)
     assert timeline.compute_us == pytest.approx(300.0)
@@ -94,11 +97,11 @@ def test_timeline_from_a_gloo_trace_removes_waits_and_places_collectives() -> No
     assert (ag.issue_us, ag.needed_us) == (100.0, 100.0)  # FSDP2 on CPU: blocking
     assert (rs.issue_us, rs.needed_us) == (200.0, 200.0)
     # on a GPU rule set, the all-gather is needed at its copy-out, the reduce-scatter at the optimizer
-    gpu_rules = build_timeline(_gloo_trace(), "zero3", "cuda")  # no kernels: host clock, GPU rules
+    gpu_rules = build_timeline(_gloo_trace(), ZERO3, "cuda")  # no kernels: host clock, GPU rules
     assert gpu_rules.collectives[0].needed_us == pytest.approx(100.0)  # copy-out right after the wait
     assert gpu_rules.collectives[1].needed_us == pytest.approx(250.0)  # Optimizer.step at 650 → 250
     # the profiler's cost per recorded op is taken out of compute, evenly: 6 cpu_ops × 10 µs
-    corrected = build_timeline(_gloo_trace(), "zero3", "cpu", profiler_overhead_us_per_op=10.0)
+    corrected = build_timeline(_gloo_trace(), ZERO3, "cpu", profiler_overhead_us_per_op=10.0)
     assert corrected.compute_us == pytest.approx(240.0)
     assert corrected.collectives[1].issue_us == pytest.approx(160.0)
     # on a 1 GB/s gloo link with α 50 µs: compute 300 + AG (50 + 1200 B·3/4 /1e3) + RS as all-reduce
@@ -109,10 +112,10 @@ def test_timeline_from_a_gloo_trace_removes_waits_and_places_collectives() -> No
 
 def test_a_profiler_correction_over_half_the_compute_is_not_applied_and_says_so() -> None:
     # 6 cpu_ops × 25 µs = 150 µs of 300 µs compute: half, still a correction
-    half = build_timeline(_gloo_trace(), "zero3", "cpu", profiler_overhead_us_per_op=25.0)
+    half = build_timeline(_gloo_trace(), ZERO3, "cpu", profiler_overhead_us_per_op=25.0)
     assert half.compute_us == pytest.approx(150.0) and half.note == ""
     # 6 × 60 µs = 360 µs > 300 µs: once clamped to a 0 ms step; now uncorrected, with the reason
-    over = build_timeline(_gloo_trace(), "zero3", "cpu", profiler_overhead_us_per_op=60.0)
+    over = build_timeline(_gloo_trace(), ZERO3, "cpu", profiler_overhead_us_per_op=60.0)
     assert over.compute_us == pytest.approx(300.0) and over.profiler_removed_us == pytest.approx(0.0)
     assert "profiler cost not taken out" in over.note and "over 50% of the profiled compute" in over.note
 

@@ -60,6 +60,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
+    from fsdpbench.strategies.base import Sharding
+
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 
 # Element size by the names the profiler uses: C++ type names in "Input type"
@@ -379,28 +381,6 @@ def collective_records(
     return _records_from_c10d(events, n, assumed_dtype, is_gloo)
 
 
-def records_to_frame(records: list[CollectiveRecord]) -> pd.DataFrame:
-    """One row per collective call."""
-    import pandas as pd
-
-    columns = [
-        "name",
-        "kind",
-        "ts_us",
-        "numel",
-        "dtype",
-        "elem_bytes",
-        "group_size",
-        "source",
-        "backend_kind",
-        "payload_bytes",
-        "sent_bytes",
-        "backend_sent_bytes",
-    ]
-    rows = [{c: getattr(r, c) for c in columns} for r in records]
-    return pd.DataFrame(rows, columns=columns)
-
-
 def collectives_from_trace(
     trace: dict[str, Any], steps: int = 1, group_size: int | None = None
 ) -> pd.DataFrame:
@@ -430,36 +410,32 @@ def collectives_from_trace(
 
 
 # -- analytic ------------------------------------------------------------------------
-STRATEGY_COMM = ("ddp", "zero1", "zero2", "zero3", "hsdp")
-
-
 def analytic_comm_bytes(
-    kind_of_strategy: str,
+    sharding: Sharding,
     param_bytes_total: int,
     world_size: int,
     *,
     grad_bytes_total: int | None = None,
     shard_size: int | None = None,
 ) -> dict[str, float]:
-    """Bytes each rank sends per step, per collective kind, for a strategy (see the table below).
+    """Bytes each rank sends per step, per collective kind, for a strategy's declared ``Sharding``.
 
     P = param_bytes_total (bytes of the parameters as communicated), G =
-    grad_bytes_total (default P; differs under mixed precision), N = world_size,
+    grad_bytes_total (default P; differs under mixed precision), N = the group
+    the states are sharded over (the world, or the shard group of ``shard_size``),
     f = (N-1)/N:
 
-    - ddp: one all-reduce of the gradients: all_reduce 2f·G.
-    - zero1 (torch's ZeroRedundancyOptimizer wrapped around DDP): DDP still
-      all-reduces the *full* gradients (2f·G); after its local step each rank
-      broadcasts the parameters it owns (``_sync_params``: one ``broadcast`` per
-      parameter, or per bucket with ``parameters_as_bucket_view``), which is P in
-      total, f·P per rank. 1.5× DDP, unlike the ZeRO paper's P_os (reduce-scatter +
-      all-gather, 1× DDP).
-    - zero2 (FSDP ``reshard_after_forward=False``): all_gather f·P once + reduce_scatter f·G.
-    - zero3 (FSDP ``reshard_after_forward=True``): all_gather in forward and again in
-      backward, 2f·P, + reduce_scatter f·G: 1.5× DDP.
-    - hsdp (FSDP2 on a 2-D mesh, shard group of ``shard_size`` = N_s, R = N/N_s
-      replicas): zero3 inside the shard group, then an all-reduce of each gradient
-      shard (G/N_s) across replicas.
+    - the parameters are all-gathered ``param_gathers`` times: f·P each (FSDP with
+      ``reshard_after_forward=True`` gathers in forward and again in backward, 2f·P;
+      ZeRO-2 / ``reshard_after_forward=False`` once);
+    - the gradients are all-reduced, 2f·G (DDP), or reduce-scattered, f·G (sharded gradients);
+    - after the optimizer step, ``param_sync_after_step`` spreads the parameters each rank
+      updated: torch's ZeroRedundancyOptimizer broadcasts them (``_sync_params``: one
+      ``broadcast`` per parameter, or per bucket), P in total, f·P per rank. So ZeRO-1 sends
+      1.5× DDP, unlike the ZeRO paper's P_os (reduce-scatter + all-gather, 1× DDP); ZeRO-3
+      also sends 1.5× DDP;
+    - over a shard group (HSDP: N_s = ``shard_size``, R = world_size/N_s replicas), each
+      gradient shard (G/N_s) is then all-reduced across the replicas.
     """
     n = int(world_size)
     if n < 1:
@@ -467,27 +443,14 @@ def analytic_comm_bytes(
     p = float(param_bytes_total)
     g = float(grad_bytes_total if grad_bytes_total is not None else param_bytes_total)
     out = {k: 0.0 for k in KINDS}
-    strategy = kind_of_strategy.lower()
-    if strategy == "ddp":
-        out["all_reduce"] = sent_bytes_per_rank("all_reduce", g, n)
-    elif strategy == "zero1":
-        out["all_reduce"] = sent_bytes_per_rank("all_reduce", g, n)
-        out["broadcast"] = sent_bytes_per_rank("broadcast", p, n)
-    elif strategy == "zero2":
-        out["all_gather"] = sent_bytes_per_rank("all_gather", p, n)
-        out["reduce_scatter"] = sent_bytes_per_rank("reduce_scatter", g, n)
-    elif strategy == "zero3":
-        out["all_gather"] = 2 * sent_bytes_per_rank("all_gather", p, n)
-        out["reduce_scatter"] = sent_bytes_per_rank("reduce_scatter", g, n)
-    elif strategy == "hsdp":
+    if sharding.over_shard_group:
         if shard_size is None or shard_size < 1 or n % shard_size:
-            raise ValueError(f"hsdp needs shard_size dividing world_size={n}, got shard_size={shard_size}")
-        replicas = n // shard_size
-        out["all_gather"] = 2 * sent_bytes_per_rank("all_gather", p, shard_size)
-        out["reduce_scatter"] = sent_bytes_per_rank("reduce_scatter", g, shard_size)
-        out["all_reduce"] = sent_bytes_per_rank("all_reduce", g / shard_size, replicas)
-    else:
-        raise ValueError(
-            f"unknown strategy {kind_of_strategy!r} for analytic_comm_bytes; allowed: {STRATEGY_COMM}"
-        )
+            raise ValueError(f"sharding over a shard group needs shard_size dividing {n}, got {shard_size}")
+        n = shard_size
+    out["all_gather"] = sharding.param_gathers * sent_bytes_per_rank("all_gather", p, n)
+    out[sharding.grad_reduction] = sent_bytes_per_rank(sharding.grad_reduction, g, n)
+    if sharding.param_sync_after_step:
+        out[sharding.param_sync_after_step] = sent_bytes_per_rank(sharding.param_sync_after_step, p, n)
+    if sharding.over_shard_group:
+        out["all_reduce"] += sent_bytes_per_rank("all_reduce", g / n, int(world_size) // n)
     return out

@@ -94,7 +94,7 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     from fsdpbench.metrics.overlap import analyze_trace, load_trace
 
     trace = load_trace(trace_path)
-    shard, group = hsdp_group_sizes(case, sharding.comm_pattern())
+    shard, group = shard_group_sizes(case, sharding)
     comm = collectives_from_trace(trace, steps=max(1, case.profile_steps), group_size=group)
     out: dict[str, Any] = {}
     for row in comm.itertuples():
@@ -105,10 +105,9 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     records = collective_records(trace, group_size=group)
     out.update(bandwidth_by_kind(records, trace, backend=case.backend, steps=max(1, case.profile_steps)))
     p_bytes, g_bytes = _comm_dtype_bytes(case.precision_spec, sharding)
-    pattern = sharding.comm_pattern()
     try:
         pred = analytic_comm_bytes(
-            pattern,
+            sharding,
             n_params * p_bytes,
             case.world_size,
             grad_bytes_total=n_params * g_bytes,
@@ -118,7 +117,7 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
         out["comm_pred_total_bytes"] = float(sum(pred.values()))
     except ValueError as exc:
         out["comm_pred_note"] = str(exc)
-    out["comm_pattern"] = pattern
+    out["comm_pattern"] = sharding.comm_pattern()
     stats = analyze_trace(trace_path, case.backend)
     out["overlap_comm_ms"] = stats["comm_us"] / 1e3
     out["overlap_compute_ms"] = stats["compute_us"] / 1e3
@@ -132,10 +131,10 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     return out
 
 
-def hsdp_group_sizes(case: Case, comm_pattern: str) -> tuple[int | None, int | None]:
-    """(shard group size, replicate group size) under HSDP, else (None, None): the trace's all-reduces
-    run over the replicate group, which the trace does not name."""
-    if comm_pattern != "hsdp":
+def shard_group_sizes(case: Case, sharding: Sharding) -> tuple[int | None, int | None]:
+    """(shard group size, replicate group size) of a sharding over a shard group (HSDP), else
+    (None, None): the trace's all-reduces run over the replicate group, which the trace does not name."""
+    if not sharding.over_shard_group:
         return None, None
     shard = case.shard_group_size
     return shard, case.world_size // shard

@@ -38,11 +38,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fsdpbench.comm_model import Link, collective_time_us
 from fsdpbench.metrics.comm import collective_records
 from fsdpbench.metrics.overlap import Interval, merge_intervals, subtract_intervals
+
+if TYPE_CHECKING:
+    from fsdpbench.strategies.base import Sharding
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,11 +228,11 @@ def _annotation_starts(events: list[dict[str, Any]], prefix: str) -> list[float]
     return sorted(float(e["ts"]) for e in events if str(e.get("name", "")).startswith(prefix))
 
 
-def _needed_rule(kind: str, pattern: str, device_type: str) -> str:
+def _needed_rule(kind: str, sharding: Sharding, device_type: str) -> str:
     """Where compute needs a collective: 'issue' (blocking), 'copy_out', 'optimizer' or 'step_end'."""
     if kind == "broadcast":
         return "step_end"  # ZeroRedundancyOptimizer waits for its broadcasts at the end of step()
-    if kind == "all_reduce" and pattern in ("ddp", "zero1"):
+    if kind == "all_reduce" and sharding.grad_reduction == "all_reduce":
         return "optimizer"  # DDP's buckets: asynchronous, all waited for when backward finishes
     if kind == "all_gather":
         # FSDP2 waits for an unshard right before its copy-out: on a GPU (all-gather stream) and on
@@ -258,14 +261,14 @@ MAX_PROFILER_SHARE = 0.5
 
 def build_timeline(
     trace: dict[str, Any],
-    pattern: str,
+    sharding: Sharding,
     device_type: str,
     *,
     steps: int = 1,
     group_size: int | None = None,
     profiler_overhead_us_per_op: float = 0.0,
 ) -> StepTimeline:
-    """The StepTimeline of one rank's profiled step(s); ``pattern`` is Sharding.comm_pattern().
+    """The StepTimeline of one rank's profiled step(s); ``sharding`` is the strategy's declaration.
 
     On CPU ranks the profiled step's compute includes the profiler's own cost per recorded op;
     ``profiler_overhead_us_per_op`` (measured by comm_probe.py) × the ops recorded is taken out.
@@ -302,7 +305,7 @@ def build_timeline(
 
     placed = []
     for r in collective_records(trace, group_size=group_size):
-        rule = _needed_rule(r.kind, pattern, device_type)
+        rule = _needed_rule(r.kind, sharding, device_type)
         issue = on_clock(r.ts_us)
         needed = {
             "issue": issue,
@@ -343,7 +346,7 @@ MODEL_METHOD = "modelled: measured compute of the profiled step + α–β commun
 
 def case_model_columns(
     trace_paths: dict[int, Any],
-    pattern: str,
+    sharding: Sharding,
     device_type: str,
     link: Link,
     *,
@@ -358,7 +361,7 @@ def case_model_columns(
     timelines = [
         build_timeline(
             load_trace(trace_paths[r]),
-            pattern,
+            sharding,
             device_type,
             steps=steps,
             group_size=group_size,
