@@ -32,9 +32,8 @@ from fsdpbench.schema import (
     TRACKER_PEAK_COLUMNS,
     tracker_peak_column,
 )
+from fsdpbench.strategies import REFERENCE_STRATEGY  # what other cases' step times are compared with
 
-# the strategy whose case (same PEER_COLUMNS) another case's step time is compared with
-REFERENCE_STRATEGY = "ddp"
 # per case, the first rank's value: besides the configuration, the id before --map-strategy renamed the
 # case, and the lists every rank holds alike (global losses, step-time samples against the reference)
 FIRST_RANK_COLUMNS = (*CONFIG_COLUMNS, "run_case_id", "losses", "step_time_ref_ratios")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpbench.precision import Precision, get_precision, runnable_precisions
+from fsdpbench.strategies import REFERENCE_STRATEGY
 
 PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
@@ -31,7 +32,7 @@ class Case:
     scenario: str = "adhoc"
     model: str = "decoder-tiny"
     model_args: dict[str, Any] = field(default_factory=dict)
-    strategy: str = "ddp"
+    strategy: str = REFERENCE_STRATEGY
     strategy_args: dict[str, Any] = field(default_factory=dict)
     world_size: int = 1
     shard_size: int | None = None  # HSDP: ranks per shard group (replicas = world_size / shard_size)

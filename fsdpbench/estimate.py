@@ -3,7 +3,8 @@ of any world size, in this one process, under PyTorch's memory trackers. Nothing
 decoder on 64 ranks traces on a laptop CPU.
 
     from fsdpbench.estimate import estimate
-    est = estimate(Case(model="llama-7b", strategy="zero3", world_size=64))   # rank 0
+    from fsdpbench.strategies import FULL_SHARD_STRATEGY
+    est = estimate(Case(model="llama-7b", strategy=FULL_SHARD_STRATEGY, world_size=64))   # rank 0
     est.peak_bytes, est.peak_by_category, est.model_states_bytes
 
 How: ``dist.init_process_group("fake")`` (``torch.testing._internal.distributed.fake_pg``: collectives

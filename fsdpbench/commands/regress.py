@@ -21,6 +21,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fsdpbench.strategies import REFERENCE_STRATEGY
+
 _VERDICT_STYLE = {"ok": "green", "improved": "cyan", "new": "cyan", "warn": "yellow", "not compared": "dim"}
 
 
@@ -77,11 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time-reference",
-        default="ddp",
+        default=REFERENCE_STRATEGY,
         metavar="STRATEGY|CASE_ID",
         help="with --write-baseline: step times are stored as ratios to this strategy's case "
         "with the same model, batch and world size, or to this one calibration case "
-        "(default: ddp)",
+        f"(default: {REFERENCE_STRATEGY})",
     )
     parser.add_argument(
         "--markdown",

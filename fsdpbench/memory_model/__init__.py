@@ -4,7 +4,9 @@ model and rank, plus named extra terms (FSDP padding, unsharded units in flight,
 reduce-scatter buffers, DDP buckets, activations, a CUDA context allowance) and the moment of the peak.
 
     from fsdpbench.memory_model import predict_memory
-    pred = predict_memory(Case(model="llama-7b", strategy="zero3", world_size=64, precision="bf16"))
+    from fsdpbench.strategies import FULL_SHARD_STRATEGY
+    case = Case(model="llama-7b", strategy=FULL_SHARD_STRATEGY, world_size=64, precision="bf16")
+    pred = predict_memory(case)
     pred.model_states_bytes, pred.peak_bytes, pred.peak_moment, pred.peak_breakdown
 
 See docs/memory-model.md. ``prediction_columns`` puts the prediction beside every run's measurement.

@@ -18,7 +18,6 @@ import pandas as pd
 from fsdpbench.analysis_frame import case_frame
 from fsdpbench.schema import OK
 
-STRATEGY_ORDER = ("ddp", "zero1", "zero2", "zero3", "hsdp", "fsdp1")
 # configuration columns that may vary in a scenario (besides strategy and world size); a case's label
 # names those that do
 AXES = (
@@ -125,7 +124,7 @@ def build_case_frame(results: pd.DataFrame) -> pd.DataFrame:
     if results.empty:
         return pd.DataFrame(columns=["run", "case_id", "status", "label"])
     cases = case_frame(results if "run" in results else results.assign(run="run"))
-    cases["strategy_rank"] = cases["strategy"].map(_strategy_rank)
+    cases["strategy_rank"] = cases["strategy"].map(strategy_rank)
     sort = [
         c
         for c in ("run", "model", "world_size", "strategy_rank", "wrap", "prefetch", "precision")
@@ -149,8 +148,28 @@ def rows_with(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame[pd.to_numeric(frame[column], errors="coerce").notna()]
 
 
-def _strategy_rank(name: Any) -> int:
-    return STRATEGY_ORDER.index(name) if name in STRATEGY_ORDER else len(STRATEGY_ORDER)
+def declared_strategy(name: Any) -> Any:
+    """The class of a strategy (what it declares of itself), or None for a plugin this process has
+    not loaded (the report imports none)."""
+    from fsdpbench.strategies import find_strategy
+
+    return find_strategy(str(name))
+
+
+def strategy_rank(name: Any) -> int:
+    """Where the strategy stands in the report's order: the registry's, unregistered plugins last."""
+    from fsdpbench.strategies import registered
+
+    order = list(registered())
+    return order.index(name) if name in order else len(order)
+
+
+def shard_label(row: Any) -> str:
+    """'shard=N' for a case of a strategy that shards within shard groups (HSDP), else ''."""
+    declared = declared_strategy(row.get("strategy"))
+    if declared is None or not declared.sharding.over_shard_group or not _present(row.get("shard_size")):
+        return ""
+    return axis_text("shard_size", row.get("shard_size"))
 
 
 def ranks_label(
@@ -218,8 +237,8 @@ def case_labels(cases: pd.DataFrame) -> list[str]:
             str(r.get("strategy")),
             f"n{int(r['world_size'])}" if _present(r.get("world_size")) else "n?",
         ]
-        if r.get("strategy") == "hsdp" and "shard_size" not in axes and _present(r.get("shard_size")):
-            parts.append(f"shard={int(r['shard_size'])}")
+        if "shard_size" not in axes and shard_label(r):
+            parts.append(shard_label(r))
         parts += [t for t in (axis_text(a, r.get(a)) for a in axes if not _unused(a, r.get("strategy"))) if t]
         if several_runs:
             parts.append(f"[{r['run']}]")
@@ -234,14 +253,8 @@ def case_labels(cases: pd.DataFrame) -> list[str]:
 
 def _unused(axis: str, strategy: Any) -> bool:
     """An axis that this strategy does not use (DDP/ZeRO-1 have no wrap), so its label leaves it out."""
-    if axis != "wrap":
-        return False
-    from fsdpbench.strategies import get_strategy
-
-    try:
-        return not get_strategy(str(strategy)).uses_wrap
-    except (KeyError, ValueError, ImportError):
-        return False
+    declared = declared_strategy(strategy)
+    return axis == "wrap" and declared is not None and not declared.uses_wrap
 
 
 def ok_cases(cases: pd.DataFrame) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 
 from fsdpbench.analysis_frame import BREAKDOWN_MEASURED, breakdown_frames, has_values, numeric_column
 from fsdpbench.formatting import byte_unit, fmt_pct
-from fsdpbench.report.data import axis_text, ok_cases, rows_with, varying_axes
+from fsdpbench.report.data import axis_text, ok_cases, rows_with, shard_label, varying_axes
 from fsdpbench.report.panel import (
     MEMORY_SOURCES,
     TRACKER_SOURCE,
@@ -48,9 +48,7 @@ def series_key_axes(cases: pd.DataFrame) -> list[str]:
 
 
 def series_name(row: Any, axes: list[str], several_runs: bool) -> str:
-    parts = [str(row["strategy"])]
-    if row.get("strategy") == "hsdp" and pd.notna(row.get("shard_size")):
-        parts.append(f"shard={int(row['shard_size'])}")
+    parts = [str(row["strategy"]), shard_label(row)]
     parts += [axis_text(a, row.get(a)) for a in axes]
     if several_runs:
         parts.append(f"[{row['run']}]")

@@ -7,17 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.report.data import STRATEGY_ORDER
+from fsdpbench.report.data import declared_strategy, strategy_rank
 
-# one colour per strategy, the same in every figure
-STRATEGY_COLORS = {
-    "ddp": "#4C78A8",
-    "zero1": "#72B7B2",
-    "zero2": "#F58518",
-    "zero3": "#E45756",
-    "hsdp": "#54A24B",
-    "fsdp1": "#B279A2",
-}
+# colours for strategies that declare none (or are not loaded here)
 _EXTRA_COLORS = ("#9D755D", "#EECA3B", "#FF9DA6", "#BAB0AC", "#79706E")
 TRACKER_SOURCE = "tracker (live tensors from PyTorch's memory trackers)"
 MEMORY_SOURCES = {
@@ -47,8 +39,10 @@ def absent(key: str, title: str, missing: str) -> Panel:
 
 
 def strategy_color(strategy: str) -> str:
-    if strategy in STRATEGY_COLORS:
-        return STRATEGY_COLORS[strategy]
+    """The strategy's declared colour, the same in every figure."""
+    declared = declared_strategy(strategy)
+    if declared is not None and declared.color:
+        return declared.color
     return _EXTRA_COLORS[sum(map(ord, str(strategy))) % len(_EXTRA_COLORS)]
 
 
@@ -72,9 +66,7 @@ def describe_ranks(cases: pd.DataFrame) -> str:
 
 def ordered_strategies(cases: pd.DataFrame) -> list[str]:
     names = list(dict.fromkeys(cases["strategy"].dropna())) if "strategy" in cases else []
-    return sorted(
-        names, key=lambda s: STRATEGY_ORDER.index(s) if s in STRATEGY_ORDER else len(STRATEGY_ORDER)
-    )
+    return sorted(names, key=strategy_rank)
 
 
 def steps_text(cases: pd.DataFrame) -> str:

@@ -10,21 +10,31 @@ model-state bytes plus fixed activation/temp terms, and each prediction is off b
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from fsdpbench.metrics.comm import analytic_comm_bytes
 from fsdpbench.results import RunStore
+from fsdpbench.strategies import REFERENCE_STRATEGY, registered
 
 PSI = 1_000_000  # parameters
 ACTIVATIONS_BYTES = 2 * 2**20
 TEMP_BYTES = 2**19
 PRED_PEAK_ERR = 0.05  # every analytic peak is 5% above the measured one
-BASE_STEP_MS = {"ddp": 100.0, "zero2": 120.0, "zero3": 150.0}
-SHARDED = {"ddp": (1, 1, 1), "zero2": (1, 0, 0), "zero3": (0, 0, 0)}  # 1 = replicated, 0 = sharded (p, g, o)
+BASE_STEPS_MS = (100.0, 120.0, 150.0)  # of the three strategies, in order
 SKIP_REASON = "needs 8 GPUs, 0 visible"
 FAIL_ERROR = "RuntimeError: synthetic failure for the report test"
+
+
+@functools.cache
+def synthetic_strategies() -> dict[str, Any]:
+    """The strategies of the made-up run by name: the reference, then the FSDP2 strategies that shard
+    over every rank (params kept from forward to backward, then resharded after forward)."""
+    fsdp2 = [s for s in registered().values() if s.fsdp_version == 2 and not s.sharding.over_shard_group]
+    return {s.name: s for s in [registered()[REFERENCE_STRATEGY], *fsdp2]}
 
 
 def _case(strategy: str, n: int, **kw: Any) -> dict[str, Any]:
@@ -33,18 +43,20 @@ def _case(strategy: str, n: int, **kw: Any) -> dict[str, Any]:
         world_size=n,
         prefetch=kw.get("prefetch", 0),
         precision=kw.get("precision", "fp32"),
-        wrap="none" if strategy == "ddp" else kw.get("wrap", "block"),
+        wrap=kw.get("wrap", "block") if synthetic_strategies()[strategy].uses_wrap else "none",
         status=kw.get("status", "ok"),
     )
 
 
 def synthetic_cases() -> list[dict[str, Any]]:
-    cases = [_case(s, n) for n in (1, 2, 4) for s in ("ddp", "zero2", "zero3")]
+    names = list(synthetic_strategies())
+    resharded = names[-1]
+    cases = [_case(s, n) for n in (1, 2, 4) for s in names]
     cases += [
-        _case("zero3", 4, prefetch=1),
-        _case("zero3", 4, precision="bf16"),
-        _case("zero3", 4, wrap="whole", status="failed"),
-        _case("ddp", 8, status="skipped"),
+        _case(resharded, 4, prefetch=1),
+        _case(resharded, 4, precision="bf16"),
+        _case(resharded, 4, wrap="whole", status="failed"),
+        _case(REFERENCE_STRATEGY, 8, status="skipped"),
     ]
     return cases
 
@@ -56,11 +68,13 @@ def case_id_of(c: dict[str, Any]) -> str:
 def _memory(c: dict[str, Any]) -> dict[str, float]:
     n = c["world_size"]
     half = c["precision"] == "bf16"
-    rp, rg, ro = SHARDED[c["strategy"]]
-    params = 4 * PSI / (1 if rp else n)
-    grads = 4 * PSI / (1 if rg else n)
-    optim = 8 * PSI / (1 if ro else n)
-    unsharded = 0.0 if c["strategy"] == "ddp" or n == 1 else 4 * PSI / 2 * (1 + c["prefetch"])
+    sharding = synthetic_strategies()[c["strategy"]].sharding
+    # at the peak, parameters kept unsharded from forward to backward are whole
+    params_sharded = sharding.params and not sharding.params_unsharded_fwd_to_bwd
+    params = 4 * PSI / (n if params_sharded else 1)
+    grads = 4 * PSI / (n if sharding.grads else 1)
+    optim = 8 * PSI / (n if sharding.optim else 1)
+    unsharded = 4 * PSI / 2 * (1 + c["prefetch"]) if sharding.params and n > 1 else 0.0
     acts = ACTIVATIONS_BYTES / (2 if half else 1)
     return dict(
         params=params, grads=grads, optim=optim, params_unsharded=unsharded, activations=acts, temp=TEMP_BYTES
@@ -110,25 +124,19 @@ def synthetic_results() -> pd.DataFrame:
 
 
 def _measured(c: dict[str, Any], rank: int) -> dict[str, Any]:
-    n, strategy = c["world_size"], c["strategy"]
+    n, strategies = c["world_size"], synthetic_strategies()
+    base_step_ms = BASE_STEPS_MS[list(strategies).index(c["strategy"])]
     mem = _memory(c)
     peak = sum(mem.values()) + rank * 1024  # the last rank holds 1 KiB more, so "largest rank" is defined
-    step = BASE_STEP_MS[strategy] * (1 + 0.1 * (n - 1)) * (0.8 if c["precision"] == "bf16" else 1.0) + rank
+    step = base_step_ms * (1 + 0.1 * (n - 1)) * (0.8 if c["precision"] == "bf16" else 1.0) + rank
     states = mem["params"] + mem["grads"] + mem["optim"]
-    full = 4 * PSI
-    comm = {
-        "all_reduce": 2 * (n - 1) / n * full if strategy == "ddp" else 0.0,
-        "all_gather": (n - 1) / n * full * (2 if strategy == "zero3" else 1) if strategy != "ddp" else 0.0,
-        "reduce_scatter": (n - 1) / n * full if strategy != "ddp" else 0.0,
-        "broadcast": 0.0,
-    }
+    analytic = analytic_comm_bytes(strategies[c["strategy"]].sharding, 4 * PSI, n)
+    comm = {kind: analytic[kind] for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}
     row: dict[str, Any] = {
         "step_time_ms": step,
         "step_time_p10_ms": 0.9 * step,
         "step_time_p90_ms": 1.2 * step,
-        "case_step_time_ms": BASE_STEP_MS[strategy]
-        * (1 + 0.1 * (n - 1))
-        * (0.8 if c["precision"] == "bf16" else 1.0)
+        "case_step_time_ms": base_step_ms * (1 + 0.1 * (n - 1)) * (0.8 if c["precision"] == "bf16" else 1.0)
         + n
         - 1,
         "mem_tracker_peak_bytes": peak,
