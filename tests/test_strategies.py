@@ -1,0 +1,80 @@
+"""Strategies declare what they are, and nothing outside ``fsdpbench/strategies/`` names one: a plugin
+in one file gets its communication pattern, analytic volume, colour, order and labels from its
+declaration alone."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fsdpbench
+from fsdpbench.case import Case
+from fsdpbench.metrics.profiled import analyze_profile
+from fsdpbench.report.data import build_case_frame, case_labels
+from fsdpbench.report.panel import ordered_strategies, strategy_color
+from fsdpbench.report.synthetic import synthetic_results
+from fsdpbench.strategies import find_strategy, get_strategy, register_strategy, strategy_names
+from tests.plugins.hybrid_keep_params import HybridKeepParams
+
+PACKAGE = Path(fsdpbench.__file__).parent
+
+
+def test_no_strategy_is_named_outside_the_strategy_files() -> None:
+    names = "|".join(map(re.escape, strategy_names()))
+    quoted = re.compile(f"[\"']({names})[\"']")
+    hits = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] != "strategies"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if quoted.search(line)
+    ]
+    assert hits == []
+
+
+def test_the_registry_and_the_torch_free_modules_import_no_torch() -> None:
+    modules = ("strategies", "case", "regress", "summary", "commands.regress")
+    imports = ", ".join(f"fsdpbench.{m}" for m in modules)
+    code = f"import sys, {imports}; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_plugin_declares_its_comm_pattern_and_analytic_volume(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    case = Case(strategy=HybridKeepParams.name, world_size=8, shard_size=4)
+    columns = analyze_profile(trace, case, get_strategy(HybridKeepParams.name).sharding, n_params=250)
+    assert columns["comm_pattern"] == "hsdp"  # shard groups, reduce-scattered gradients
+    # 1000 fp32 bytes; one all-gather and one reduce-scatter in groups of 4, then the gradient shards
+    # all-reduced across 2 replicas: 3/4·1000, 3/4·1000, 2·(1/2)·1000/4
+    predicted = {k: columns[f"comm_pred_{k}_bytes"] for k in ("all_gather", "reduce_scatter", "all_reduce")}
+    assert predicted == {"all_gather": 750.0, "reduce_scatter": 750.0, "all_reduce": 250.0}
+
+
+def test_a_plugin_gets_its_colour_order_and_shard_label_in_the_report() -> None:
+    rows = synthetic_results()
+    last = rows["strategy"].iloc[-1]  # the resharding strategy's cases stand in for the plugin's
+    plugin = rows["strategy"] == last
+    rows.loc[plugin, "strategy"] = HybridKeepParams.name
+    rows.loc[plugin, "shard_size"] = 2
+    cases = build_case_frame(rows.assign(run="syn"))
+    assert strategy_color(HybridKeepParams.name) == HybridKeepParams.color
+    assert ordered_strategies(cases)[-1] == HybridKeepParams.name  # after every built-in
+    labels = [label for label, s in zip(case_labels(cases), cases["strategy"]) if s == HybridKeepParams.name]
+    assert labels and all(" shard=2" in label for label in labels)
+
+
+def test_a_strategy_is_registered_once() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register_strategy(HybridKeepParams)
+
+
+def test_find_strategy_imports_no_plugin() -> None:
+    assert find_strategy("tests.plugins.hybrid_keep_params:HybridKeepParams") is HybridKeepParams
+    assert find_strategy("not_imported_anywhere:Strategy") is None
+    assert "not_imported_anywhere" not in sys.modules
