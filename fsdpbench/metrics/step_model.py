@@ -47,6 +47,8 @@ from fsdpbench.metrics.overlap import Interval, merge_intervals, subtract_interv
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Sharding
 
+MODEL_METHOD = "modelled: measured compute of the profiled step + α–β communication on one stream"
+
 
 @dataclass(frozen=True, slots=True)
 class PlacedCollective:
@@ -339,9 +341,6 @@ def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, A
             }
         )
     return out
-
-
-MODEL_METHOD = "modelled: measured compute of the profiled step + α–β communication on one stream"
 
 
 def case_model_columns(
