@@ -141,7 +141,8 @@ def _write(args: argparse.Namespace, err: Console) -> int:
     prov = baseline["provenance"]
     print(
         f"wrote {args.write_baseline}: {len(baseline['cases'])} cases, {n_metrics} metrics "
-        f"(commit {prov['commit']}, torch {prov['torch_version']}, {prov['device_name']}, host {prov['hostname']})"
+        f"(commit {prov['commit']}, torch {prov['torch_version']}, {prov['device_name']}, "
+        f"host {prov['hostname']})"
     )
     no_ref = [
         cid

@@ -12,7 +12,8 @@ torch optimizer's ``state`` show whole, and they exist before a tracked step sta
 | stage 3 persistent parameters (below ``stage3_param_persistence_threshold``, kept whole) | params |
 | ``single_partition_of_fp32_groups`` / ``fp32_partitioned_groups_flat`` (fp32 master partition) | optim |
 | the torch optimizer's ``state`` (exp_avg, exp_avg_sq of the master partition) | optim |
-| fp32 gradient partition (stage 1/2 ``.grad`` of the master; ``averaged_gradients``; stage 3 ``grad_partitions_flat_buffer``) | grads |
+| stage 1/2 fp32 gradient partition (``.grad`` of the master, ``averaged_gradients``) | grads |
+| stage 3 fp32 gradient partition (``grad_partitions_flat_buffer``) | grads |
 | reduce buckets (``ipg_buckets[*].buffer``: ``reduce_bucket_size`` elements each) | reduce_scatter |
 | stage 3 parameters all-gathered during forward/backward | whatever MemTracker sees them as (temp) |
 

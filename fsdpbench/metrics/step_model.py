@@ -284,7 +284,8 @@ def build_timeline(
     note = ""
     if overhead > MAX_PROFILER_SHARE * raw_compute:
         note = (
-            f"profiler cost not taken out: its estimate ({overhead / 1e3:.1f} ms, {profiler_overhead_us_per_op:.2f} µs "
+            f"profiler cost not taken out: its estimate ({overhead / 1e3:.1f} ms, "
+            f"{profiler_overhead_us_per_op:.2f} µs "
             f"× {_profiled_ops(events)} ops) is over {MAX_PROFILER_SHARE:.0%} of the profiled compute "
             f"({raw_compute / 1e3:.1f} ms); compute includes the profiler's cost (an over-estimate)"
         )
