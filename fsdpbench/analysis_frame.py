@@ -30,6 +30,7 @@ from fsdpbench.schema import (
     TRACED_PREFIX,
     TRACKER_PEAK,
     TRACKER_PEAK_COLUMNS,
+    VENDOR_ESTIMATE_PREFIX,
     tracker_peak_column,
 )
 from fsdpbench.strategies import REFERENCE_STRATEGY  # what other cases' step times are compared with
@@ -117,7 +118,7 @@ def _case_row(row: dict[str, Any], group: pd.DataFrame) -> dict[str, Any]:
     for col in group.columns:
         if col.startswith((COMM_PREFIX, OVERLAP_PREFIX)):
             row[col] = _rank_mean(ranks[col])
-        elif col.startswith((PREDICTED_PREFIX, TRACED_PREFIX)):
+        elif col.startswith((PREDICTED_PREFIX, TRACED_PREFIX, VENDOR_ESTIMATE_PREFIX)):
             row[col] = pred_row[col]
     _add_errors(row)
     return row

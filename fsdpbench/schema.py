@@ -46,6 +46,7 @@ COMM_PREFIX = "comm_"  # communication volume, time and bandwidth per collective
 OVERLAP_PREFIX = "overlap_"  # communication hidden under compute (profiled step)
 PREDICTED_PREFIX = "pred_"  # the analytic memory model (fsdpbench.memory_model.columns)
 TRACED_PREFIX = "traced_"  # the traced predictor (fsdpbench.estimate)
+VENDOR_ESTIMATE_PREFIX = "ds_est_"  # DeepSpeed's own estimator (fsdpbench.memory_model.columns)
 
 # ---- a case's configuration, the same on every rank's row ----------------------------------------------
 CONFIG_COLUMNS = tuple(

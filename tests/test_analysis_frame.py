@@ -27,13 +27,14 @@ def rank_row(case_id: str, rank: int, **kw) -> dict:
 
 RANK0 = dict(mem_rss_peak_bytes=9, pred_peak_bytes=90, comm_total_bytes=10.0, step_time_ms=5.0)
 RANK1 = dict(mem_rss_peak_bytes=7, pred_peak_bytes=132, comm_total_bytes=20.0, step_time_ms=7.0)
+VENDOR = dict(mem_tracker_model_states_bytes=100, ds_est_model_states_bytes=110)
 
 
 def test_case_frame_takes_categories_from_the_largest_rank_and_other_memory_as_the_maximum():
     rows = pd.DataFrame(
         [
             rank_row("a", 0, mem_tracker_peak_bytes=100, mem_tracker_peak_params_bytes=60, **RANK0),
-            rank_row("a", 1, mem_tracker_peak_bytes=120, mem_tracker_peak_params_bytes=50, **RANK1),
+            rank_row("a", 1, mem_tracker_peak_bytes=120, mem_tracker_peak_params_bytes=50, **RANK1, **VENDOR),
         ]
     )
     (case,) = case_frame(rows).to_dict("records")
@@ -43,6 +44,7 @@ def test_case_frame_takes_categories_from_the_largest_rank_and_other_memory_as_t
     assert case["mem_rss_peak_bytes"] == 9  # other memory: the largest over ranks
     assert case["comm_total_bytes"] == 15.0  # communication: the mean over ranks
     assert case["pred_peak_bytes"] == 132 and case["pred_peak_err"] == pytest.approx(0.1)  # the peak rank's
+    assert case["ds_est_model_states_bytes"] == 110 and case["ds_est_model_states_err"] == pytest.approx(0.1)
     assert case["step_time_ms"] == 7.0 and case["slowest_rank"] == 1
     assert case["status"] == "ok" and case["n_ranks_reported"] == 2
     assert rank_maxima(rows, ["mem_tracker_peak_params_bytes", "absent"]).loc["a"].to_dict() == {
