@@ -368,6 +368,9 @@ def test_compare_rows_mark_the_winner_per_metric(cases):
     assert rows["step time (p10–p90)"].winners == [ddp]
     assert rows["throughput"].winners == [ddp]
     assert rows["overlap"].winners == []  # all 60%: a tie has no winner
+    modelled = n4.assign(model_step_time_ms=range(10, 10 + len(n4)))
+    (row,) = [r for r in compare_rows(modelled) if r.metric == "step time, modelled (error)"]
+    assert len(set(row.values.values())) == len(n4) and row.winners == []  # a model picks no winner
     assert rows["peak / rank: measured / predicted"].text[z3].endswith(f"({PRED_PEAK_ERR * 100:+.1f}%)")
 
 
