@@ -214,7 +214,7 @@ def _set_up(
 ) -> _Setup:
     strategy = strategy or get_strategy(case.strategy)
     sharding = strategy.sharding
-    prec = get_precision(case.precision)
+    prec = case.precision_spec
     shard = resolve_shard_size(case, sharding)
     uses_units = bool(strategy.uses_wrap and sharding.per_unit_gather)
     if facts is None:
