@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 from fsdpbench.case import Case
 
+# what the searches ask of the memory model: a case's prediction (a MemoryPrediction)
+Predictor = Callable[[Case], object]
+
 _UNITS = {
     "": 1,
     "b": 1,
@@ -62,7 +65,7 @@ def needed_bytes(pred) -> tuple[int, bool]:  # noqa: ANN001 — a MemoryPredicti
 
 def fit_report(
     case: Case,
-    predict: Callable[[Case], object],
+    predict: Predictor,
     device_memory_bytes: int,
     *,
     max_world_size: int = 65536,
@@ -79,9 +82,7 @@ def fit_report(
     return FitReport(device_memory_bytes, needed, fits, complete, batch, world)
 
 
-def largest_batch(
-    case: Case, predict: Callable[[Case], object], limit: int, *, max_batch: int = 1 << 20
-) -> int | None:
+def largest_batch(case: Case, predict: Predictor, limit: int, *, max_batch: int = 1 << 20) -> int | None:
     def ok(b: int) -> bool:
         return needed_bytes(predict(case.replace(batch_size=b)))[0] <= limit
 
@@ -100,12 +101,7 @@ def largest_batch(
 
 
 def smallest_world_size(
-    case: Case,
-    predict: Callable[[Case], object],
-    limit: int,
-    *,
-    max_world_size: int = 65536,
-    multiple: int = 1,
+    case: Case, predict: Predictor, limit: int, *, max_world_size: int = 65536, multiple: int = 1
 ) -> int | None:
     n = 1
     while n <= max_world_size:
