@@ -33,11 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", default="decoder-tiny", help="model preset (default: decoder-tiny)")
     parser.add_argument("--world-size", type=int, required=True, help="ranks (CPU processes or GPUs)")
-    parser.add_argument(
-        "--strategies",
-        default=DEFAULT_STRATEGIES,
-        help=f"comma-separated strategies (default: {DEFAULT_STRATEGIES})",
-    )
+    running.add_strategies_argument(parser, "--strategies", DEFAULT_STRATEGIES)
     parser.add_argument("--precision", choices=PRECISIONS, help="mixed precision (default: fp32)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="optimizer (default: adamw)")
     parser.add_argument("--wrap", choices=WRAPS, help="FSDP wrap granularity (default: block)")

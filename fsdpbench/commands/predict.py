@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fsdpbench.commands import running
 from fsdpbench.strategies import FULL_SHARD_STRATEGY
 
 ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or its peak breakdown
@@ -70,11 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--model", help="model preset or family (fsdpbench's registry), e.g. llama-7b")
     what.add_argument("--params", type=float, help="only a parameter count Ψ (model states only), e.g. 7.5e9")
     parser.add_argument("--world-size", type=int, required=True, help="ranks (GPUs)")
-    parser.add_argument(
-        "--strategy",
-        default=FULL_SHARD_STRATEGY,
-        help=f"comma-separated strategies (default: {FULL_SHARD_STRATEGY})",
-    )
+    running.add_strategies_argument(parser, "--strategy", FULL_SHARD_STRATEGY)
     parser.add_argument("--shard-size", type=int, help="HSDP ranks per shard group (default: 2)")
     parser.add_argument(
         "--precision",

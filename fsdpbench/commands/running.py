@@ -1,5 +1,6 @@
 """What the verbs that run cases (``run``, ``compare``) share: --link and --set, plugin imports, the
-header of run.json, and the progress lines printed as cases start and finish."""
+header of run.json, and the progress lines printed as cases start and finish; also the strategy-list
+option that ``compare`` and ``predict`` both take."""
 
 from __future__ import annotations
 
@@ -35,6 +36,11 @@ def add_link_argument(parser: argparse.ArgumentParser) -> None:
         f"communication): {link_choices()}, or none (default: {AUTO}: gloo, probed "
         "once per run, for gloo cases; nvlink4 for nccl cases)",
     )
+
+
+def add_strategies_argument(parser: argparse.ArgumentParser, flag: str, default: str) -> None:
+    """The comma-separated strategy list (compare's --strategies, predict's --strategy)."""
+    parser.add_argument(flag, default=default, help=f"comma-separated strategies (default: {default})")
 
 
 def link_spec(value: str) -> str | None:
