@@ -57,75 +57,65 @@ class HFModel(nn.Module):
         return self.model(input_ids=x).logits
 
 
+# ---- arguments -----------------------------------------------------------------------------------
+# Each argument's default in the families that take it; a family's arguments come in this order.
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "hidden_size": {"hf-llama": 64, "hf-bert": 64},
+    "d_model": {"hf-t5": 64},
+    "num_layers": {"hf-llama": 2, "hf-bert": 2, "hf-t5": 2},
+    "num_heads": {"hf-llama": 4, "hf-bert": 4, "hf-t5": 4},
+    "num_kv_heads": {"hf-llama": None},  # None: num_heads (build_llama)
+    "intermediate_size": {"hf-llama": 192, "hf-bert": 256},
+    "d_kv": {"hf-t5": 16},
+    "d_ff": {"hf-t5": 256},
+    "vocab": {"hf-llama": 512, "hf-bert": 512, "hf-t5": 512},
+    "max_positions": {"hf-llama": 2048, "hf-bert": 512},
+    "dropout": {"hf-llama": 0.0, "hf-bert": 0.0, "hf-t5": 0.0},
+}
+# The config field(s) an argument sets where they are not named as the argument.
+_FIELDS: dict[str, dict[str, str | tuple[str, ...]]] = {
+    "num_layers": {"hf-llama": "num_hidden_layers", "hf-bert": "num_hidden_layers"},
+    "num_heads": {"hf-llama": "num_attention_heads", "hf-bert": "num_attention_heads"},
+    "num_kv_heads": {"hf-llama": "num_key_value_heads"},
+    "vocab": {"hf-llama": "vocab_size", "hf-bert": "vocab_size", "hf-t5": "vocab_size"},
+    "max_positions": {"hf-llama": "max_position_embeddings", "hf-bert": "max_position_embeddings"},
+    "dropout": {
+        "hf-llama": "attention_dropout",
+        "hf-bert": ("hidden_dropout_prob", "attention_probs_dropout_prob"),
+        "hf-t5": "dropout_rate",
+    },
+}
+
+
+def _defaults(model: str) -> dict[str, Any]:
+    return {arg: family[model] for arg, family in _DEFAULTS.items() if model in family}
+
+
+def _config(model: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The config fields ``args`` (missing ones at their defaults) set for ``model``."""
+    config = {}
+    for arg, value in {**_defaults(model), **args}.items():
+        fields = _FIELDS.get(arg, {}).get(model, arg)
+        config.update(dict.fromkeys((fields,) if isinstance(fields, str) else fields, value))
+    return config
+
+
 # ---- builders -----------------------------------------------------------------------------------
-def build_llama(
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    num_kv_heads: int | None = None,
-    intermediate_size: int = 192,
-    vocab: int = 512,
-    max_positions: int = 2048,
-    dropout: float = 0.0,
-) -> HFModel:
+def build_llama(**args: Any) -> HFModel:
     tf = _transformers("hf-llama")
-    config = tf.LlamaConfig(
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads or num_heads,
-        intermediate_size=intermediate_size,
-        vocab_size=vocab,
-        max_position_embeddings=max_positions,
-        attention_dropout=dropout,
-        tie_word_embeddings=False,
-    )
-    return HFModel(tf.LlamaForCausalLM(config), "causal")
+    config = _config("hf-llama", args)
+    config["num_key_value_heads"] = config["num_key_value_heads"] or config["num_attention_heads"]
+    return HFModel(tf.LlamaForCausalLM(tf.LlamaConfig(**config, tie_word_embeddings=False)), "causal")
 
 
-def build_bert(
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    intermediate_size: int = 256,
-    vocab: int = 512,
-    max_positions: int = 512,
-    dropout: float = 0.0,
-) -> HFModel:
+def build_bert(**args: Any) -> HFModel:
     tf = _transformers("hf-bert")
-    config = tf.BertConfig(
-        hidden_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        intermediate_size=intermediate_size,
-        vocab_size=vocab,
-        max_position_embeddings=max_positions,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
-    )
-    return HFModel(tf.BertForMaskedLM(config), "masked")
+    return HFModel(tf.BertForMaskedLM(tf.BertConfig(**_config("hf-bert", args))), "masked")
 
 
-def build_t5(
-    d_model: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    d_kv: int = 16,
-    d_ff: int = 256,
-    vocab: int = 512,
-    dropout: float = 0.0,
-) -> HFModel:
+def build_t5(**args: Any) -> HFModel:
     tf = _transformers("hf-t5")
-    config = tf.T5Config(
-        d_model=d_model,
-        num_layers=num_layers,
-        num_heads=num_heads,
-        d_kv=d_kv,
-        d_ff=d_ff,
-        vocab_size=vocab,
-        dropout_rate=dropout,
-    )
-    return HFModel(tf.T5ForConditionalGeneration(config), "seq2seq")
+    return HFModel(tf.T5ForConditionalGeneration(tf.T5Config(**_config("hf-t5", args))), "seq2seq")
 
 
 # ---- batches, losses, blocks ----------------------------------------------------------------------
@@ -169,18 +159,12 @@ _FAMILIES = [
 ]
 
 
-def _defaults(builder: Any) -> dict[str, Any]:
-    import inspect
-
-    return {k: p.default for k, p in inspect.signature(builder).parameters.items()}
-
-
 for _name, _builder, _batch, _block_name, _desc in _FAMILIES:
     register_model(
         ModelDef(
             name=_name,
             build=_builder,
-            defaults=_defaults(_builder),
+            defaults=_defaults(_name),
             make_batch=_batch,
             loss=_token_loss,
             block_classes=lambda args, m=_name, b=_block_name: (_block(m, b),),
@@ -190,38 +174,18 @@ for _name, _builder, _batch, _block_name, _desc in _FAMILIES:
         )
     )
 
-register_preset("hf-llama-tiny", "hf-llama", "d64 L2 H4 V512 (172k params)")
-register_preset(
-    "hf-llama2-7b",
-    "hf-llama",
-    "Llama-2 7B shape (6,738,415,616 params)",
-    hidden_size=4096,
-    num_layers=32,
-    num_heads=32,
-    intermediate_size=11008,
-    vocab=32000,
-    max_positions=4096,
+# the published models' shapes; the -tiny presets are the families' defaults
+_LLAMA2_7B = dict(
+    hidden_size=4096, num_layers=32, num_heads=32, intermediate_size=11008, vocab=32000, max_positions=4096
 )
+_BERT_BASE = dict(hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072, vocab=30522)
+_T5_SMALL = dict(d_model=512, num_layers=6, num_heads=8, d_kv=64, d_ff=2048, vocab=32128)
+
+register_preset("hf-llama-tiny", "hf-llama", "d64 L2 H4 V512 (172k params)")
+register_preset("hf-llama2-7b", "hf-llama", "Llama-2 7B shape (6,738,415,616 params)", **_LLAMA2_7B)
 register_preset("hf-bert-tiny", "hf-bert", "d64 L2 H4 V512 (171k params)")
 register_preset(
-    "hf-bert-base",
-    "hf-bert",
-    "BERT-base shape (109,514,298 params with the MLM head)",
-    hidden_size=768,
-    num_layers=12,
-    num_heads=12,
-    intermediate_size=3072,
-    vocab=30522,
+    "hf-bert-base", "hf-bert", "BERT-base shape (109,514,298 params with the MLM head)", **_BERT_BASE
 )
 register_preset("hf-t5-tiny", "hf-t5", "d64 L2+2 H4 V512 (263k params)")
-register_preset(
-    "hf-t5-small",
-    "hf-t5",
-    "T5-small shape (60,506,624 params)",
-    d_model=512,
-    num_layers=6,
-    num_heads=8,
-    d_kv=64,
-    d_ff=2048,
-    vocab=32128,
-)
+register_preset("hf-t5-small", "hf-t5", "T5-small shape (60,506,624 params)", **_T5_SMALL)
