@@ -17,13 +17,13 @@ from rich.markup import escape
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by fsdpbench run"
-    )
-    parser.add_argument(
         "--out",
         metavar="FILE",
         help="HTML file to write (default: RUN_DIR/report.html for one run, "
         "reports/overlay/<timestamp>/report.html for several)",
+    )
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run directory written by fsdpbench run"
     )
 
 
