@@ -31,7 +31,7 @@ def _fsdp1_wraps(model: torch.nn.Module, **case_fields) -> list[torch.nn.Module]
     case = Case(model="decoder-tiny", **case_fields)
     units = get_wrap_units(model, case)
     ctx = ApplyContext(case=case, device=torch.device("cpu"), rank=0, world_size=1, units=units)
-    policy = auto_wrap_policy_for(ctx)
+    policy = auto_wrap_policy_for(model, ctx)
     if policy is None:
         return None
     chosen = policy._run_policy(model, ignored_modules=set(), root_kwargs={})

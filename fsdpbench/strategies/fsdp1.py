@@ -19,7 +19,7 @@ from torch.distributed.fsdp import (
     MixedPrecision,
     ShardingStrategy,
 )
-from torch.distributed.fsdp.wrap import CustomPolicy
+from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
 
 from fsdpbench.case import Case
 from fsdpbench.precision import Precision
@@ -52,7 +52,7 @@ def mixed_precision_for(precision: Precision) -> MixedPrecision | None:
     return MixedPrecision(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
-def auto_wrap_policy_for(ctx: ApplyContext) -> CustomPolicy | None:
+def auto_wrap_policy_for(model: nn.Module, ctx: ApplyContext) -> CustomPolicy | ModuleWrapPolicy | None:
     """The wrap axis as an FSDP1 ``auto_wrap_policy``: wrap exactly the units ``fsdpbench.wrap`` chose
     (as FSDP2 does); None when the root is the only unit.
 
@@ -66,6 +66,12 @@ def auto_wrap_policy_for(ctx: ApplyContext) -> CustomPolicy | None:
         raise ValueError(f"wrap_classes: none of {names} is a module class of model {case.model!r}")
     if not ctx.units:
         return None
+    unit_types = {type(unit) for unit in ctx.units}
+    if sum(type(m) in unit_types for m in model.modules() if m is not model) == len(ctx.units):
+        # units chosen by class (block, classes): FSDP1's class policy. A CustomPolicy wrapping the
+        # same modules made the BACKWARD_PRE peak differ between identical runs (2 of 6 in
+        # tests/test_fsdp1.py's prefetch test); the class policy did not (6 of 6).
+        return ModuleWrapPolicy(unit_types)
     units = set(ctx.units)
     return CustomPolicy(lambda module: module in units)
 
@@ -84,7 +90,7 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
     return FullyShardedDataParallel(
         model,
         sharding_strategy=sharding_strategy,
-        auto_wrap_policy=auto_wrap_policy_for(ctx),
+        auto_wrap_policy=auto_wrap_policy_for(model, ctx),
         backward_prefetch=BACKWARD_PREFETCH_MODES[case.backward_prefetch],
         forward_prefetch=case.forward_prefetch,
         limit_all_gathers=case.limit_all_gathers,
