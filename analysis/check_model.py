@@ -5,9 +5,10 @@
     python analysis/check_model.py RUN_DIR --csv out.csv --top 10 --terms
 
 Measured = PyTorch's live-tensor tracker in the run (``mem_tracker_model_states_bytes`` after
-optimizer.step; ``mem_tracker_peak_bytes``). Predicted = ``fsdpbench.memory_model`` for the same case
+optimizer.step; ``mem_tracker_peak_bytes``). Predicted =
+``fsdpbench.predictors.memory_model`` for the same case
 and rank (recomputed here, so a run made before a model change is checked against the current model),
-and with ``--traced`` ``fsdpbench.estimate``. Errors are (pred − measured) / measured.
+and with ``--traced`` ``fsdpbench.predictors.traced``. Errors are (pred − measured) / measured.
 ``--terms`` prints, for the worst cases, each category at the peak side by side. The tracker files
 unsharded gradients, DDP buckets, gloo's staging copies and some reduce-scatter inputs under "temp"
 depending on when it first sees them, so those are compared together as "transient".
@@ -23,11 +24,11 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.analysis_frame import relative_error
+from fsdpbench.analysis.frame import relative_error
+from fsdpbench.analysis.regress import case_from_row
 from fsdpbench.case import Case
-from fsdpbench.memory_model import predict_memory
-from fsdpbench.regress import case_from_row
-from fsdpbench.results import load_results
+from fsdpbench.pipeline.results import load_results
+from fsdpbench.predictors.memory_model import predict_memory
 from fsdpbench.schema import OK, TRACKER_MODEL_STATES, TRACKER_PEAK, tracker_peak_column
 
 # the model's categories → comparable groups of the tracker's
@@ -90,7 +91,7 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
         for group in MEASURED_GROUPS:
             rec[f"p:{group}"] = pred_groups.get(group, 0)
         if traced:
-            from fsdpbench.estimate import estimate
+            from fsdpbench.predictors.traced import estimate
 
             est = estimate(case, rank=rank)
             rec["peak_traced"] = est.peak_bytes

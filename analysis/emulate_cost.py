@@ -19,7 +19,7 @@ from pathlib import Path
 
 def main() -> None:
     from fsdpbench.case import Case
-    from fsdpbench.launch import launch_case
+    from fsdpbench.pipeline.launch import launch_case
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -23,7 +23,7 @@ from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 from fsdpbench.case import Case
-from fsdpbench.memory_model import ModelFacts, predict_memory
+from fsdpbench.predictors.memory_model import ModelFacts, predict_memory
 
 STAGES = {"os": "zero1", "os_g": "zero2", "os_g_p": "zero3"}
 DEFAULT_CSV = Path(__file__).resolve().parents[1] / "tests" / "data" / "zero_paper_table1.csv"

@@ -64,7 +64,7 @@ class Case:
     time_blocks: int = 0  # >0: this many blocks of steps, each step paired with a fixed reference workload
     time_block_steps: int = 3  # steps (and reference steps) per block: one step-time ratio sample per block
     # run these ranks one at a time, each alone on one device with a fake process group of world_size
-    # (collectives are no-ops, every allocation is real): see fsdpbench/emulate.py
+    # (collectives are no-ops, every allocation is real): see fsdpbench/predictors/emulate.py
     emulate: bool = False
     emulate_ranks: tuple[int, ...] = (0,)
 

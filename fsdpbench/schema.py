@@ -44,9 +44,9 @@ TRACKER_PEAK_COLUMNS = (TRACKER_PEAK, *(tracker_peak_column(c) for c in TRACKER_
 MEMORY_PREFIX = "mem_"  # measured memory, each column names its source (tracker, alloc, nvml, rss, ...)
 COMM_PREFIX = "comm_"  # communication volume, time and bandwidth per collective (profiled step)
 OVERLAP_PREFIX = "overlap_"  # communication hidden under compute (profiled step)
-PREDICTED_PREFIX = "pred_"  # the analytic memory model (fsdpbench.memory_model.columns)
-TRACED_PREFIX = "traced_"  # the traced predictor (fsdpbench.estimate)
-VENDOR_ESTIMATE_PREFIX = "ds_est_"  # DeepSpeed's own estimator (fsdpbench.memory_model.columns)
+PREDICTED_PREFIX = "pred_"  # the analytic memory model (fsdpbench.predictors.memory_model.columns)
+TRACED_PREFIX = "traced_"  # the traced predictor (fsdpbench.predictors.traced)
+VENDOR_ESTIMATE_PREFIX = "ds_est_"  # DeepSpeed's own estimator (fsdpbench.predictors.memory_model.columns)
 
 # ---- a case's configuration, the same on every rank's row ----------------------------------------------
 CONFIG_COLUMNS = tuple(
@@ -85,7 +85,7 @@ STEP_MODEL_COLUMNS = (
 )
 
 # ---- predictions against measurements: error column → (predicted, measured) --------------------------
-# an error is (predicted − measured) / measured (fsdpbench.analysis_frame.relative_error)
+# an error is (predicted − measured) / measured (fsdpbench.analysis.frame.relative_error)
 ERROR_COLUMNS = {
     "pred_peak_err": ("pred_peak_bytes", TRACKER_PEAK),
     "pred_model_states_err": ("pred_model_states_bytes", TRACKER_MODEL_STATES),

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
-from fsdpbench.launch import CaseOutcome, launch_case
-from fsdpbench.lifeline import pid_alive
+from fsdpbench.pipeline.launch import CaseOutcome, launch_case
+from fsdpbench.pipeline.lifeline import pid_alive
 
 # tests of CPU semantics pin CPU ranks explicitly, so a machine with a GPU runs the same cases
 CPU: dict[str, str] = {"device": "cpu", "backend": "gloo"}
@@ -55,8 +55,8 @@ def run(case: Case, tmp_path: Path) -> CaseOutcome:
 
 def run_with_predictions(case: Case, tmp_path: Path) -> Any:
     """The result rows of a case that ran ok, with the analytic prediction beside them (pred_* columns)."""
-    from fsdpbench.results import build_rows
-    from fsdpbench.runner import add_predictions
+    from fsdpbench.pipeline.results import build_rows
+    from fsdpbench.pipeline.runner import add_predictions
 
     outcome = run(case, tmp_path)
     assert outcome.status == "ok", outcome.error

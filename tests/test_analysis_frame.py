@@ -1,4 +1,4 @@
-"""The per-case analyzer, the step-time reference rule and the schema they read (fsdpbench.analysis_frame)."""
+"""The per-case analyzer, the step-time reference rule and the schema they read (fsdpbench.analysis.frame)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from fsdpbench.analysis_frame import (
+from fsdpbench.analysis.frame import (
     case_frame,
     case_step_times,
     rank_maxima,
@@ -98,8 +98,8 @@ def test_relative_error_and_formatting():
 
 def test_every_tracker_category_is_named_once_in_the_schema():
     from analysis.check_model import MEASURED_GROUPS
-    from fsdpbench.memory_model.columns import TRACKER_FILING
     from fsdpbench.metrics.tracker import CATEGORY_NAMES
+    from fsdpbench.predictors.memory_model.columns import TRACKER_FILING
 
     assert len(set(TRACKER_CATEGORIES)) == len(TRACKER_CATEGORIES) == 12
     assert set(CATEGORY_NAMES.values()) == set(TRACKER_CATEGORIES)
@@ -111,7 +111,8 @@ def test_every_tracker_category_is_named_once_in_the_schema():
 
 def test_the_analysis_side_is_torch_free():
     code = (
-        "import sys, fsdpbench.schema, fsdpbench.analysis_frame, fsdpbench.formatting, fsdpbench.summary, "
-        "fsdpbench.regress; assert 'torch' not in sys.modules"
+        "import sys, fsdpbench.schema, fsdpbench.analysis.frame, fsdpbench.formatting, "
+        "fsdpbench.analysis.summary, "
+        "fsdpbench.analysis.regress; assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -101,7 +101,7 @@ def test_external_launcher_then_collect(tmp_path: Path) -> None:
         "--nproc_per_node",
         "2",
         "-m",
-        "fsdpbench.worker",
+        "fsdpbench.pipeline.worker",
         "--case",
         str(case_file),
         "--out",

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.launch import free_port
 from fsdpbench.metrics.comm import (
     KINDS,
     analytic_comm_bytes,
@@ -17,6 +16,7 @@ from fsdpbench.metrics.comm import (
     sent_bytes_per_rank,
 )
 from fsdpbench.metrics.overlap import analyze_trace
+from fsdpbench.pipeline.launch import free_port
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.base import Sharding
 from tests.helpers import trace_event

@@ -11,9 +11,9 @@ from rich.console import Console
 
 from fsdpbench.cli import build_parser
 from fsdpbench.commands.compare import build_compare_table, build_scenario_text
+from fsdpbench.pipeline.scenario import parse_scenario
 from fsdpbench.report.data import build_case_frame
 from fsdpbench.report.synthetic import synthetic_results, write_synthetic_run
-from fsdpbench.scenario import parse_scenario
 from tests.helpers import CPU
 
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fsdpbench.case import Case
-from fsdpbench.estimate import estimate, trace_device
-from fsdpbench.memory_model import peak_moments, predict_memory
+from fsdpbench.predictors.memory_model import peak_moments, predict_memory
+from fsdpbench.predictors.traced import estimate, trace_device
 
 ROWS = [json.loads(line) for line in (Path(__file__).parent / "data" / "gpu_h100_rank_memory.jsonl").open()]
 TOLERANCE = 0.03

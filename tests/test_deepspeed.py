@@ -82,7 +82,7 @@ def test_without_deepspeed_a_case_is_skipped_with_the_install_command(
 
 @needs_deepspeed
 def test_deepspeeds_estimator_is_the_third_prediction() -> None:
-    from fsdpbench.memory_model.facts import get_model_facts
+    from fsdpbench.predictors.memory_model.facts import get_model_facts
 
     psi = get_model_facts("decoder-tiny").n_params
     assert psi == DECODER_TINY_PARAMS

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from fsdpbench.case import Case
-from fsdpbench.launch import launch_case
-from fsdpbench.scenario import check_devices, parse_scenario, resolve_backend
+from fsdpbench.pipeline.launch import launch_case
+from fsdpbench.pipeline.scenario import check_devices, parse_scenario, resolve_backend
 from tests.helpers import CPU, tiny_case
 
 
@@ -83,9 +83,9 @@ def test_fsdp2_shards_on_the_case_device_even_where_the_accelerator_is_cuda(
     (faked here as CUDA) does not matter."""
     from torch.distributed.tensor import DTensor
 
+    from fsdpbench.engine.wrap import get_wrap_units
     from fsdpbench.models import build_model
     from fsdpbench.strategies import ApplyContext, get_strategy
-    from fsdpbench.wrap import get_wrap_units
 
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
     case = tiny_case(strategy=strategy, world_size=1)
@@ -103,7 +103,7 @@ def test_fsdp2_shards_on_the_case_device_even_where_the_accelerator_is_cuda(
 def test_the_traced_predictor_keeps_a_cpu_case_on_cpu_where_the_accelerator_is_cuda(monkeypatch) -> None:
     """On the H100, `predict --method traced --device cpu` crashed (FakeTensor device propagation,
     cuda:0 vs cpu): the strategy's fully_shard took the accelerator's mesh. Same golden as on CPU."""
-    from fsdpbench.estimate import estimate
+    from fsdpbench.predictors.traced import estimate
 
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
     est = estimate(Case(model="decoder-tiny", strategy="zero3", world_size=4, **CPU), rank=0)

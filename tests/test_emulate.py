@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fsdpbench.case import Case
-from fsdpbench.emulate import check_emulation, fill_local_data, resolve_emulate_ranks
-from fsdpbench.results import build_rows
+from fsdpbench.pipeline.results import build_rows
+from fsdpbench.predictors.emulate import check_emulation, fill_local_data, resolve_emulate_ranks
 from fsdpbench.schema import TRACKER_CATEGORIES
 from tests.helpers import run
 
@@ -70,10 +70,10 @@ def test_only_this_ranks_shards_are_materialised():
     import torch
     import torch.distributed as dist
 
-    from fsdpbench.emulate import build_rank_model, init_fake_process_group, shards_on_meta
+    from fsdpbench.engine.wrap import get_wrap_units
     from fsdpbench.models import resolve_model
+    from fsdpbench.predictors.emulate import build_rank_model, init_fake_process_group, shards_on_meta
     from fsdpbench.strategies import ApplyContext, get_strategy
-    from fsdpbench.wrap import get_wrap_units
 
     case = Case(model="decoder-small", strategy="zero3", world_size=64, emulate=True)
     strategy = get_strategy("zero3")
@@ -172,9 +172,9 @@ def test_predict_method_emulated_prints_the_measured_rank_beside_analytic(capsys
 def test_emulated_figures_are_labelled_in_summary_report_and_regress():
     import pandas as pd
 
-    from fsdpbench.regress import build_baseline, case_records
+    from fsdpbench.analysis.regress import build_baseline, case_records
+    from fsdpbench.analysis.summary import case_table
     from fsdpbench.report.data import ranks_label
-    from fsdpbench.summary import case_table
 
     assert ranks_label(4, "cpu", "gloo", mode="emulated", emulated_ranks="0") == (
         "rank 0 of 4 CPU ranks (gloo), emulated on one CPU"

@@ -6,8 +6,8 @@ import pytest
 import torch.distributed as dist
 
 from fsdpbench.case import Case
-from fsdpbench.estimate import estimate
-from fsdpbench.memory_model import predict_memory
+from fsdpbench.predictors.memory_model import predict_memory
+from fsdpbench.predictors.traced import estimate
 
 
 @pytest.mark.parametrize(

@@ -12,13 +12,13 @@ from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
 from fsdpbench.case import Case
+from fsdpbench.engine.wrap import get_wrap_units
 from fsdpbench.models import build_model
 from fsdpbench.models.decoder import TransformerBlock
+from fsdpbench.pipeline.scenario import build_case, parse_scenario
 from fsdpbench.precision import get_precision
-from fsdpbench.scenario import build_case, parse_scenario
 from fsdpbench.strategies import ApplyContext, get_strategy
 from fsdpbench.strategies.fsdp1 import BACKWARD_PREFETCH_MODES, auto_wrap_policy_for, mixed_precision_for
-from fsdpbench.wrap import get_wrap_units
 from tests.helpers import CPU, global_losses, run, tiny_case
 
 RTOL = 1e-5

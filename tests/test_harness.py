@@ -56,10 +56,10 @@ def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_gr
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from fsdpbench.case import Case
+    from fsdpbench.engine.parallel import build_parallel
+    from fsdpbench.engine.step import rank_batch, train_step
     from fsdpbench.metrics.profiled import profile_steps
     from fsdpbench.metrics.tracker import build_tracker
-    from fsdpbench.parallel import build_parallel
-    from fsdpbench.step import rank_batch, train_step
 
     case = Case(
         model="decoder-tiny",

@@ -12,7 +12,7 @@ import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
 from fsdpbench.case import Case
-from fsdpbench.knobs import (
+from fsdpbench.engine.knobs import (
     apply_activation_checkpointing,
     apply_compile,
     check_knobs,
@@ -21,7 +21,7 @@ from fsdpbench.knobs import (
 )
 from fsdpbench.models import build_model, make_global_batch, resolve_model
 from fsdpbench.models.decoder import TransformerBlock
-from fsdpbench.scenario import build_case
+from fsdpbench.pipeline.scenario import build_case
 from fsdpbench.strategies import get_strategy
 from tests.helpers import global_losses, run, tiny_case
 
@@ -147,7 +147,7 @@ def test_cpu_offload_on_two_ranks_trains_the_same(tmp_path: Path) -> None:
     # on a CPU run host and device are one memory: the tracker sees the same bytes either way
     assert off.ranks[0]["memory"]["states_local"] == base.ranks[0]["memory"]["states_local"]
     # ... and the run records where the strategy keeps the parameters, as the memory model predicts
-    from fsdpbench.memory_model import predict_memory
+    from fsdpbench.predictors.memory_model import predict_memory
 
     for case, outcome in zip(cases, (base, off)):
         for rank in outcome.ranks:
@@ -161,7 +161,7 @@ def test_cpu_offload_on_two_ranks_trains_the_same(tmp_path: Path) -> None:
 def _placement_rank(rank: int, world: int, port: int, out: str) -> None:
     import torch.distributed as dist
 
-    from fsdpbench.parallel import build_parallel
+    from fsdpbench.engine.parallel import build_parallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -179,7 +179,7 @@ def _placement_rank(rank: int, world: int, port: int, out: str) -> None:
 def test_cpu_offload_moves_the_sharded_parameters_to_the_host(tmp_path: Path) -> None:
     from torch.multiprocessing import start_processes
 
-    from fsdpbench.launch import free_port
+    from fsdpbench.pipeline.launch import free_port
 
     out = tmp_path / "placement.json"
     start_processes(_placement_rank, args=(2, free_port(), str(out)), nprocs=2, start_method="forkserver")

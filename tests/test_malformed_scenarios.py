@@ -74,7 +74,7 @@ def test_exponent_numbers_are_numbers_in_files_and_overrides(
     path = tmp_path / "s.yaml"
     path.write_text("name: s\ndefaults: {lr: 3e-4, device: cpu, backend: gloo}\nsweep: {strategy: [ddp]}\n")
     assert run_cli(str(path), "--set", "timeout_s=1e2", "--dry-run") == 0
-    from fsdpbench.scenario import load_scenario
+    from fsdpbench.pipeline.scenario import load_scenario
 
     case = load_scenario(path).cases[0]
     assert case.lr == 3e-4

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from fsdpbench.models import build_model
-from fsdpbench.results import RunStore
-from fsdpbench.runner import run_cases
+from fsdpbench.pipeline.results import RunStore
+from fsdpbench.pipeline.runner import run_cases
 from tests.helpers import tiny_case
 
 pytestmark = pytest.mark.slow

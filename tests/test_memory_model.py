@@ -9,10 +9,15 @@ import pandas as pd
 import pytest
 
 from fsdpbench.case import Case
-from fsdpbench.memory_model import ModelFacts, get_model_facts, predict_memory, prediction_columns
-from fsdpbench.memory_model.facts import ParamFact
-from fsdpbench.memory_model.search import largest_batch, needed_bytes, parse_bytes, smallest_world_size
-from fsdpbench.memory_model.states import _fsdp_local, _zero1_partition, ddp_buckets
+from fsdpbench.predictors.memory_model import ModelFacts, get_model_facts, predict_memory, prediction_columns
+from fsdpbench.predictors.memory_model.facts import ParamFact
+from fsdpbench.predictors.memory_model.search import (
+    largest_batch,
+    needed_bytes,
+    parse_bytes,
+    smallest_world_size,
+)
+from fsdpbench.predictors.memory_model.states import _fsdp_local, _zero1_partition, ddp_buckets
 from tests.helpers import run_with_predictions
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -325,7 +330,7 @@ def test_runner_stores_predictions_beside_the_measurement(tmp_path):
 def test_unsharded_gradients_are_in_backward_until_their_units_post_backward():
     """FSDPMemTracker relabels a unit's unsharded gradients when its post-backward starts; until then they
     are temporaries to it. The model keeps the two apart (and the root's stay in backward to the end)."""
-    from fsdpbench.memory_model import peak_moments
+    from fsdpbench.predictors.memory_model import peak_moments
 
     by_label = {
         m.label: m.bytes for m in peak_moments(Case(model="decoder-tiny", strategy="zero3", world_size=2))
@@ -347,8 +352,8 @@ def test_every_buffer_the_step_allocates_is_freed_by_the_optimizer_step(strategy
     """What backward allocates (unsharded units, all-gather outputs, reduce-scatter and all-reduce buffers,
     unsharded and per-unit gradients) is freed once the optimizer runs: the resident states, the batch,
     the gradients and DDP's buckets remain; the moments are the accountant's walk of those events."""
-    from fsdpbench.memory_model import peak_moments, step_events
-    from fsdpbench.memory_model.timeline import Accountant
+    from fsdpbench.predictors.memory_model import peak_moments, step_events
+    from fsdpbench.predictors.memory_model.timeline import Accountant
 
     case = Case(
         model="decoder-tiny", strategy=strategy, world_size=world, precision="bf16", prefetch=prefetch
@@ -367,7 +372,7 @@ def test_every_buffer_the_step_allocates_is_freed_by_the_optimizer_step(strategy
 
 
 def test_the_accountant_counts_transients_at_one_moment_and_refuses_a_buffer_allocated_twice():
-    from fsdpbench.memory_model.timeline import UNTRACKED, Alloc, Free, Record, account
+    from fsdpbench.predictors.memory_model.timeline import UNTRACKED, Alloc, Free, Record, account
 
     one, two = account(
         [
@@ -430,8 +435,8 @@ def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(
 def test_run_with_traced_predictions_stores_them_per_rank_without_joining_a_group(tmp_path, capsys):
     import torch.distributed as dist
 
-    from fsdpbench.results import RunStore
-    from fsdpbench.runner import run_cases
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import run_cases
 
     # scenarios/ci.yaml's shape: the measured peak does not depend on when gloo's reduce-scatter finishes
     cases = [
@@ -462,7 +467,7 @@ def test_run_with_traced_predictions_stores_them_per_rank_without_joining_a_grou
 
 @pytest.mark.slow
 def test_a_trace_that_fails_keeps_the_measurement_and_says_why(capsys):
-    from fsdpbench.runner import TracedPredictor
+    from fsdpbench.pipeline.runner import TracedPredictor
 
     rows = pd.DataFrame({"rank": [0, 1], "mem_tracker_peak_bytes": [10, 11]})
     tracer = TracedPredictor()

@@ -11,9 +11,9 @@ import torch
 from fsdpbench.case import PRECISIONS, Case
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory
+from fsdpbench.pipeline.rank_result import RankResult, Setup
+from fsdpbench.pipeline.results import rank_columns
 from fsdpbench.precision import get_precision
-from fsdpbench.rank_result import RankResult, Setup
-from fsdpbench.results import rank_columns
 from fsdpbench.schema import TRACKER_CATEGORIES
 
 

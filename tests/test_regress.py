@@ -11,9 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fsdpbench.case import Case
-from fsdpbench.cli import build_parser
-from fsdpbench.regress import (
+from fsdpbench.analysis.regress import (
     BaselineError,
     Threshold,
     apply_strategy_map,
@@ -25,7 +23,9 @@ from fsdpbench.regress import (
     resolve_threshold,
     write_baseline,
 )
-from fsdpbench.results import case_columns
+from fsdpbench.case import Case
+from fsdpbench.cli import build_parser
+from fsdpbench.pipeline.results import case_columns
 
 PLUGINS = Path(__file__).parent / "plugins"
 MACHINE = {"hostname": "ci-host", "device_name": "CPU: test (2 cores)", "torch_version": "2.13.0+cpu"}

@@ -20,11 +20,11 @@ import pytest
 
 from fsdpbench.case import Case
 from fsdpbench.cli import build_parser
-from fsdpbench.launch import CaseOutcome, _clear_case_dir
-from fsdpbench.results import RunStore, load_results
-from fsdpbench.rundir import RunDirError, RunLock, check_inside
-from fsdpbench.runner import run_cases
-from fsdpbench.scenario import load_scenario
+from fsdpbench.pipeline.launch import CaseOutcome, _clear_case_dir
+from fsdpbench.pipeline.results import RunStore, load_results
+from fsdpbench.pipeline.rundir import RunDirError, RunLock, check_inside
+from fsdpbench.pipeline.runner import run_cases
+from fsdpbench.pipeline.scenario import load_scenario
 from tests.helpers import FAULTS, assert_all_gone, run, tiny_case, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,7 +216,7 @@ def two_case_scenario(tmp_path: Path, extra: str = "") -> Path:
 def test_disk_full_is_one_line_leaves_no_temporary_file_and_resume_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.setattr("fsdpbench.runner.launch_case", fake_launch)
+    monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", fake_launch)
     real = pd.DataFrame.to_parquet
     writes = [0]
 
@@ -269,7 +269,7 @@ def test_a_second_run_on_a_locked_out_refuses(tmp_path: Path, capsys: pytest.Cap
 def test_resume_never_deletes_a_case_directory_a_live_rank_writes_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("fsdpbench.launch._LIVE_RANK_WAIT_S", 0.5)
+    monkeypatch.setattr("fsdpbench.pipeline.launch._LIVE_RANK_WAIT_S", 0.5)
     case_dir = tmp_path / "cases" / "c"
     case_dir.mkdir(parents=True)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -301,7 +301,7 @@ def test_library_error_text_with_markup_is_printed_verbatim(
             ranks=[{"rank": 0, "status": "failed", "error": gloo}],
         )
 
-    monkeypatch.setattr("fsdpbench.runner.launch_case", failing_launch)
+    monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", failing_launch)
     assert run_cli(str(two_case_scenario(tmp_path)), "--out", str(tmp_path / "run"), "--no-report") == 1
     captured = capsys.readouterr()
     assert captured.err.count("[/__w/pytorch/pytorch/third_party/gloo") == 2  # both cases, nothing swallowed
@@ -326,7 +326,7 @@ def test_unsafe_values_never_reach_a_path(tmp_path: Path, monkeypatch: pytest.Mo
     traversal = "/../../../../../../../../" + str(target.relative_to("/"))
     case = Case(model_args={"vocab": traversal}, strategy="ddp")
     assert "/" not in case.case_id and ".." not in case.case_id
-    monkeypatch.setattr("fsdpbench.runner.launch_case", fake_launch)
+    monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", fake_launch)
     for _ in range(2):  # the second run clears the case directory it made the first time
         run_cases([case], [], RunStore(out), {"env": {}})
     assert target.read_text() == "keep me"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.scenario import ScenarioError, load_scenario, parse_scenario
+from fsdpbench.pipeline.scenario import ScenarioError, load_scenario, parse_scenario
 from tests.helpers import CPU
 
 ROOT = Path(__file__).resolve().parents[1]

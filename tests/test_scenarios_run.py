@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.launch import launch_case
-from fsdpbench.scenario import load_scenario
+from fsdpbench.pipeline.launch import launch_case
+from fsdpbench.pipeline.scenario import load_scenario
 from tests.helpers import CPU
 
 SCENARIOS = sorted((Path(__file__).parents[1] / "scenarios").glob("*.yaml"))

@@ -7,9 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.comm_model import LINK_PRESETS, Link, LinkError, collective_time_us, validate_link_spec
-from fsdpbench.comm_probe import fit_link
 from fsdpbench.metrics.step_model import PlacedCollective, StepTimeline, build_timeline, simulate
+from fsdpbench.predictors.comm_model import (
+    LINK_PRESETS,
+    Link,
+    LinkError,
+    collective_time_us,
+    validate_link_spec,
+)
+from fsdpbench.predictors.comm_probe import fit_link
 from fsdpbench.strategies import get_strategy
 from tests.helpers import trace_event
 
@@ -154,10 +160,10 @@ def test_bad_link_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 
 @pytest.mark.slow
 def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Path) -> None:
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.report.data import build_case_frame
     from fsdpbench.report.tables import case_table
-    from fsdpbench.results import RunStore
-    from fsdpbench.runner import run_cases
     from tests.helpers import tiny_case
 
     store = RunStore(tmp_path / "run")

@@ -38,7 +38,7 @@ def test_no_strategy_is_named_outside_the_strategy_files() -> None:
 
 
 def test_the_registry_and_the_torch_free_modules_import_no_torch() -> None:
-    modules = ("strategies", "case", "regress", "summary", "commands.regress")
+    modules = ("strategies", "case", "analysis.regress", "analysis.summary", "commands.regress")
     imports = ", ".join(f"fsdpbench.{m}" for m in modules)
     code = f"import sys, {imports}; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fsdpbench.analysis.regress import SAMPLED, build_baseline, compare
+from fsdpbench.analysis.timegate import bootstrap_effect, mann_whitney_greater, time_verdict
 from fsdpbench.metrics.reference import block_ratios, ratio_series
-from fsdpbench.regress import SAMPLED, build_baseline, compare
-from fsdpbench.timegate import bootstrap_effect, mann_whitney_greater, time_verdict
 from tests.test_regress import DDP, ZERO3, case_rows, cli, write_run
 
 BASE = [1.00, 1.02, 0.98, 1.05, 0.97, 1.01, 0.99, 1.03, 1.00, 0.96]
@@ -109,8 +109,8 @@ def test_pool_joins_samples_of_other_runs(tmp_path):
 
 def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, capsys):
     """A case that looked 30% slower once is launched again; two normal launches dilute it."""
-    import fsdpbench.launch
-    import fsdpbench.results
+    import fsdpbench.pipeline.launch
+    import fsdpbench.pipeline.results
 
     base = tmp_path / "b.json"
     assert cli(write_run(tmp_path / "a", sampled_frame(BASE)), "--write-baseline", base) == 0
@@ -127,8 +127,10 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     class Outcome:
         status = "ok"
 
-    monkeypatch.setattr(fsdpbench.launch, "launch_case", lambda c, d: fake_launch(c, d) and Outcome())
-    monkeypatch.setattr(fsdpbench.results, "build_rows", fake_rows)
+    monkeypatch.setattr(
+        fsdpbench.pipeline.launch, "launch_case", lambda c, d: fake_launch(c, d) and Outcome()
+    )
+    monkeypatch.setattr(fsdpbench.pipeline.results, "build_rows", fake_rows)
     assert cli(bad_minute, "--baseline", base) == 1  # no repeat: fails
     capsys.readouterr()
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 0
@@ -136,7 +138,9 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     assert f"re-measured {ZERO3.case_id} (2/2)" in capsys.readouterr().err
     # a real slowdown stays slow in the re-launches: still fails
     monkeypatch.setattr(
-        fsdpbench.results, "build_rows", lambda c, o, e: pd.DataFrame([{SAMPLED: [x * 1.3 for x in BASE]}])
+        fsdpbench.pipeline.results,
+        "build_rows",
+        lambda c, o, e: pd.DataFrame([{SAMPLED: [x * 1.3 for x in BASE]}]),
     )
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 1
 

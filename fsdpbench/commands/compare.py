@@ -94,10 +94,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fsdpbench.comm_model import LinkError
-    from fsdpbench.results import RunStore
-    from fsdpbench.runner import default_run_dir, now_iso, run_cases
-    from fsdpbench.scenario import ScenarioError, parse_scenario
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import default_run_dir, now_iso, run_cases
+    from fsdpbench.pipeline.scenario import ScenarioError, parse_scenario
+    from fsdpbench.predictors.comm_model import LinkError
 
     err = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()

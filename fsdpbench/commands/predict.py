@@ -65,7 +65,7 @@ METHODS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsdpbench.case import OPTIMIZERS, WRAPS
-    from fsdpbench.memory_model import PRECISIONS
+    from fsdpbench.predictors.memory_model import PRECISIONS
 
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--model", help="model preset or family (fsdpbench's registry), e.g. llama-7b")
@@ -120,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fsdpbench.memory_model.search import parse_bytes
+    from fsdpbench.predictors.memory_model.search import parse_bytes
 
     err = Console(stderr=True)
     try:
@@ -188,7 +188,7 @@ def _build_cases(args: argparse.Namespace) -> list:
             backend="nccl" if args.device == "cuda" else "gloo",
             **{field: getattr(args, field) for field in CASE_FLAGS},
         )
-        from fsdpbench.knobs import check_knobs
+        from fsdpbench.engine.knobs import check_knobs
 
         reason = strategy.check(case) or check_knobs(case, strategy)
         if reason:
@@ -200,8 +200,8 @@ def _build_cases(args: argparse.Namespace) -> list:
 def _predict_one(
     args: argparse.Namespace, case: Any, device_memory: int | None, context: int
 ) -> dict[str, Any]:
-    from fsdpbench.memory_model import ModelFacts, predict_memory, resolve_shard_size
-    from fsdpbench.memory_model.search import fit_report
+    from fsdpbench.predictors.memory_model import ModelFacts, predict_memory, resolve_shard_size
+    from fsdpbench.predictors.memory_model.search import fit_report
     from fsdpbench.strategies import get_strategy
 
     facts = ModelFacts.from_count(int(args.params)) if args.params is not None else None
@@ -228,7 +228,7 @@ def _predict_one(
         _add_emulated(out, case, args.rank, device_memory, context)
     if "traced" in methods:
         _require_model("traced", facts)
-        from fsdpbench.estimate import estimate
+        from fsdpbench.predictors.traced import estimate
 
         out["traced"] = est = estimate(case, rank=args.rank)
         out["json"].append(est.to_dict())
@@ -262,7 +262,7 @@ def _analytic_record(pred: Any, fit: Any) -> dict[str, Any]:
 
 def _add_emulated(out: dict[str, Any], case: Any, rank: int, device_memory: int | None, context: int) -> None:
     """Emulate the rank; with --device-memory, "fits?" from its peak plus the stated allowance."""
-    from fsdpbench.emulate import emulate_rank
+    from fsdpbench.predictors.emulate import emulate_rank
 
     out["emulated"] = emu = emulate_rank(case, rank=rank)
     rec = emu.to_dict()
@@ -388,7 +388,7 @@ def _emulated_rows(emu: Any) -> dict[str, int]:
 
 
 def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, units: str, args: Any) -> None:
-    from fsdpbench.emulate import EMULATION_LIMITS
+    from fsdpbench.predictors.emulate import EMULATION_LIMITS
 
     where = "cuda:0" if emu.device == "cuda" else "the CPU"
     console.print(
@@ -419,7 +419,7 @@ def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, un
 
 
 def parse_device_memory(args: Any) -> int:
-    from fsdpbench.memory_model.search import parse_bytes
+    from fsdpbench.predictors.memory_model.search import parse_bytes
 
     return parse_bytes(args.device_memory)
 

@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fsdpbench.regress import BaselineError
+    from fsdpbench.analysis.regress import BaselineError
 
     err = Console(stderr=True)
     try:
@@ -107,8 +107,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _load_run(run_dir: str) -> tuple[Any, dict[str, Any]]:
-    from fsdpbench.regress import BaselineError
-    from fsdpbench.results import RunStore, load_results
+    from fsdpbench.analysis.regress import BaselineError
+    from fsdpbench.pipeline.results import RunStore, load_results
 
     frame = load_results(run_dir)
     if frame.empty:
@@ -119,13 +119,13 @@ def _load_run(run_dir: str) -> tuple[Any, dict[str, Any]]:
 
 
 def _threshold_args(items: list[str]) -> dict[str, Any]:
-    from fsdpbench.regress import parse_threshold
+    from fsdpbench.analysis.regress import parse_threshold
 
     return dict(parse_threshold(item) for item in items)
 
 
 def _write(args: argparse.Namespace, err: Console) -> int:
-    from fsdpbench.regress import build_baseline, write_baseline
+    from fsdpbench.analysis.regress import build_baseline, write_baseline
 
     frame, meta = _load_run(args.run_dir)
     pooled = [_load_run(run_dir)[0] for run_dir in args.pool]
@@ -163,7 +163,7 @@ def _write(args: argparse.Namespace, err: Console) -> int:
 
 
 def _gate(args: argparse.Namespace, err: Console) -> int:
-    from fsdpbench.regress import BaselineError, apply_strategy_map, compare, load_baseline
+    from fsdpbench.analysis.regress import BaselineError, apply_strategy_map, compare, load_baseline
 
     baseline = load_baseline(args.baseline)
     frame, _ = _load_run(args.run_dir)
@@ -185,7 +185,7 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
     if args.repeat < 0:
         raise BaselineError(f"--repeat {args.repeat}: expected K >= 0")
     if args.repeat:
-        from fsdpbench.remeasure import remeasure
+        from fsdpbench.pipeline.remeasure import remeasure
 
         result = remeasure(
             result,

@@ -24,7 +24,7 @@ from fsdpbench.commands.running import (
     run_header,
     validate_overrides,
 )
-from fsdpbench.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
+from fsdpbench.pipeline.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,10 +95,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, console: Console) -> int:
-    from fsdpbench.comm_model import LinkError
-    from fsdpbench.results import RunStore
-    from fsdpbench.rundir import RunDirError
-    from fsdpbench.runner import run_cases
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.rundir import RunDirError
+    from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.predictors.comm_model import LinkError
 
     try:
         link = link_spec(args.link)
@@ -169,7 +169,7 @@ def _main(args: argparse.Namespace, console: Console) -> int:
         )
         return 128 + getattr(exc, "signum", signal.SIGINT)
 
-    from fsdpbench.summary import print_summary
+    from fsdpbench.analysis.summary import print_summary
 
     print_summary(frame, Console())
     if not args.no_report:
@@ -197,7 +197,7 @@ def _load_scenario(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
 
 
 def _run_dir(args: argparse.Namespace, scenario_name: str) -> Path:
-    from fsdpbench.runner import default_run_dir, latest_run_dir
+    from fsdpbench.pipeline.runner import default_run_dir, latest_run_dir
 
     if args.out:
         return Path(args.out)
@@ -208,7 +208,7 @@ def _run_dir(args: argparse.Namespace, scenario_name: str) -> Path:
 
 def _update_run_meta(meta: dict[str, Any], scenario: Any, overrides: dict[str, Any]) -> None:
     """run.json's content before the cases: this run's header over what a resumed run stored."""
-    from fsdpbench.runner import now_iso
+    from fsdpbench.pipeline.runner import now_iso
 
     meta.update(
         run_header(
@@ -221,7 +221,7 @@ def _update_run_meta(meta: dict[str, Any], scenario: Any, overrides: dict[str, A
     )
     emulated = [c for c in scenario.cases if c.emulate]
     if emulated:
-        from fsdpbench.emulate import EMULATION_LIMITS
+        from fsdpbench.predictors.emulate import EMULATION_LIMITS
 
         meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
 
@@ -273,7 +273,7 @@ def _export_cases(scenario: Any, out: Path) -> int:
         print(
             "run each on every node, e.g.:\n"
             f"  torchrun --nnodes NODES --nproc_per_node GPUS_PER_NODE --rdzv_backend c10d "
-            f"--rdzv_endpoint HOST:29500 -m fsdpbench.worker --case {out / case.case_id}.json "
+            f"--rdzv_endpoint HOST:29500 -m fsdpbench.pipeline.worker --case {out / case.case_id}.json "
             f"--out RUN_DIR/cases/{case.case_id}\n"
             f"then: fsdpbench run {scenario.path} --out RUN_DIR --collect"
         )

@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fsdpbench.safe_yaml import YamlInputError, load_yaml
-from fsdpbench.scenario import ScenarioError
+from fsdpbench.pipeline.safe_yaml import YamlInputError, load_yaml
+from fsdpbench.pipeline.scenario import ScenarioError
 
 # run_cases' callbacks: on_start(case, index) and on_done(case, outcome, rows)
 OnStart = Callable[[Any, int], None]
@@ -26,7 +26,7 @@ OnDone = Callable[[Any, Any, Any], None]
 
 def add_link_argument(parser: argparse.ArgumentParser) -> None:
     """--link: the link of the modelled step time."""
-    from fsdpbench.comm_model import AUTO, link_choices
+    from fsdpbench.predictors.comm_model import AUTO, link_choices
 
     parser.add_argument(
         "--link",
@@ -45,7 +45,7 @@ def add_strategies_argument(parser: argparse.ArgumentParser, flag: str, default:
 
 def link_spec(value: str) -> str | None:
     """The --link value checked (LinkError names what is wrong); None for 'none'."""
-    from fsdpbench.comm_model import validate_link_spec
+    from fsdpbench.predictors.comm_model import validate_link_spec
 
     return None if value == "none" else validate_link_spec(value)
 
@@ -68,7 +68,7 @@ def validate_overrides(overrides: dict[str, Any]) -> None:
     """Each --set field is a case field and its value valid for it (ScenarioError names which not)."""
     from pydantic import ValidationError
 
-    from fsdpbench.scenario import CaseFields
+    from fsdpbench.pipeline.scenario import CaseFields
 
     for key, value in overrides.items():
         if key not in CaseFields.model_fields:

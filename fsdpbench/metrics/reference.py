@@ -42,8 +42,8 @@ class ReferenceWorkload:
     case's steps; it does not update its weights, so every reference step does the same work."""
 
     def __init__(self, device: torch.device) -> None:
+        from fsdpbench.engine.step import rank_batch
         from fsdpbench.models import resolve_model
-        from fsdpbench.step import rank_batch
 
         mdef, margs = resolve_model(_REFERENCE_CASE.model, _REFERENCE_CASE.model_args)
         torch.manual_seed(_REFERENCE_CASE.seed)

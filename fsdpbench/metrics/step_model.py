@@ -1,5 +1,5 @@
 """Modelled step time at N ranks: the compute of one profiled step, measured, plus communication
-modelled on a link (fsdpbench/comm_model.py), placed where the strategy issues and waits for it.
+modelled on a link (fsdpbench/predictors/comm_model.py), placed where the strategy issues and waits for it.
 
 **Compute.** From the rank's profiled step (a real run's trace, or an emulated rank's, whose
 collectives take no time), take the step's span on the compute timeline (CPU: the threads that run
@@ -40,9 +40,9 @@ import bisect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.comm_model import Link, collective_time_us
 from fsdpbench.metrics.comm import collective_records
 from fsdpbench.metrics.overlap import Interval, merge_intervals, subtract_intervals
+from fsdpbench.predictors.comm_model import Link, collective_time_us
 
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Sharding

@@ -9,7 +9,7 @@ Families (``transformers`` is an optional extra: ``pip install 'fsdpbench[hf]'``
 
 Each family and preset is registered whether or not ``transformers`` is installed, so a scenario
 naming one validates everywhere; a case that needs it is skipped with the install command
-(``fsdpbench.knobs.check_knobs``), and building one raises the same message.
+(``fsdpbench.engine.knobs.check_knobs``), and building one raises the same message.
 Dropout defaults to 0 (the library's defaults are 0.1) so runs are deterministic and losses compare
 across strategies; set ``dropout: 0.1`` to match the published configs.
 """

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from fsdpbench.analysis_frame import case_frame
+from fsdpbench.analysis.frame import case_frame
 from fsdpbench.schema import OK
 
 # configuration columns that may vary in a scenario (besides strategy and world size); a case's label
@@ -69,7 +69,7 @@ def run_label(run_dir: Path) -> str:
 
 def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     """Rows, run.json and timelines of one run directory; raises FileNotFoundError naming it."""
-    from fsdpbench.results import RunStore, load_results
+    from fsdpbench.pipeline.results import RunStore, load_results
 
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists() and not (run_dir / "results.parquet").exists():

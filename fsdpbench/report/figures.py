@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from fsdpbench.analysis_frame import BREAKDOWN_MEASURED, breakdown_frames, has_values, numeric_column
+from fsdpbench.analysis.frame import BREAKDOWN_MEASURED, breakdown_frames, has_values, numeric_column
 from fsdpbench.formatting import byte_unit, fmt_pct
 from fsdpbench.report.data import axis_text, ok_cases, rows_with, shard_label, varying_axes
 from fsdpbench.report.panel import (

@@ -8,7 +8,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from fsdpbench.analysis_frame import has_values, is_reference_strategy, speedups
+from fsdpbench.analysis.frame import has_values, is_reference_strategy, speedups
 from fsdpbench.case import PRECISIONS, WRAPS
 from fsdpbench.formatting import byte_unit
 from fsdpbench.report.data import axis_text, ok_cases, rows_with

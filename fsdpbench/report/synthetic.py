@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.metrics.comm import analytic_comm_bytes
-from fsdpbench.results import RunStore
+from fsdpbench.pipeline.results import RunStore
 from fsdpbench.strategies import REFERENCE_STRATEGY, registered
 
 PSI = 1_000_000  # parameters

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.analysis_frame import (
+from fsdpbench.analysis.frame import (
     BREAKDOWN_MEASURED,
     breakdown_frames,
     has_values,

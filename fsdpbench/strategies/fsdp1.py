@@ -53,7 +53,7 @@ def mixed_precision_for(precision: Precision) -> MixedPrecision | None:
 
 
 def auto_wrap_policy_for(model: nn.Module, ctx: ApplyContext) -> CustomPolicy | ModuleWrapPolicy | None:
-    """The wrap axis as an FSDP1 ``auto_wrap_policy``: wrap exactly the units ``fsdpbench.wrap`` chose
+    """The wrap axis as an FSDP1 ``auto_wrap_policy``: wrap exactly the units ``fsdpbench.engine.wrap`` chose
     (as FSDP2 does); None when the root is the only unit.
 
     ``wrap.get_wrap_units`` follows FSDP1's own ``size_based_auto_wrap_policy`` for ``size``

@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from fsdpbench.case import Case
+from fsdpbench.engine.parallel import build_parallel
+from fsdpbench.engine.step import rank_batch, train_step
 from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
-from fsdpbench.parallel import build_parallel
-from fsdpbench.scenario import build_case
-from fsdpbench.step import rank_batch, train_step
+from fsdpbench.pipeline.scenario import build_case
 from tests.helpers import one_rank_gloo
 
 STRATEGIES = ["ddp", "zero1", "zero2", "zero3"]
@@ -86,7 +86,7 @@ def prediction_info(case: Case, measured: dict[str, int]) -> dict[str, Any]:
     """The analytic prediction for the same case (pred_* fields)."""
     import pandas as pd
 
-    from fsdpbench.memory_model import prediction_columns
+    from fsdpbench.predictors.memory_model import prediction_columns
 
     try:
         pred = prediction_columns(case, pd.DataFrame([{"rank": 0, **measured}]))

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.comm_model import Link, algorithm_factor
-from fsdpbench.launch import free_port
+from fsdpbench.pipeline.launch import free_port
+from fsdpbench.predictors.comm_model import Link, algorithm_factor
 
 PROBE_SIZES_BYTES = (
     4 << 10,
@@ -183,7 +183,7 @@ def profiler_overhead_us(run_dir: Path, world_size: int) -> float:
 def resolve_link(spec: str, backend: str, world_size: int, run_dir: Path) -> Link:
     """The Link a --link value names for a case: 'auto' is the probed gloo link for gloo cases
     and nvlink4 for the others; 'gloo' is probed (cached in the run directory)."""
-    from fsdpbench.comm_model import AUTO, LINK_PRESETS, parse_explicit_link
+    from fsdpbench.predictors.comm_model import AUTO, LINK_PRESETS, parse_explicit_link
 
     if spec == AUTO:
         spec = "gloo" if backend == "gloo" else "nvlink4"

@@ -2,6 +2,6 @@
 fork server's life to the orchestrator's, so no rank outlives a killed ``fsdpbench run``.
 Nothing else imports this module."""
 
-from fsdpbench.lifeline import die_with_parent
+from fsdpbench.pipeline.lifeline import die_with_parent
 
 die_with_parent()

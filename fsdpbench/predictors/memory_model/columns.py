@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.analysis_frame import is_number, relative_error
+from fsdpbench.analysis.frame import is_number, relative_error
 from fsdpbench.case import Case
 from fsdpbench.schema import ERROR_COLUMNS
 
@@ -90,7 +90,7 @@ def errors_against(predicted: dict[str, Any], rows: pd.DataFrame, i: int) -> dic
 
 def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
     """pred_* columns for a case's rows (one value per row)."""
-    from fsdpbench.memory_model import predict_memory
+    from fsdpbench.predictors.memory_model import predict_memory
 
     try:
         if case.precision not in _runnable_precisions():
@@ -155,7 +155,7 @@ def _tracker_filing(p: Any) -> dict[str, tuple[str, ...]]:
 
 
 def _runnable_precisions() -> set[str]:
-    from fsdpbench.memory_model.precision import PRECISIONS
+    from fsdpbench.predictors.memory_model.precision import PRECISIONS
 
     return {name for name, p in PRECISIONS.items() if p.runnable}
 

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.case import Case
-from fsdpbench.lifeline import ORCHESTRATOR_PID_ENV, pid_alive
+from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, pid_alive
 
 # the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
 _PRELOAD = [
-    "fsdpbench._forkserver_lifeline",
+    "fsdpbench.pipeline._forkserver_lifeline",
     "torch",
     "torch._dynamo",
     "torch.distributed.fsdp",
-    "fsdpbench.worker",
+    "fsdpbench.pipeline.worker",
 ]
 _POLL_S = 0.05
 _LIVE_RANK_WAIT_S = 10.0
@@ -67,7 +67,7 @@ def free_port() -> int:
 def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     """Run one case on ``case.world_size`` local processes (an emulated case: its ``emulate_ranks``, one
     process at a time); never raises for a rank's failure."""
-    from fsdpbench.scenario import check_devices
+    from fsdpbench.pipeline.scenario import check_devices
 
     shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
     if shortfall:
@@ -111,7 +111,7 @@ def _launch_group(
     """Start the ranks in ``group`` together, wait for them (timeout), read what they wrote."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
-    from fsdpbench.worker import rank_entry
+    from fsdpbench.pipeline.worker import rank_entry
 
     n, port = case.world_size, free_port()
     # an emulated rank has the machine to itself: on a GPU, cuda:0; on the CPU, the threads a real rank

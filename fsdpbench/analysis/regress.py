@@ -10,7 +10,7 @@ What is compared, and how (docs/ci.md explains why):
 - step time: noisy and machine-dependent. The gate is ``step_time_ref_ratios``: per block, the
   case's step time over a fixed reference workload run step by step in the same rank processes
   (``fsdpbench.metrics.reference``), compared as distributions — a minimum effect (10%) AND a
-  Mann–Whitney U test (``fsdpbench.timegate``). Single numbers are reported beside it (warn only
+  Mann–Whitney U test (``fsdpbench.analysis.timegate``). Single numbers are reported beside it (warn only
   when the samples exist): the ratio to the reference *case* of the same run (the DDP case with the
   same model, batch and world size, or a named calibration case, 25%), and the absolute step time
   when the machine matches;
@@ -34,7 +34,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.analysis_frame import (
+from fsdpbench.analysis.frame import (
     REFERENCE_STRATEGY,
     case_frame,
     case_mode,
@@ -42,6 +42,7 @@ from fsdpbench.analysis_frame import (
     rank_maxima,
     time_references,
 )
+from fsdpbench.analysis.timegate import ALPHA
 from fsdpbench.case import Case
 from fsdpbench.schema import (
     CASE_STEP_TIME,
@@ -52,7 +53,6 @@ from fsdpbench.schema import (
     TRACKER_PEAK,
     tracker_peak_column,
 )
-from fsdpbench.timegate import ALPHA
 
 BASELINE_FORMAT = 1
 KINDS = ("memory", "comm", "time", "loss")
@@ -80,7 +80,7 @@ METRICS: dict[str, MetricDef] = {
     "comm_total_bytes": MetricDef(kind="comm", tolerance=0.01),
     "step_time_ratio": MetricDef(kind="time", tolerance=0.25, deterministic=False),
     CASE_STEP_TIME: MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
-    # samples, one per block; the tolerance is the minimum effect (fsdpbench.timegate)
+    # samples, one per block; the tolerance is the minimum effect (fsdpbench.analysis.timegate)
     "step_time_ref_ratios": MetricDef(kind="time", tolerance=0.10, deterministic=False),
     "losses": MetricDef(kind="loss", tolerance=1e-4),
 }
@@ -598,8 +598,8 @@ def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs
 
 
 def _compare_samples(base, now, th: Threshold):
-    """The statistical time verdict (fsdpbench.timegate): baseline and now are medians, change the effect."""
-    from fsdpbench.timegate import time_verdict
+    """The statistical time verdict (analysis.timegate): baseline and now are medians, change the effect."""
+    from fsdpbench.analysis.timegate import time_verdict
 
     if not now:
         return (

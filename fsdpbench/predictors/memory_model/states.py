@@ -18,8 +18,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsdpbench.memory_model.facts import ModelFacts, ParamFact
-from fsdpbench.memory_model.precision import (
+from fsdpbench.predictors.memory_model.facts import ModelFacts, ParamFact
+from fsdpbench.predictors.memory_model.precision import (
     STEP_TENSOR_BYTES,
     Precision,
     optimizer_has_step,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdpbench.regress import SAMPLED, Comparison, case_from_row
+from fsdpbench.analysis.regress import SAMPLED, Comparison, case_from_row
 
 
 def suspects(result: Comparison) -> list[str]:
@@ -35,8 +35,8 @@ def remeasure(
 
     ``frame`` is what was compared (strategies mapped); ``run_frame`` the run as it ran (to rebuild
     each case as launched, a plugin strategy included)."""
-    from fsdpbench.launch import launch_case
-    from fsdpbench.results import build_rows
+    from fsdpbench.pipeline.launch import launch_case
+    from fsdpbench.pipeline.results import build_rows
 
     cases = suspects(result)
     if not cases or repeat <= 0:

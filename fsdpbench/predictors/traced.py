@@ -2,7 +2,7 @@
 of any world size, in this one process, under PyTorch's memory trackers. Nothing is allocated: a 7B
 decoder on 64 ranks traces on a laptop CPU.
 
-    from fsdpbench.estimate import estimate
+    from fsdpbench.predictors.traced import estimate
     from fsdpbench.strategies import FULL_SHARD_STRATEGY
     est = estimate(Case(model="llama-7b", strategy=FULL_SHARD_STRATEGY, world_size=64))   # rank 0
     est.peak_bytes, est.peak_by_category, est.model_states_bytes
@@ -31,7 +31,7 @@ Which kernels a trace runs is the target device's (``case.device``), never silen
 target: on a machine whose torch can run CUDA kernels, a ``cuda`` case is traced on fake CUDA tensors (the
 reference H100 data shows this exact to the byte); on a CPU-only build, where CUDA kernels cannot be
 dispatched even on fake tensors, it is traced on fake CPU tensors with CUDA's rules swapped in for RMSNorm
-and SDPA and CUDA's 512-byte rounding (fsdpbench/cuda_standins.py), and the notes say so.
+and SDPA and CUDA's 512-byte rounding (fsdpbench/predictors/cuda_standins.py), and the notes say so.
 Not traced: ``torch.compile`` (the model runs eagerly), ``mixed`` (an accounting, not a runnable
 precision).
 """
@@ -54,8 +54,8 @@ from fsdpbench.case import Case
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from fsdpbench.engine.parallel import Build, Parallelize
     from fsdpbench.models import ModelDef
-    from fsdpbench.parallel import Build, Parallelize
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +98,9 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     """Trace one rank of ``case`` (any world size) and return the tracker's peak and model states."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from fsdpbench.engine.parallel import build_parallel
+    from fsdpbench.engine.step import rank_batch, train_step
     from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
-    from fsdpbench.parallel import build_parallel
-    from fsdpbench.step import rank_batch, train_step
     from fsdpbench.strategies import get_strategy
 
     if not case.precision_spec.runnable:
@@ -174,7 +174,7 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
 def _trace_notes(case: Case, device: torch.device, cuda_rules: bool) -> list[str]:
     """What a trace on ``device`` stands for, and what it leaves out."""
     if cuda_rules:
-        from fsdpbench.memory_model.kernels import ASSUMED_CASE
+        from fsdpbench.predictors.memory_model.kernels import ASSUMED_CASE
 
         notes = [
             "CUDA target on a torch build that cannot run CUDA kernels: traced on fake CPU tensors with "
@@ -195,8 +195,8 @@ def _fake_build(
     """The model as fake tensors on ``device``; ``fake`` is entered into ``fake_scope`` on the way, and
     stays entered for the steps. FSDP2 strategies are applied on meta (their device mesh needs real
     tensors), then materialised; others are built and applied under ``fake``."""
-    from fsdpbench.emulate import shards_on_meta
-    from fsdpbench.parallel import count_params
+    from fsdpbench.engine.parallel import count_params
+    from fsdpbench.predictors.emulate import shards_on_meta
 
     def build(mdef: ModelDef, margs: dict[str, Any], parallelize: Parallelize) -> tuple[torch.nn.Module, int]:
         if shards_on_meta(parallelize.strategy):
@@ -241,7 +241,7 @@ def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
     """Take the optimizer's ``step`` counters out of a CPU-traced snapshot of a CUDA target: torch keeps
     them on the host unless the optimizer is capturable or fused (fsdpbench's are neither), so a GPU's
     tracker does not count them (states.py leaves them out of CUDA predictions for the same reason)."""
-    from fsdpbench.memory_model.kernels import storage_bytes
+    from fsdpbench.predictors.memory_model.kernels import storage_bytes
 
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
     counters = sum(
@@ -261,7 +261,7 @@ def _cuda_rules(active: bool) -> Iterator[list[str]]:
     if not active:
         yield []
         return
-    from fsdpbench.cuda_standins import cuda_kernel_standins, cuda_storage_rounding
+    from fsdpbench.predictors.cuda_standins import cuda_kernel_standins, cuda_storage_rounding
 
     with cuda_kernel_standins() as uncovered, cuda_storage_rounding():
         yield uncovered
@@ -381,7 +381,7 @@ def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[s
 
 def traced_columns(traced: dict[int, dict[str, float]], rows: Any) -> dict[str, list[Any]]:
     """traced_* columns for a case's rows, with the relative error against the same rank's tracker."""
-    from fsdpbench.memory_model.columns import relative_error
+    from fsdpbench.predictors.memory_model.columns import relative_error
 
     out: dict[str, list[Any]] = {c: [] for c in TRACED_COLUMNS}
     for _, row in rows.iterrows():

@@ -137,8 +137,8 @@ def _from_meta_build(
     name: str, args: dict[str, Any], wrap: str, min_params: int, classes: tuple[str, ...]
 ) -> tuple[tuple[ParamFact, ...], tuple[str, ...]]:
     from fsdpbench.case import Case
+    from fsdpbench.engine.wrap import get_wrap_units
     from fsdpbench.models import build_model
-    from fsdpbench.wrap import get_wrap_units
 
     model = build_model(name, args, device="meta")
     case = Case(model=name, model_args=args, wrap=wrap, wrap_min_params=min_params, wrap_classes=classes)

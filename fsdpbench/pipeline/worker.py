@@ -4,8 +4,8 @@ Run by ``fsdpbench run`` (one fresh set of processes per case), or by hand on an
 sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, e.g. across two nodes:
 
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \\
-        -m fsdpbench.worker --case case.json --out results/case_dir
-    srun --ntasks-per-node 8 python -m fsdpbench.worker --case case.json --out results/case_dir
+        -m fsdpbench.pipeline.worker --case case.json --out results/case_dir
+    srun --ntasks-per-node 8 python -m fsdpbench.pipeline.worker --case case.json --out results/case_dir
 
 Phases, in order, so instruments never disturb what they measure:
 warm-up → timed steps (bare) → memory-tracked steps → one profiled step (→ optional bare loop).
@@ -31,15 +31,9 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
-from fsdpbench.emulate import (
-    build_rank_model,
-    fake_collectives,
-    init_fake_process_group,
-    prepare_ddp,
-    shards_on_meta,
-    without_overlap,
-)
-from fsdpbench.knobs import state_placement_bytes
+from fsdpbench.engine.knobs import state_placement_bytes
+from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
+from fsdpbench.engine.step import Batch, rank_batch, train_step
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
@@ -47,9 +41,15 @@ from fsdpbench.metrics.reference import ReferenceWorkload, interleaved_steps
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
-from fsdpbench.parallel import Build, Parallel, Parallelize, build_parallel
-from fsdpbench.rank_result import RankResult, Setup
-from fsdpbench.step import Batch, rank_batch, train_step
+from fsdpbench.pipeline.rank_result import RankResult, Setup
+from fsdpbench.predictors.emulate import (
+    build_rank_model,
+    fake_collectives,
+    init_fake_process_group,
+    prepare_ddp,
+    shards_on_meta,
+    without_overlap,
+)
 
 
 class RankRecorder:
@@ -188,7 +188,7 @@ def _run_phases(
     torch.set_num_threads(
         max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     )
-    if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/emulate.py)
+    if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/predictors/emulate.py)
         init_fake_process_group(rank, world)
         stack.enter_context(fake_collectives(case))
     else:
@@ -280,7 +280,7 @@ def _run_phases(
 
 
 def _emulated_build(case: Case, device: torch.device, rank: int) -> Build:
-    """An emulated rank's model: built on meta, only this rank's data materialised (fsdpbench/emulate.py)."""
+    """An emulated rank's model: built on meta, only this rank's data materialised (predictors/emulate.py)."""
 
     def build(mdef: ModelDef, margs: dict[str, Any], parallelize: Parallelize) -> tuple[torch.nn.Module, int]:
         model, params = build_rank_model(
@@ -299,7 +299,7 @@ def _emulated_build(case: Case, device: torch.device, rank: int) -> Build:
 
 def rank_entry(case_json: str, out_dir: str) -> None:
     """Entry point for launch.py: stdout/stderr go to the case directory, results to rank{R}.json."""
-    from fsdpbench.lifeline import die_with_parent, watch_orchestrator
+    from fsdpbench.pipeline.lifeline import die_with_parent, watch_orchestrator
 
     die_with_parent()  # the fork server is the parent; it dies with the orchestrator
     watch_orchestrator()
@@ -313,7 +313,7 @@ def rank_entry(case_json: str, out_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run one case on an external launcher (torchrun, srun): every rank calls this."""
-    parser = argparse.ArgumentParser(prog="python -m fsdpbench.worker", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fsdpbench.pipeline.worker", description=main.__doc__)
     parser.add_argument(
         "--case", required=True, help="case JSON file (fsdpbench run SCENARIO --export-cases DIR writes them)"
     )

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fsdpbench.memory_model.kernels import ASSUMED_CASE, kernels_for, storage_bytes
+from fsdpbench.predictors.memory_model.kernels import ASSUMED_CASE, kernels_for, storage_bytes
 
 FP32, PURE16, AUTOCAST16 = "fp32", "pure16", "autocast16"
 

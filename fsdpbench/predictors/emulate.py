@@ -80,7 +80,7 @@ def fake_collectives(case: Case) -> Iterator[None]:
     """What the fake process group does not do the way the case's backend would: futures that carry
     their tensors (DDP's hooks; shared with the traced predictor) and, for gloo, the copy of the input
     that gloo's reduce-scatter allocates while the input is already a reduce-scatter buffer."""
-    from fsdpbench.estimate import _fake_pg_compat
+    from fsdpbench.predictors.traced import _fake_pg_compat
 
     rs_name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
     reduce_scatter = getattr(dist, rs_name)  # what FSDP2's reduce-scatter calls
@@ -155,7 +155,7 @@ def fill_local_data(model: nn.Module, *, seed: int, rank: int) -> None:
 
 def prepare_ddp(model: nn.Module, world_size: int) -> nn.Module:
     """DDP under the fake process group: an in-place bucket all-reduce hook (the traced predictor's)."""
-    from fsdpbench.estimate import _patch_ddp
+    from fsdpbench.predictors.traced import _patch_ddp
 
     return _patch_ddp(model, world_size, rebuild_buckets=True)
 
@@ -211,7 +211,7 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
     """Run ``rank`` of ``case`` emulated, in a fresh process (one warm-up, one timed, one tracked step)."""
     import tempfile
 
-    from fsdpbench.launch import launch_case
+    from fsdpbench.pipeline.launch import launch_case
 
     case = case.replace(
         emulate=True,

@@ -13,8 +13,8 @@ from collections.abc import Callable
 import torch
 
 from fsdpbench.case import Case
+from fsdpbench.engine.parallel import Parallel
 from fsdpbench.models import make_global_batch
-from fsdpbench.parallel import Parallel
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs, targets
 

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fsdpbench.analysis_frame import case_frame, case_mode
+from fsdpbench.analysis.frame import case_frame, case_mode
 from fsdpbench.formatting import fmt_bytes
 from fsdpbench.schema import CASE_STEP_TIME, OK, STEP_TIME, TRACKER_PEAK
 

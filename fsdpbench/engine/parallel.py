@@ -4,7 +4,7 @@ The worker (real and emulated ranks), the traced predictor and the step benchmar
 ``build_parallel``, so what is predicted and benchmarked is what is measured:
 
     parallel = build_parallel(case, device, rank)
-    loss = train_step(parallel, rank_batch(case, rank, step, device))      # fsdpbench.step
+    loss = train_step(parallel, rank_batch(case, rank, step, device))      # fsdpbench.engine.step
 
 The order is torchtitan's: the wrap units are found on the model's own blocks, then activation
 checkpointing → compile → the strategy's ``apply``; the optimizer is built on the result. How the
@@ -23,11 +23,11 @@ import torch
 from torch import nn
 
 from fsdpbench.case import Case
-from fsdpbench.knobs import apply_activation_checkpointing, apply_compile
+from fsdpbench.engine.knobs import apply_activation_checkpointing, apply_compile
+from fsdpbench.engine.wrap import get_wrap_units
 from fsdpbench.models import ModelDef, resolve_model
 from fsdpbench.precision import Precision
 from fsdpbench.strategies import ApplyContext, Strategy, get_strategy
-from fsdpbench.wrap import get_wrap_units
 
 
 @dataclass(kw_only=True)

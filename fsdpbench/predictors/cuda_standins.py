@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from fsdpbench.memory_model.kernels import AttentionKernel, kernels_for
+from fsdpbench.predictors.memory_model.kernels import AttentionKernel, kernels_for
 
 
 class _FusedRmsNorm(torch.autograd.Function):

@@ -3,7 +3,7 @@ optimizer — the (P+G+K)·Ψ/N family from the strategy's declared ``Sharding``
 model and rank, plus named extra terms (FSDP padding, unsharded units in flight, all-gather and
 reduce-scatter buffers, DDP buckets, activations, a CUDA context allowance) and the moment of the peak.
 
-    from fsdpbench.memory_model import predict_memory
+    from fsdpbench.predictors.memory_model import predict_memory
     from fsdpbench.strategies import FULL_SHARD_STRATEGY
     case = Case(model="llama-7b", strategy=FULL_SHARD_STRATEGY, world_size=64, precision="bf16")
     pred = predict_memory(case)
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from fsdpbench.case import Case
-from fsdpbench.memory_model.activations import (
+from fsdpbench.predictors.memory_model.activations import (
     AUTOCAST16,
     FP32,
     PURE16,
@@ -25,10 +25,17 @@ from fsdpbench.memory_model.activations import (
     Shape,
     get_activation_profile,
 )
-from fsdpbench.memory_model.facts import ModelFacts, get_model_facts
-from fsdpbench.memory_model.precision import PRECISIONS, Precision, get_precision, optimizer_k
-from fsdpbench.memory_model.states import RankStates, get_rank_states
-from fsdpbench.memory_model.timeline import CATEGORIES, Event, Moment, StepConfig, account, step_schedule
+from fsdpbench.predictors.memory_model.facts import ModelFacts, get_model_facts
+from fsdpbench.predictors.memory_model.precision import PRECISIONS, Precision, get_precision, optimizer_k
+from fsdpbench.predictors.memory_model.states import RankStates, get_rank_states
+from fsdpbench.predictors.memory_model.timeline import (
+    CATEGORIES,
+    Event,
+    Moment,
+    StepConfig,
+    account,
+    step_schedule,
+)
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.base import Sharding, Strategy
 
@@ -395,7 +402,7 @@ def _named_terms(facts: ModelFacts, states: RankStates, prefetch: int, sharding:
     }
 
 
-from fsdpbench.memory_model.columns import prediction_columns  # noqa: E402
+from fsdpbench.predictors.memory_model.columns import prediction_columns  # noqa: E402
 
 __all__ = [
     "CUDA_CONTEXT_BYTES",

@@ -21,8 +21,8 @@ import pandas as pd
 
 from fsdpbench.case import Case
 from fsdpbench.metrics.reference import block_ratios, ratio_series
-from fsdpbench.rank_result import RankResult
-from fsdpbench.rundir import RunLock, check_component, check_inside
+from fsdpbench.pipeline.rank_result import RankResult
+from fsdpbench.pipeline.rundir import RunLock, check_component, check_inside
 
 # the columns every results table has, in order (measurements follow)
 CORE_COLUMNS = [
@@ -86,7 +86,9 @@ def case_columns(case: Case) -> dict[str, Any]:
     d["strategy_args"] = json.dumps(d["strategy_args"], sort_keys=True)
     d["wrap_classes"] = ",".join(d["wrap_classes"])
     d["emulate_ranks"] = ",".join(map(str, d["emulate_ranks"]))
-    d["mode"] = case.mode  # emulated: one rank alone with a fake process group (fsdpbench/emulate.py)
+    d["mode"] = (
+        case.mode
+    )  # emulated: one rank alone with a fake process group (fsdpbench/predictors/emulate.py)
     d["case_id"] = case.case_id
     d["global_batch_size"] = case.global_batch_size
     d["timed_steps"] = d.pop("steps")
@@ -121,7 +123,7 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
 def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """What the case's ranks measured together: the global losses, the case's step time (the slowest
     rank's median), throughput, and the step-time ratios to the reference workload."""
-    # an emulated rank's loss is of garbage on purpose: not a loss of the case (fsdpbench/emulate.py)
+    # an emulated rank's loss is of garbage on purpose: not a loss of the case (predictors/emulate.py)
     losses = [r.get("losses") or [] for r in ranks] if not case.emulate else []
     n = min((len(x) for x in losses), default=0)
     global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
@@ -141,7 +143,7 @@ def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[s
     if case_step:
         out.update(_throughput_columns(case, case_step))
     if case.emulate:
-        from fsdpbench.emulate import LOSS_SKIPPED_REASON
+        from fsdpbench.predictors.emulate import LOSS_SKIPPED_REASON
 
         out["loss_skipped_reason"] = LOSS_SKIPPED_REASON
         out["throughput_samples_s"] = out["throughput_tokens_s"] = None  # compute-only time: not a throughput

@@ -11,10 +11,10 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.case import Case
-from fsdpbench.launch import CaseDirInUse, CaseOutcome, collect_case, launch_case
-from fsdpbench.results import RunStore, build_rows, skipped_rows
-from fsdpbench.rundir import check_component, check_inside
-from fsdpbench.scenario import Skipped
+from fsdpbench.pipeline.launch import CaseDirInUse, CaseOutcome, collect_case, launch_case
+from fsdpbench.pipeline.results import RunStore, build_rows, skipped_rows
+from fsdpbench.pipeline.rundir import check_component, check_inside
+from fsdpbench.pipeline.scenario import Skipped
 
 
 def now_iso() -> str:
@@ -60,7 +60,7 @@ def run_cases(
     """Run every case not already stored (with resume); write rows and run.json after each.
 
     With ``collect``, launch nothing: read what an external launcher's ranks wrote into each
-    case directory (multi-node runs; see ``python -m fsdpbench.worker``). With ``traced``, each
+    case directory (multi-node runs; see ``python -m fsdpbench.pipeline.worker``). With ``traced``, each
     finished case also gets the traced predictor's figures per rank (``traced_*`` columns). With
     ``link`` (a --link value), each finished case gets its modelled step time on that link
     (``model_*`` columns; metrics/step_model.py)."""
@@ -168,7 +168,7 @@ def _end_run(store: RunStore, meta: dict[str, Any], tracer: TracedPredictor | No
 
 def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
     """The analytic prediction for the same case, beside the measurement (pred_* columns)."""
-    from fsdpbench.memory_model import prediction_columns
+    from fsdpbench.predictors.memory_model import prediction_columns
 
     try:
         pred = prediction_columns(case, rows)
@@ -185,9 +185,9 @@ def add_step_model(
 ) -> pd.DataFrame:
     """The modelled step time on the link (model_* columns per rank; case_model_step_time_ms is the
     slowest rank's, as case_step_time_ms is), from the ranks' profiled traces."""
-    from fsdpbench.comm_probe import profiler_overhead_us, resolve_link
     from fsdpbench.metrics.profiled import shard_group_sizes
     from fsdpbench.metrics.step_model import case_model_columns
+    from fsdpbench.predictors.comm_probe import profiler_overhead_us, resolve_link
     from fsdpbench.strategies import get_strategy
 
     traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows["rank"] if int(r) >= 0}
@@ -239,7 +239,7 @@ class TracedPredictor:
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context
 
-        from fsdpbench.estimate import trace_ranks, traced_columns
+        from fsdpbench.predictors.traced import trace_ranks, traced_columns
 
         ranks = sorted({int(r) for r in rows["rank"] if int(r) >= 0})
         try:

@@ -32,7 +32,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from fsdpbench.case import BACKWARD_PREFETCH, OPTIMIZERS, PRECISIONS, WRAPS, Case
-from fsdpbench.safe_yaml import YamlInputError, decode_text, load_yaml
+from fsdpbench.pipeline.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
 
@@ -417,7 +417,7 @@ def build_case(
             f"Allow it with --allow-plugins (or {ALLOW_PLUGINS_ENV}=1)"
         )
     if fields.get("emulate"):
-        from fsdpbench.emulate import resolve_emulate_ranks
+        from fsdpbench.predictors.emulate import resolve_emulate_ranks
 
         fields["emulate_ranks"] = resolve_emulate_ranks(
             fields.get("emulate_ranks", [0]), fields.get("world_size", _DEFAULT.world_size)
@@ -439,8 +439,8 @@ def build_case(
         case = case.replace(wrap="none", wrap_min_params=_DEFAULT.wrap_min_params, wrap_classes=())
     if strategy.sharding.group != "shard_group":
         case = case.replace(shard_size=None)
-    from fsdpbench.emulate import check_emulation
-    from fsdpbench.knobs import check_knobs, normalize_knobs
+    from fsdpbench.engine.knobs import check_knobs, normalize_knobs
+    from fsdpbench.predictors.emulate import check_emulation
 
     case = normalize_knobs(case, strategy)
     reason = (

@@ -1,6 +1,6 @@
 """What each kernel saves for backward, by target device and compute dtype: the one table that the
 analytic activation model (activations.py) and the traced predictor's CUDA stand-ins
-(fsdpbench/cuda_standins.py) both read.
+(fsdpbench/predictors/cuda_standins.py) both read.
 
 Source: every tensor autograd saves in one decoder block, on an H100 (torch 2.11) and on the CPU
 (``../shared/reference/gpu-h100/saved_tensors_per_block.jsonl``), and PyTorch's kernels:
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdpbench.memory_model.states import CUDA_BLOCK_BYTES
+from fsdpbench.predictors.memory_model.states import CUDA_BLOCK_BYTES
 
 
 @dataclass(frozen=True, slots=True)

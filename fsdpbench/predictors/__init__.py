@@ -1,0 +1,1 @@
+"""The predictors: analytic (memory_model), traced (fake tensors), emulated (one real rank), comm model."""
