@@ -1,10 +1,29 @@
-"""The names of the results table: columns, column families, tracker categories, case statuses.
+"""The results table's columns, each declared once: name, unit, how a case's rows become the case's value,
+where it comes from, one line of doc. Also the tracker categories, the collective kinds and the statuses.
 
-Torch-free, imported by the code that writes rows and by the code that reads them (summary, report,
-regress, the memory model's columns), so that a name is spelled in one place.
+Torch-free. Whatever writes a column (results, the metric modules, the predictors, the step model) and
+whatever reads one (``analysis.frame.case_frame``, the summary, the report, regress) names it through the
+constants here, so a name is spelled in one place; ``tests/test_schema.py`` fails on a column name or a
+status written as a string literal anywhere else in the package, on a column a run writes that is not
+declared, and on a declared column that ``docs/measurements.md`` does not document.
+
+Adding a column is one declaration, in the section of its source::
+
+    MY_COLUMN = column("my_column_ms", unit=MS, agg=SLOWEST, source="timing", doc="what it is, one line")
+
+``agg`` says how ``case_frame`` makes the case's value of it from the case's per-rank rows (see ``Agg``).
+A column per tracker category or per collective kind is a ``family`` (one declaration for all its
+members): ``family("comm_{}_bytes", COLLECTIVES, ...)``; ``FAMILY.of("all_gather")`` is one member's name.
+Then regenerate the table in docs/measurements.md: ``python -m fsdpbench.schema --write-docs``.
 """
 
 from __future__ import annotations
+
+import enum
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 # ---- statuses ----------------------------------------------------------------------------------------
 OK = "ok"
@@ -12,9 +31,16 @@ SKIPPED = "skipped"
 FAILED = "failed"
 OOM = "oom"
 TIMEOUT = "timeout"
+RUNNING = "running"  # a rank record whose phase has not ended
+UNKNOWN = "unknown"  # a case row with no status (never written by fsdpbench)
+STATUSES = (OK, SKIPPED, FAILED, OOM, TIMEOUT)
 FAILED_STATUSES = (FAILED, TIMEOUT, OOM)
 
-# ---- memory: the live-tensor trackers (fsdpbench.metrics.tracker) ---------------------------------------
+# ---- modes -----------------------------------------------------------------------------------------
+REAL = "real"
+EMULATED = "emulated"  # one rank alone with a fake process group (fsdpbench/predictors/emulate.py)
+
+# ---- memory: the live-tensor trackers' categories (fsdpbench.metrics.tracker) -------------------------
 TRACKER_CATEGORIES = (
     "params",
     "params_unsharded",
@@ -29,69 +55,955 @@ TRACKER_CATEGORIES = (
     "buffers",
     "other",
 )
-TRACKER_PEAK = "mem_tracker_peak_bytes"  # total at the moment of the peak
-TRACKER_MODEL_STATES = "mem_tracker_model_states_bytes"  # params + grads + optimizer state after step
+MODEL_STATE_CATEGORIES = ("params", "grads", "optim")
+# collective kinds, as the communication analysis files them (fsdpbench.metrics.comm)
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
+SAMPLED_SOURCES = ("rss", "nvml")  # the background samplers (fsdpbench.metrics.profiled)
+
+# ---- units ----------------------------------------------------------------------------------------------
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")  # powers of 1024
+BYTES = "B"
+MS = "ms"
+SECONDS = "s"
+RATIO = "ratio"  # a dimensionless fraction or quotient
+COUNT = "count"
+TEXT = "text"
+LIST = "list"  # one value per step, block or rank
+FLOP = "FLOP"
+TFLOPS = "TFLOP/s"
+GBS = "GB/s"  # 1e9 B/s
+SAMPLES_S = "samples/s"
+TOKENS_S = "tokens/s"
+CONFIG = "config"  # a field of the case (its unit, if any, is in its name)
+
+
+class Agg(enum.Enum):
+    """How ``case_frame`` turns a case's per-rank rows into the case's value of a column."""
+
+    SAME = "same on every rank (the first row's)"
+    CASE = "the case's own (computed by case_frame from the rows)"
+    SLOWEST = "the slowest rank's (largest step_time_ms)"
+    MODEL_SLOWEST = "the rank the step-time model finds slowest"
+    PEAK_RANK = "the rank with the largest tracker peak (the categories add up to that peak)"
+    MAX = "max over ranks"
+    MEAN = "mean over ranks (text: the first rank's that has one)"
+    PER_RANK = "per rank only: not a value of the case (read results.parquet for it)"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    name: str
+    unit: str
+    agg: Agg
+    source: str
+    doc: str
+    family: str | None = None  # the pattern of its family, if it is one's member
+
+
+@dataclass(frozen=True, slots=True)
+class Family:
+    """Columns that differ by one part of their name (a tracker category, a collective kind)."""
+
+    pattern: str  # with one "{}"
+    members: tuple[str, ...]
+    unit: str
+    agg: Agg
+    source: str
+    doc: str
+
+    def of(self, member: str) -> str:
+        """The name of one member's column; an unknown member is an error (a typo is not a column)."""
+        if member not in self.members:
+            raise KeyError(
+                f"{member!r} is not a member of {self.pattern} (members: {', '.join(self.members)})"
+            )
+        return self.pattern.format(member)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.pattern.format(m) for m in self.members)
+
+    @property
+    def label(self) -> str:
+        """The pattern as the docs write it: ``comm_<kind>_bytes``."""
+        return self.pattern.replace("{}", "<" + _MEMBER_WORD.get(self.members, "name") + ">")
+
+
+_MEMBER_WORD = {TRACKER_CATEGORIES: "category", COLLECTIVES: "kind", SAMPLED_SOURCES: "source"}
+
+COLUMNS: dict[str, Column] = {}  # every declared column by name (family members included)
+FAMILIES: dict[str, Family] = {}  # by pattern
+
+
+def column(name: str, *, unit: str, agg: Agg, source: str, doc: str) -> str:
+    """Declare one column; returns its name (bind it to a constant and use that)."""
+    _register(Column(name, unit, agg, source, doc))
+    return name
+
+
+def family(pattern: str, members: tuple[str, ...], *, unit: str, agg: Agg, source: str, doc: str) -> Family:
+    """Declare a family of columns, one per member (``pattern`` holds one ``{}``)."""
+    fam = Family(pattern, tuple(members), unit, agg, source, doc)
+    if pattern in FAMILIES:
+        raise ValueError(f"column family {pattern} declared twice")
+    FAMILIES[pattern] = fam
+    for name in fam.names:
+        _register(Column(name, unit, agg, source, doc, family=pattern))
+    return fam
+
+
+def _register(col: Column) -> None:
+    if col.name in COLUMNS:
+        raise ValueError(f"column {col.name} declared twice")
+    COLUMNS[col.name] = col
+
+
+def get_column(name: str) -> Column:
+    """The declaration of a column; KeyError naming it when it is not declared."""
+    try:
+        return COLUMNS[name]
+    except KeyError:
+        raise KeyError(f"column {name!r} is not declared in fsdpbench/schema.py") from None
+
+
+def undeclared(names: object) -> list[str]:
+    """The names among ``names`` that no declaration covers."""
+    return [n for n in names if n not in COLUMNS]  # type: ignore[attr-defined]
+
+
+# ---- a case's configuration (fsdpbench.case.Case fields as results.case_columns writes them) -----------
+SCENARIO = column("scenario", unit=CONFIG, agg=Agg.SAME, source="config", doc="the scenario's name")
+STRATEGY = column(
+    "strategy",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="the strategy's registry name (ddp, zero1, zero2, zero3, hsdp, fsdp1_*, ds_zero*, plugins)",
+)
+WORLD_SIZE = column("world_size", unit=CONFIG, agg=Agg.SAME, source="config", doc="ranks of the case")
+SHARD_SIZE = column(
+    "shard_size", unit=CONFIG, agg=Agg.SAME, source="config", doc="HSDP: ranks per shard group"
+)
+MODEL = column("model", unit=CONFIG, agg=Agg.SAME, source="config", doc="the model's registry name")
+MODEL_ARGS = column(
+    "model_args", unit=CONFIG, agg=Agg.SAME, source="config", doc="the model's arguments (JSON)"
+)
+WRAP = column(
+    "wrap", unit=CONFIG, agg=Agg.SAME, source="config", doc="how FSDP units are chosen (none, block, ...)"
+)
+WRAP_CLASSES = column(
+    "wrap_classes",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="module classes wrapped as units (comma-separated)",
+)
+WRAP_MIN_PARAMS = column(
+    "wrap_min_params",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="size-based wrapping: least parameters per unit",
+)
+PREFETCH = column("prefetch", unit=CONFIG, agg=Agg.SAME, source="config", doc="FSDP2 explicit prefetch depth")
+PRECISION = column("precision", unit=CONFIG, agg=Agg.SAME, source="config", doc="mixed-precision policy name")
+OPTIMIZER = column("optimizer", unit=CONFIG, agg=Agg.SAME, source="config", doc="the optimizer's name")
+LR = column("lr", unit=CONFIG, agg=Agg.SAME, source="config", doc="learning rate")
+SEED = column("seed", unit=CONFIG, agg=Agg.SAME, source="config", doc="random seed of the model and data")
+BATCH_SIZE = column("batch_size", unit=CONFIG, agg=Agg.SAME, source="config", doc="samples per rank per step")
+SEQ_LEN = column(
+    "seq_len", unit=CONFIG, agg=Agg.SAME, source="config", doc="tokens per sample (sequence models)"
+)
+WARMUP_STEPS = column(
+    "warmup_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="untimed steps before the timed ones"
+)
+TIMED_STEPS = column("timed_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="timed steps")
+MEMORY_STEPS = column("memory_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="memory-tracked steps")
+PROFILE_STEPS = column("profile_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="profiled steps")
+BARE_STEPS = column(
+    "bare_steps",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="steps of the bare loop (harness overhead); 0: none",
+)
+TIME_BLOCKS = column(
+    "time_blocks",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="blocks of steps paired with the reference step (CI time gate); 0: none",
+)
+TIME_BLOCK_STEPS = column(
+    "time_block_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="step/reference pairs per block"
+)
+TIMEOUT_S = column("timeout_s", unit=CONFIG, agg=Agg.SAME, source="config", doc="the case's time limit (s)")
+NVML_INTERVAL_S = column(
+    "nvml_interval_s", unit=CONFIG, agg=Agg.SAME, source="config", doc="the samplers' interval (s)"
+)
+BACKEND = column(
+    "backend", unit=CONFIG, agg=Agg.SAME, source="config", doc="the process group's backend (gloo, nccl)"
+)
+DEVICE = column("device", unit=CONFIG, agg=Agg.SAME, source="config", doc="cpu or cuda")
+ACTIVATION_CHECKPOINTING = column(
+    "activation_checkpointing",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="activation checkpointing applied",
+)
+COMPILE = column("compile", unit=CONFIG, agg=Agg.SAME, source="config", doc="torch.compile applied")
+CPU_OFFLOAD = column(
+    "cpu_offload",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="parameters (and optimizer state) offloaded to the host",
+)
+BACKWARD_PREFETCH = column(
+    "backward_prefetch", unit=CONFIG, agg=Agg.SAME, source="config", doc="FSDP1 backward prefetch policy"
+)
+FORWARD_PREFETCH = column(
+    "forward_prefetch", unit=CONFIG, agg=Agg.SAME, source="config", doc="FSDP1 forward prefetch"
+)
+LIMIT_ALL_GATHERS = column(
+    "limit_all_gathers", unit=CONFIG, agg=Agg.SAME, source="config", doc="FSDP1 rate limiter"
+)
+STRATEGY_ARGS = column(
+    "strategy_args", unit=CONFIG, agg=Agg.SAME, source="config", doc="the strategy's arguments (JSON)"
+)
+EMULATE = column("emulate", unit=CONFIG, agg=Agg.SAME, source="config", doc="emulation asked for (--emulate)")
+EMULATE_RANKS = column(
+    "emulate_ranks",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="the ranks run alone under emulation (comma-separated)",
+)
+MODE = column(
+    "mode",
+    unit=CONFIG,
+    agg=Agg.SAME,
+    source="config",
+    doc="real, or emulated (one rank alone with a fake process group)",
+)
+GLOBAL_BATCH_SIZE = column(
+    "global_batch_size", unit=CONFIG, agg=Agg.SAME, source="config", doc="samples per step over all ranks"
+)
+PARAMS = column(
+    "params", unit=CONFIG, agg=Agg.SAME, source="config", doc="Ψ, the parameters of the whole model"
+)
+CONFIG_COLUMNS = (
+    SCENARIO,
+    STRATEGY,
+    WORLD_SIZE,
+    SHARD_SIZE,
+    MODEL,
+    MODEL_ARGS,
+    WRAP,
+    WRAP_CLASSES,
+    WRAP_MIN_PARAMS,
+    PREFETCH,
+    PRECISION,
+    OPTIMIZER,
+    LR,
+    SEED,
+    BATCH_SIZE,
+    SEQ_LEN,
+    WARMUP_STEPS,
+    TIMED_STEPS,
+    MEMORY_STEPS,
+    PROFILE_STEPS,
+    BARE_STEPS,
+    TIME_BLOCKS,
+    TIME_BLOCK_STEPS,
+    TIMEOUT_S,
+    NVML_INTERVAL_S,
+    BACKEND,
+    DEVICE,
+    ACTIVATION_CHECKPOINTING,
+    COMPILE,
+    CPU_OFFLOAD,
+    BACKWARD_PREFETCH,
+    FORWARD_PREFETCH,
+    LIMIT_ALL_GATHERS,
+    STRATEGY_ARGS,
+    EMULATE,
+    EMULATE_RANKS,
+    MODE,
+    GLOBAL_BATCH_SIZE,
+    PARAMS,
+)
+
+CASE_ID = column("case_id", unit=TEXT, agg=Agg.SAME, source="config", doc="the case's id (unique in a run)")
+RUN = column(
+    "run", unit=TEXT, agg=Agg.SAME, source="analysis", doc="the run directory (when runs are compared)"
+)
+RUN_CASE_ID = column(
+    "run_case_id",
+    unit=TEXT,
+    agg=Agg.SAME,
+    source="analysis",
+    doc="the case's id before --map-strategy renamed it",
+)
+
+# ---- where and when ---------------------------------------------------------------------------------
+DEVICE_NAME = column(
+    "device_name", unit=TEXT, agg=Agg.SAME, source="env", doc="the device's name (CPU ranks: the CPU)"
+)
+TORCH_VERSION = column("torch_version", unit=TEXT, agg=Agg.SAME, source="env", doc="torch.__version__")
+COMMIT = column("commit", unit=TEXT, agg=Agg.SAME, source="env", doc="fsdpbench's git commit")
+HOSTNAME = column("hostname", unit=TEXT, agg=Agg.SAME, source="env", doc="the machine")
+
+# ---- status -----------------------------------------------------------------------------------------
+RANK = column(
+    "rank", unit=COUNT, agg=Agg.PER_RANK, source="launcher", doc="the rank (−1: a skipped case's row)"
+)
+STATUS = column(
+    "status",
+    unit=TEXT,
+    agg=Agg.CASE,
+    source="launcher",
+    doc="ok, failed, oom, timeout or skipped (case: case_status)",
+)
+ERROR = column("error", unit=TEXT, agg=Agg.CASE, source="launcher", doc="the error, one line ('' when none)")
+CASE_STATUS = column("case_status", unit=TEXT, agg=Agg.SAME, source="launcher", doc="the case's status")
+CASE_ERROR = column("case_error", unit=TEXT, agg=Agg.SAME, source="launcher", doc="the case's error")
+PHASE = column("phase", unit=TEXT, agg=Agg.PER_RANK, source="worker", doc="the rank's last phase")
+EXIT_CODE = column(
+    "exit_code", unit=COUNT, agg=Agg.PER_RANK, source="launcher", doc="the rank process's exit code"
+)
+N_RANKS_REPORTED = column(
+    "n_ranks_reported", unit=COUNT, agg=Agg.CASE, source="analysis", doc="rows of the case with a rank ≥ 0"
+)
+SLOWEST_RANK = column(
+    "slowest_rank", unit=COUNT, agg=Agg.CASE, source="analysis", doc="the rank with the largest step time"
+)
+PEAK_RANK = column(
+    "peak_rank", unit=COUNT, agg=Agg.CASE, source="analysis", doc="the rank with the largest tracker peak"
+)
+
+# ---- setup ------------------------------------------------------------------------------------------
+N_UNITS = column("n_units", unit=COUNT, agg=Agg.SAME, source="worker", doc="FSDP units, the root included")
+THREADS = column("threads", unit=COUNT, agg=Agg.PER_RANK, source="worker", doc="the rank's intra-op threads")
+INIT_PG_S = column("init_pg_s", unit=SECONDS, agg=Agg.MAX, source="worker", doc="rank start → process group")
+SETUP_S = column("setup_s", unit=SECONDS, agg=Agg.MAX, source="worker", doc="rank start → optimizer built")
+WALL_S = column("wall_s", unit=SECONDS, agg=Agg.MAX, source="worker", doc="the rank's wall time")
+STEPS_WALL_S = column(
+    "steps_wall_s", unit=SECONDS, agg=Agg.MAX, source="worker", doc="time inside training steps, all phases"
+)
+CASE_WALL_S = column(
+    "case_wall_s", unit=SECONDS, agg=Agg.SAME, source="launcher", doc="wall time of the whole case"
+)
+
+# ---- step time --------------------------------------------------------------------------------------
+STEP_TIME = column(
+    "step_time_ms",
+    unit=MS,
+    agg=Agg.SLOWEST,
+    source="timing",
+    doc="median of the rank's timed steps (case: the slowest rank's)",
+)
+STEP_TIME_P10 = column(
+    "step_time_p10_ms", unit=MS, agg=Agg.SLOWEST, source="timing", doc="10th percentile of the timed steps"
+)
+STEP_TIME_P90 = column(
+    "step_time_p90_ms", unit=MS, agg=Agg.SLOWEST, source="timing", doc="90th percentile of the timed steps"
+)
+STEP_TIME_MEAN = column(
+    "step_time_mean_ms", unit=MS, agg=Agg.SLOWEST, source="timing", doc="mean of the timed steps"
+)
+STEP_TIME_STD = column(
+    "step_time_std_ms", unit=MS, agg=Agg.SLOWEST, source="timing", doc="standard deviation of the timed steps"
+)
+STEP_TIME_SPREAD_COLUMNS = (STEP_TIME_P10, STEP_TIME_P90, STEP_TIME_MEAN, STEP_TIME_STD)
+STEP_TIMES = column("step_times_ms", unit=LIST, agg=Agg.PER_RANK, source="timing", doc="every timed step")
+WARMUP_TIMES = column(
+    "warmup_times_ms", unit=LIST, agg=Agg.PER_RANK, source="timing", doc="every warm-up step"
+)
+FIRST_STEP = column(
+    "first_step_ms", unit=MS, agg=Agg.MAX, source="timing", doc="the first warm-up step (holds compilation)"
+)
+CASE_STEP_TIME = column(
+    "case_step_time_ms",
+    unit=MS,
+    agg=Agg.SAME,
+    source="timing",
+    doc="the case's step time: the slowest rank's median",
+)
+THROUGHPUT_SAMPLES = column(
+    "throughput_samples_s", unit=SAMPLES_S, agg=Agg.SAME, source="timing", doc="global batch / case step time"
+)
+THROUGHPUT_TOKENS = column(
+    "throughput_tokens_s",
+    unit=TOKENS_S,
+    agg=Agg.SAME,
+    source="timing",
+    doc="global batch × seq_len / case step time",
+)
+FLOPS_PER_STEP = column(
+    "flops_per_step",
+    unit=FLOP,
+    agg=Agg.MAX,
+    source="counted (FlopCounterMode, meta)",
+    doc="FLOPs of one rank's forward+backward",
+)
+ACHIEVED_TFLOPS = column(
+    "achieved_tflops",
+    unit=TFLOPS,
+    agg=Agg.SLOWEST,
+    source="counted FLOPs / step time",
+    doc="flops_per_step / step_time_ms; on CPU ranks not meaningful (no datasheet peak to compare with)",
+)
+MFU = column(
+    "mfu",
+    unit=RATIO,
+    agg=Agg.SLOWEST,
+    source="counted FLOPs / step time / datasheet peak",
+    doc="model FLOPs utilisation; only on GPUs with a known datasheet peak (None elsewhere)",
+)
+BARE_STEP_TIME = column(
+    "bare_step_time_ms",
+    unit=MS,
+    agg=Agg.SLOWEST,
+    source="harness",
+    doc="with bare_steps: the bare loop's mean step",
+)
+HARNESS_OVERHEAD_RATIO = column(
+    "harness_overhead_ratio",
+    unit=RATIO,
+    agg=Agg.SLOWEST,
+    source="harness",
+    doc="mean measured step / mean bare step",
+)
+HARNESS_LEFTOVERS = column(
+    "harness_leftovers",
+    unit=TEXT,
+    agg=Agg.MEAN,
+    source="harness",
+    doc="what a tracker or the profiler left installed",
+)
+LOSSES = column(
+    "losses", unit=LIST, agg=Agg.SAME, source="training", doc="the global loss of every recorded step"
+)
+LOSS_FIRST = column(
+    "loss_first", unit=RATIO, agg=Agg.SAME, source="training", doc="the first recorded global loss"
+)
+LOSS_FINAL = column(
+    "loss_final", unit=RATIO, agg=Agg.SAME, source="training", doc="the last recorded global loss"
+)
+LOSS_SKIPPED_REASON = column(
+    "loss_skipped_reason", unit=TEXT, agg=Agg.SAME, source="emulation", doc="why an emulated case has no loss"
+)
+PAIRED = family(
+    "paired_{}",
+    ("step_ms", "ref_ms", "step_cpu_ms", "ref_cpu_ms"),
+    unit=LIST,
+    agg=Agg.PER_RANK,
+    source="metrics/reference.py",
+    doc="with time_blocks: wall and CPU time of each step and of the reference step after it",
+)
+STEP_TIME_REF_RATIOS = column(
+    "step_time_ref_ratios",
+    unit=LIST,
+    agg=Agg.SAME,
+    source="metrics/reference.py",
+    doc="per block: summed step ÷ summed reference time, slowest rank per pair (the CI time gate's samples)",
+)
+
+# ---- memory: the live-tensor tracker (fsdpbench.metrics.tracker) ---------------------------------------
+TRACKER_PEAK = column(
+    "mem_tracker_peak_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source="tracker",
+    doc="live tensors at the step's peak",
+)
+TRACKER_PEAK_BY_CATEGORY = family(
+    "mem_tracker_peak_{}_bytes",
+    TRACKER_CATEGORIES,
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source="tracker",
+    doc="one tracker category at the moment of the peak",
+)
+TRACKER_MODEL_STATES = column(
+    "mem_tracker_model_states_bytes",
+    unit=BYTES,
+    agg=Agg.MAX,
+    source="tracker",
+    doc="params + grads + optimizer state after optimizer.step",
+)
+TRACKER_STATES = family(
+    "mem_tracker_states_{}_bytes",
+    MODEL_STATE_CATEGORIES,
+    unit=BYTES,
+    agg=Agg.MAX,
+    source="tracker",
+    doc="one model state after optimizer.step",
+)
+LOCAL_STATES = family(
+    "mem_local_{}_bytes",
+    MODEL_STATE_CATEGORIES,
+    unit=BYTES,
+    agg=Agg.MAX,
+    source="counted tensor by tensor",
+    doc="storage bytes of this rank's own params, grads, optimizer state",
+)
+PLACEMENT = family(
+    "mem_placement_params_{}_bytes",
+    ("host", "device"),
+    unit=BYTES,
+    agg=Agg.MAX,
+    source="strategy bookkeeping",
+    doc="where this rank's resident parameter storage lives (CPU offload)",
+)
 
 
 def tracker_peak_column(category: str) -> str:
     """The column of one tracker category at the moment of the peak."""
-    return f"mem_tracker_peak_{category}_bytes"
+    return TRACKER_PEAK_BY_CATEGORY.of(category)
 
 
-TRACKER_PEAK_COLUMNS = (TRACKER_PEAK, *(tracker_peak_column(c) for c in TRACKER_CATEGORIES))
+TRACKER_PEAK_COLUMNS = (TRACKER_PEAK, *TRACKER_PEAK_BY_CATEGORY.names)
 
-# ---- column families, by prefix -------------------------------------------------------------------------
-MEMORY_PREFIX = "mem_"  # measured memory, each column names its source (tracker, alloc, nvml, rss, ...)
-COMM_PREFIX = "comm_"  # communication volume, time and bandwidth per collective (profiled step)
-OVERLAP_PREFIX = "overlap_"  # communication hidden under compute (profiled step)
-PREDICTED_PREFIX = "pred_"  # the analytic memory model (fsdpbench.predictors.memory_model.columns)
-TRACED_PREFIX = "traced_"  # the traced predictor (fsdpbench.predictors.traced)
-VENDOR_ESTIMATE_PREFIX = "ds_est_"  # DeepSpeed's own estimator (fsdpbench.predictors.memory_model.columns)
-
-# ---- a case's configuration, the same on every rank's row ----------------------------------------------
-CONFIG_COLUMNS = tuple(
-    (
-        "scenario strategy world_size shard_size model model_args params wrap n_units prefetch precision "
-        "optimizer batch_size global_batch_size seq_len warmup_steps timed_steps backend device device_name "
-        "activation_checkpointing compile cpu_offload backward_prefetch forward_prefetch limit_all_gathers "
-        "strategy_args torch_version commit case_step_time_ms throughput_samples_s throughput_tokens_s "
-        "case_wall_s loss_first loss_final mode emulate_ranks"
-    ).split()
+# ---- memory: the CUDA caching allocator, the samplers (GPU; RSS everywhere) ----------------------------
+ALLOC_PEAK_ALLOCATED = column(
+    "mem_alloc_peak_allocated_bytes",
+    unit=BYTES,
+    agg=Agg.MAX,
+    source="allocator",
+    doc="torch.cuda.max_memory_allocated",
 )
-# what two cases must share for one's step time to be compared with the other's (the reference case's);
-# strategy, wrap, prefetch and shard size are what is compared
-PEER_COLUMNS = tuple(
-    (
-        "run world_size model model_args precision optimizer batch_size seq_len activation_checkpointing "
-        "compile cpu_offload device backend warmup_steps timed_steps"
-    ).split()
+ALLOC_PEAK_RESERVED = column(
+    "mem_alloc_peak_reserved_bytes",
+    unit=BYTES,
+    agg=Agg.MAX,
+    source="allocator",
+    doc="torch.cuda.max_memory_reserved",
+)
+ALLOC_RETRIES = column(
+    "mem_alloc_num_alloc_retries",
+    unit=COUNT,
+    agg=Agg.MAX,
+    source="allocator",
+    doc="allocator retries (cache flushes)",
+)
+ALLOC_OOMS = column("mem_alloc_num_ooms", unit=COUNT, agg=Agg.MAX, source="allocator", doc="allocator OOMs")
+SAMPLED_PEAK = family(
+    "mem_{}_peak_bytes",
+    SAMPLED_SOURCES,
+    unit=BYTES,
+    agg=Agg.MAX,
+    source="sampler (rss: /proc/self/statm; nvml: the driver)",
+    doc="the largest sample in the steady-state steps",
+)
+SAMPLED_PEAK_CASE = family(
+    "mem_{}_peak_case_bytes",
+    SAMPLED_SOURCES,
+    unit=BYTES,
+    agg=Agg.MAX,
+    source="sampler",
+    doc="the largest sample over the whole case",
+)
+SAMPLED_COUNT = family(
+    "mem_{}_samples", SAMPLED_SOURCES, unit=COUNT, agg=Agg.MAX, source="sampler", doc="samples taken"
 )
 
-# ---- step time --------------------------------------------------------------------------------------
-STEP_TIME = "step_time_ms"  # a rank's median over its timed steps
-CASE_STEP_TIME = "case_step_time_ms"  # the case's: its slowest rank's median
-STEP_TIME_SPREAD_COLUMNS = ("step_time_p10_ms", "step_time_p90_ms", "step_time_mean_ms", "step_time_std_ms")
-# the step-time model (fsdpbench.metrics.step_model)
-STEP_MODEL_COLUMNS = (
+# ---- communication and overlap (the profiled step; fsdpbench.metrics.profiled) -------------------------
+COMM_COUNT = family(
+    "comm_{}_count", COLLECTIVES, unit=COUNT, agg=Agg.MEAN, source="traced (profiler)", doc="calls per step"
+)
+COMM_BYTES = family(
+    "comm_{}_bytes",
+    COLLECTIVES,
+    unit=BYTES,
+    agg=Agg.MEAN,
+    source="traced (profiler)",
+    doc="bytes each rank sends per step (nccl-tests convention)",
+)
+COMM_BACKEND_BYTES = family(
+    "comm_{}_backend_bytes",
+    COLLECTIVES,
+    unit=BYTES,
+    agg=Agg.MEAN,
+    source="traced (profiler)",
+    doc="bytes the backend really moves per step",
+)
+COMM_TIME = family(
+    "comm_{}_time_ms",
+    COLLECTIVES,
+    unit=MS,
+    agg=Agg.MEAN,
+    source="traced (profiler)",
+    doc="the kind's span per step",
+)
+COMM_ALGBW = family(
+    "comm_{}_algbw_gbs", COLLECTIVES, unit=GBS, agg=Agg.MEAN, source="traced (profiler)", doc="ΣS / Σt"
+)
+COMM_BUSBW = family(
+    "comm_{}_busbw_gbs",
+    COLLECTIVES,
+    unit=GBS,
+    agg=Agg.MEAN,
+    source="traced (profiler)",
+    doc="algbw × the bus factor",
+)
+COMM_TOTAL = column(
+    "comm_total_bytes", unit=BYTES, agg=Agg.MEAN, source="traced (profiler)", doc="Σ comm_<kind>_bytes"
+)
+COMM_PRED = family(
+    "comm_pred_{}_bytes",
+    COLLECTIVES,
+    unit=BYTES,
+    agg=Agg.MEAN,
+    source="analytic model (Sharding)",
+    doc="the analytic volume per step (modelled)",
+)
+COMM_PRED_TOTAL = column(
+    "comm_pred_total_bytes",
+    unit=BYTES,
+    agg=Agg.MEAN,
+    source="analytic model (Sharding)",
+    doc="Σ comm_pred_<kind>_bytes",
+)
+COMM_PRED_NOTE = column(
+    "comm_pred_note",
+    unit=TEXT,
+    agg=Agg.MEAN,
+    source="analytic model (Sharding)",
+    doc="why there is no analytic volume",
+)
+COMM_PATTERN = column(
+    "comm_pattern",
+    unit=TEXT,
+    agg=Agg.MEAN,
+    source="analytic model (Sharding)",
+    doc="the textbook pattern it follows",
+)
+OVERLAP_COMM = column(
+    "overlap_comm_ms", unit=MS, agg=Agg.MEAN, source="traced (profiler)", doc="|comm| per profiled step"
+)
+OVERLAP_COMPUTE = column(
+    "overlap_compute_ms", unit=MS, agg=Agg.MEAN, source="traced (profiler)", doc="|compute|"
+)
+OVERLAP_EXPOSED = column(
+    "overlap_exposed_comm_ms", unit=MS, agg=Agg.MEAN, source="traced (profiler)", doc="|comm − compute|"
+)
+OVERLAP_RATIO = column(
+    "overlap_ratio", unit=RATIO, agg=Agg.MEAN, source="traced (profiler)", doc="|comm ∩ compute| / |comm|"
+)
+OVERLAP_NOTE = column(
+    "overlap_note", unit=TEXT, agg=Agg.MEAN, source="traced (profiler)", doc="how overlap was read"
+)
+
+# ---- the step-time model (fsdpbench.metrics.step_model) -----------------------------------------------
+_STEP_MODEL = "step model (modelled)"
+MODEL_STEP_TIME = column(
     "model_step_time_ms",
-    "model_compute_ms",
-    "model_comm_ms",
+    unit=MS,
+    agg=Agg.MODEL_SLOWEST,
+    source=_STEP_MODEL,
+    doc="the modelled step on the link",
+)
+MODEL_COMPUTE = column("model_compute_ms", unit=MS, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="compute")
+MODEL_COMM = column(
+    "model_comm_ms", unit=MS, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="collectives' α–β time"
+)
+MODEL_EXPOSED_COMM = column(
     "model_exposed_comm_ms",
-    "model_peer_wait_ms",
-    "model_overlap_ratio",
-    "model_link",
+    unit=MS,
+    agg=Agg.MODEL_SLOWEST,
+    source=_STEP_MODEL,
+    doc="communication not hidden",
+)
+MODEL_PEER_WAIT = column(
+    "model_peer_wait_ms", unit=MS, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="waiting for slower peers"
+)
+MODEL_OVERLAP_RATIO = column(
+    "model_overlap_ratio", unit=RATIO, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="1 − exposed / comm"
+)
+MODEL_LINK = column(
+    "model_link", unit=TEXT, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="the link modelled"
+)
+MODEL_LINK_SOURCE = column(
     "model_link_source",
-    "model_method",
+    unit=TEXT,
+    agg=Agg.MODEL_SLOWEST,
+    source=_STEP_MODEL,
+    doc="where the link's α, β came from",
+)
+MODEL_METHOD = column(
+    "model_method", unit=TEXT, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="how it was modelled"
+)
+MODEL_RANKS_SIMULATED = column(
+    "model_ranks_simulated",
+    unit=COUNT,
+    agg=Agg.MODEL_SLOWEST,
+    source=_STEP_MODEL,
+    doc="ranks whose traces were replayed",
+)
+MODEL_COLLECTIVES = column(
+    "model_collectives", unit=COUNT, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="collectives per step"
+)
+MODEL_WAITS_REMOVED = column(
+    "model_waits_removed_ms",
+    unit=MS,
+    agg=Agg.MODEL_SLOWEST,
+    source=_STEP_MODEL,
+    doc="waits taken out of compute",
+)
+MODEL_PROFILER_REMOVED = column(
+    "model_profiler_removed_ms",
+    unit=MS,
+    agg=Agg.MODEL_SLOWEST,
+    source=_STEP_MODEL,
+    doc="the profiler's cost taken out",
+)
+MODEL_NOTE = column(
+    "model_note", unit=TEXT, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="caveats of the replay"
+)
+CASE_MODEL_STEP_TIME = column(
+    "case_model_step_time_ms",
+    unit=MS,
+    agg=Agg.SAME,
+    source=_STEP_MODEL,
+    doc="the case's modelled step time: the slowest rank's",
+)
+MODEL_STEP_ERR = column(
+    "model_step_err",
+    unit=RATIO,
+    agg=Agg.CASE,
+    source=_STEP_MODEL,
+    doc="(modelled − measured) / measured step time",
+)
+STEP_MODEL_COLUMNS = tuple(c.name for c in COLUMNS.values() if c.agg is Agg.MODEL_SLOWEST)
+
+# ---- the analytic memory model (fsdpbench.predictors.memory_model.columns) ----------------------------
+_ANALYTIC = "analytic model (modelled)"
+PRED_PARAMS = column(
+    "pred_params_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="params (sharded at rest)"
+)
+PRED_GRADS = column(
+    "pred_grads_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="grads at rest after optimizer.step",
+)
+PRED_OPTIM = column(
+    "pred_optim_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="optimizer state"
+)
+PRED_PADDING = column(
+    "pred_padding_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="FSDP padding"
+)
+PRED_MODEL_STATES = column(
+    "pred_model_states_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="params + grads + optimizer state at rest",
+)
+PRED_ACTIVATIONS = column(
+    "pred_activations_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="activations + inputs at the predicted peak",
+)
+PRED_UNSHARDED = column(
+    "pred_unsharded_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="unsharded params and grads at the predicted peak",
+)
+PRED_COMM_BUFFERS = column(
+    "pred_comm_buffers_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="all-gather, reduce-scatter buffers and DDP buckets at the predicted peak",
+)
+PRED_TEMP = column(
+    "pred_temp_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="temporaries at the predicted peak",
+)
+PRED_PEAK = column(
+    "pred_peak_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="the predicted peak"
+)
+PRED_DEVICE_PEAK = column(
+    "pred_device_peak_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="the predicted peak on the device (CPU offload: less)",
+)
+PRED_HOST = column(
+    "pred_host_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="bytes kept on the host (CPU offload)",
+)
+PRED_PARAMS_HOST = column(
+    "pred_params_host_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="params on the host"
+)
+PRED_PARAMS_DEVICE = column(
+    "pred_params_device_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="params on the device"
+)
+PRED_PEAK_MOMENT = column(
+    "pred_peak_moment", unit=TEXT, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="the moment of the predicted peak"
+)
+PRED_PEAK_BY_CATEGORY = family(
+    "pred_peak_{}_bytes",
+    TRACKER_CATEGORIES,
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source=_ANALYTIC,
+    doc="the model's terms at the predicted peak filed as the tracker files them",
+)
+
+# ---- the traced predictor (fsdpbench.predictors.traced) and DeepSpeed's own estimator -------------------
+_TRACED = "traced predictor (fake tensors; modelled)"
+TRACED_PEAK = column(
+    "traced_peak_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_TRACED, doc="the traced peak"
+)
+TRACED_MODEL_STATES = column(
+    "traced_model_states_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_TRACED, doc="traced model states"
+)
+TRACED_WALL_S = column(
+    "traced_wall_s", unit=SECONDS, agg=Agg.PEAK_RANK, source=_TRACED, doc="time the trace took"
+)
+VENDOR_MODEL_STATES = column(
+    "ds_est_model_states_bytes",
+    unit=BYTES,
+    agg=Agg.PEAK_RANK,
+    source="DeepSpeed's estimator (modelled)",
+    doc="DeepSpeed's estimate of the model states",
 )
 
 # ---- predictions against measurements: error column → (predicted, measured) --------------------------
 # an error is (predicted − measured) / measured (fsdpbench.analysis.frame.relative_error)
 ERROR_COLUMNS = {
-    "pred_peak_err": ("pred_peak_bytes", TRACKER_PEAK),
-    "pred_model_states_err": ("pred_model_states_bytes", TRACKER_MODEL_STATES),
-    "traced_peak_err": ("traced_peak_bytes", TRACKER_PEAK),
-    "ds_est_model_states_err": ("ds_est_model_states_bytes", TRACKER_MODEL_STATES),
+    column(
+        "pred_peak_err",
+        unit=RATIO,
+        agg=Agg.PEAK_RANK,
+        source=_ANALYTIC,
+        doc="(pred − tracker) / tracker peak",
+    ): (PRED_PEAK, TRACKER_PEAK),
+    column(
+        "pred_model_states_err",
+        unit=RATIO,
+        agg=Agg.PEAK_RANK,
+        source=_ANALYTIC,
+        doc="error of the model states",
+    ): (PRED_MODEL_STATES, TRACKER_MODEL_STATES),
+    column(
+        "traced_peak_err",
+        unit=RATIO,
+        agg=Agg.PEAK_RANK,
+        source=_TRACED,
+        doc="(traced − tracker) / tracker peak",
+    ): (TRACED_PEAK, TRACKER_PEAK),
+    column(
+        "traced_model_states_err",
+        unit=RATIO,
+        agg=Agg.PEAK_RANK,
+        source=_TRACED,
+        doc="error of the model states",
+    ): (TRACED_MODEL_STATES, TRACKER_MODEL_STATES),
+    column(
+        "ds_est_model_states_err",
+        unit=RATIO,
+        agg=Agg.PEAK_RANK,
+        source="DeepSpeed's estimator",
+        doc="its error",
+    ): (VENDOR_MODEL_STATES, TRACKER_MODEL_STATES),
 }
+PRED_PEAK_ERR, PRED_MODEL_STATES_ERR, TRACED_PEAK_ERR, TRACED_MODEL_STATES_ERR, VENDOR_MODEL_STATES_ERR = (
+    ERROR_COLUMNS
+)
 
-# ---- units ----------------------------------------------------------------------------------------------
-BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")  # powers of 1024
+# ---- what two cases must share for one's step time to be compared with the other's -------------------
+# (the reference case's); strategy, wrap, prefetch and shard size are what is compared
+PEER_COLUMNS = (
+    RUN,
+    WORLD_SIZE,
+    MODEL,
+    MODEL_ARGS,
+    PRECISION,
+    OPTIMIZER,
+    BATCH_SIZE,
+    SEQ_LEN,
+    ACTIVATION_CHECKPOINTING,
+    COMPILE,
+    CPU_OFFLOAD,
+    DEVICE,
+    BACKEND,
+    WARMUP_STEPS,
+    TIMED_STEPS,
+)
+
+# ---- docs/measurements.md: the table of every column, generated from the declarations -----------------
+DOCS_BEGIN = "<!-- columns: generated by `python -m fsdpbench.schema --write-docs`; do not edit -->"
+DOCS_END = "<!-- end of columns -->"
+
+
+def docs_table() -> str:
+    """The markdown table of every declared column (a family is one row)."""
+    lines = ["| column | unit | per case | source | what |", "| --- | --- | --- | --- | --- |"]
+    seen: set[str] = set()
+    for col in COLUMNS.values():
+        if col.family:
+            if col.family in seen:
+                continue
+            seen.add(col.family)
+            fam = FAMILIES[col.family]
+            name = f"`{fam.label}` ({', '.join(fam.members)})"
+        else:
+            name = f"`{col.name}`"
+        lines.append(f"| {name} | {col.unit} | {col.agg.value} | {col.source} | {col.doc} |")
+    return "\n".join(lines)
+
+
+def documented_columns(markdown: str) -> set[str]:
+    """The column names the generated table in ``markdown`` documents (members of its families too)."""
+    start, end = markdown.find(DOCS_BEGIN), markdown.find(DOCS_END)
+    if start < 0 or end < start:
+        return set()
+    out: set[str] = set()
+    for row in markdown[start:end].splitlines()[3:]:
+        cell = row.split("|")[1] if row.startswith("|") else ""
+        name = re.search(r"`([^`]+)`", cell)
+        members = re.search(r"\(([^)]*)\)", cell)
+        if not name:
+            continue
+        if members and "<" in name.group(1):
+            pattern = re.sub(r"<[a-z]+>", "{}", name.group(1))
+            out.update(pattern.format(m.strip()) for m in members.group(1).split(","))
+        else:
+            out.add(name.group(1))
+    return out
+
+
+def write_docs(path: Path) -> bool:
+    """Put the generated table between the markers in ``path``; True when the file changed."""
+    text = path.read_text()
+    start, end = text.index(DOCS_BEGIN), text.index(DOCS_END)
+    new = text[:start] + DOCS_BEGIN + "\n\n" + docs_table() + "\n\n" + text[end:]
+    if new != text:
+        path.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":
+    docs = Path(__file__).resolve().parent.parent / "docs" / "measurements.md"
+    if sys.argv[1:] == ["--write-docs"]:
+        print(f"{docs}: {'rewritten' if write_docs(docs) else 'up to date'}")
+    else:
+        print(docs_table())

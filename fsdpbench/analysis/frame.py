@@ -9,36 +9,50 @@ the report and the regression gate read these).
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from fsdpbench.schema import (
+    CASE_ERROR,
+    CASE_ID,
+    CASE_STATUS,
     CASE_STEP_TIME,
-    COMM_PREFIX,
-    CONFIG_COLUMNS,
+    COLUMNS,
+    ERROR,
     ERROR_COLUMNS,
-    MEMORY_PREFIX,
+    MODE,
+    MODEL_STEP_ERR,
+    MODEL_STEP_TIME,
+    N_RANKS_REPORTED,
     OK,
-    OVERLAP_PREFIX,
+    PEAK_RANK,
     PEER_COLUMNS,
-    PREDICTED_PREFIX,
-    STEP_MODEL_COLUMNS,
+    PRED_ACTIVATIONS,
+    PRED_COMM_BUFFERS,
+    PRED_OPTIM,
+    PRED_PADDING,
+    PRED_PARAMS,
+    PRED_PEAK,
+    PRED_PEAK_BY_CATEGORY,
+    PRED_TEMP,
+    PRED_UNSHARDED,
+    RANK,
+    REAL,
+    RUN,
+    SLOWEST_RANK,
+    STATUS,
     STEP_TIME,
-    STEP_TIME_SPREAD_COLUMNS,
-    TRACED_PREFIX,
+    STRATEGY,
     TRACKER_PEAK,
-    TRACKER_PEAK_COLUMNS,
-    VENDOR_ESTIMATE_PREFIX,
+    UNKNOWN,
+    Agg,
     tracker_peak_column,
+    undeclared,
 )
 from fsdpbench.strategies import REFERENCE_STRATEGY  # what other cases' step times are compared with
-
-# per case, the first rank's value: besides the configuration, the id before --map-strategy renamed the
-# case, and the lists every rank holds alike (global losses, step-time samples against the reference)
-FIRST_RANK_COLUMNS = (*CONFIG_COLUMNS, "run_case_id", "losses", "step_time_ref_ratios")
-
 
 # ---- numbers ---------------------------------------------------------------------------------------------
 
@@ -76,8 +90,8 @@ def numeric_column(frame: pd.DataFrame, name: str) -> pd.Series:
 
 def case_mode(row: pd.Series | dict[str, Any]) -> str:
     """'emulated' or 'real' (results written before emulation existed are real)."""
-    mode = row.get("mode")
-    return mode if isinstance(mode, str) else "real"
+    mode = row.get(MODE)
+    return mode if isinstance(mode, str) else REAL
 
 
 # ---- one row per case ------------------------------------------------------------------------------------
@@ -86,15 +100,19 @@ def case_mode(row: pd.Series | dict[str, Any]) -> str:
 def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per run × case (per case when the rows have no ``run`` column).
 
-    Configuration, status and error from the first rank; step time from the slowest rank (the case's
-    step time when recorded), the step-time model from the rank it finds slowest; memory by tracker
-    category from the rank with the largest tracker peak (so the categories add up to that peak), other
-    memory columns the maximum over ranks; communication and overlap the mean over ranks; predictions of
-    the rank with the largest peak, and their errors against it where the rows have none.
+    Each column becomes the case's value as its declaration says (``schema.Agg``): configuration from the
+    first row; step time and what is computed from it (MFU, harness overhead) from the slowest rank (the
+    case's step time when recorded); the step-time model from the rank it finds slowest; tracker categories
+    and predictions from the rank with the largest tracker peak (so the categories add up to that peak);
+    other memory the maximum over ranks; communication and overlap the mean over ranks; status and error
+    the case's. Per-rank columns (lists, the rank's pid and phase) stay in the rows. A column that no
+    declaration covers is kept as the first row's value with an ``UndeclaredColumnWarning`` (an error in
+    the tests): nothing is dropped silently.
     """
-    keys = ["run", "case_id"] if "run" in rows else ["case_id"]
+    keys = [RUN, CASE_ID] if RUN in rows else [CASE_ID]
     if rows.empty:
-        return pd.DataFrame(columns=[*keys, "status"])
+        return pd.DataFrame(columns=[*keys, STATUS])
+    _warn_undeclared(rows.columns)
     out = []
     for key, group in rows.groupby(keys, sort=False):
         row = dict(zip(keys, key if isinstance(key, tuple) else (key,)))
@@ -102,41 +120,92 @@ def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+class UndeclaredColumnWarning(UserWarning):
+    """A results column that fsdpbench/schema.py does not declare (kept as the first row's value)."""
+
+
+def _warn_undeclared(columns: Any) -> None:
+    missing = undeclared(columns)
+    if missing:
+        warnings.warn(
+            "columns not declared in fsdpbench/schema.py (kept as the first row's value): "
+            + ", ".join(missing),
+            UndeclaredColumnWarning,
+            stacklevel=3,
+        )
+
+
 def _case_row(row: dict[str, Any], group: pd.DataFrame) -> dict[str, Any]:
     first = group.iloc[0]
-    for col in FIRST_RANK_COLUMNS:
-        if col in group:
-            row[col] = first[col]
-    row["status"] = _case_status(group)
-    row["error"] = _case_error(group)
-    ranks = group[group["rank"] >= 0] if "rank" in group else group
-    row["n_ranks_reported"] = len(ranks)
-    _add_time(row, ranks)
-    _add_step_model(row, ranks)
-    _add_memory(row, ranks)
-    pred_row = ranks.loc[ranks["rank"] == row["peak_rank"]].iloc[0] if "peak_rank" in row else first
+    ranks = group[group[RANK] >= 0] if RANK in group else group
+    row[STATUS] = _case_status(group)
+    row[ERROR] = _case_error(group)
+    row[N_RANKS_REPORTED] = len(ranks)
+    slow = _row_of_max(ranks, STEP_TIME)
+    model_slow = _row_of_max(ranks, MODEL_STEP_TIME)
+    peak = _row_of_max(ranks, TRACKER_PEAK)
+    if slow is not None:
+        row[SLOWEST_RANK] = int(slow[RANK]) if RANK in slow else 0
+    if peak is not None:
+        row[PEAK_RANK] = int(peak[RANK]) if RANK in peak else 0
+    # the row each declared aggregation takes its value from (None: the case has no such row)
+    source_row = {
+        Agg.SAME: first,
+        Agg.SLOWEST: slow,
+        Agg.MODEL_SLOWEST: model_slow,
+        Agg.PEAK_RANK: peak if peak is not None else first,
+    }
     for col in group.columns:
-        if col.startswith((COMM_PREFIX, OVERLAP_PREFIX)):
+        agg = COLUMNS[col].agg if col in COLUMNS else Agg.SAME
+        if agg in source_row:
+            if source_row[agg] is not None:
+                row[col] = source_row[agg][col]
+        elif agg is Agg.MAX:
+            row[col] = _rank_max(ranks[col])
+        elif agg is Agg.MEAN:
             row[col] = _rank_mean(ranks[col])
-        elif col.startswith((PREDICTED_PREFIX, TRACED_PREFIX, VENDOR_ESTIMATE_PREFIX)):
-            row[col] = pred_row[col]
+    if slow is not None and is_number(row.get(CASE_STEP_TIME)):
+        row[STEP_TIME] = row[CASE_STEP_TIME]  # the case's step time as recorded
+    if model_slow is not None:
+        measured = row.get(STEP_TIME)
+        row[MODEL_STEP_ERR] = (
+            (model_slow[MODEL_STEP_TIME] - measured) / measured
+            if is_number(measured) and measured
+            else np.nan
+        )
     _add_errors(row)
     return row
 
 
+def _row_of_max(ranks: pd.DataFrame, column: str) -> pd.Series | None:
+    """The rank row with the largest value of a numeric column; None when no rank has one."""
+    if column not in ranks:
+        return None
+    values = pd.to_numeric(ranks[column], errors="coerce")
+    return ranks.loc[values.idxmax()] if values.notna().any() else None
+
+
 def _case_status(group: pd.DataFrame) -> str:
     first = group.iloc[0]
-    status = first.get("case_status") if "case_status" in group else None
-    return status if isinstance(status, str) and status else first.get("status", "unknown")
+    status = first.get(CASE_STATUS) if CASE_STATUS in group else None
+    return status if isinstance(status, str) and status else first.get(STATUS, UNKNOWN)
 
 
 def _case_error(group: pd.DataFrame) -> str:
     """The case's error, else the first rank's that has one, else ''."""
-    error = group.iloc[0].get("case_error") if "case_error" in group else None
+    error = group.iloc[0].get(CASE_ERROR) if CASE_ERROR in group else None
     if isinstance(error, str) and error:
         return error
-    errors = [e for e in group.get("error", pd.Series(dtype=str)) if isinstance(e, str) and e]
+    errors = [e for e in group.get(ERROR, pd.Series(dtype=str)) if isinstance(e, str) and e]
     return errors[0] if errors else ""
+
+
+def _rank_max(values: pd.Series) -> Any:
+    """A numeric column's maximum over ranks (NaN: none has one); for text the first rank's."""
+    if not pd.api.types.is_numeric_dtype(values) and any(isinstance(v, str) for v in values):
+        return _rank_mean(values)
+    numbers = pd.to_numeric(values, errors="coerce")
+    return numbers.max() if numbers.notna().any() else np.nan
 
 
 def _rank_mean(values: pd.Series) -> Any:
@@ -146,47 +215,6 @@ def _rank_mean(values: pd.Series) -> Any:
         return float(numbers.mean()) if numbers.notna().any() else np.nan
     texts = [v for v in values if isinstance(v, str) and v]
     return texts[0] if texts else ""
-
-
-def _add_time(row: dict[str, Any], ranks: pd.DataFrame) -> None:
-    """Step time of the slowest rank with its p10/p90 spread (the case's step time is that rank's median)."""
-    if STEP_TIME not in ranks or ranks[STEP_TIME].isna().all():
-        return
-    slow = ranks.loc[ranks[STEP_TIME].idxmax()]
-    case_time = row.get(CASE_STEP_TIME)
-    row[STEP_TIME] = case_time if is_number(case_time) else slow[STEP_TIME]
-    for col in STEP_TIME_SPREAD_COLUMNS:
-        if col in slow:
-            row[col] = slow[col]
-    row["slowest_rank"] = int(slow["rank"]) if "rank" in slow else 0
-
-
-def _add_step_model(row: dict[str, Any], ranks: pd.DataFrame) -> None:
-    """The modelled figures of the rank the model finds slowest (as the measured step time is the
-    slowest rank's), and model_step_err = (modelled − measured) / measured."""
-    if "model_step_time_ms" not in ranks or ranks["model_step_time_ms"].isna().all():
-        return
-    slow = ranks.loc[pd.to_numeric(ranks["model_step_time_ms"], errors="coerce").idxmax()]
-    for col in STEP_MODEL_COLUMNS:
-        if col in slow:
-            row[col] = slow[col]
-    measured = row.get(STEP_TIME)
-    row["model_step_err"] = (
-        (slow["model_step_time_ms"] - measured) / measured if is_number(measured) and measured else np.nan
-    )
-
-
-def _add_memory(row: dict[str, Any], ranks: pd.DataFrame) -> None:
-    if TRACKER_PEAK in ranks and ranks[TRACKER_PEAK].notna().any():
-        peak = ranks.loc[pd.to_numeric(ranks[TRACKER_PEAK], errors="coerce").idxmax()]
-        for col in TRACKER_PEAK_COLUMNS:
-            if col in peak:
-                row[col] = peak[col]
-        row["peak_rank"] = int(peak["rank"]) if "rank" in peak else 0
-    for col in ranks.columns:
-        if col.startswith(MEMORY_PREFIX) and col not in TRACKER_PEAK_COLUMNS:
-            values = pd.to_numeric(ranks[col], errors="coerce")
-            row[col] = values.max() if values.notna().any() else np.nan
 
 
 def _add_errors(row: dict[str, Any]) -> None:
@@ -217,8 +245,8 @@ def time_references(cases: pd.DataFrame, reference: str = REFERENCE_STRATEGY) ->
     """
     found: dict[Any, Any] = {}
     if not cases.empty:
-        timed = cases[(cases["status"] == OK) & case_step_times(cases).notna()]
-        named = cases.index[cases["case_id"] == reference]
+        timed = cases[(cases[STATUS] == OK) & case_step_times(cases).notna()]
+        named = cases.index[cases[CASE_ID] == reference]
         if len(named):
             found = {i: named[-1] for i in timed.index if i != named[-1]}
         else:
@@ -230,7 +258,7 @@ def _peer_references(cases: pd.DataFrame, timed: pd.DataFrame, strategy: str) ->
     """Index of each timed case → index of the timed case of ``strategy`` with the same PEER_COLUMNS."""
     keys = [c for c in PEER_COLUMNS if c in cases]
     peers = {i: tuple(str(cases.at[i, k]) for k in keys) for i in timed.index}
-    candidates = sorted(timed.index[timed["strategy"] == strategy], key=lambda i: cases.at[i, "case_id"])
+    candidates = sorted(timed.index[timed[STRATEGY] == strategy], key=lambda i: cases.at[i, CASE_ID])
     by_peers = {peers[i]: i for i in candidates}
     return {i: by_peers[key] for i, key in peers.items() if key in by_peers and by_peers[key] != i}
 
@@ -251,7 +279,7 @@ def speedups(cases: pd.DataFrame) -> pd.Series:
 
 def is_reference_strategy(cases: pd.DataFrame) -> pd.Series:
     """The cases of the strategy that other cases' step times are compared with."""
-    return cases["strategy"] == REFERENCE_STRATEGY
+    return cases[STRATEGY] == REFERENCE_STRATEGY
 
 
 # ---- memory at the peak, by group ----------------------------------------------------------------------
@@ -273,12 +301,12 @@ BREAKDOWN_MEASURED = {
 # the analytic model's terms, grouped the same way; its grads term is the resting value, so the gradients
 # present at the peak are what the predicted peak leaves (see breakdown_frames)
 BREAKDOWN_PREDICTED = {
-    "params": ("pred_params_bytes", "pred_padding_bytes"),
+    "params": (PRED_PARAMS, PRED_PADDING),
     "grads": (),
-    "optimizer state": ("pred_optim_bytes",),
-    "activations": ("pred_activations_bytes",),
-    "unsharded params/grads + comm buffers": ("pred_unsharded_bytes", "pred_comm_buffers_bytes"),
-    "other": ("pred_temp_bytes",),
+    "optimizer state": (PRED_OPTIM,),
+    "activations": (PRED_ACTIVATIONS,),
+    "unsharded params/grads + comm buffers": (PRED_UNSHARDED, PRED_COMM_BUFFERS),
+    "other": (PRED_TEMP,),
 }
 GRADS_AT_PEAK_NOTE = (
     "predicted grads at the peak = predicted peak − the other predicted terms "
@@ -295,14 +323,16 @@ def breakdown_frames(cases: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | 
     measured = _grouped(
         cases, {g: [tracker_peak_column(c) for c in cols] for g, cols in BREAKDOWN_MEASURED.items()}
     )
-    predicted_peak = {g: [f"pred_peak_{c}_bytes" for c in cols] for g, cols in BREAKDOWN_MEASURED.items()}
+    predicted_peak = {
+        g: [PRED_PEAK_BY_CATEGORY.of(c) for c in cols] for g, cols in BREAKDOWN_MEASURED.items()
+    }
     if any(has_values(cases, c) for cols in predicted_peak.values() for c in cols):
         return measured, _grouped(cases, predicted_peak), None
-    if not has_values(cases, "pred_peak_bytes"):
+    if not has_values(cases, PRED_PEAK):
         return measured, None, None
     predicted = _grouped(cases, BREAKDOWN_PREDICTED)
-    predicted["grads"] = (numeric_column(cases, "pred_peak_bytes") - predicted.sum(axis=1)).clip(lower=0)
-    predicted[numeric_column(cases, "pred_peak_bytes") == 0] = float("nan")  # no prediction for that case
+    predicted["grads"] = (numeric_column(cases, PRED_PEAK) - predicted.sum(axis=1)).clip(lower=0)
+    predicted[numeric_column(cases, PRED_PEAK) == 0] = float("nan")  # no prediction for that case
     return measured, predicted, GRADS_AT_PEAK_NOTE
 
 
