@@ -7,39 +7,63 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from fsdpbench.analysis.frame import case_frame, case_mode
-from fsdpbench.formatting import fmt_bytes
-from fsdpbench.schema import CASE_STEP_TIME, OK, STEP_TIME, TRACKER_PEAK
+from fsdpbench.analysis.frame import case_frame, case_mode, has_values
+from fsdpbench.formatting import fmt_bytes, fmt_compute, fmt_harness_overhead, fmt_throughput
+from fsdpbench.schema import (
+    CASE_ID,
+    CASE_STEP_TIME,
+    DEVICE,
+    EMULATED,
+    ERROR,
+    HARNESS_OVERHEAD_RATIO,
+    MODE,
+    N_RANKS_REPORTED,
+    OK,
+    STATUS,
+    STEP_TIME,
+    STEP_TIME_P10,
+    STEP_TIME_P90,
+    STRATEGY,
+    TIMED_STEPS,
+    TRACKER_PEAK,
+    WARMUP_STEPS,
+    WORLD_SIZE,
+)
 
 
 def case_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per case (``analysis_frame.case_frame``): the slowest rank's median step time (with that
-    rank's p10–p90 and the step counts) and the largest rank's peak."""
+    """One row per case (``analysis.frame.case_frame``): the slowest rank's median step time (with that
+    rank's p10–p90 and the step counts), throughput, MFU (GPU), harness overhead (with a bare loop) and the
+    largest rank's peak."""
     if frame.empty:
         return frame
     cases = case_frame(frame)
     return pd.DataFrame(
         {
-            "case_id": cases["case_id"],
-            "strategy": cases["strategy"],
-            "world_size": cases["world_size"],
-            "device": cases["device"],
-            "mode": [case_mode(r) for _, r in cases.iterrows()],
-            "ranks_run": cases["n_ranks_reported"],
-            "status": cases["status"],
-            "error": cases["error"],
+            CASE_ID: cases[CASE_ID],
+            STRATEGY: cases[STRATEGY],
+            WORLD_SIZE: cases[WORLD_SIZE],
+            DEVICE: cases[DEVICE],
+            MODE: [case_mode(r) for _, r in cases.iterrows()],
+            "ranks_run": cases[N_RANKS_REPORTED],
+            STATUS: cases[STATUS],
+            ERROR: cases[ERROR],
             # a run whose every case was skipped has no step-time columns
             **{
                 name: cases[col] if col in cases else None
                 for name, col in (
                     (STEP_TIME, CASE_STEP_TIME),
-                    ("p10_ms", "step_time_p10_ms"),
-                    ("p90_ms", "step_time_p90_ms"),
-                    ("steps", "timed_steps"),
-                    ("warmup", "warmup_steps"),
+                    ("p10_ms", STEP_TIME_P10),
+                    ("p90_ms", STEP_TIME_P90),
+                    ("steps", TIMED_STEPS),
+                    ("warmup", WARMUP_STEPS),
                     ("peak_bytes", TRACKER_PEAK),
                 )
             },
+            "throughput": [fmt_throughput(r, tokens=False) for _, r in cases.iterrows()],
+            "compute": [fmt_compute(r) for _, r in cases.iterrows()],
+            "harness_overhead": [fmt_harness_overhead(r) for _, r in cases.iterrows()],
+            "has_bare_loop": has_values(cases, HARNESS_OVERHEAD_RATIO),
         }
     )
 
@@ -59,7 +83,12 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
         title=f"cases (step time: slowest rank's median{how}, p10–p90; "
         "peak: live tensors, tracker, largest rank)"
     )
-    for col in ("case", "strategy", "ranks", "step time (p10–p90)", "peak / rank", "status"):
+    gpu = (cases[DEVICE] != "cpu").any()
+    bare = bool(cases["has_bare_loop"].any())
+    columns = ["case", "strategy", "ranks", "step time (p10–p90)", "throughput"]
+    columns += ["MFU (TFLOP/s)"] if gpu else []  # on CPU ranks not meaningful: said once below the table
+    columns += ["harness overhead"] if bare else []  # only with a bare loop (bare_steps)
+    for col in (*columns, "peak / rank", "status"):
         table.add_column(col, justify="left" if col in ("case", "strategy", "status") else "right")
     for row in cases.itertuples():
         ms = row.step_time_ms
@@ -69,14 +98,26 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
             Text(str(row.case_id)),
             Text(str(row.strategy)),
             f"{row.world_size} {row.device}"
-            if row.mode != "emulated"
+            if row.mode != EMULATED
             else f"{row.ranks_run} of {row.world_size} {row.device}, emulated",
             f"{ms:.1f} ms{spread}" if _ok(ms) else "—",
+            row.throughput,
+            *([row.compute] if gpu else []),
+            *([row.harness_overhead] if bare else []),
             fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
             Text(str(status)),
         )
     console.print(table)
-    if (cases["mode"] == "emulated").any():
+    if (cases[DEVICE] == "cpu").any():
+        console.print(
+            "MFU and achieved TFLOP/s: not meaningful on CPU ranks (no datasheet peak)", highlight=False
+        )
+    if bare:
+        console.print(
+            "harness overhead: mean timed step / mean bare-loop step − 1 (the harness's own per-step cost)",
+            highlight=False,
+        )
+    if (cases[MODE] == EMULATED).any():
         console.print(
             "emulated rows: each listed rank ran alone on one device with a fake process group; its step "
             "time is compute only (no communication), its peak has no NCCL buffers; no losses "

@@ -19,9 +19,47 @@ from fsdpbench.analysis.frame import (
     is_reference_strategy,
     number,
 )
-from fsdpbench.formatting import fmt_bytes, fmt_pct
+from fsdpbench.formatting import fmt_bytes, fmt_compute, fmt_harness_overhead, fmt_pct, fmt_throughput
 from fsdpbench.report.data import axis_text, case_labels, ok_cases
-from fsdpbench.schema import FAILED_STATUSES, OK, PEER_COLUMNS, STEP_TIME, TRACKER_MODEL_STATES, TRACKER_PEAK
+from fsdpbench.schema import (
+    ACHIEVED_TFLOPS,
+    ALLOC_PEAK_ALLOCATED,
+    ALLOC_PEAK_RESERVED,
+    COMM_BYTES,
+    COMM_PRED_TOTAL,
+    COMM_TOTAL,
+    ERROR,
+    FAILED_STATUSES,
+    HARNESS_OVERHEAD_RATIO,
+    MODEL_EXPOSED_COMM,
+    MODEL_LINK,
+    MODEL_STEP_ERR,
+    MODEL_STEP_TIME,
+    OK,
+    OVERLAP_EXPOSED,
+    OVERLAP_RATIO,
+    PEER_COLUMNS,
+    PLACEMENT,
+    PRED_MODEL_STATES,
+    PRED_MODEL_STATES_ERR,
+    PRED_PARAMS_HOST,
+    PRED_PEAK,
+    PRED_PEAK_ERR,
+    RUN,
+    SAMPLED_PEAK,
+    STATUS,
+    STEP_TIME,
+    STEP_TIME_P10,
+    STEP_TIME_P90,
+    THROUGHPUT_SAMPLES,
+    TRACED_PEAK,
+    TRACED_PEAK_ERR,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+    VENDOR_MODEL_STATES,
+    VENDOR_MODEL_STATES_ERR,
+    WALL_S,
+)
 
 TIE_TOLERANCE = 0.005  # values within 0.5% of the best are all winners
 
@@ -87,17 +125,17 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
 
         return fmt
 
-    rows.append(CompareRow(metric="status", text={k: str(r.get("status")) for k, r in cols.items()}))
+    rows.append(CompareRow(metric=STATUS, text={k: str(r.get(STATUS)) for k, r in cols.items()}))
     add(
         "peak / rank: measured / predicted",
         lambda r: number(r.get(TRACKER_PEAK)),
-        mem_pair("pred_peak_bytes", "pred_peak_err"),
+        mem_pair(PRED_PEAK, PRED_PEAK_ERR),
         "low",
     )
     add(
         "model states: measured / predicted",
         lambda r: number(r.get(TRACKER_MODEL_STATES)),
-        mem_pair("pred_model_states_bytes", "pred_model_states_err"),
+        mem_pair(PRED_MODEL_STATES, PRED_MODEL_STATES_ERR),
         "low",
     )
     measured, predicted, _ = breakdown_frames(cases)
@@ -115,36 +153,40 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
             None,
         )
     for col, name in (
-        ("mem_alloc_peak_allocated_bytes", "allocator peak allocated"),
-        ("mem_alloc_peak_reserved_bytes", "allocator peak reserved"),
-        ("mem_nvml_peak_bytes", "NVML peak (GPU)"),
-        ("mem_rss_peak_bytes", "RSS peak (process)"),
+        (ALLOC_PEAK_ALLOCATED, "allocator peak allocated"),
+        (ALLOC_PEAK_RESERVED, "allocator peak reserved"),
+        (SAMPLED_PEAK.of("nvml"), "NVML peak (GPU)"),
+        (SAMPLED_PEAK.of("rss"), "RSS peak (process)"),
     ):
         add(name, lambda r, c=col: number(r.get(c)), lambda r, v: fmt_bytes(v), "low")
     if _any_offload(cases):
         add(
             "params on host (CPU offload): measured / predicted",
-            lambda r: number(r.get("mem_placement_params_host_bytes")),
-            lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(number(r.get('pred_params_host_bytes')))}",
+            lambda r: number(r.get(PLACEMENT.of("host"))),
+            lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(number(r.get(PRED_PARAMS_HOST)))}",
             None,
         )
     add("step time (p10–p90)", lambda r: number(r.get(STEP_TIME)), _fmt_step, "low")
     # a model's estimate on a link the run may not have: shown beside the measurement, never a winner
-    add("step time, modelled (error)", lambda r: number(r.get("model_step_time_ms")), _fmt_modelled, None)
-    add(
-        "throughput",
-        lambda r: number(r.get("throughput_samples_s")),
-        lambda r, v: "—" if v is None else f"{v:.1f} samples/s",
-        "high",
-    )
+    add("step time, modelled (error)", lambda r: number(r.get(MODEL_STEP_TIME)), _fmt_modelled, None)
+    add("throughput", lambda r: number(r.get(THROUGHPUT_SAMPLES)), lambda r, v: fmt_throughput(r), "high")
+    # on CPU ranks MFU is not meaningful: said in the row, never a winner
+    add("MFU, achieved TFLOP/s", lambda r: number(r.get(ACHIEVED_TFLOPS)), lambda r, v: fmt_compute(r), None)
+    if has_values(cases, HARNESS_OVERHEAD_RATIO):  # only with a bare loop (bare_steps)
+        add(
+            "harness overhead (timed / bare step − 1)",
+            lambda r: number(r.get(HARNESS_OVERHEAD_RATIO)),
+            lambda r, v: fmt_harness_overhead(r),
+            None,
+        )
     add(
         "comm / step / rank: measured / predicted",
         _comm_total,
         lambda r, v: (
             fmt_bytes(v)
             + (
-                f" / {fmt_bytes(number(r.get('comm_pred_total_bytes')))}"
-                if number(r.get("comm_pred_total_bytes")) is not None
+                f" / {fmt_bytes(number(r.get(COMM_PRED_TOTAL)))}"
+                if number(r.get(COMM_PRED_TOTAL)) is not None
                 else ""
             )
         ),
@@ -153,8 +195,8 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     )
     add("bus bandwidth (nccl-tests busbw)", _busbw_total, _fmt_busbw, "high", True)
     for metric, col, text, better in (
-        ("exposed comm", "overlap_exposed_comm_ms", "{:.1f} ms", "low"),
-        ("overlap", "overlap_ratio", "{:.0%}", "high"),
+        ("exposed comm", OVERLAP_EXPOSED, "{:.1f} ms", "low"),
+        ("overlap", OVERLAP_RATIO, "{:.0%}", "high"),
     ):
         add(
             metric,
@@ -195,7 +237,7 @@ def _fmt_busbw(r: pd.Series, v: Any) -> str:
 def _fmt_step(r: pd.Series, v: Any) -> str:
     if v is None:
         return "—"
-    p10, p90 = number(r.get("step_time_p10_ms")), number(r.get("step_time_p90_ms"))
+    p10, p90 = number(r.get(STEP_TIME_P10)), number(r.get(STEP_TIME_P90))
     return f"{v:.1f} ms" + (f" ({p10:.0f}–{p90:.0f})" if p10 is not None and p90 is not None else "")
 
 
@@ -203,9 +245,9 @@ def _fmt_modelled(r: pd.Series, v: Any) -> str:
     """Modelled step time with its error against the measured one, and the exposed communication."""
     if v is None:
         return "—"
-    err = number(r.get("model_step_err"))
-    exposed = number(r.get("model_exposed_comm_ms"))
-    link = str(r.get("model_link") or "").split(" (")[0]
+    err = number(r.get(MODEL_STEP_ERR))
+    exposed = number(r.get(MODEL_EXPOSED_COMM))
+    link = str(r.get(MODEL_LINK) or "").split(" (")[0]
     return (
         f"{v:.1f} ms"
         + (f" on {link}" if link else "")
@@ -215,19 +257,10 @@ def _fmt_modelled(r: pd.Series, v: Any) -> str:
 
 
 def _comm_total(r: pd.Series) -> float | None:
-    total = number(r.get("comm_total_bytes"))
+    total = number(r.get(COMM_TOTAL))
     if total is not None:
         return total
-    return _sum_cols(
-        r,
-        tuple(
-            c
-            for c in r.index
-            if c.startswith("comm_")
-            and c.endswith("_bytes")
-            and c not in ("comm_total_bytes", "comm_pred_total_bytes")
-        ),
-    )
+    return _sum_cols(r, COMM_BYTES.names)  # each kind's bytes sent
 
 
 def glance_groups(cases: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
@@ -247,14 +280,14 @@ def glance_groups(cases: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         parts = [str(first.get("ranks_label", "")), str(first.get("model", ""))]
         parts += [t for t in (axis_text(k, first.get(k)) for k in named) if t]
         title = ", ".join(p for p in parts if p)
-        if "run" in cases and cases["run"].nunique() > 1:
-            title += f" [{first['run']}]"
+        if RUN in cases and cases[RUN].nunique() > 1:
+            title += f" [{first[RUN]}]"
         out.append((title, group))
     return out
 
 
 # settings a group title may name (ranks, device and backend are in its ranks label, the model always)
-_TITLE_KEYS = tuple(k for k in PEER_COLUMNS if k not in ("run", "world_size", "model", "device", "backend"))
+_TITLE_KEYS = tuple(k for k in PEER_COLUMNS if k not in (RUN, "world_size", "model", "device", "backend"))
 
 
 def _differs(groups: list[pd.DataFrame], key: str) -> bool:
@@ -304,43 +337,44 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
     metas = metas or {}
     out = []
     for _, r in cases.iterrows():
-        launch = (metas.get(r.get("run"), {}).get("cases") or {}).get(r["case_id"], {})
-        status = str(r.get("status"))
-        note = str(r.get("error") or "")
+        launch = (metas.get(r.get(RUN), {}).get("cases") or {}).get(r["case_id"], {})
+        status = str(r.get(STATUS))
+        note = str(r.get(ERROR) or "")
         out.append(
             {
                 "case": r.get("label"),
                 "case_id": r["case_id"],
-                "status": status,
+                STATUS: status,
                 "ranks": r.get("ranks_label"),
                 "step time (p10–p90)": _fmt_step(r, number(r.get(STEP_TIME))),
-                "step time modelled": _fmt_modelled(r, number(r.get("model_step_time_ms"))),
-                "throughput": "—"
-                if number(r.get("throughput_samples_s")) is None
-                else f"{r['throughput_samples_s']:.1f} samples/s",
+                "step time modelled": _fmt_modelled(r, number(r.get(MODEL_STEP_TIME))),
+                "throughput": fmt_throughput(r),
+                "MFU, achieved TFLOP/s": fmt_compute(r),
                 "peak measured (tracker)": fmt_bytes(number(r.get(TRACKER_PEAK))),
-                "peak predicted": fmt_bytes(number(r.get("pred_peak_bytes"))),
-                "peak error": fmt_pct(r.get("pred_peak_err")),
+                "peak predicted": fmt_bytes(number(r.get(PRED_PEAK))),
+                "peak error": fmt_pct(r.get(PRED_PEAK_ERR)),
                 "model states measured": fmt_bytes(number(r.get(TRACKER_MODEL_STATES))),
-                "model states predicted": fmt_bytes(number(r.get("pred_model_states_bytes"))),
-                "model states error": fmt_pct(r.get("pred_model_states_err")),
+                "model states predicted": fmt_bytes(number(r.get(PRED_MODEL_STATES))),
+                "model states error": fmt_pct(r.get(PRED_MODEL_STATES_ERR)),
                 # DeepSpeed's own estimator (ds_zero2/3 only; docs/deepspeed.md explains its terms)
-                "model states, DeepSpeed's estimate": fmt_bytes(number(r.get("ds_est_model_states_bytes"))),
-                "DeepSpeed estimate error": fmt_pct(r.get("ds_est_model_states_err")),
+                "model states, DeepSpeed's estimate": fmt_bytes(number(r.get(VENDOR_MODEL_STATES))),
+                "DeepSpeed estimate error": fmt_pct(r.get(VENDOR_MODEL_STATES_ERR)),
                 "comm / step": fmt_bytes(_comm_total(r)),
-                "overlap": "—" if number(r.get("overlap_ratio")) is None else f"{r['overlap_ratio']:.0%}",
-                "wall (s)": "—" if number(launch.get("wall_s")) is None else f"{launch['wall_s']:.1f}",
+                "overlap": "—" if number(r.get(OVERLAP_RATIO)) is None else f"{r[OVERLAP_RATIO]:.0%}",
+                "wall (s)": "—" if number(launch.get(WALL_S)) is None else f"{launch[WALL_S]:.1f}",
                 "note": note if status != OK else "",
                 "_failed": status in FAILED_STATUSES,
             }
         )
-        if "traced_peak_bytes" in cases and cases["traced_peak_bytes"].notna().any():  # run with --traced
-            out[-1]["peak traced"] = fmt_bytes(number(r.get("traced_peak_bytes")))
-            out[-1]["traced error"] = fmt_pct(r.get("traced_peak_err"))
+        if has_values(cases, HARNESS_OVERHEAD_RATIO):  # with a bare loop: the harness's own cost
+            out[-1]["harness overhead"] = fmt_harness_overhead(r)
+        if TRACED_PEAK in cases and cases[TRACED_PEAK].notna().any():  # run with --traced
+            out[-1]["peak traced"] = fmt_bytes(number(r.get(TRACED_PEAK)))
+            out[-1]["traced error"] = fmt_pct(r.get(TRACED_PEAK_ERR))
         if _any_offload(cases):  # host memory apart from device memory: where the parameters live
             out[-1]["params on host: measured / predicted"] = (
-                f"{fmt_bytes(number(r.get('mem_placement_params_host_bytes')))} / "
-                f"{fmt_bytes(number(r.get('pred_params_host_bytes')))}"
+                f"{fmt_bytes(number(r.get(PLACEMENT.of('host'))))} / "
+                f"{fmt_bytes(number(r.get(PRED_PARAMS_HOST)))}"
             )
     return pd.DataFrame(out)
 
