@@ -11,7 +11,8 @@ and rank (recomputed here, so a run made before a model change is checked agains
 and with ``--traced`` ``fsdpbench.predictors.traced``. Errors are (pred − measured) / measured.
 ``--terms`` prints, for the worst cases, each category at the peak side by side. The tracker files
 unsharded gradients, DDP buckets, gloo's staging copies and some reduce-scatter inputs under "temp"
-depending on when it first sees them, so those are compared together as "transient".
+depending on when it first sees them, so those are compared together as "transient". The model's terms
+are filed under the tracker's categories by the memory model's own filing (``tracker_filing``).
 """
 
 from __future__ import annotations
@@ -29,24 +30,10 @@ from fsdpbench.analysis.regress import case_from_row
 from fsdpbench.case import Case
 from fsdpbench.pipeline.results import load_results
 from fsdpbench.predictors.memory_model import predict_memory
-from fsdpbench.schema import OK, TRACKER_MODEL_STATES, TRACKER_PEAK, tracker_peak_column
+from fsdpbench.predictors.memory_model.columns import tracker_filing
+from fsdpbench.schema import OK, RANK, STATUS, TRACKER_MODEL_STATES, TRACKER_PEAK, tracker_peak_column
 
-# the model's categories → comparable groups of the tracker's
 TRANSIENT = "transient"  # unsharded grads, temporaries, reduce-scatter buffers, DDP buckets
-TRACKER_CATEGORY = {
-    "params": "params",
-    "padding": "params",
-    "optim": "optim",
-    "grads": "grads",
-    "params_unsharded": "params_unsharded",
-    "grads_unsharded": TRANSIENT,
-    "all_gather": "all_gather",
-    "reduce_scatter": TRANSIENT,
-    "ddp_buckets": TRANSIENT,
-    "activations": "activations",
-    "inputs": "activations",
-    "temp": TRANSIENT,
-}
 # the tracker's categories (schema.TRACKER_CATEGORIES) compared, grouped (the model has no buffers or other)
 MEASURED_GROUPS = {
     "params": ("params",),
@@ -62,11 +49,11 @@ MEASURED_GROUPS = {
 def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
     """One row per measured case × rank: measured, predicted (analytic, and traced) and errors."""
     frame = load_results(run_dir)
-    ok = frame[(frame["status"] == OK) & frame[TRACKER_PEAK].notna()]
+    ok = frame[(frame[STATUS] == OK) & frame[TRACKER_PEAK].notna()]
     out = []
     for _, row in ok.iterrows():
         case = _ints(case_from_row(row))
-        rank = int(row["rank"])
+        rank = int(row[RANK])
         pred = predict_memory(case, rank=rank)
         rec: dict[str, Any] = {
             "case_id": case.case_id,
@@ -85,11 +72,8 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
         rec["peak_err"] = relative_error(rec["peak_pred"], rec["peak_measured"])
         for group, cats in MEASURED_GROUPS.items():
             rec[f"m:{group}"] = sum(int(row.get(tracker_peak_column(c)) or 0) for c in cats)
-        pred_groups: dict[str, int] = {}
-        for cat, nbytes in pred.peak_breakdown.items():
-            pred_groups[TRACKER_CATEGORY[cat]] = pred_groups.get(TRACKER_CATEGORY[cat], 0) + nbytes
-        for group in MEASURED_GROUPS:
-            rec[f"p:{group}"] = pred_groups.get(group, 0)
+        for group, cats in MEASURED_GROUPS.items():
+            rec[f"p:{group}"] = sum(_predicted_as_filed(pred).get(c, 0) for c in cats)
         if traced:
             from fsdpbench.predictors.traced import estimate
 
@@ -103,6 +87,13 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
     if not result.empty:
         result = result.reindex(result["peak_err"].abs().sort_values(ascending=False).index)
     return result
+
+
+def _predicted_as_filed(pred: Any) -> dict[str, int]:
+    """The model's terms at its peak under the tracker's categories, filed as the pred_peak_<cat>_bytes
+    columns are (memory_model.columns.tracker_filing: the one filing, not a copy)."""
+    breakdown = pred.peak_breakdown
+    return {cat: sum(breakdown.get(c, 0) for c in ours) for cat, ours in tracker_filing(pred).items()}
 
 
 def _ints(case: Case) -> Case:

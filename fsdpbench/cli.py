@@ -12,6 +12,7 @@ import sys
 
 # verb -> module in fsdpbench.commands; each module has add_arguments(parser) and main(args) -> int
 COMMANDS = {
+    # not a column: the command
     "run": "Run a scenario: every case in fresh rank processes; results, then the report.",
     "env": "Show versions, distributed backends and devices, and why CUDA or NVML is not usable.",
     "predict": "Predict per-rank memory (analytic and traced) for any model size and world size.",

@@ -10,6 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from fsdpbench.schema import COMMIT, HOSTNAME, TORCH_VERSION
+
 
 @lru_cache(maxsize=1)
 def project_commit() -> str:
@@ -23,7 +25,7 @@ def project_commit() -> str:
 
     try:
         sha = git("rev-parse", "--short=12", "HEAD")
-        dirty = git("status", "--porcelain", "--untracked-files=no")
+        dirty = git("status", "--porcelain", "--untracked-files=no")  # not a column: git status
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
@@ -71,10 +73,10 @@ def collect_env() -> dict[str, Any]:
     nvml_ok, nvml_why = nvml_status()
     return {
         "fsdpbench_version": __version__,
-        "commit": project_commit(),
-        "torch_version": torch.__version__,
+        COMMIT: project_commit(),
+        TORCH_VERSION: torch.__version__,
         "python_version": platform.python_version(),
-        "hostname": socket.gethostname(),
+        HOSTNAME: socket.gethostname(),
         "platform": platform.platform(),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),

@@ -78,16 +78,17 @@ CONFIG = "config"  # a field of the case (its unit, if any, is in its name)
 
 
 class Agg(enum.Enum):
-    """How ``case_frame`` turns a case's per-rank rows into the case's value of a column."""
+    """How ``case_frame`` turns a case's per-rank rows into the case's value of a column (the value is the
+    label docs/measurements.md shows)."""
 
-    SAME = "same on every rank (the first row's)"
-    CASE = "the case's own (computed by case_frame from the rows)"
-    SLOWEST = "the slowest rank's (largest step_time_ms)"
-    MODEL_SLOWEST = "the rank the step-time model finds slowest"
-    PEAK_RANK = "the rank with the largest tracker peak (the categories add up to that peak)"
+    SAME = "same on every rank"  # the first row's
+    CASE = "the case's own"  # computed by case_frame from the rows (status, error, errors, ranks)
+    SLOWEST = "slowest rank"  # the rank with the largest step_time_ms: what goes with the step time
+    MODEL_SLOWEST = "model's slowest rank"  # the rank the step-time model finds slowest
+    PEAK_RANK = "peak rank"  # the rank with the largest tracker peak: its categories add up to that peak
     MAX = "max over ranks"
-    MEAN = "mean over ranks (text: the first rank's that has one)"
-    PER_RANK = "per rank only: not a value of the case (read results.parquet for it)"
+    MEAN = "mean over ranks"  # text: the first rank's that has one
+    PER_RANK = "per rank only"  # lists, the rank's own identity: not a value of the case
 
 
 @dataclass(frozen=True, slots=True)

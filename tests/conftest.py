@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.helpers import one_rank_gloo, reference_losses
@@ -18,3 +23,33 @@ def one_rank_gloo_group():
 def reference_2(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """Losses of ddp on one rank over the global batch of 2 ranks (the reference of the 2-rank tests)."""
     return reference_losses(2, tmp_path_factory.mktemp("ref2"))
+
+
+REPO = Path(__file__).resolve().parent.parent
+
+# one real CPU case as `fsdpbench run` writes it: a bare loop (harness overhead), time blocks against the
+# reference step, the traced predictor and the step-time model, so that its rows hold every column a CPU
+# run writes
+ONE_CASE_SCENARIO = """\
+name: one_case
+traced: true
+defaults: {model: decoder-tiny, batch_size: 2, seq_len: 16, optimizer: adamw, precision: fp32, wrap: block,
+           warmup_steps: 1, steps: 2, memory_steps: 1, bare_steps: 2, time_blocks: 1, time_block_steps: 2,
+           timeout_s: 120}
+cases:
+  - {strategy: zero2, world_size: 1}
+"""
+
+
+@pytest.fixture(scope="session")
+def one_case_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory of one real CPU case (ZeRO-2, 1 rank, decoder-tiny), made as the README runs it."""
+    root = tmp_path_factory.mktemp("one_case")
+    scenario = root / "one_case.yaml"
+    scenario.write_text(ONE_CASE_SCENARIO)
+    run_dir = root / "run"
+    command = [sys.executable, "-m", "fsdpbench", "run", str(scenario), "--out", str(run_dir), "--no-report"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's fsdpbench, not an installed one
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return run_dir

@@ -45,9 +45,23 @@ from fsdpbench.analysis.frame import (
 from fsdpbench.analysis.timegate import ALPHA
 from fsdpbench.case import Case
 from fsdpbench.schema import (
+    ALLOC_PEAK_ALLOCATED,
     CASE_STEP_TIME,
+    COMM_TOTAL,
+    COMMIT,
+    DEVICE_NAME,
+    ERROR,
+    FAILED,
+    HARNESS_OVERHEAD_RATIO,
+    HOSTNAME,
+    LOSSES,
     OK,
+    RUN,
+    RUN_CASE_ID,
     SKIPPED,
+    STATUS,
+    STEP_TIME_REF_RATIOS,
+    TORCH_VERSION,
     TRACKER_CATEGORIES,
     TRACKER_MODEL_STATES,
     TRACKER_PEAK,
@@ -57,7 +71,7 @@ from fsdpbench.schema import (
 BASELINE_FORMAT = 1
 KINDS = ("memory", "comm", "time", "loss")
 GATES = ("fail", "warn", "off")
-FAILING = ("regressed", "changed", "missing", "failed")
+FAILING = ("regressed", "changed", "missing", FAILED)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -76,16 +90,19 @@ METRICS: dict[str, MetricDef] = {
     TRACKER_MODEL_STATES: _MEM,
     **{tracker_peak_column(cat): _MEM for cat in TRACKER_CATEGORIES},
     # CUDA caching allocator (GPU runs only): close to deterministic, not exactly
-    "mem_alloc_peak_allocated_bytes": MetricDef(kind="memory", tolerance=0.05, deterministic=False),
-    "comm_total_bytes": MetricDef(kind="comm", tolerance=0.01),
+    ALLOC_PEAK_ALLOCATED: MetricDef(kind="memory", tolerance=0.05, deterministic=False),
+    COMM_TOTAL: MetricDef(kind="comm", tolerance=0.01),
     "step_time_ratio": MetricDef(kind="time", tolerance=0.25, deterministic=False),
     CASE_STEP_TIME: MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
+    # with a bare loop (bare_steps): the harness's own per-step cost, timed / bare − its slowest rank's;
+    # MFU is not gated (on a machine it is the step time's inverse; on CPU ranks it is not meaningful)
+    HARNESS_OVERHEAD_RATIO: MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
     # samples, one per block; the tolerance is the minimum effect (fsdpbench.analysis.timegate)
-    "step_time_ref_ratios": MetricDef(kind="time", tolerance=0.10, deterministic=False),
-    "losses": MetricDef(kind="loss", tolerance=1e-4),
+    STEP_TIME_REF_RATIOS: MetricDef(kind="time", tolerance=0.10, deterministic=False),
+    LOSSES: MetricDef(kind="loss", tolerance=1e-4),
 }
-MACHINE_KEYS = ("hostname", "device_name", "torch_version")
-PROVENANCE_KEYS = ("torch_version", "backend", "device", "device_name", "commit", "hostname")
+MACHINE_KEYS = (HOSTNAME, DEVICE_NAME, TORCH_VERSION)
+PROVENANCE_KEYS = (TORCH_VERSION, "backend", "device", DEVICE_NAME, COMMIT, HOSTNAME)
 
 
 class BaselineError(ValueError):
@@ -196,7 +213,7 @@ def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.Da
     """Rename strategies (run → baseline) and recompute case ids, so a plugin's cases match the
     baseline cases of the strategy it stands in for; the original id stays in ``run_case_id``."""
     frame = frame.copy()
-    frame["run_case_id"] = frame["case_id"]
+    frame[RUN_CASE_ID] = frame["case_id"]
     if not mapping:
         return frame
     unknown = set(mapping) - set(frame["strategy"])
@@ -216,10 +233,10 @@ def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.Da
             )
         frame.at[i, "strategy"] = mapping[row["strategy"]]
         frame.at[i, "case_id"] = case.replace(strategy=mapping[row["strategy"]]).case_id
-    ids = frame.groupby("case_id")["run_case_id"].nunique()
+    ids = frame.groupby("case_id")[RUN_CASE_ID].nunique()
     if (ids > 1).any():
         clash = ids[ids > 1].index[0]
-        both = sorted(frame.loc[frame["case_id"] == clash, "run_case_id"].unique())
+        both = sorted(frame.loc[frame["case_id"] == clash, RUN_CASE_ID].unique())
         raise BaselineError(
             f"--map-strategy: {' and '.join(both)} would both be compared as {clash}; "
             "run the plugin in a run of its own"
@@ -230,7 +247,7 @@ def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.Da
 def case_records(frame: pd.DataFrame, reference: str = REFERENCE_STRATEGY) -> dict[str, dict[str, Any]]:
     """Per case (``analysis_frame.case_frame``): status, error, memory/comm maxima over ranks, the case
     step time, losses, step-time samples, and the case its step time is compared with (``reference``)."""
-    cases = case_frame(frame.drop(columns="run", errors="ignore"))
+    cases = case_frame(frame.drop(columns=RUN, errors="ignore"))
     gated = [name for name, m in METRICS.items() if m.kind in ("memory", "comm")]
     maxima = rank_maxima(frame, gated)
     refs = time_references(cases, reference)
@@ -238,13 +255,13 @@ def case_records(frame: pd.DataFrame, reference: str = REFERENCE_STRATEGY) -> di
     for i, case in cases.iterrows():
         cid = case["case_id"]
         out[cid] = {
-            "status": case["status"],
-            "error": case["error"],
+            STATUS: case[STATUS],
+            ERROR: case[ERROR],
             "strategy": case["strategy"],
             "world_size": int(case["world_size"]),
-            "run_case_id": case.get("run_case_id", cid),
+            RUN_CASE_ID: case.get(RUN_CASE_ID, cid),
             "metrics": _measured(case, maxima.loc[cid] if cid in maxima.index else pd.Series())
-            if case["status"] == OK
+            if case[STATUS] == OK
             else {},
             "mode": case_mode(case),
             "time_reference": None if refs[i] is None else cases.at[refs[i], "case_id"],
@@ -255,10 +272,11 @@ def case_records(frame: pd.DataFrame, reference: str = REFERENCE_STRATEGY) -> di
 def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
     """The gated metrics of one finished case."""
     metrics: dict[str, Any] = {name: int(v) for name, v in maxima.items() if number(v) is not None}
-    step = number(case.get(CASE_STEP_TIME))
-    if step is not None:
-        metrics[CASE_STEP_TIME] = step
-    for name in ("losses", SAMPLED):
+    for name in (CASE_STEP_TIME, HARNESS_OVERHEAD_RATIO):  # the case's (case_frame: its slowest rank's)
+        value = number(case.get(name))
+        if value is not None:
+            metrics[name] = value
+    for name in (LOSSES, SAMPLED):
         values = case.get(name)
         if values is not None and len(values):
             metrics[name] = [float(x) for x in values]
@@ -267,14 +285,14 @@ def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
 
 def time_ratio(cases: Mapping[str, dict[str, Any]], case_id: str, ref_id: str) -> float | None:
     ref = cases.get(ref_id)
-    if not ref or ref["status"] != OK:
+    if not ref or ref[STATUS] != OK:
         return None
     num, den = cases[case_id]["metrics"].get(CASE_STEP_TIME), ref["metrics"].get(CASE_STEP_TIME)
     return num / den if num and den else None
 
 
 def machine_of(frame: pd.DataFrame) -> dict[str, str]:
-    ok = frame[frame.get("status", pd.Series(OK, index=frame.index)) != SKIPPED]
+    ok = frame[frame.get(STATUS, pd.Series(OK, index=frame.index)) != SKIPPED]
     row = (ok if not ok.empty else frame).iloc[0]
     return {k: str(row.get(k)) for k in MACHINE_KEYS}
 
@@ -299,9 +317,9 @@ def build_baseline(
             if cid in cases and SAMPLED in cases[cid]["metrics"] and SAMPLED in c["metrics"]:
                 cases[cid]["metrics"][SAMPLED] += c["metrics"][SAMPLED]
     bad = {
-        cid: c["error"].splitlines()[0][:200] if c["error"] else c["status"]
+        cid: c[ERROR].splitlines()[0][:200] if c[ERROR] else c[STATUS]
         for cid, c in cases.items()
-        if c["status"] not in (OK, SKIPPED)
+        if c[STATUS] not in (OK, SKIPPED)
     }
     if bad:
         raise BaselineError(
@@ -323,14 +341,15 @@ def build_baseline(
 def _baseline_entry(cid: str, cases: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """One case of the baseline: status, strategy, world size, its metrics rounded as stored."""
     c = cases[cid]
-    entry: dict[str, Any] = {"status": c["status"], "strategy": c["strategy"], "world_size": c["world_size"]}
+    entry: dict[str, Any] = {STATUS: c[STATUS], "strategy": c["strategy"], "world_size": c["world_size"]}
     if c["mode"] == "emulated":  # only then: baselines of real runs stay as they were
         entry["mode"] = "emulated"
-    if c["status"] == SKIPPED:
-        entry["reason"] = c["error"]
-    metrics = {k: (round(v, 3) if k == CASE_STEP_TIME else v) for k, v in c["metrics"].items()}
-    if "losses" in metrics:
-        metrics["losses"] = [float(f"{x:.7g}") for x in metrics["losses"]]
+    if c[STATUS] == SKIPPED:
+        entry["reason"] = c[ERROR]
+    rounded = {CASE_STEP_TIME: 3, HARNESS_OVERHEAD_RATIO: 4}
+    metrics = {k: (round(v, rounded[k]) if k in rounded else v) for k, v in c["metrics"].items()}
+    if LOSSES in metrics:
+        metrics[LOSSES] = [float(f"{x:.7g}") for x in metrics[LOSSES]]
     if SAMPLED in metrics:  # sorted: a distribution, and a smaller diff
         metrics[SAMPLED] = sorted(round(x, 4) for x in metrics[SAMPLED])
     ref = c["time_reference"]
@@ -385,7 +404,7 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
         where = f"{path}: cases.{cid}"
         if (
             not isinstance(entry, dict)
-            or "status" not in entry
+            or STATUS not in entry
             or not isinstance(entry.get("metrics", {}), dict)
         ):
             raise BaselineError(f"{where}: expected {{status, metrics: {{...}}}}")
@@ -436,7 +455,7 @@ def compare(
     differs = [k for k in MACHINE_KEYS if str(machine_base.get(k)) != machine_now[k]]
     changes = ", ".join(f"{k}: {machine_base.get(k)} → {machine_now[k]}" for k in differs)
     notes = [f"machine differs ({changes}): absolute step times not compared"] if differs else []
-    if "torch_version" in differs:
+    if TORCH_VERSION in differs:
         notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
     rows: list[dict[str, Any]] = []
     for cid, entry in sorted(baseline["cases"].items()):
@@ -460,8 +479,8 @@ def compare(
                 None,
                 "new",
                 False,
-                f"not in the baseline (status {cases[cid]['status']}); add it by re-writing the baseline",
-                run_case_id=cases[cid]["run_case_id"],
+                f"not in the baseline (status {cases[cid][STATUS]}); add it by re-writing the baseline",
+                run_case_id=cases[cid][RUN_CASE_ID],
             )
         )
     records = pd.DataFrame(rows, columns=_COLUMNS)
@@ -486,12 +505,12 @@ _COLUMNS = [
     "verdict",
     "fails",
     "note",
-    "run_case_id",
+    RUN_CASE_ID,
     "effect_low",
     "effect_high",
     "p_value",
 ]
-SAMPLED = "step_time_ref_ratios"  # the sampled time metric; the single-number ones only warn beside it
+SAMPLED = STEP_TIME_REF_RATIOS  # the sampled time metric; the single-number ones only warn beside it
 
 
 def _row(
@@ -506,30 +525,30 @@ def _row(
 
 def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_differs) -> list[dict]:
     if now is None:
-        return [_row(cid, "case", entry["status"], None, None, None, "missing", True, "case not in the run")]
-    if entry["status"] == SKIPPED or now["status"] != OK:
-        error = now["error"].splitlines()[0][:200] if now["error"] else ""
-        if entry["status"] == now["status"]:
-            verdict, note = "ok", ""
-        elif now["status"] == OK:  # skipped in the baseline, runs now
+        return [_row(cid, "case", entry[STATUS], None, None, None, "missing", True, "case not in the run")]
+    if entry[STATUS] == SKIPPED or now[STATUS] != OK:
+        error = now[ERROR].splitlines()[0][:200] if now[ERROR] else ""
+        if entry[STATUS] == now[STATUS]:
+            verdict, note = OK, ""
+        elif now[STATUS] == OK:  # skipped in the baseline, runs now
             verdict, note = "new", "was skipped in the baseline; re-write the baseline to gate it"
         else:
             verdict, note = (
-                ("missing" if now["status"] == SKIPPED else "failed"),
-                f"{now['status']} in the run: {error}",
+                ("missing" if now[STATUS] == SKIPPED else FAILED),
+                f"{now[STATUS]} in the run: {error}",
             )
         return [
             _row(
                 cid,
                 "case",
-                entry["status"],
-                now["status"],
+                entry[STATUS],
+                now[STATUS],
                 None,
                 None,
                 verdict,
                 verdict in FAILING,
                 note,
-                run_case_id=now["run_case_id"],
+                run_case_id=now[RUN_CASE_ID],
             )
         ]
     out = []
@@ -565,14 +584,14 @@ def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_diff
                 ref=ref,
             )
             stats = None
-        out.append(_row(cid, metric, *row, run_case_id=now["run_case_id"], stats=stats))
+        out.append(_row(cid, metric, *row, run_case_id=now[RUN_CASE_ID], stats=stats))
     return out
 
 
 def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs, ref):
     """(baseline, now, change, threshold, verdict, fails, note) for one metric of one case."""
     m = METRICS[metric]
-    if metric == "losses":
+    if metric == LOSSES:
         return _compare_losses(base, now, th)
     if now is None:
         note = (
@@ -590,7 +609,7 @@ def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs
         verdict = "improved"
         fails = strict and m.deterministic and th.gate == "fail"
     else:
-        verdict, fails = "ok", False
+        verdict, fails = OK, False
     note = f"vs {ref}" if metric == "step_time_ratio" else ""
     if verdict == "improved" and m.deterministic:
         note = (note + "; " if note else "") + "update the baseline"
@@ -616,7 +635,7 @@ def _compare_samples(base, now, th: Threshold):
     if v.regressed:
         verdict, fails = ("regressed", True) if th.gate == "fail" else ("warn", False)
     else:
-        verdict, fails = ("improved" if v.effect < -th.tolerance and v.high < 0 else "ok"), False
+        verdict, fails = ("improved" if v.effect < -th.tolerance and v.high < 0 else OK), False
     note = v.describe() + (f"; slower by more than {th.tolerance:.0%} and p < {ALPHA}" if v.regressed else "")
     return statistics.median(base), statistics.median(now), v.effect, th, verdict, fails, note, v
 
@@ -628,7 +647,7 @@ def _compare_losses(base, now, th: Threshold):
         return base[-1], now[-1], None, th, "changed", th.gate == "fail", f"{len(now)} steps vs {len(base)}"
     change = max(abs(n - b) / max(abs(b), 1e-12) for n, b in zip(now, base))
     bad = change > th.tolerance
-    verdict = ("changed" if th.gate == "fail" else "warn") if bad else "ok"
+    verdict = ("changed" if th.gate == "fail" else "warn") if bad else OK
     note = "max relative difference over steps; a changed loss means a different training run" if bad else ""
     return base[-1], now[-1], change, th, verdict, bad and th.gate == "fail", note
 

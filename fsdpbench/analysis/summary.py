@@ -88,8 +88,8 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
     columns = ["case", "strategy", "ranks", "step time (p10–p90)", "throughput"]
     columns += ["MFU (TFLOP/s)"] if gpu else []  # on CPU ranks not meaningful: said once below the table
     columns += ["harness overhead"] if bare else []  # only with a bare loop (bare_steps)
-    for col in (*columns, "peak / rank", "status"):
-        table.add_column(col, justify="left" if col in ("case", "strategy", "status") else "right")
+    for col in (*columns, "peak / rank", STATUS):
+        table.add_column(col, justify="left" if col in ("case", "strategy", STATUS) else "right")
     for row in cases.itertuples():
         ms = row.step_time_ms
         status = row.status if row.status == OK else f"{row.status}: {str(row.error)[:60]}"

@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.commands import running
+from fsdpbench.schema import ERROR, FAILED, OK, OOM, STATUS, TIMEOUT
 
 DEFAULT_STRATEGIES = "ddp,zero2,zero3"
 
@@ -157,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
 
         print(f"report:  {write_report([run_dir])}")
     print(f"results: {run_dir / 'results.parquet'}  ({time.perf_counter() - t0:.1f} s)")
-    failed = cases["status"].isin(["failed", "timeout", "oom"]).sum() if "status" in cases else 0
+    failed = cases[STATUS].isin([FAILED, TIMEOUT, OOM]).sum() if STATUS in cases else 0
     return 1 if failed else 0
 
 
@@ -202,9 +203,9 @@ def print_compare(run_dir: Path, console: Console) -> Any:
         console.print("no cases ran")
         return cases
     console.print(build_compare_table(cases))
-    for _, r in cases[cases["status"] != "ok"].iterrows():
+    for _, r in cases[cases[STATUS] != OK].iterrows():
         console.print(
-            f"[red]{escape(str(r['label']))}: {r['status']}[/] — {escape(str(r['error'])[:300])}",
+            f"[red]{escape(str(r['label']))}: {r[STATUS]}[/] — {escape(str(r[ERROR])[:300])}",
             highlight=False,
         )
     return cases

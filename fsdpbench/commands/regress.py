@@ -21,9 +21,19 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from fsdpbench.schema import (
+    COMMIT,
+    DEVICE_NAME,
+    HOSTNAME,
+    LOSSES,
+    OK,
+    STATUS,
+    STEP_TIME_REF_RATIOS,
+    TORCH_VERSION,
+)
 from fsdpbench.strategies import REFERENCE_STRATEGY
 
-_VERDICT_STYLE = {"ok": "green", "improved": "cyan", "new": "cyan", "warn": "yellow", "not compared": "dim"}
+_VERDICT_STYLE = {OK: "green", "improved": "cyan", "new": "cyan", "warn": "yellow", "not compared": "dim"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -141,13 +151,13 @@ def _write(args: argparse.Namespace, err: Console) -> int:
     prov = baseline["provenance"]
     print(
         f"wrote {args.write_baseline}: {len(baseline['cases'])} cases, {n_metrics} metrics "
-        f"(commit {prov['commit']}, torch {prov['torch_version']}, {prov['device_name']}, "
-        f"host {prov['hostname']})"
+        f"(commit {prov[COMMIT]}, torch {prov[TORCH_VERSION]}, {prov[DEVICE_NAME]}, "
+        f"host {prov[HOSTNAME]})"
     )
     no_ref = [
         cid
         for cid, c in baseline["cases"].items()
-        if c["status"] == "ok"
+        if c[STATUS] == OK
         and "step_time_ratio" not in c["metrics"]
         and "time_reference" not in c
         and c["strategy"] != args.time_reference
@@ -234,9 +244,9 @@ def fmt_value(metric: str, value: Any) -> str:
         return f"{int(value):,} B"
     if metric.endswith("_ms"):
         return f"{value:.2f} ms"
-    if metric in ("step_time_ratio", "step_time_ref_ratios"):
+    if metric in ("step_time_ratio", STEP_TIME_REF_RATIOS):
         return f"{value:.3f}×"
-    if metric == "losses":
+    if metric == LOSSES:
         return f"{value:.6f}"
     return str(value)
 
@@ -246,7 +256,7 @@ def fmt_change(metric: str, change: Any) -> str:
         return ""
     if math.isinf(change):
         return "+∞ (was 0)"
-    if metric == "losses":
+    if metric == LOSSES:
         return f"{change:.1e}"
     return f"{change:+.2%}"
 
@@ -255,7 +265,7 @@ def _cells(row: Any) -> list[str]:
     tol = (
         ""
         if row.tolerance is None or row.tolerance != row.tolerance
-        else (f"{row.tolerance:.0e}" if row.metric == "losses" else f"{row.tolerance:.0%}")
+        else (f"{row.tolerance:.0e}" if row.metric == LOSSES else f"{row.tolerance:.0%}")
     )
     verdict = row.verdict + (" ✗" if row.fails else "")
     case = row.case_id if row.run_case_id == row.case_id else f"{row.case_id} (ran as {row.run_case_id})"
@@ -317,8 +327,8 @@ def render_markdown(result: Any, baseline: dict[str, Any], baseline_path: str, r
     lines = [
         head,
         "",
-        f"Run `{run_dir}` against `{baseline_path}` (baseline commit {prov.get('commit')}, "
-        f"torch {prov.get('torch_version')}, {prov.get('device_name')}). Memory: largest rank of each case.",
+        f"Run `{run_dir}` against `{baseline_path}` (baseline commit {prov.get(COMMIT)}, "
+        f"torch {prov.get(TORCH_VERSION)}, {prov.get(DEVICE_NAME)}). Memory: largest rank of each case.",
         "",
     ]
     lines += [f"> {note}" for note in result.notes] + ([""] if result.notes else [])

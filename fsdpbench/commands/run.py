@@ -25,6 +25,7 @@ from fsdpbench.commands.running import (
     validate_overrides,
 )
 from fsdpbench.pipeline.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
+from fsdpbench.schema import FAILED, OOM, STATUS, TIMEOUT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,7 +176,7 @@ def _main(args: argparse.Namespace, console: Console) -> int:
     if not args.no_report:
         _write_report(run_dir, console)
     print(f"results: {run_dir / 'results.parquet'}")
-    failed = frame[frame["status"].isin(["failed", "timeout", "oom"])]["case_id"].nunique()
+    failed = frame[frame[STATUS].isin([FAILED, TIMEOUT, OOM])]["case_id"].nunique()
     return 1 if failed else 0
 
 

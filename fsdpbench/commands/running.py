@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from fsdpbench.pipeline.safe_yaml import YamlInputError, load_yaml
 from fsdpbench.pipeline.scenario import ScenarioError
+from fsdpbench.schema import CASE_STEP_TIME, OK, SKIPPED
 
 # run_cases' callbacks: on_start(case, index) and on_done(case, outcome, rows)
 OnStart = Callable[[Any, int], None]
@@ -104,7 +105,7 @@ def run_header(
         "command": " ".join(shlex.quote(a) for a in sys.argv),
         "env": collect_env(),
         "started": started,
-        "skipped": [{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
+        SKIPPED: [{"case_id": s.case.case_id, "reason": s.reason} for s in scenario.skipped],
     }
 
 
@@ -115,8 +116,8 @@ def print_skipped(console: Console, scenario: Any) -> None:
 
 def outcome_line(case: Any, outcome: Any, rows: Any) -> str:
     """One finished case as a line of console markup: status, case id, step time, first error line."""
-    colour = "green" if outcome.status == "ok" else "red"
-    ms = rows["case_step_time_ms"].iloc[0] if "case_step_time_ms" in rows else None
+    colour = "green" if outcome.status == OK else "red"
+    ms = rows[CASE_STEP_TIME].iloc[0] if CASE_STEP_TIME in rows else None
     return (
         f"  [{colour}]{outcome.status:7}[/] {case.case_id}"
         + (f"  {ms:.1f} ms/step" if ms is not None and ms == ms else "")

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from fsdpbench.metrics.comm import KINDS, CollectiveRecord, collective_kind
+from fsdpbench.schema import COMM_ALGBW, COMM_BUSBW, COMM_TIME
 
 
 def bus_factor(kind: str, group_size: int) -> float | None:
@@ -74,9 +75,9 @@ def bandwidth_by_kind(
             continue
         payload = sum(r.payload_bytes for r in calls)
         factors = [bus_factor(kind, r.group_size) for r in calls]
-        out[f"comm_{kind}_time_ms"] = time_us / 1e3 / max(1, steps)
-        out[f"comm_{kind}_algbw_gbs"] = payload / (time_us * 1e-6) / 1e9
+        out[COMM_TIME.of(kind)] = time_us / 1e3 / max(1, steps)
+        out[COMM_ALGBW.of(kind)] = payload / (time_us * 1e-6) / 1e9
         if all(f is not None for f in factors):
             bus = sum(r.payload_bytes * f for r, f in zip(calls, factors))
-            out[f"comm_{kind}_busbw_gbs"] = bus / (time_us * 1e-6) / 1e9
+            out[COMM_BUSBW.of(kind)] = bus / (time_us * 1e-6) / 1e9
     return out

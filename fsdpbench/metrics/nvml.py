@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from fsdpbench.metrics.sampler import BackgroundSampler
+from fsdpbench.schema import DEVICE_NAME
 
 NVML_ERROR_DRIVER_NOT_LOADED = 9  # values of pynvml's NVML_ERROR_* constants
 NVML_ERROR_LIBRARY_NOT_FOUND = 12
@@ -177,7 +178,7 @@ def read_nvml_raw(handle: Any) -> dict[str, Any]:
             raw["used_v2_bytes"] = int(mem2.used)  # v2: reserved memory excluded
         except Exception:
             pass  # old driver without nvmlDeviceGetMemoryInfo_v2
-    raw["device_name"] = _as_str(pynvml.nvmlDeviceGetName(handle))
+    raw[DEVICE_NAME] = _as_str(pynvml.nvmlDeviceGetName(handle))
     raw["driver_version"] = _as_str(pynvml.nvmlSystemGetDriverVersion())
     return raw
 

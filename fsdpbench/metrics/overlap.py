@@ -45,6 +45,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from fsdpbench.schema import OVERLAP_RATIO, RANK
+
 Interval = tuple[float, float]  # (start_us, end_us)
 
 GPU_BACKENDS = ("nccl",)
@@ -113,7 +115,7 @@ def overlap_stats(comm: Iterable[Interval], compute: Iterable[Interval]) -> dict
         "compute_us": compute_us,
         "overlap_us": overlap_us,
         "exposed_comm_us": comm_us - overlap_us,
-        "overlap_ratio": overlap_us / comm_us if comm_us > 0 else 0.0,
+        OVERLAP_RATIO: overlap_us / comm_us if comm_us > 0 else 0.0,
         "note": note,
     }
 
@@ -201,7 +203,7 @@ def analyze_trace(path: str | Path, backend: str | None = None) -> dict[str, Any
     info = trace.get("distributedInfo") or {}
     return {
         "backend": backend,
-        "rank": info.get("rank"),
+        RANK: info.get(RANK),
         "n_comm_intervals": len(comm),
         "n_compute_intervals": len(compute),
         **overlap_stats(comm, compute),

@@ -14,6 +14,25 @@ from fsdpbench.case import Case
 from fsdpbench.metrics.harness import request_cupti_teardown
 from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.precision import Precision
+from fsdpbench.schema import (
+    COMM_BACKEND_BYTES,
+    COMM_BYTES,
+    COMM_COUNT,
+    COMM_PATTERN,
+    COMM_PRED,
+    COMM_PRED_NOTE,
+    COMM_PRED_TOTAL,
+    COMM_TOTAL,
+    OVERLAP_COMM,
+    OVERLAP_COMPUTE,
+    OVERLAP_EXPOSED,
+    OVERLAP_NOTE,
+    OVERLAP_RATIO,
+    RANK,
+    SAMPLED_COUNT,
+    SAMPLED_PEAK,
+    SAMPLED_PEAK_CASE,
+)
 from fsdpbench.strategies.base import Sharding
 
 # phases that are steady-state steps (the optimizer state exists, no profiler running)
@@ -54,9 +73,9 @@ class Samplers:
         for name, sampler in self.samplers.items():
             by_phase = sampler.peak_bytes_by_phase()
             steady = [by_phase[p] for p in STEADY_PHASES if p in by_phase]
-            out[f"mem_{name}_peak_bytes"] = max(steady) if steady else None
-            out[f"mem_{name}_peak_case_bytes"] = sampler.peak_bytes
-            out[f"mem_{name}_samples"] = len(sampler.samples)
+            out[SAMPLED_PEAK.of(name)] = max(steady) if steady else None
+            out[SAMPLED_PEAK_CASE.of(name)] = sampler.peak_bytes
+            out[SAMPLED_COUNT.of(name)] = len(sampler.samples)
         return out
 
     def write_timeline(self, path: Path, case_id: str, rank: int) -> None:
@@ -67,7 +86,7 @@ class Samplers:
         if not frames:
             return
         frame = pd.concat(frames, ignore_index=True)
-        frame.insert(0, "rank", rank)
+        frame.insert(0, RANK, rank)
         frame.insert(0, "case_id", case_id)
         frame.to_parquet(path, index=False)
 
@@ -98,10 +117,10 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     comm = collectives_from_trace(trace, steps=max(1, case.profile_steps), group_size=group)
     out: dict[str, Any] = {}
     for row in comm.itertuples():
-        out[f"comm_{row.kind}_count"] = row.count
-        out[f"comm_{row.kind}_bytes"] = row.sent_bytes
-        out[f"comm_{row.kind}_backend_bytes"] = row.backend_sent_bytes
-    out["comm_total_bytes"] = float(comm["sent_bytes"].sum())
+        out[COMM_COUNT.of(row.kind)] = row.count
+        out[COMM_BYTES.of(row.kind)] = row.sent_bytes
+        out[COMM_BACKEND_BYTES.of(row.kind)] = row.backend_sent_bytes
+    out[COMM_TOTAL] = float(comm["sent_bytes"].sum())
     records = collective_records(trace, group_size=group)
     out.update(bandwidth_by_kind(records, trace, backend=case.backend, steps=max(1, case.profile_steps)))
     p_bytes, g_bytes = _comm_dtype_bytes(case.precision_spec, sharding)
@@ -113,21 +132,21 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
             grad_bytes_total=n_params * g_bytes,
             shard_size=shard,
         )
-        out.update({f"comm_pred_{k}_bytes": v for k, v in pred.items()})
-        out["comm_pred_total_bytes"] = float(sum(pred.values()))
+        out.update({COMM_PRED.of(k): v for k, v in pred.items()})
+        out[COMM_PRED_TOTAL] = float(sum(pred.values()))
     except ValueError as exc:
-        out["comm_pred_note"] = str(exc)
-    out["comm_pattern"] = sharding.comm_pattern()
+        out[COMM_PRED_NOTE] = str(exc)
+    out[COMM_PATTERN] = sharding.comm_pattern()
     stats = analyze_trace(trace_path, case.backend)
-    out["overlap_comm_ms"] = stats["comm_us"] / 1e3
-    out["overlap_compute_ms"] = stats["compute_us"] / 1e3
-    out["overlap_exposed_comm_ms"] = stats["exposed_comm_us"] / 1e3
-    out["overlap_ratio"] = stats["overlap_ratio"]
-    out["overlap_note"] = stats.get("note", "")
+    out[OVERLAP_COMM] = stats["comm_us"] / 1e3
+    out[OVERLAP_COMPUTE] = stats["compute_us"] / 1e3
+    out[OVERLAP_EXPOSED] = stats["exposed_comm_us"] / 1e3
+    out[OVERLAP_RATIO] = stats[OVERLAP_RATIO]
+    out[OVERLAP_NOTE] = stats.get("note", "")
     if case.world_size == 1:
         # a 1-rank "collective" is a local copy: there is nothing to hide, so no ratio to report
-        out["overlap_ratio"] = None
-        out["overlap_note"] = "world_size 1: no communication between ranks"
+        out[OVERLAP_RATIO] = None
+        out[OVERLAP_NOTE] = "world_size 1: no communication between ranks"
     return out
 
 

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
+from fsdpbench.schema import PAIRED
 
 REFERENCE_VERSION = 1
 _REFERENCE_CASE = Case(model="decoder-tiny", batch_size=4, seq_len=64, seed=0)  # fixed: never the case's
@@ -85,7 +86,7 @@ def interleaved_steps(
 def ratio_series(rank: dict, device: str) -> tuple[list[float], list[float]]:
     """The (step, reference) times that the ratio uses for this device: CPU time on CPUs, wall on GPUs."""
     suffix = "cpu_ms" if device == "cpu" else "ms"
-    return rank.get(f"paired_step_{suffix}") or [], rank.get(f"paired_ref_{suffix}") or []
+    return rank.get(PAIRED.of(f"step_{suffix}")) or [], rank.get(PAIRED.of(f"ref_{suffix}")) or []
 
 
 def block_ratios(

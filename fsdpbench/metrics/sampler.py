@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from fsdpbench.schema import PHASE
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -161,10 +163,10 @@ class BackgroundSampler:
 
         with self._lock:
             rows = [
-                {"t_s": s.t_s, "bytes": s.bytes, "phase": s.phase, "source": self.name, **extra}
+                {"t_s": s.t_s, "bytes": s.bytes, PHASE: s.phase, "source": self.name, **extra}
                 for s, extra in zip(self._samples, self._extras)
             ]
-        columns = ["t_s", "bytes", "phase", "source"]
+        columns = ["t_s", "bytes", PHASE, "source"]
         frame = pd.DataFrame(rows)
         if frame.empty:
             dtypes = ["float64", "int64", "object", "object"]

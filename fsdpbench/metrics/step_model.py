@@ -43,11 +43,27 @@ from typing import TYPE_CHECKING, Any
 from fsdpbench.metrics.comm import collective_records
 from fsdpbench.metrics.overlap import Interval, merge_intervals, subtract_intervals
 from fsdpbench.predictors.comm_model import Link, collective_time_us
+from fsdpbench.schema import (
+    MODEL_COLLECTIVES,
+    MODEL_COMM,
+    MODEL_COMPUTE,
+    MODEL_EXPOSED_COMM,
+    MODEL_LINK,
+    MODEL_LINK_SOURCE,
+    MODEL_METHOD,
+    MODEL_NOTE,
+    MODEL_OVERLAP_RATIO,
+    MODEL_PEER_WAIT,
+    MODEL_PROFILER_REMOVED,
+    MODEL_RANKS_SIMULATED,
+    MODEL_STEP_TIME,
+    MODEL_WAITS_REMOVED,
+)
 
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Sharding
 
-MODEL_METHOD = "modelled: measured compute of the profiled step + α–β communication on one stream"
+METHOD = "modelled: measured compute of the profiled step + α–β communication on one stream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +138,12 @@ def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]
         steps = max(1, t.steps)
         out.append(
             {
-                "model_step_time_ms": (t.compute_us + stall[r]) / steps / 1e3,
-                "model_compute_ms": t.compute_us / steps / 1e3,
-                "model_comm_ms": comm / steps / 1e3,
-                "model_exposed_comm_ms": exposed[r] / steps / 1e3,
-                "model_peer_wait_ms": (stall[r] - exposed[r]) / steps / 1e3,
-                "model_overlap_ratio": 1.0 - exposed[r] / comm if comm > 0 else 0.0,
+                MODEL_STEP_TIME: (t.compute_us + stall[r]) / steps / 1e3,
+                MODEL_COMPUTE: t.compute_us / steps / 1e3,
+                MODEL_COMM: comm / steps / 1e3,
+                MODEL_EXPOSED_COMM: exposed[r] / steps / 1e3,
+                MODEL_PEER_WAIT: (stall[r] - exposed[r]) / steps / 1e3,
+                MODEL_OVERLAP_RATIO: 1.0 - exposed[r] / comm if comm > 0 else 0.0,
             }
         )
     return out
@@ -332,13 +348,13 @@ def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, A
         out.append(
             {
                 **figures,
-                "model_link": link.label(),
-                "model_link_source": link.source,
-                "model_ranks_simulated": len(timelines),
-                "model_collectives": len(timeline.collectives) / steps,
-                "model_waits_removed_ms": timeline.waits_removed_us / steps / 1e3,
-                "model_profiler_removed_ms": timeline.profiler_removed_us / steps / 1e3,
-                "model_note": timeline.note,
+                MODEL_LINK: link.label(),
+                MODEL_LINK_SOURCE: link.source,
+                MODEL_RANKS_SIMULATED: len(timelines),
+                MODEL_COLLECTIVES: len(timeline.collectives) / steps,
+                MODEL_WAITS_REMOVED: timeline.waits_removed_us / steps / 1e3,
+                MODEL_PROFILER_REMOVED: timeline.profiler_removed_us / steps / 1e3,
+                MODEL_NOTE: timeline.note,
             }
         )
     return out
@@ -369,6 +385,4 @@ def case_model_columns(
         )
         for r in ranks
     ]
-    return {
-        r: {**cols, "model_method": MODEL_METHOD} for r, cols in zip(ranks, model_columns(timelines, link))
-    }
+    return {r: {**cols, MODEL_METHOD: METHOD} for r, cols in zip(ranks, model_columns(timelines, link))}

@@ -9,6 +9,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from fsdpbench.schema import STEP_TIME, STEP_TIME_MEAN, STEP_TIME_P10, STEP_TIME_P90, STEP_TIME_STD
+
 
 @dataclass(kw_only=True, slots=True)
 class StepTimes:
@@ -17,11 +19,11 @@ class StepTimes:
     times_ms: list[float] = field(default_factory=list)
 
     COLUMNS: ClassVar[tuple[str, ...]] = (
-        "step_time_ms",  # the median
-        "step_time_p10_ms",
-        "step_time_p90_ms",
-        "step_time_mean_ms",
-        "step_time_std_ms",
+        STEP_TIME,  # the median
+        STEP_TIME_P10,
+        STEP_TIME_P90,
+        STEP_TIME_MEAN,
+        STEP_TIME_STD,
     )
 
     def to_columns(self) -> dict[str, float]:

@@ -13,7 +13,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpbench.schema import TRACKER_CATEGORIES
+from fsdpbench.schema import (
+    LOCAL_STATES,
+    MODEL_STATE_CATEGORIES,
+    TRACKER_CATEGORIES,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+    TRACKER_STATES,
+    tracker_peak_column,
+)
 
 # our category name for each tracker category (by the enum's value string)
 CATEGORY_NAMES = {
@@ -34,7 +42,7 @@ CATEGORY_NAMES = {
     "Other": "other",
 }
 
-MODEL_STATES = ("params", "grads", "optim")
+MODEL_STATES = MODEL_STATE_CATEGORIES
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,14 +65,14 @@ class TrackedMemory:
     def to_columns(self) -> dict[str, Any]:
         """mem_tracker_peak[_<category>]_bytes, mem_tracker_states_*, mem_local_* (None: not measured)."""
         out: dict[str, Any] = {}
-        for cat in (*TRACKER_CATEGORIES, "total"):
-            suffix = "" if cat == "total" else f"_{cat}"
-            out[f"mem_tracker_peak{suffix}_bytes"] = self.peak.get(cat)
+        for cat in TRACKER_CATEGORIES:
+            out[tracker_peak_column(cat)] = self.peak.get(cat)
+        out[TRACKER_PEAK] = self.peak.get("total")
         for cat in MODEL_STATES:
-            out[f"mem_tracker_states_{cat}_bytes"] = self.states_tracker.get(cat)
-            out[f"mem_local_{cat}_bytes"] = self.states_local.get(cat)
+            out[TRACKER_STATES.of(cat)] = self.states_tracker.get(cat)
+            out[LOCAL_STATES.of(cat)] = self.states_local.get(cat)
         if self.states_tracker:
-            out["mem_tracker_model_states_bytes"] = sum(self.states_tracker.get(c, 0) for c in MODEL_STATES)
+            out[TRACKER_MODEL_STATES] = sum(self.states_tracker.get(c, 0) for c in MODEL_STATES)
         return out
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from fsdpbench.analysis.regress import SAMPLED, Comparison, case_from_row
+from fsdpbench.schema import RUN_CASE_ID
 
 
 def suspects(result: Comparison) -> list[str]:
@@ -44,7 +45,7 @@ def remeasure(
     frame = frame.copy()
     for cid in cases:
         rows = frame.index[frame["case_id"] == cid]
-        run_id = frame.at[rows[0], "run_case_id"]
+        run_id = frame.at[rows[0], RUN_CASE_ID]
         case = case_from_row(run_frame[run_frame["case_id"] == run_id].iloc[0])
         pooled = list(frame.at[rows[0], SAMPLED])
         for i in range(repeat):

@@ -23,6 +23,35 @@ from fsdpbench.case import Case
 from fsdpbench.metrics.reference import block_ratios, ratio_series
 from fsdpbench.pipeline.rank_result import RankResult
 from fsdpbench.pipeline.rundir import RunLock, check_component, check_inside
+from fsdpbench.schema import (
+    ACHIEVED_TFLOPS,
+    BARE_STEP_TIME,
+    CASE_ERROR,
+    CASE_STATUS,
+    CASE_STEP_TIME,
+    CASE_WALL_S,
+    COMMIT,
+    DEVICE_NAME,
+    ERROR,
+    FLOPS_PER_STEP,
+    HARNESS_OVERHEAD_RATIO,
+    HOSTNAME,
+    LOSS_FINAL,
+    LOSS_FIRST,
+    LOSSES,
+    MFU,
+    N_UNITS,
+    OK,
+    RANK,
+    SKIPPED,
+    STATUS,
+    STEP_TIME,
+    STEP_TIME_MEAN,
+    STEP_TIME_REF_RATIOS,
+    THROUGHPUT_SAMPLES,
+    THROUGHPUT_TOKENS,
+    TORCH_VERSION,
+)
 
 # the columns every results table has, in order (measurements follow)
 CORE_COLUMNS = [
@@ -31,12 +60,12 @@ CORE_COLUMNS = [
     "strategy",
     "world_size",
     "shard_size",
-    "rank",
+    RANK,
     "model",
     "model_args",
     "params",
     "wrap",
-    "n_units",
+    N_UNITS,
     "prefetch",
     "precision",
     "optimizer",
@@ -45,10 +74,10 @@ CORE_COLUMNS = [
     "seq_len",
     "warmup_steps",
     "timed_steps",
-    "status",
-    "error",
-    "step_time_ms",
-    "loss_final",
+    STATUS,
+    ERROR,
+    STEP_TIME,
+    LOSS_FINAL,
     "backend",
     "device",
     "mode",
@@ -107,15 +136,15 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
     rows = []
     for rank in outcome.ranks:
         row = {**base, **rank_columns(rank)}
-        row["status"] = rank.get("status") or outcome.status
-        row["error"] = rank.get("error") or (outcome.error if outcome.status != "ok" else "")
-        row["case_status"], row["case_error"] = outcome.status, outcome.error
+        row[STATUS] = rank.get(STATUS) or outcome.status
+        row[ERROR] = rank.get(ERROR) or (outcome.error if outcome.status != OK else "")
+        row[CASE_STATUS], row[CASE_ERROR] = outcome.status, outcome.error
         row.update(shared)
-        row["case_wall_s"] = outcome.wall_s
+        row[CASE_WALL_S] = outcome.wall_s
         row.update(_env_columns(env, case))
         row.update(_flops_columns(case, row))
-        if row.get("bare_step_time_ms") and row.get("step_time_mean_ms"):
-            row["harness_overhead_ratio"] = row["step_time_mean_ms"] / row["bare_step_time_ms"]
+        if row.get(BARE_STEP_TIME) and row.get(STEP_TIME_MEAN):
+            row[HARNESS_OVERHEAD_RATIO] = row[STEP_TIME_MEAN] / row[BARE_STEP_TIME]
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -124,19 +153,19 @@ def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[s
     """What the case's ranks measured together: the global losses, the case's step time (the slowest
     rank's median), throughput, and the step-time ratios to the reference workload."""
     # an emulated rank's loss is of garbage on purpose: not a loss of the case (predictors/emulate.py)
-    losses = [r.get("losses") or [] for r in ranks] if not case.emulate else []
+    losses = [r.get(LOSSES) or [] for r in ranks] if not case.emulate else []
     n = min((len(x) for x in losses), default=0)
     global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
-    medians = [r["step_time_ms"] for r in ranks if r.get("step_time_ms") is not None]
+    medians = [r[STEP_TIME] for r in ranks if r.get(STEP_TIME) is not None]
     case_step = max(medians) if len(medians) == len(ranks) and medians else None
     series = [ratio_series(r, case.device) for r in ranks]
     out: dict[str, Any] = {
-        "losses": global_losses,
-        "loss_first": global_losses[0] if global_losses else None,
-        "loss_final": global_losses[-1] if global_losses else None,
-        "case_step_time_ms": case_step,
+        LOSSES: global_losses,
+        LOSS_FIRST: global_losses[0] if global_losses else None,
+        LOSS_FINAL: global_losses[-1] if global_losses else None,
+        CASE_STEP_TIME: case_step,
         # per block, vs the in-process reference (metrics/reference.py)
-        "step_time_ref_ratios": block_ratios(
+        STEP_TIME_REF_RATIOS: block_ratios(
             [s for s, _ in series], [r for _, r in series], case.time_block_steps
         ),
     }
@@ -145,15 +174,15 @@ def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[s
     if case.emulate:
         from fsdpbench.predictors.emulate import LOSS_SKIPPED_REASON
 
-        out["loss_skipped_reason"] = LOSS_SKIPPED_REASON
-        out["throughput_samples_s"] = out["throughput_tokens_s"] = None  # compute-only time: not a throughput
+        out[LOSS_SKIPPED_REASON] = LOSS_SKIPPED_REASON
+        out[THROUGHPUT_SAMPLES] = out[THROUGHPUT_TOKENS] = None  # compute-only time: not a throughput
     return out
 
 
 def _throughput_columns(case: Case, case_step_ms: float) -> dict[str, Any]:
     samples_s = case.global_batch_size / (case_step_ms / 1e3)
     tokens_s = samples_s * case.seq_len if _is_sequence(case) else None
-    return {"throughput_samples_s": samples_s, "throughput_tokens_s": tokens_s}
+    return {THROUGHPUT_SAMPLES: samples_s, THROUGHPUT_TOKENS: tokens_s}
 
 
 def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
@@ -166,17 +195,17 @@ def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
         )
     except Exception:  # noqa: BLE001 — a model FlopCounterMode cannot run on meta: no FLOPs, no crash
         return {}
-    ms = row.get("step_time_ms")
+    ms = row.get(STEP_TIME)
     return {
-        "flops_per_step": flops,
-        "achieved_tflops": achieved_tflops(flops, ms) if ms else None,
-        "mfu": mfu(flops, ms, row.get("device_name") or "", case.precision_spec) if ms else None,
+        FLOPS_PER_STEP: flops,
+        ACHIEVED_TFLOPS: achieved_tflops(flops, ms) if ms else None,
+        MFU: mfu(flops, ms, row.get(DEVICE_NAME) or "", case.precision_spec) if ms else None,
     }
 
 
 def skipped_rows(case: Case, reason: str, env: dict[str, Any]) -> pd.DataFrame:
-    row = {**case_columns(case), "rank": -1, "status": "skipped", "error": reason}
-    row.update(case_status="skipped", case_error=reason, **_env_columns(env, case))
+    row = {**case_columns(case), RANK: -1, STATUS: SKIPPED, ERROR: reason}
+    row.update(case_status=SKIPPED, case_error=reason, **_env_columns(env, case))
     return pd.DataFrame([row])
 
 
@@ -190,10 +219,10 @@ def _env_columns(env: dict[str, Any], case: Case) -> dict[str, Any]:
     from fsdpbench.env import device_name
 
     return {
-        "device_name": device_name(case.device),
-        "torch_version": env.get("torch_version"),
-        "commit": env.get("commit"),
-        "hostname": env.get("hostname"),
+        DEVICE_NAME: device_name(case.device),
+        TORCH_VERSION: env.get(TORCH_VERSION),
+        COMMIT: env.get(COMMIT),
+        HOSTNAME: env.get(HOSTNAME),
     }
 
 

@@ -15,6 +15,18 @@ from fsdpbench.pipeline.launch import CaseDirInUse, CaseOutcome, collect_case, l
 from fsdpbench.pipeline.results import RunStore, build_rows, skipped_rows
 from fsdpbench.pipeline.rundir import check_component, check_inside
 from fsdpbench.pipeline.scenario import Skipped
+from fsdpbench.schema import (
+    CASE_MODEL_STEP_TIME,
+    COMM_PATTERN,
+    ERROR,
+    MODEL_STEP_TIME,
+    OK,
+    RANK,
+    SKIPPED,
+    STATUS,
+    STEPS_WALL_S,
+    WALL_S,
+)
 
 
 def now_iso() -> str:
@@ -34,10 +46,10 @@ def latest_run_dir(scenario: str, root: str | Path = "reports") -> Path | None:
 
 def case_overhead(outcome: CaseOutcome) -> dict[str, Any]:
     """Launch overhead of a case: its wall time minus the slowest rank's time inside training steps."""
-    steps_s = max((r.get("steps_wall_s") or 0.0 for r in outcome.ranks), default=0.0)
+    steps_s = max((r.get(STEPS_WALL_S) or 0.0 for r in outcome.ranks), default=0.0)
     return {
-        "status": outcome.status,
-        "wall_s": round(outcome.wall_s, 3),
+        STATUS: outcome.status,
+        WALL_S: round(outcome.wall_s, 3),
         "spawn_s": round(outcome.spawn_s, 3),
         "steps_s": round(steps_s, 3),
         "overhead_s": round(outcome.wall_s - steps_s, 3),
@@ -84,12 +96,12 @@ def run_cases(
                 store.write_run_json(meta)
                 if on_done:
                     on_done(case, outcome, rows)
-            meta["status"] = "complete"
+            meta[STATUS] = "complete"
         except KeyboardInterrupt:
-            meta["status"] = "interrupted"
+            meta[STATUS] = "interrupted"
             raise
         except OSError as exc:  # a full disk, an unwritable directory: stored cases stay, resume works
-            meta["status"] = f"failed: {exc.strerror or exc}"
+            meta[STATUS] = f"failed: {exc.strerror or exc}"
             raise
         finally:
             _end_run(store, meta, tracer, failing=sys.exc_info()[0] is not None)
@@ -111,7 +123,7 @@ def _start_run(
         meta["step_time_model"] = {"link": link}
     done = store.completed_ids() if resume else set()
     meta.setdefault("cases", {})
-    meta["status"] = "running"
+    meta[STATUS] = "running"
     for item in skipped:
         store.write_case(item.case.case_id, skipped_rows(item.case, item.reason, meta["env"]))
     store.write_run_json(meta)
@@ -128,7 +140,7 @@ def _launch_or_collect(
         return run(case, store.case_dir(case.case_id))
     except CaseDirInUse as exc:
         print(f"warning: {case.case_id} not run: {exc}", file=sys.stderr)
-        meta["cases"][case.case_id] = {"status": "not run", "error": str(exc)}
+        meta["cases"][case.case_id] = {STATUS: "not run", ERROR: str(exc)}
         return None
 
 
@@ -142,13 +154,13 @@ def _case_rows(
     tracer: TracedPredictor | None,
 ) -> pd.DataFrame:
     """The case's result rows: measured, predicted, and (when asked) modelled step time and traced."""
-    if outcome.status == "skipped":
+    if outcome.status == SKIPPED:
         rows = skipped_rows(case, outcome.error, env)
     else:
         rows = add_predictions(case, build_rows(case, outcome, env))
-    if link and outcome.status == "ok":
+    if link and outcome.status == OK:
         rows = add_step_model(case, rows, store.case_dir(case.case_id), store.run_dir, link)
-    if tracer is not None and outcome.status == "ok":
+    if tracer is not None and outcome.status == OK:
         rows = tracer.add_columns(case, rows)
     return rows
 
@@ -190,9 +202,9 @@ def add_step_model(
     from fsdpbench.predictors.comm_probe import profiler_overhead_us, resolve_link
     from fsdpbench.strategies import get_strategy
 
-    traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows["rank"] if int(r) >= 0}
+    traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows[RANK] if int(r) >= 0}
     traces = {r: p for r, p in traces.items() if p.exists()}
-    if not traces or "comm_pattern" not in rows:
+    if not traces or COMM_PATTERN not in rows:
         return rows
     try:
         link = resolve_link(link_spec, case.backend, case.world_size, run_dir)
@@ -216,9 +228,9 @@ def add_step_model(
         return rows
     model = pd.DataFrame.from_dict(per_rank, orient="index")
     rows = rows.drop(columns=[c for c in model.columns if c in rows])
-    rows = rows.merge(model, left_on="rank", right_index=True, how="left")
-    modelled = [c["model_step_time_ms"] for c in per_rank.values()]
-    rows["case_model_step_time_ms"] = max(modelled) if len(modelled) == len(traces) else None
+    rows = rows.merge(model, left_on=RANK, right_index=True, how="left")
+    modelled = [c[MODEL_STEP_TIME] for c in per_rank.values()]
+    rows[CASE_MODEL_STEP_TIME] = max(modelled) if len(modelled) == len(traces) else None
     return rows
 
 
@@ -241,7 +253,7 @@ class TracedPredictor:
 
         from fsdpbench.predictors.traced import trace_ranks, traced_columns
 
-        ranks = sorted({int(r) for r in rows["rank"] if int(r) >= 0})
+        ranks = sorted({int(r) for r in rows[RANK] if int(r) >= 0})
         try:
             if self._pool is None:
                 self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))

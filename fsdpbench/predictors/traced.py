@@ -50,6 +50,17 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
+from fsdpbench.schema import (
+    RANK,
+    TRACED_MODEL_STATES,
+    TRACED_MODEL_STATES_ERR,
+    TRACED_PEAK,
+    TRACED_PEAK_ERR,
+    TRACED_WALL_S,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+    WALL_S,
+)
 
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -81,14 +92,14 @@ class TracedEstimate:
             "case_id": self.case_id,
             "strategy": self.strategy,
             "world_size": self.world_size,
-            "rank": self.rank,
+            RANK: self.rank,
             "params": self.params,
             "method": self.method,
             "model_states_bytes": self.model_states_bytes,
             "peak_bytes": self.peak_bytes,
             "bytes": dict(self.peak_by_category),
             "states_bytes": dict(self.states_by_category),
-            "wall_s": self.wall_s,
+            WALL_S: self.wall_s,
             "peak_rss_bytes": self.peak_rss_bytes,
             "notes": list(self.notes),
         }
@@ -361,11 +372,11 @@ def _patch_ddp(model: torch.nn.Module, world_size: int, *, rebuild_buckets: bool
 
 # ---- traced predictions beside a run's measurements --------------------------------------------------
 TRACED_COLUMNS = (
-    "traced_peak_bytes",
-    "traced_model_states_bytes",
-    "traced_peak_err",
-    "traced_model_states_err",
-    "traced_wall_s",
+    TRACED_PEAK,
+    TRACED_MODEL_STATES,
+    TRACED_PEAK_ERR,
+    TRACED_MODEL_STATES_ERR,
+    TRACED_WALL_S,
 )
 
 
@@ -375,7 +386,7 @@ def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[s
     out = {}
     for rank in ranks:
         est = estimate(case, rank=rank)
-        out[rank] = {"peak": est.peak_bytes, "states": est.model_states_bytes, "wall_s": est.wall_s}
+        out[rank] = {"peak": est.peak_bytes, "states": est.model_states_bytes, WALL_S: est.wall_s}
     return out
 
 
@@ -385,13 +396,11 @@ def traced_columns(traced: dict[int, dict[str, float]], rows: Any) -> dict[str, 
 
     out: dict[str, list[Any]] = {c: [] for c in TRACED_COLUMNS}
     for _, row in rows.iterrows():
-        t = traced.get(int(row["rank"]))
+        t = traced.get(int(row[RANK]))
         peak, states = (t["peak"], t["states"]) if t else (None, None)
-        out["traced_peak_bytes"].append(peak)
-        out["traced_model_states_bytes"].append(states)
-        out["traced_peak_err"].append(relative_error(peak, row.get("mem_tracker_peak_bytes")))
-        out["traced_model_states_err"].append(
-            relative_error(states, row.get("mem_tracker_model_states_bytes"))
-        )
-        out["traced_wall_s"].append(t["wall_s"] if t else None)
+        out[TRACED_PEAK].append(peak)
+        out[TRACED_MODEL_STATES].append(states)
+        out[TRACED_PEAK_ERR].append(relative_error(peak, row.get(TRACKER_PEAK)))
+        out[TRACED_MODEL_STATES_ERR].append(relative_error(states, row.get(TRACKER_MODEL_STATES)))
+        out[TRACED_WALL_S].append(t[WALL_S] if t else None)
     return out

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpbench.analysis.frame import case_frame
-from fsdpbench.schema import OK
+from fsdpbench.schema import OK, PHASE, RANK, RUN, STATUS
 
 # configuration columns that may vary in a scenario (besides strategy and world size); a case's label
 # names those that do
@@ -76,7 +76,7 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
         raise FileNotFoundError(f"{run_dir}: not a run directory (no run.json or results.parquet)")
     label = label or run_label(run_dir)
     results = load_results(run_dir).copy()
-    results.insert(0, "run", label)
+    results.insert(0, RUN, label)
     meta = RunStore(run_dir).read_run_json()
     return RunData(
         run=label, run_dir=run_dir, meta=meta, results=results, timelines=load_timelines(run_dir, label)
@@ -97,9 +97,9 @@ def load_timelines(run_dir: Path, label: str) -> pd.DataFrame:
             frame["case_id"] = path.parent.name
         frames.append(frame)
     if not frames:
-        return pd.DataFrame(columns=["run", "case_id", "rank", "t_s", "bytes", "phase", "source"])
+        return pd.DataFrame(columns=[RUN, "case_id", RANK, "t_s", "bytes", PHASE, "source"])
     out = pd.concat(frames, ignore_index=True)
-    out.insert(0, "run", label)
+    out.insert(0, RUN, label)
     return out
 
 
@@ -122,12 +122,12 @@ def load_runs(run_dirs: list[str | Path]) -> ReportData:
 def build_case_frame(results: pd.DataFrame) -> pd.DataFrame:
     """One row per run × case (``analysis_frame.case_frame``), in the report's order, with its labels."""
     if results.empty:
-        return pd.DataFrame(columns=["run", "case_id", "status", "label"])
-    cases = case_frame(results if "run" in results else results.assign(run="run"))
+        return pd.DataFrame(columns=[RUN, "case_id", STATUS, "label"])
+    cases = case_frame(results if RUN in results else results.assign(run=RUN))
     cases["strategy_rank"] = cases["strategy"].map(strategy_rank)
     sort = [
         c
-        for c in ("run", "model", "world_size", "strategy_rank", "wrap", "prefetch", "precision")
+        for c in (RUN, "model", "world_size", "strategy_rank", "wrap", "prefetch", "precision")
         if c in cases
     ]
     cases = cases.sort_values(sort, kind="stable", na_position="last").reset_index(drop=True)
@@ -230,7 +230,7 @@ def axis_text(axis: str, value: Any) -> str:
 def case_labels(cases: pd.DataFrame) -> list[str]:
     """Short unique labels: strategy, ranks and only the axes that vary (and the run when several)."""
     axes = varying_axes(cases)
-    several_runs = "run" in cases and cases["run"].nunique() > 1
+    several_runs = RUN in cases and cases[RUN].nunique() > 1
     labels = []
     for _, r in cases.iterrows():
         parts = [
@@ -241,7 +241,7 @@ def case_labels(cases: pd.DataFrame) -> list[str]:
             parts.append(shard_label(r))
         parts += [t for t in (axis_text(a, r.get(a)) for a in axes if not _unused(a, r.get("strategy"))) if t]
         if several_runs:
-            parts.append(f"[{r['run']}]")
+            parts.append(f"[{r[RUN]}]")
         labels.append(" ".join(parts))
     seen: dict[str, int] = {}
     for i, label in enumerate(labels):  # still equal (e.g. a field outside AXES): add the id's hash
@@ -258,7 +258,7 @@ def _unused(axis: str, strategy: Any) -> bool:
 
 
 def ok_cases(cases: pd.DataFrame) -> pd.DataFrame:
-    return cases[cases["status"] == OK] if "status" in cases else cases
+    return cases[cases[STATUS] == OK] if STATUS in cases else cases
 
 
 def _present(value: Any) -> bool:

@@ -24,7 +24,23 @@ from fsdpbench.report.panel import (
     describe_ranks,
     strategy_color,
 )
-from fsdpbench.schema import TRACKER_MODEL_STATES, TRACKER_PEAK
+from fsdpbench.schema import (
+    PEAK_RANK,
+    PHASE,
+    PRED_MODEL_STATES,
+    PRED_MODEL_STATES_ERR,
+    PRED_PEAK,
+    PRED_PEAK_ERR,
+    RANK,
+    RUN,
+    TRACED_MODEL_STATES,
+    TRACED_PEAK,
+    TRACED_PEAK_ERR,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+    VENDOR_MODEL_STATES,
+    VENDOR_MODEL_STATES_ERR,
+)
 
 BREAKDOWN_COLORS = {
     "params": "#4C78A8",
@@ -35,10 +51,10 @@ BREAKDOWN_COLORS = {
     "other": "#BAB0AC",
 }
 _SCALING_LINES = (  # (column, what, dash)
-    ("pred_peak_bytes", "analytic peak", "solid"),
-    ("pred_model_states_bytes", "analytic model states", "dash"),
-    ("traced_peak_bytes", "traced peak", "dot"),
-    ("traced_model_states_bytes", "traced model states", "dashdot"),
+    (PRED_PEAK, "analytic peak", "solid"),
+    (PRED_MODEL_STATES, "analytic model states", "dash"),
+    (TRACED_PEAK, "traced peak", "dot"),
+    (TRACED_MODEL_STATES, "traced model states", "dashdot"),
 )
 
 
@@ -51,7 +67,7 @@ def series_name(row: Any, axes: list[str], several_runs: bool) -> str:
     parts = [str(row["strategy"]), shard_label(row)]
     parts += [axis_text(a, row.get(a)) for a in axes]
     if several_runs:
-        parts.append(f"[{row['run']}]")
+        parts.append(f"[{row[RUN]}]")
     return " ".join(p for p in parts if p)
 
 
@@ -68,7 +84,7 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     value_cols = [TRACKER_PEAK, TRACKER_MODEL_STATES] + [c for c, _, _ in _SCALING_LINES]
     unit, div = byte_unit([v for c in value_cols if c in ok for v in ok[c]])
     axes = series_key_axes(ok)
-    several_runs = ok["run"].nunique() > 1 if "run" in ok else False
+    several_runs = ok[RUN].nunique() > 1 if RUN in ok else False
     names = [series_name(r, axes, several_runs) for _, r in ok.iterrows()]
     ok = ok.assign(_series=names)
     fig = go.Figure()
@@ -85,9 +101,9 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
         )
     )
     notes = []
-    if not has_values(ok, "pred_peak_bytes") and not has_values(ok, "pred_model_states_bytes"):
+    if not has_values(ok, PRED_PEAK) and not has_values(ok, PRED_MODEL_STATES):
         notes.append("analytic prediction not in this run: no pred_* columns (the memory model did not run)")
-    if not any(has_values(ok, c) for c in ("traced_peak_bytes", "traced_model_states_bytes")):
+    if not any(has_values(ok, c) for c in (TRACED_PEAK, TRACED_MODEL_STATES)):
         notes.append(
             "traced prediction not in this run (no traced_* columns): run with --traced, "
             "or traced: true in the scenario"
@@ -159,16 +175,15 @@ def _by_world_size(rows: pd.DataFrame, column: str, div: float, **scatter: Any) 
 def _scaling_hover(row: Any, unit: str, div: float) -> str:
     lines = [
         f"<b>{row['label']}</b>",
-        f"measured peak {row['mem_tracker_peak_bytes'] / div:.2f} {unit}"
-        f" (rank {row.get('peak_rank', '?')}, tracker)",
+        f"measured peak {row[TRACKER_PEAK] / div:.2f} {unit} (rank {row.get(PEAK_RANK, '?')}, tracker)",
     ]
     if pd.notna(row.get(TRACKER_MODEL_STATES)):
-        lines.append(f"measured model states {row['mem_tracker_model_states_bytes'] / div:.2f} {unit}")
+        lines.append(f"measured model states {row[TRACKER_MODEL_STATES] / div:.2f} {unit}")
     for col, what, err in (
-        ("pred_peak_bytes", "analytic peak", "pred_peak_err"),
-        ("pred_model_states_bytes", "analytic model states", "pred_model_states_err"),
-        ("traced_peak_bytes", "traced peak", "traced_peak_err"),
-        ("ds_est_model_states_bytes", "DeepSpeed's estimate of model states", "ds_est_model_states_err"),
+        (PRED_PEAK, "analytic peak", PRED_PEAK_ERR),
+        (PRED_MODEL_STATES, "analytic model states", PRED_MODEL_STATES_ERR),
+        (TRACED_PEAK, "traced peak", TRACED_PEAK_ERR),
+        (VENDOR_MODEL_STATES, "DeepSpeed's estimate of model states", VENDOR_MODEL_STATES_ERR),
     ):
         if pd.notna(row.get(col)):
             lines.append(f"{what} {row[col] / div:.2f} {unit} (error {fmt_pct(row.get(err))})")
@@ -191,7 +206,7 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     kinds = ["measured", "predicted"] if has_pred else ["measured"]
     # horizontal bars, one row per case (and kind), so that long case labels stay readable
     y = [[lab for lab in labels for _ in kinds], [k for _ in labels for k in kinds]] if has_pred else labels
-    unit, div = byte_unit(list(ok[TRACKER_PEAK]) + list(numeric_column(ok, "pred_peak_bytes")))
+    unit, div = byte_unit(list(ok[TRACKER_PEAK]) + list(numeric_column(ok, PRED_PEAK)))
     fig = go.Figure()
     for group in BREAKDOWN_MEASURED:
         x = []
@@ -212,8 +227,8 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
     ty, tx, tt = ([[], []] if has_pred else []), [], []  # totals beside the bars: measured, predicted (error)
     for i, (_, row) in enumerate(ok.iterrows()):
         rows = [("measured", row[TRACKER_PEAK], "")]
-        if has_pred and pd.notna(row.get("pred_peak_bytes")):
-            rows.append(("predicted", row["pred_peak_bytes"], f" ({fmt_pct(row.get('pred_peak_err'))})"))
+        if has_pred and pd.notna(row.get(PRED_PEAK)):
+            rows.append(("predicted", row[PRED_PEAK], f" ({fmt_pct(row.get(PRED_PEAK_ERR))})"))
         for kind, total, extra in rows:
             if has_pred:
                 ty[0].append(labels[i]), ty[1].append(kind)
@@ -267,21 +282,21 @@ def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) ->
             "(memory was not sampled over time by this run's worker)",
         )
     tl = timelines.copy()
-    if "run" not in tl:
-        tl["run"] = cases["run"].iloc[0] if "run" in cases and len(cases) else "run"
-    for col, default in (("rank", 0), ("phase", ""), ("source", "sampled")):
+    if RUN not in tl:
+        tl[RUN] = cases[RUN].iloc[0] if RUN in cases and len(cases) else RUN
+    for col, default in ((RANK, 0), (PHASE, ""), ("source", "sampled")):
         if col not in tl:
             tl[col] = default
-    labels = dict(zip(zip(cases.get("run", []), cases.get("case_id", [])), cases.get("label", [])))
-    keys = [k for k in labels if k in set(zip(tl["run"], tl["case_id"]))]
-    keys += [k for k in dict.fromkeys(zip(tl["run"], tl["case_id"])) if k not in labels]
+    labels = dict(zip(zip(cases.get(RUN, []), cases.get("case_id", [])), cases.get("label", [])))
+    keys = [k for k in labels if k in set(zip(tl[RUN], tl["case_id"]))]
+    keys += [k for k in dict.fromkeys(zip(tl[RUN], tl["case_id"])) if k not in labels]
     unit, div = byte_unit(tl["bytes"])
     fig = go.Figure()
     owners: list[int] = []
     menus = []
     for i, key in enumerate(keys):
-        sub = tl[(tl["run"] == key[0]) & (tl["case_id"] == key[1])]
-        for (rank, source), line in sub.groupby(["rank", "source"], sort=True):
+        sub = tl[(tl[RUN] == key[0]) & (tl["case_id"] == key[1])]
+        for (rank, source), line in sub.groupby([RANK, "source"], sort=True):
             line = line.sort_values("t_s")
             fig.add_trace(
                 go.Scatter(
@@ -290,7 +305,7 @@ def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) ->
                     mode="lines",
                     visible=i == 0,
                     name=f"rank {rank} · {source}",
-                    customdata=line["phase"].astype(str).tolist(),
+                    customdata=line[PHASE].astype(str).tolist(),
                     hovertemplate=f"rank {rank} ({source})<br>t=%{{x:.3f}} s<br>%{{y:.2f}} {unit}"
                     "<br>phase %{customdata}<extra></extra>",
                 )
@@ -329,14 +344,14 @@ def build_memory_timeline_panel(cases: pd.DataFrame, timelines: pd.DataFrame) ->
 
 def _phase_bands(sub: pd.DataFrame) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Shaded x-ranges and labels for the contiguous phases of the lowest rank."""
-    if "phase" not in sub or sub["phase"].astype(str).eq("").all():
+    if PHASE not in sub or sub[PHASE].astype(str).eq("").all():
         return [], []
-    first = sub[sub["rank"] == sub["rank"].min()].sort_values("t_s")
-    phase = first["phase"].astype(str)
+    first = sub[sub[RANK] == sub[RANK].min()].sort_values("t_s")
+    phase = first[PHASE].astype(str)
     block = (phase != phase.shift()).cumsum()
     shapes, notes = [], []
     for j, (_, seg) in enumerate(first.groupby(block, sort=True)):
-        name = seg["phase"].iloc[0]
+        name = seg[PHASE].iloc[0]
         if not name:
             continue
         x0, x1 = float(seg["t_s"].iloc[0]), float(seg["t_s"].iloc[-1])

@@ -23,7 +23,19 @@ from fsdpbench.report.panel import (
     steps_text,
     strategy_color,
 )
-from fsdpbench.schema import STEP_TIME, TRACKER_PEAK
+from fsdpbench.schema import (
+    COMM_BYTES,
+    COMM_PRED_TOTAL,
+    OVERLAP_COMM,
+    OVERLAP_EXPOSED,
+    OVERLAP_NOTE,
+    OVERLAP_RATIO,
+    RUN,
+    STEP_TIME,
+    STEP_TIME_P10,
+    STEP_TIME_P90,
+    TRACKER_PEAK,
+)
 
 COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")
 COMM_COLORS = {
@@ -67,8 +79,8 @@ def build_step_time_panel(cases: pd.DataFrame) -> Panel:
     for strategy in ordered_strategies(ok):
         sub = ok[ok["strategy"] == strategy]
         med = sub[STEP_TIME].astype(float)
-        p10 = pd.to_numeric(sub.get("step_time_p10_ms", med), errors="coerce").fillna(med)
-        p90 = pd.to_numeric(sub.get("step_time_p90_ms", med), errors="coerce").fillna(med)
+        p10 = pd.to_numeric(sub.get(STEP_TIME_P10, med), errors="coerce").fillna(med)
+        p90 = pd.to_numeric(sub.get(STEP_TIME_P90, med), errors="coerce").fillna(med)
         gbs = sub["global_batch_size"].astype(float)
         bars = dict(x=sub["label"].tolist(), name=strategy, marker_color=strategy_color(strategy))
         bars.update(legendgroup=strategy)
@@ -215,7 +227,7 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
     kinds = [
         k
         for k in COMM_KINDS
-        if has_values(ok, f"comm_{k}_bytes") and (ok[f"comm_{k}_bytes"].fillna(0) > 0).any()
+        if has_values(ok, COMM_BYTES.of(k)) and (ok[COMM_BYTES.of(k)].fillna(0) > 0).any()
     ]
     if not ok.empty and "world_size" in ok and (ok["world_size"] == 1).all():
         return absent(
@@ -228,11 +240,11 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
             "not measured in this run: no comm_<kind>_bytes columns (communication volume "
             "is read from the profiled step's trace)",
         )
-    ok = ok[ok[[f"comm_{k}_bytes" for k in kinds]].notna().any(axis=1)]
-    has_pred = has_values(ok, "comm_pred_total_bytes")
-    cols = [f"comm_{k}_bytes" for k in kinds] + (["comm_pred_total_bytes"] if has_pred else [])
+    ok = ok[ok[[COMM_BYTES.of(k) for k in kinds]].notna().any(axis=1)]
+    has_pred = has_values(ok, COMM_PRED_TOTAL)
+    cols = [COMM_BYTES.of(k) for k in kinds] + ([COMM_PRED_TOTAL] if has_pred else [])
     unit, div = byte_unit(
-        [v for c in cols for v in ok[c]] + list(ok[[f"comm_{k}_bytes" for k in kinds]].sum(axis=1))
+        [v for c in cols for v in ok[c]] + list(ok[[COMM_BYTES.of(k) for k in kinds]].sum(axis=1))
     )
     labels = ok["label"].tolist()
     fig = go.Figure()
@@ -240,7 +252,7 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
         fig.add_trace(
             go.Bar(
                 x=labels,
-                y=(ok[f"comm_{kind}_bytes"].fillna(0) / div).tolist(),
+                y=(ok[COMM_BYTES.of(kind)].fillna(0) / div).tolist(),
                 name=kind,
                 marker_color=COMM_COLORS[kind],
                 hovertemplate=f"%{{x}}<br>{kind}: %{{y:.2f}} {unit}<extra></extra>",
@@ -250,7 +262,7 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
         fig.add_trace(
             go.Scatter(
                 x=labels,
-                y=(ok["comm_pred_total_bytes"] / div).tolist(),
+                y=(ok[COMM_PRED_TOTAL] / div).tolist(),
                 mode="markers",
                 name="analytic total",
                 marker=dict(symbol="line-ew-open", size=28, color="#000", line=dict(width=3)),
@@ -279,18 +291,18 @@ def build_overlap_panel(cases: pd.DataFrame) -> Panel:
     """Communication time, exposed (not hidden) communication time and the overlap ratio per case."""
     title = "Communication hidden under compute"
     ok = ok_cases(cases)
-    if ok.empty or not any(has_values(ok, c) for c in ("overlap_ratio", "overlap_exposed_comm_ms")):
+    if ok.empty or not any(has_values(ok, c) for c in (OVERLAP_RATIO, OVERLAP_EXPOSED)):
         return absent(
             "overlap",
             title,
             "not measured in this run: no overlap_* columns (overlap is read from the profiled step's trace)",
         )
-    ok = ok[ok[[c for c in ("overlap_ratio", "overlap_exposed_comm_ms") if c in ok]].notna().any(axis=1)]
+    ok = ok[ok[[c for c in (OVERLAP_RATIO, OVERLAP_EXPOSED) if c in ok]].notna().any(axis=1)]
     labels = ok["label"].tolist()
     fig = make_subplots(specs=[[{"secondary_y": True}]])
     for col, name, color in (
-        ("overlap_comm_ms", "communication", "#9ECAE9"),
-        ("overlap_exposed_comm_ms", "exposed communication", "#E45756"),
+        (OVERLAP_COMM, "communication", "#9ECAE9"),
+        (OVERLAP_EXPOSED, "exposed communication", "#E45756"),
     ):
         if has_values(ok, col):
             fig.add_trace(
@@ -303,11 +315,11 @@ def build_overlap_panel(cases: pd.DataFrame) -> Panel:
                 ),
                 secondary_y=False,
             )
-    if has_values(ok, "overlap_ratio"):
+    if has_values(ok, OVERLAP_RATIO):
         fig.add_trace(
             go.Scatter(
                 x=labels,
-                y=ok["overlap_ratio"].tolist(),
+                y=ok[OVERLAP_RATIO].tolist(),
                 mode="markers",
                 name="overlap ratio",
                 marker=dict(symbol="diamond", size=12, color="#222"),
@@ -342,7 +354,7 @@ def build_overlap_panel(cases: pd.DataFrame) -> Panel:
         f"overlapped by compute (exposed), and the overlap ratio (Holistic Trace Analysis's definition); "
         f"{what}. Ranks: {describe_ranks(ok)}."
     )
-    notes = list(dict.fromkeys(n for n in ok.get("overlap_note", []) if isinstance(n, str) and n))
+    notes = list(dict.fromkeys(n for n in ok.get(OVERLAP_NOTE, []) if isinstance(n, str) and n))
     return Panel(key="overlap", title=title, caption=caption, figure=fig, notes=notes)
 
 
@@ -376,7 +388,7 @@ def _sweep_panel(ok: pd.DataFrame, axis: str) -> Panel:
     values = list(dict.fromkeys(ok[axis].dropna()))
     values = [v for v in order if v in values] if order else sorted(values)
     others = [a for a in series_key_axes(ok) if a != axis]
-    several_runs = ok["run"].nunique() > 1 if "run" in ok else False
+    several_runs = ok[RUN].nunique() > 1 if RUN in ok else False
     ok = ok.assign(
         _series=[f"{series_name(r, others, several_runs)} n{int(r['world_size'])}" for _, r in ok.iterrows()]
     )

@@ -15,7 +15,7 @@ from typing import Any
 from fsdpbench.report.data import ReportData, RunData
 from fsdpbench.report.panel import Panel, describe_ranks
 from fsdpbench.report.tables import CompareRow, case_table, compare_rows, glance_groups, verdict_lines
-from fsdpbench.schema import SKIPPED
+from fsdpbench.schema import COMMIT, FAILED, HOSTNAME, RUN, SKIPPED, STATUS, TORCH_VERSION
 
 _ERRORS_JS = """
 window.__fsdpbenchErrors = [];
@@ -146,19 +146,19 @@ def render_case_table(data: ReportData) -> str:
         parts.append('<p class="missing">no cases in this run</p></section>')
         return "\n".join(parts)
     cols = [c for c in table.columns if not c.startswith("_") and c != "case_id"]
-    left = ("case", "status", "ranks", "note")
+    left = ("case", STATUS, "ranks", "note")
     parts.append(
         '<div class="scroll"><table class="cases"><tr>'
         + "".join(f'<th class="{"l" if c in left else ""}">{_e(c)}</th>' for c in cols)
         + "</tr>"
     )
     for _, row in table.iterrows():
-        cls = "failed" if row["_failed"] else ("skipped" if row["status"] == SKIPPED else "")
+        cls = FAILED if row["_failed"] else (SKIPPED if row[STATUS] == SKIPPED else "")
         cells = []
         for c in cols:
             text = _e(row[c]) + (f'<br><code class="id">{_e(row["case_id"])}</code>' if c == "case" else "")
             cells.append(f'<td class="{"l" if c in left else "n"}">{text}</td>')
-        parts.append(f'<tr class="{cls}" data-status="{_e(row["status"])}">{"".join(cells)}</tr>')
+        parts.append(f'<tr class="{cls}" data-status="{_e(row[STATUS])}">{"".join(cells)}</tr>')
     parts.append("</table></div></section>")
     return "\n".join(parts)
 
@@ -166,12 +166,12 @@ def render_case_table(data: ReportData) -> str:
 def render_environment(data: ReportData) -> str:
     parts = ['<section id="environment"><h2>Environment</h2>']
     for run in data.runs:
-        ranks = describe_ranks(data.cases[data.cases["run"] == run.run]) if "run" in data.cases else ""
+        ranks = describe_ranks(data.cases[data.cases[RUN] == run.run]) if RUN in data.cases else ""
         items = [*_run_items(run), *_machine_items(run.meta.get("env") or {}), ("ranks", ranks)]
         items += _emulation_items(run.meta.get("emulation") or {})
-        skipped = run.meta.get("skipped") or []
+        skipped = run.meta.get(SKIPPED) or []
         if skipped:
-            items.append(("skipped", "; ".join(f"{s.get('case_id')}: {s.get('reason')}" for s in skipped)))
+            items.append((SKIPPED, "; ".join(f"{s.get('case_id')}: {s.get('reason')}" for s in skipped)))
         rows = "".join(f'<tr><th class="l">{_e(k)}</th><td class="l">{_e(v)}</td></tr>' for k, v in items)
         parts.append(f"<h3>{_e(run.run)}</h3><table>{rows}</table>")
         text = (run.meta.get("scenario") or {}).get("text")
@@ -187,7 +187,7 @@ def _run_items(run: RunData) -> list[tuple[str, Any]]:
     scenario = meta.get("scenario") or {}
     overrides = scenario.get("overrides")
     return [
-        ("run", f"{run.run} ({run.run_dir})"),
+        (RUN, f"{run.run} ({run.run_dir})"),
         ("scenario", scenario.get("name")),
         ("description", scenario.get("description")),
         ("scenario file", scenario.get("path")),
@@ -195,7 +195,7 @@ def _run_items(run: RunData) -> list[tuple[str, Any]]:
         ("command", meta.get("command")),
         ("started", meta.get("started")),
         ("ended", meta.get("ended")),
-        ("status", meta.get("status")),
+        (STATUS, meta.get(STATUS)),
     ]
 
 
@@ -203,10 +203,10 @@ def _machine_items(env: dict[str, Any]) -> list[tuple[str, Any]]:
     """Where it ran: software versions, host, CPU, GPUs, backends."""
     backends = ", ".join(f"{k}: {_yes(v)}" for k, v in (env.get("backends") or {}).items())
     return [
-        ("torch", env.get("torch_version")),
-        ("fsdpbench", f"{env.get('fsdpbench_version', '?')}, commit {env.get('commit', '?')}"),
+        ("torch", env.get(TORCH_VERSION)),
+        ("fsdpbench", f"{env.get('fsdpbench_version', '?')}, commit {env.get(COMMIT, '?')}"),
         ("python", env.get("python_version")),
-        ("host", env.get("hostname")),
+        ("host", env.get(HOSTNAME)),
         ("platform", env.get("platform")),
         ("CPU", f"{env.get('cpu', '?')} ({env.get('cpu_count', '?')} cores)"),
         ("GPUs", ", ".join(env.get("gpus") or []) or "none"),
@@ -238,7 +238,7 @@ def render_page(data: ReportData, panels: list[Panel], plotly_js: str) -> str:
     """The whole report as one HTML string."""
     names = list(dict.fromkeys((r.meta.get("scenario") or {}).get("name") or r.run for r in data.runs))
     cases = data.cases
-    counts = cases["status"].value_counts().to_dict() if "status" in cases else {}
+    counts = cases[STATUS].value_counts().to_dict() if STATUS in cases else {}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     n_figs = sum(p.figure is not None for p in panels)
     nav = " ".join(

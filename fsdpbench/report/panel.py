@@ -8,6 +8,7 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.report.data import declared_strategy, strategy_rank
+from fsdpbench.schema import DEVICE_NAME
 
 # colours for strategies that declare none (or are not loaded here)
 _EXTRA_COLORS = ("#9D755D", "#EECA3B", "#FF9DA6", "#BAB0AC", "#79706E")
@@ -49,10 +50,10 @@ def strategy_color(strategy: str) -> str:
 def describe_ranks(cases: pd.DataFrame) -> str:
     """Which devices the ranks were, in words: 'CPU ranks (gloo) on CPU: AMD EPYC (2 cores)'."""
     parts = []
-    cols = [c for c in ("device", "backend", "device_name") if c in cases]
+    cols = [c for c in ("device", "backend", DEVICE_NAME) if c in cases]
     for key, _ in cases.groupby(cols, dropna=False, sort=False) if cols else []:
         key = dict(zip(cols, key if isinstance(key, tuple) else (key,)))
-        device, backend, name = key.get("device"), key.get("backend") or "?", key.get("device_name")
+        device, backend, name = key.get("device"), key.get("backend") or "?", key.get(DEVICE_NAME)
         if device == "cuda":
             text = f"GPUs ({str(backend).upper()})" + (f": {name}" if isinstance(name, str) else "")
         else:

@@ -18,6 +18,48 @@ import pandas as pd
 
 from fsdpbench.metrics.comm import analytic_comm_bytes
 from fsdpbench.pipeline.results import RunStore
+from fsdpbench.schema import (
+    CASE_ERROR,
+    CASE_STEP_TIME,
+    COMM_BYTES,
+    COMM_PRED_TOTAL,
+    COMM_TOTAL,
+    COMMIT,
+    ERROR,
+    FAILED,
+    HOSTNAME,
+    OK,
+    OVERLAP_COMM,
+    OVERLAP_EXPOSED,
+    OVERLAP_RATIO,
+    PRED_ACTIVATIONS,
+    PRED_COMM_BUFFERS,
+    PRED_GRADS,
+    PRED_MODEL_STATES,
+    PRED_MODEL_STATES_ERR,
+    PRED_OPTIM,
+    PRED_PADDING,
+    PRED_PARAMS,
+    PRED_PEAK,
+    PRED_TEMP,
+    PRED_UNSHARDED,
+    RANK,
+    SAMPLED_PEAK,
+    SKIPPED,
+    STATUS,
+    STEP_TIME,
+    STEP_TIME_P10,
+    STEP_TIME_P90,
+    THROUGHPUT_SAMPLES,
+    TORCH_VERSION,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+    WALL_S,
+    tracker_peak_column,
+)
+from fsdpbench.schema import (
+    PRED_PEAK_ERR as PRED_PEAK_ERR_COLUMN,
+)
 from fsdpbench.strategies import REFERENCE_STRATEGY, registered
 
 PSI = 1_000_000  # parameters
@@ -44,7 +86,7 @@ def _case(strategy: str, n: int, **kw: Any) -> dict[str, Any]:
         prefetch=kw.get("prefetch", 0),
         precision=kw.get("precision", "fp32"),
         wrap=kw.get("wrap", "block") if synthetic_strategies()[strategy].uses_wrap else "none",
-        status=kw.get("status", "ok"),
+        status=kw.get(STATUS, OK),
     )
 
 
@@ -55,8 +97,8 @@ def synthetic_cases() -> list[dict[str, Any]]:
     cases += [
         _case(resharded, 4, prefetch=1),
         _case(resharded, 4, precision="bf16"),
-        _case(resharded, 4, wrap="whole", status="failed"),
-        _case(REFERENCE_STRATEGY, 8, status="skipped"),
+        _case(resharded, 4, wrap="whole", status=FAILED),
+        _case(REFERENCE_STRATEGY, 8, status=SKIPPED),
     ]
     return cases
 
@@ -108,16 +150,16 @@ def synthetic_results() -> pd.DataFrame:
             activation_checkpointing=False,
             compile=False,
             cpu_offload=False,
-            case_status=c["status"],
-            case_error={"failed": FAIL_ERROR, "skipped": SKIP_REASON}.get(c["status"], ""),
+            case_status=c[STATUS],
+            case_error={FAILED: FAIL_ERROR, SKIPPED: SKIP_REASON}.get(c[STATUS], ""),
             **{k: c[k] for k in ("strategy", "world_size", "wrap", "prefetch", "precision")},
         )
-        if c["status"] == "skipped":
-            rows.append({**base, "rank": -1, "status": "skipped", "error": SKIP_REASON})
+        if c[STATUS] == SKIPPED:
+            rows.append({**base, RANK: -1, STATUS: SKIPPED, ERROR: SKIP_REASON})
             continue
         for rank in range(c["world_size"]):
-            row = {**base, "rank": rank, "status": c["status"], "error": base["case_error"]}
-            if c["status"] == "ok":
+            row = {**base, RANK: rank, STATUS: c[STATUS], ERROR: base[CASE_ERROR]}
+            if c[STATUS] == OK:
                 row.update(_measured(c, rank))
             rows.append(row)
     return pd.DataFrame(rows)
@@ -133,39 +175,39 @@ def _measured(c: dict[str, Any], rank: int) -> dict[str, Any]:
     analytic = analytic_comm_bytes(strategies[c["strategy"]].sharding, 4 * PSI, n)
     comm = {kind: analytic[kind] for kind in ("all_reduce", "all_gather", "reduce_scatter", "broadcast")}
     row: dict[str, Any] = {
-        "step_time_ms": step,
-        "step_time_p10_ms": 0.9 * step,
-        "step_time_p90_ms": 1.2 * step,
-        "case_step_time_ms": base_step_ms * (1 + 0.1 * (n - 1)) * (0.8 if c["precision"] == "bf16" else 1.0)
+        STEP_TIME: step,
+        STEP_TIME_P10: 0.9 * step,
+        STEP_TIME_P90: 1.2 * step,
+        CASE_STEP_TIME: base_step_ms * (1 + 0.1 * (n - 1)) * (0.8 if c["precision"] == "bf16" else 1.0)
         + n
         - 1,
-        "mem_tracker_peak_bytes": peak,
-        "mem_tracker_model_states_bytes": states,
-        "mem_rss_peak_bytes": peak + 100 * 2**20,
-        "pred_params_bytes": mem["params"],
-        "pred_grads_bytes": mem["grads"],
-        "pred_optim_bytes": mem["optim"],
-        "pred_activations_bytes": mem["activations"],
-        "pred_unsharded_bytes": mem["params_unsharded"],
-        "pred_comm_buffers_bytes": 0.0,
-        "pred_padding_bytes": 0.0,
-        "pred_temp_bytes": TEMP_BYTES,
-        "pred_model_states_bytes": states,
-        "pred_model_states_err": 0.0,
-        "overlap_comm_ms": 10.0 * (n - 1),
-        "overlap_exposed_comm_ms": 4.0 * (n - 1),
-        "overlap_ratio": 0.6 if n > 1 else 0.0,
-        "comm_pred_total_bytes": sum(comm.values()),
-        "comm_total_bytes": sum(comm.values()),
+        TRACKER_PEAK: peak,
+        TRACKER_MODEL_STATES: states,
+        SAMPLED_PEAK.of("rss"): peak + 100 * 2**20,
+        PRED_PARAMS: mem["params"],
+        PRED_GRADS: mem["grads"],
+        PRED_OPTIM: mem["optim"],
+        PRED_ACTIVATIONS: mem["activations"],
+        PRED_UNSHARDED: mem["params_unsharded"],
+        PRED_COMM_BUFFERS: 0.0,
+        PRED_PADDING: 0.0,
+        PRED_TEMP: TEMP_BYTES,
+        PRED_MODEL_STATES: states,
+        PRED_MODEL_STATES_ERR: 0.0,
+        OVERLAP_COMM: 10.0 * (n - 1),
+        OVERLAP_EXPOSED: 4.0 * (n - 1),
+        OVERLAP_RATIO: 0.6 if n > 1 else 0.0,
+        COMM_PRED_TOTAL: sum(comm.values()),
+        COMM_TOTAL: sum(comm.values()),
     }
     # the analytic peak of the largest rank is PRED_PEAK_ERR above its measurement
-    row["pred_peak_bytes"] = (sum(mem.values()) + (n - 1) * 1024) * (1 + PRED_PEAK_ERR)
-    row["pred_peak_err"] = PRED_PEAK_ERR
+    row[PRED_PEAK] = (sum(mem.values()) + (n - 1) * 1024) * (1 + PRED_PEAK_ERR)
+    row[PRED_PEAK_ERR_COLUMN] = PRED_PEAK_ERR
     for cat in ("params", "params_unsharded", "grads", "optim", "activations", "temp"):
-        row[f"mem_tracker_peak_{cat}_bytes"] = mem[cat] + (rank * 1024 if cat == "temp" else 0)
+        row[tracker_peak_column(cat)] = mem[cat] + (rank * 1024 if cat == "temp" else 0)
     for kind, value in comm.items():
-        row[f"comm_{kind}_bytes"] = value
-    row["throughput_samples_s"] = 4 * n / (row["case_step_time_ms"] / 1e3)
+        row[COMM_BYTES.of(kind)] = value
+    row[THROUGHPUT_SAMPLES] = 4 * n / (row[CASE_STEP_TIME] / 1e3)
     return row
 
 
@@ -199,7 +241,7 @@ def write_synthetic_run(run_dir: str | Path, *, timelines: bool = True) -> Path:
         store.write_case(str(case_id), rows.reset_index(drop=True))
     if timelines:
         for c in synthetic_cases():
-            if c["status"] == "ok":
+            if c[STATUS] == OK:
                 path = store.case_dir(case_id_of(c))
                 path.mkdir(parents=True, exist_ok=True)
                 synthetic_timeline(c).to_parquet(path / "timeline.parquet", index=False)
@@ -214,13 +256,13 @@ def write_synthetic_run(run_dir: str | Path, *, timelines: bool = True) -> Path:
                 "overrides": {},
             },
             "command": "fsdpbench.report.synthetic.write_synthetic_run",
-            "status": "complete",
+            STATUS: "complete",
             "started": "2026-01-01T00:00:00+00:00",
             "ended": "2026-01-01T00:01:00+00:00",
             "env": {
-                "torch_version": "2.13.0+cpu",
-                "commit": "synthetic",
-                "hostname": "synthetic",
+                TORCH_VERSION: "2.13.0+cpu",
+                COMMIT: "synthetic",
+                HOSTNAME: "synthetic",
                 "cpu": "synthetic",
                 "cpu_count": 2,
                 "gpus": [],
@@ -230,21 +272,21 @@ def write_synthetic_run(run_dir: str | Path, *, timelines: bool = True) -> Path:
                 "nvml_available": False,
                 "nvml_reason": "synthetic run",
             },
-            "skipped": [
+            SKIPPED: [
                 {"case_id": case_id_of(c), "reason": SKIP_REASON}
                 for c in synthetic_cases()
-                if c["status"] == "skipped"
+                if c[STATUS] == SKIPPED
             ],
             "cases": {
                 case_id_of(c): {
-                    "status": c["status"],
-                    "wall_s": 2.0,
+                    STATUS: c[STATUS],
+                    WALL_S: 2.0,
                     "spawn_s": 0.1,
                     "steps_s": 1.5,
                     "overhead_s": 0.5,
                 }
                 for c in synthetic_cases()
-                if c["status"] != "skipped"
+                if c[STATUS] != SKIPPED
             },
         }
     )

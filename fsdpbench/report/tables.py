@@ -25,8 +25,10 @@ from fsdpbench.schema import (
     ACHIEVED_TFLOPS,
     ALLOC_PEAK_ALLOCATED,
     ALLOC_PEAK_RESERVED,
+    COMM_BUSBW,
     COMM_BYTES,
     COMM_PRED_TOTAL,
+    COMM_TIME,
     COMM_TOTAL,
     ERROR,
     FAILED_STATUSES,
@@ -218,7 +220,7 @@ def _one_rank(r: pd.Series) -> bool:
 
 def _busbw_total(r: pd.Series) -> float | None:
     """The case's bus bandwidth over all its collectives: bytes-weighted by time (Σ busbw·t / Σ t)."""
-    pairs = [(number(r.get(f"comm_{k}_busbw_gbs")), number(r.get(f"comm_{k}_time_ms"))) for k in _BUSBW_KINDS]
+    pairs = [(number(r.get(COMM_BUSBW.of(k))), number(r.get(COMM_TIME.of(k)))) for k in _BUSBW_KINDS]
     pairs = [(b, t) for b, t in pairs if b is not None and t]
     return sum(b * t for b, t in pairs) / sum(t for _, t in pairs) if pairs else None
 
@@ -227,9 +229,9 @@ def _fmt_busbw(r: pd.Series, v: Any) -> str:
     if v is None:
         return "—"
     parts = [
-        f"{short} {number(r.get(f'comm_{k}_busbw_gbs')):.2f}"
+        f"{short} {number(r.get(COMM_BUSBW.of(k))):.2f}"
         for k, short in _BUSBW_KINDS.items()
-        if number(r.get(f"comm_{k}_busbw_gbs")) is not None
+        if number(r.get(COMM_BUSBW.of(k))) is not None
     ]
     return f"{v:.2f} GB/s ({', '.join(parts)})"
 

@@ -36,6 +36,7 @@ from fsdpbench.predictors.memory_model.timeline import (
     account,
     step_schedule,
 )
+from fsdpbench.schema import RANK
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.base import Sharding, Strategy
 
@@ -120,7 +121,7 @@ class MemoryPrediction:
             "strategy": self.strategy,
             "world_size": self.world_size,
             "shard_size": self.shard_size,
-            "rank": self.rank,
+            RANK: self.rank,
             "params": self.params,
             "precision": self.precision,
             "optimizer": self.optimizer,

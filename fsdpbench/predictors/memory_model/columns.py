@@ -15,7 +15,30 @@ import pandas as pd
 
 from fsdpbench.analysis.frame import is_number, relative_error
 from fsdpbench.case import Case
-from fsdpbench.schema import ERROR_COLUMNS
+from fsdpbench.schema import (
+    ERROR_COLUMNS,
+    PRED_ACTIVATIONS,
+    PRED_COMM_BUFFERS,
+    PRED_DEVICE_PEAK,
+    PRED_GRADS,
+    PRED_HOST,
+    PRED_MODEL_STATES,
+    PRED_MODEL_STATES_ERR,
+    PRED_OPTIM,
+    PRED_PADDING,
+    PRED_PARAMS,
+    PRED_PARAMS_DEVICE,
+    PRED_PARAMS_HOST,
+    PRED_PEAK,
+    PRED_PEAK_BY_CATEGORY,
+    PRED_PEAK_ERR,
+    PRED_PEAK_MOMENT,
+    PRED_TEMP,
+    PRED_UNSHARDED,
+    RANK,
+    VENDOR_MODEL_STATES,
+    VENDOR_MODEL_STATES_ERR,
+)
 
 # the model's categories at the predicted peak, filed under each of the tracker's categories
 # (schema.TRACKER_CATEGORIES, all of them) for pred_peak_<cat>_bytes;
@@ -39,24 +62,24 @@ TRACKER_FILING = {
     "other": (),
 }
 PRED_COLUMNS = (
-    "pred_params_bytes",
-    "pred_grads_bytes",
-    "pred_optim_bytes",
-    "pred_padding_bytes",
-    "pred_model_states_bytes",
-    "pred_activations_bytes",
-    "pred_unsharded_bytes",
-    "pred_comm_buffers_bytes",
-    "pred_temp_bytes",
-    "pred_peak_bytes",
-    "pred_peak_moment",
-    "pred_device_peak_bytes",
-    "pred_model_states_err",
-    "pred_peak_err",
-    "pred_host_bytes",
-    "pred_params_host_bytes",
-    "pred_params_device_bytes",
-    *(f"pred_peak_{c}_bytes" for c in TRACKER_FILING),
+    PRED_PARAMS,
+    PRED_GRADS,
+    PRED_OPTIM,
+    PRED_PADDING,
+    PRED_MODEL_STATES,
+    PRED_ACTIVATIONS,
+    PRED_UNSHARDED,
+    PRED_COMM_BUFFERS,
+    PRED_TEMP,
+    PRED_PEAK,
+    PRED_PEAK_MOMENT,
+    PRED_DEVICE_PEAK,
+    PRED_MODEL_STATES_ERR,
+    PRED_PEAK_ERR,
+    PRED_HOST,
+    PRED_PARAMS_HOST,
+    PRED_PARAMS_DEVICE,
+    *(PRED_PEAK_BY_CATEGORY.of(c) for c in TRACKER_FILING),
 )
 
 
@@ -71,11 +94,11 @@ def vendor_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
         return {}
     if nbytes is None:
         return {}
-    values = {"ds_est_model_states_bytes": nbytes}
+    values = {VENDOR_MODEL_STATES: nbytes}
     errors = [errors_against(values, rows, i) for i in range(len(rows))]
     return {
-        "ds_est_model_states_bytes": [nbytes] * len(rows),
-        "ds_est_model_states_err": [e["ds_est_model_states_err"] for e in errors],
+        VENDOR_MODEL_STATES: [nbytes] * len(rows),
+        VENDOR_MODEL_STATES_ERR: [e[VENDOR_MODEL_STATES_ERR] for e in errors],
     }
 
 
@@ -95,7 +118,7 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
     try:
         if case.precision not in _runnable_precisions():
             return {}
-        ranks = [int(r) if is_number(r) else 0 for r in rows.get("rank", pd.Series([0] * len(rows)))]
+        ranks = [int(r) if is_number(r) else 0 for r in rows.get(RANK, pd.Series([0] * len(rows)))]
         preds = {r: predict_memory(case, rank=max(r, 0)) for r in set(ranks)}
     except Exception:  # noqa: BLE001 — an unknown plugin strategy or model: no prediction, never a failure
         return {}
@@ -104,45 +127,43 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
         p = preds[r]
         bd = p.peak_breakdown
         values = {
-            "pred_params_bytes": p.params_bytes,
-            "pred_grads_bytes": p.grads_bytes,
-            "pred_optim_bytes": p.optim_bytes,
-            "pred_padding_bytes": p.padding_bytes,
-            "pred_model_states_bytes": p.resting_states_bytes,
-            "pred_activations_bytes": (bd.get("activations", 0) + bd.get("inputs", 0)) if bd else None,
-            "pred_unsharded_bytes": (
+            PRED_PARAMS: p.params_bytes,
+            PRED_GRADS: p.grads_bytes,
+            PRED_OPTIM: p.optim_bytes,
+            PRED_PADDING: p.padding_bytes,
+            PRED_MODEL_STATES: p.resting_states_bytes,
+            PRED_ACTIVATIONS: (bd.get("activations", 0) + bd.get("inputs", 0)) if bd else None,
+            PRED_UNSHARDED: (
                 bd.get("params_unsharded", 0)
                 + bd.get("grads_unsharded", 0)
                 + bd.get("grads_unsharded_in_bwd", 0)
             )
             if bd
             else None,
-            "pred_comm_buffers_bytes": (
+            PRED_COMM_BUFFERS: (
                 bd.get("all_gather", 0) + bd.get("reduce_scatter", 0) + bd.get("ddp_buckets", 0)
             )
             if bd
             else None,
-            "pred_temp_bytes": bd.get("temp", 0) + bd.get("fwd_temp", 0) + bd.get("optim_temp", 0)
-            if bd
-            else None,
-            "pred_peak_bytes": p.peak_bytes,
-            "pred_peak_moment": p.peak_moment,
-            "pred_device_peak_bytes": p.device_peak_bytes,
+            PRED_TEMP: bd.get("temp", 0) + bd.get("fwd_temp", 0) + bd.get("optim_temp", 0) if bd else None,
+            PRED_PEAK: p.peak_bytes,
+            PRED_PEAK_MOMENT: p.peak_moment,
+            PRED_DEVICE_PEAK: p.device_peak_bytes,
             # where the parameters live (CPU offload), beside mem_placement_params_{host,device}_bytes
-            "pred_host_bytes": p.host_bytes,
-            "pred_params_host_bytes": p.params_host_bytes,
-            "pred_params_device_bytes": p.params_device_bytes,
+            PRED_HOST: p.host_bytes,
+            PRED_PARAMS_HOST: p.params_host_bytes,
+            PRED_PARAMS_DEVICE: p.params_device_bytes,
         }
         values.update(errors_against(values, rows, i))
-        filing = _tracker_filing(p)
+        filing = tracker_filing(p)
         for cat, ours in filing.items():
-            values[f"pred_peak_{cat}_bytes"] = sum(bd.get(c, 0) for c in ours) if bd else None
+            values[PRED_PEAK_BY_CATEGORY.of(cat)] = sum(bd.get(c, 0) for c in ours) if bd else None
         for key, value in values.items():
             out[key].append(value)
     return {**out, **vendor_columns(case, rows)}
 
 
-def _tracker_filing(p: Any) -> dict[str, tuple[str, ...]]:
+def tracker_filing(p: Any) -> dict[str, tuple[str, ...]]:
     """TRACKER_FILING for one prediction: FSDPMemTracker files a reduce-scatter input as such only when
     the collective runs; with one rank per shard group FSDP2 skips it and the buffer is a temporary."""
     if (p.shard_size or p.world_size) != 1:

@@ -1,0 +1,253 @@
+"""The column registry (fsdpbench/schema.py): every column a run writes is declared and documented, no
+column name or status is spelled outside the registry, and case_frame aggregates each column as declared."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from fsdpbench import schema
+from fsdpbench.analysis.frame import UndeclaredColumnWarning, case_frame
+from fsdpbench.analysis.summary import print_summary
+from fsdpbench.formatting import NOT_MEANINGFUL_ON_CPU
+from fsdpbench.pipeline.results import load_results
+from fsdpbench.report.synthetic import write_synthetic_run
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "fsdpbench"
+REGISTRY = PACKAGE / "schema.py"
+MEASUREMENTS_DOC = REPO / "docs" / "measurements.md"
+NOT_A_COLUMN = "# not a column"  # on the line, or the line above: a literal that only looks like one
+# rank-record files that the typed-records half of issue 20 rewrites (RankResult end to end): their dict
+# keys become typed fields there. Exempt until that lands; each must still have a hit (the test below), so
+# the exemption goes as soon as it is not needed
+PENDING_RECORD_FILES = (
+    "pipeline/launch.py",
+    "pipeline/rank_result.py",
+    "pipeline/worker.py",
+    "predictors/emulate.py",
+)
+
+
+def guarded_names() -> set[str]:
+    """What no literal may spell: every declared column but a Case field (those are the scenario's field
+    names as well, declared by the Case dataclass), and every status."""
+    return {n for n, c in schema.COLUMNS.items() if c.source != "config"} | set(schema.STATUSES)
+
+
+def literal_hits(source: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, text) of each string literal equal to one of ``names``, and of each f-string that spells one
+    with a value in it (f"comm_{kind}_bytes"); docstrings, ``__all__`` and lines marked NOT_A_COLUMN aside."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            skip.update(id(n) for n in ast.walk(node))
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                skip.add(id(first.value))
+        if isinstance(node, ast.JoinedStr):
+            skip.update(id(v) for v in node.values if isinstance(v, ast.Constant))
+    hits = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            text = node.value
+        elif isinstance(node, ast.JoinedStr) and _spells_a_name(node, names):
+            text = ast.unparse(node)
+        else:
+            continue
+        marked = NOT_A_COLUMN in lines[node.lineno - 1] or (
+            node.lineno >= 2 and lines[node.lineno - 2].strip().startswith(NOT_A_COLUMN)
+        )
+        if not marked:
+            hits.append((node.lineno, text))
+    return hits
+
+
+def _spells_a_name(node: ast.JoinedStr, names: set[str]) -> bool:
+    """A family's pattern (f"paired_{k}"), or text on both sides of a value that spells a column."""
+    parts = [v.value if isinstance(v, ast.Constant) else None for v in node.values]
+    if "".join(p if p is not None else "{}" for p in parts) in schema.FAMILIES:
+        return True
+    if len(parts) < 3 or not isinstance(parts[0], str) or not isinstance(parts[-1], str) or len(parts[0]) < 4:
+        return False
+    pattern = re.compile("".join(re.escape(p) if p is not None else "[A-Za-z0-9_]+" for p in parts))
+    return any(pattern.fullmatch(n) for n in names)
+
+
+def _package_hits() -> dict[str, list[tuple[int, str]]]:
+    names = guarded_names()
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == REGISTRY:
+            continue
+        hits = literal_hits(path.read_text(), names)
+        if hits:
+            out[path.relative_to(PACKAGE).as_posix()] = hits
+    return out
+
+
+def test_no_column_name_or_status_is_spelled_outside_the_registry():
+    hits = {f: h for f, h in _package_hits().items() if f not in PENDING_RECORD_FILES}
+    listing = "; ".join(f"fsdpbench/{f}:{line}: {text}" for f, h in hits.items() for line, text in h)
+    assert not hits, f"use the constants of fsdpbench/schema.py: {listing}"
+
+
+def test_each_exempt_record_file_still_needs_its_exemption():
+    hits = _package_hits()
+    assert [f for f in PENDING_RECORD_FILES if f not in hits] == [], "remove it from PENDING_RECORD_FILES"
+
+
+def test_the_literal_scan_finds_literals_and_family_f_strings_and_nothing_else():
+    source = '''"""pred_peak_bytes in a docstring is prose."""
+__all__ = ["mfu"]
+a = row["pred_peak_bytes"]
+b = status == "oom"
+c = f"comm_{kind}_bytes"
+d = f"trace_rank{r}.json.gz"
+e = row["pred_peak_bytes"]  # not a column: a test of the marker
+# not a column: the line below
+f = "mfu"
+g = f"{label}: mfu"
+h = f"step_{suffix}"
+i = f"paired_{k}"
+'''
+    assert sorted(literal_hits(source, guarded_names())) == [
+        (3, "pred_peak_bytes"),
+        (4, "oom"),
+        (5, "f'comm_{kind}_bytes'"),
+        (12, "f'paired_{k}'"),
+    ]
+
+
+def test_a_name_is_declared_once_and_a_family_knows_its_members():
+    with pytest.raises(ValueError, match="declared twice"):
+        schema.column(schema.MFU, unit=schema.RATIO, agg=schema.Agg.SLOWEST, source="x", doc="x")
+    with pytest.raises(ValueError, match="declared twice"):
+        schema.family("comm_{}_bytes", ("x",), unit=schema.BYTES, agg=schema.Agg.MEAN, source="x", doc="x")
+    assert schema.COMM_BYTES.of("all_gather") == "comm_all_gather_bytes"
+    with pytest.raises(KeyError, match="allgather"):
+        schema.COMM_BYTES.of("allgather")
+    assert schema.tracker_peak_column("temp") == "mem_tracker_peak_temp_bytes"
+    with pytest.raises(KeyError, match="not declared"):
+        schema.get_column("mem_tracker_peak_total_bytes")
+    assert all(c.doc and c.unit and c.source for c in schema.COLUMNS.values())
+
+
+def test_the_docs_table_is_generated_from_the_declarations():
+    text = MEASUREMENTS_DOC.read_text()
+    start = text.index(schema.DOCS_BEGIN) + len(schema.DOCS_BEGIN)
+    assert text[start : text.index(schema.DOCS_END)].strip() == schema.docs_table(), (
+        "regenerate it: python -m fsdpbench.schema --write-docs"
+    )
+    assert schema.documented_columns(text) == set(schema.COLUMNS)
+
+
+def test_every_column_of_a_real_case_and_of_the_synthetic_run_is_declared_and_documented(
+    one_case_run, tmp_path
+):
+    write_synthetic_run(tmp_path / "synthetic")
+    written = set(load_results(one_case_run).columns) | set(load_results(tmp_path / "synthetic").columns)
+    assert schema.undeclared(sorted(written)) == []
+    assert written - schema.documented_columns(MEASUREMENTS_DOC.read_text()) == set()
+
+
+def test_what_a_cpu_case_measures_reaches_its_case_row(one_case_run):
+    rows = load_results(one_case_run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        case = case_frame(rows).iloc[0]
+    rank = rows.iloc[0]
+    assert case[schema.THROUGHPUT_SAMPLES] == pytest.approx(2 / (case[schema.CASE_STEP_TIME] / 1e3))
+    assert case[schema.ACHIEVED_TFLOPS] == pytest.approx(
+        case[schema.FLOPS_PER_STEP] / (rank[schema.STEP_TIME] / 1e3) / 1e12
+    )
+    assert case[schema.MFU] is None or np.isnan(case[schema.MFU])  # no datasheet peak for a CPU
+    assert case[schema.BARE_STEP_TIME] > 0
+    assert case[schema.HARNESS_OVERHEAD_RATIO] == pytest.approx(
+        rank[schema.STEP_TIME_MEAN] / rank[schema.BARE_STEP_TIME]
+    )
+    assert case[schema.HARNESS_LEFTOVERS] == ""  # the tracker and the profiler left nothing installed
+    assert case[schema.CASE_MODEL_STEP_TIME] == pytest.approx(rank[schema.MODEL_STEP_TIME])
+    assert schema.STEP_TIMES not in case  # per rank only, by declaration
+
+
+def test_the_summary_shows_throughput_harness_overhead_and_says_mfu_is_not_meaningful_on_cpu(one_case_run):
+    console = Console(record=True, width=250)
+    print_summary(load_results(one_case_run), console)
+    text = console.export_text()
+    case = case_frame(load_results(one_case_run)).iloc[0]
+    assert f"{case[schema.THROUGHPUT_SAMPLES]:.1f} samples/s" in text
+    assert f"{case[schema.HARNESS_OVERHEAD_RATIO] - 1:+.1%}" in text and "harness overhead" in text
+    assert NOT_MEANINGFUL_ON_CPU in text
+
+
+def test_check_model_runs_as_the_readme_says(one_case_run):
+    done = subprocess.run(
+        [sys.executable, "analysis/check_model.py", str(one_case_run), "--traced", "--terms"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "measured/predicted MiB at the peak: params" in done.stdout
+    assert "1 rows; worst |error|" in done.stdout and "peak (traced)" in done.stdout
+
+
+def _ranks(**columns: list) -> pd.DataFrame:
+    n = len(next(iter(columns.values())))
+    base = {schema.CASE_ID: ["c"] * n, schema.RANK: list(range(n)), schema.STATUS: [schema.OK] * n}
+    return pd.DataFrame({**base, **columns})
+
+
+def test_case_frame_takes_each_column_as_declared():
+    rows = _ranks(
+        step_time_ms=[10.0, 20.0],
+        mfu=[0.5, 0.3],  # the slowest rank's, as its step time
+        mem_rss_peak_bytes=[5, 3],  # max over ranks
+        comm_total_bytes=[2.0, 4.0],  # mean over ranks
+        mem_tracker_peak_bytes=[9, 7],  # the largest peak's rank: rank 0
+        pred_peak_bytes=[18, 70],
+        mem_tracker_peak_temp_bytes=[1, 2],
+        model_step_time_ms=[25.0, 30.0],  # the rank the model finds slowest: rank 1 (not the measured one)
+        model_compute_ms=[11.0, 12.0],
+        case_model_step_time_ms=[30.0, 30.0],
+        step_times_ms=[[10.0], [20.0]],  # per rank only
+    )
+    case = case_frame(rows).iloc[0]
+    assert (case[schema.STEP_TIME], case[schema.SLOWEST_RANK], case[schema.MFU]) == (20.0, 1, 0.3)
+    assert case[schema.SAMPLED_PEAK.of("rss")] == 5 and case[schema.COMM_TOTAL] == 3.0
+    assert (case[schema.PEAK_RANK], case[schema.PRED_PEAK], case[schema.tracker_peak_column("temp")]) == (
+        0,
+        18,
+        1,
+    )
+    assert case[schema.PRED_PEAK_ERR] == pytest.approx(1.0)  # (18 − 9) / 9, against the same rank
+    assert (case[schema.MODEL_COMPUTE], case[schema.CASE_MODEL_STEP_TIME]) == (12.0, 30.0)
+    assert case[schema.MODEL_STEP_ERR] == pytest.approx(0.5)
+    assert schema.STEP_TIMES not in case
+
+
+def test_case_frame_keeps_an_undeclared_column_and_says_so():
+    rows = _ranks(step_time_ms=[1.0, 2.0], my_new_column_ms=[3.0, 4.0])
+    with pytest.warns(UndeclaredColumnWarning, match="my_new_column_ms"):
+        case = case_frame(rows).iloc[0]
+    assert case["my_new_column_ms"] == 3.0
