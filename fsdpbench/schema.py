@@ -15,6 +15,14 @@ Adding a column is one declaration, in the section of its source::
 A column per tracker category or per collective kind is a ``family`` (one declaration for all its
 members): ``family("comm_{}_bytes", COLLECTIVES, ...)``; ``FAMILY.of("all_gather")`` is one member's name.
 Then regenerate the table in docs/measurements.md: ``python -m fsdpbench.schema --write-docs``.
+
+A ``# ---- issue N: ...`` section of plain constants with a comment (``X = "x_ms"  # ms, max over ranks,
+source``) becomes declarations by wrapping each: ``X = column("x_ms", unit=MS, agg=Agg.MAX, source=...,
+doc=...)``; the constant's name and every import of it stay as they are.
+
+Case fields (source "config") are the scenario's field names too, so the literal test leaves them to the
+Case dataclass; statuses and every other column are spelled only here. A literal that only looks like a
+column (a git subcommand, a CLI command) carries ``# not a column`` on its line or the line above.
 """
 
 from __future__ import annotations

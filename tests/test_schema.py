@@ -198,6 +198,18 @@ def test_the_summary_shows_throughput_harness_overhead_and_says_mfu_is_not_meani
     assert NOT_MEANINGFUL_ON_CPU in text
 
 
+def test_the_report_shows_throughput_harness_overhead_and_mfu_where_they_apply(one_case_run, tmp_path):
+    from fsdpbench.report import write_report
+
+    html = write_report([one_case_run], tmp_path / "report.html").read_text()
+    case = case_frame(load_results(one_case_run)).iloc[0]
+    assert f"{case[schema.THROUGHPUT_SAMPLES]:.1f} samples/s" in html
+    assert "MFU, achieved TFLOP/s" in html and NOT_MEANINGFUL_ON_CPU in html
+    assert (
+        f"{case[schema.HARNESS_OVERHEAD_RATIO] - 1:+.1%} (bare {case[schema.BARE_STEP_TIME]:.1f} ms)" in html
+    )
+
+
 def test_check_model_runs_as_the_readme_says(one_case_run):
     done = subprocess.run(
         [sys.executable, "analysis/check_model.py", str(one_case_run), "--traced", "--terms"],

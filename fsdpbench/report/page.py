@@ -139,8 +139,11 @@ def render_case_table(data: ReportData) -> str:
         '<p class="caption">All cases of the run, failed and skipped ones with their reason. Memory: tracker '
         "peak of the largest rank; prediction: analytic model for the same case (traced: the traced "
         "predictor, in runs made with --traced), error = (predicted − measured) / measured; wall: launch to "
-        "exit of the case's processes (from run.json). Emulated cases (ranks column): only the named ranks "
-        "ran, each alone with a fake process group: compute-only step time, no NCCL buffers, no losses.</p>",
+        "exit of the case's processes (from run.json); throughput: global batch / case step time; MFU: "
+        "counted FLOPs / step time / the GPU's datasheet peak (not meaningful on CPU ranks); harness "
+        "overhead (runs with bare_steps): mean timed step / mean bare-loop step − 1. Emulated cases (ranks "
+        "column): only the named ranks ran, each alone with a fake process group: compute-only step time, "
+        "no NCCL buffers, no losses.</p>",
     ]
     if table.empty:
         parts.append('<p class="missing">no cases in this run</p></section>')
