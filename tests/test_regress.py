@@ -193,6 +193,22 @@ def test_step_time_is_gated_as_a_ratio_within_the_run(baseline):
     assert warned.passed and verdicts(warned)[(ZERO3.case_id, "step_time_ratio")] == "warn"
 
 
+def test_harness_overhead_is_gated_on_the_same_machine_when_the_baseline_has_it(baseline):
+    assert all(
+        "harness_overhead_ratio" not in c["metrics"] for c in baseline["cases"].values()
+    )  # no bare loop
+    with_bare = json.loads(json.dumps(build_baseline(run_frame(harness_overhead_ratio=1.04))))
+    assert with_bare["cases"][ZERO3.case_id]["metrics"]["harness_overhead_ratio"] == 1.04
+    same = verdicts(compare(with_bare, run_frame(harness_overhead_ratio=1.05)))
+    assert same[(ZERO3.case_id, "harness_overhead_ratio")] == "ok"
+    costlier = compare(with_bare, run_frame(harness_overhead_ratio=1.40))  # +34.6% > 25%
+    assert (
+        verdicts(costlier)[(ZERO3.case_id, "harness_overhead_ratio")] == "regressed" and not costlier.passed
+    )
+    other = compare(with_bare, run_frame(harness_overhead_ratio=1.40, hostname="elsewhere"))
+    assert verdicts(other)[(ZERO3.case_id, "harness_overhead_ratio")] == "not compared" and other.passed
+
+
 def test_changed_loss_fails_in_either_direction(baseline):
     for delta in (+1e-3, -1e-3):
         result = compare(baseline, run_frame(zero3_losses=[6.4, 6.3, 6.2 + delta]))

@@ -148,18 +148,18 @@ def _case_row(row: dict[str, Any], group: pd.DataFrame) -> dict[str, Any]:
         row[SLOWEST_RANK] = int(slow[RANK]) if RANK in slow else 0
     if peak is not None:
         row[PEAK_RANK] = int(peak[RANK]) if RANK in peak else 0
-    # the row each declared aggregation takes its value from (None: the case has no such row)
+    # the row each declared aggregation takes its value from; the first row's when no rank has the
+    # figure it is chosen by (a column is never dropped for lack of a step time or a peak)
     source_row = {
         Agg.SAME: first,
-        Agg.SLOWEST: slow,
-        Agg.MODEL_SLOWEST: model_slow,
+        Agg.SLOWEST: slow if slow is not None else first,
+        Agg.MODEL_SLOWEST: model_slow if model_slow is not None else first,
         Agg.PEAK_RANK: peak if peak is not None else first,
     }
     for col in group.columns:
         agg = COLUMNS[col].agg if col in COLUMNS else Agg.SAME
         if agg in source_row:
-            if source_row[agg] is not None:
-                row[col] = source_row[agg][col]
+            row[col] = source_row[agg][col]
         elif agg is Agg.MAX:
             row[col] = _rank_max(ranks[col])
         elif agg is Agg.MEAN:

@@ -22,10 +22,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.schema import (
+    BYTES,
+    COLUMNS,
     COMMIT,
     DEVICE_NAME,
+    HARNESS_OVERHEAD_RATIO,
     HOSTNAME,
     LOSSES,
+    MS,
     OK,
     STATUS,
     STEP_TIME_REF_RATIOS,
@@ -240,11 +244,12 @@ def fmt_value(metric: str, value: Any) -> str:
         return "—"
     if isinstance(value, str):
         return value
-    if metric.endswith("_bytes"):
+    unit = COLUMNS[metric].unit if metric in COLUMNS else None  # step_time_ratio is the gate's, not a column
+    if unit == BYTES:
         return f"{int(value):,} B"
-    if metric.endswith("_ms"):
+    if unit == MS:
         return f"{value:.2f} ms"
-    if metric in ("step_time_ratio", STEP_TIME_REF_RATIOS):
+    if metric in ("step_time_ratio", STEP_TIME_REF_RATIOS, HARNESS_OVERHEAD_RATIO):
         return f"{value:.3f}×"
     if metric == LOSSES:
         return f"{value:.6f}"
