@@ -38,6 +38,7 @@ from fsdpbench.schema import (
     HOSTNAME,
     LOSS_FINAL,
     LOSS_FIRST,
+    LOSS_SKIPPED_REASON,
     LOSSES,
     MFU,
     N_UNITS,
@@ -172,9 +173,9 @@ def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[s
     if case_step:
         out.update(_throughput_columns(case, case_step))
     if case.emulate:
-        from fsdpbench.predictors.emulate import LOSS_SKIPPED_REASON
+        from fsdpbench.predictors.emulate import LOSS_SKIPPED_REASON as why_no_loss
 
-        out[LOSS_SKIPPED_REASON] = LOSS_SKIPPED_REASON
+        out[LOSS_SKIPPED_REASON] = why_no_loss
         out[THROUGHPUT_SAMPLES] = out[THROUGHPUT_TOKENS] = None  # compute-only time: not a throughput
     return out
 
