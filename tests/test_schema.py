@@ -263,3 +263,32 @@ def test_case_frame_keeps_an_undeclared_column_and_says_so():
     with pytest.warns(UndeclaredColumnWarning, match="my_new_column_ms"):
         case = case_frame(rows).iloc[0]
     assert case["my_new_column_ms"] == 3.0
+
+
+def test_the_summary_of_the_h100_rows_shows_mfu_and_achieved_tflops():
+    rows = pd.read_parquet(REPO / "tests" / "data" / "gpu-h100" / "single_gpu_decoder-base_results.parquet")
+    console = Console(record=True, width=250)
+    print_summary(rows, console)
+    text = console.export_text()
+    ddp_fp32 = rows[rows[schema.CASE_ID] == "ddp_n1_decoder-base_none_pf0_fp32_b8_4581d4"].iloc[0]
+    expected = f"{ddp_fp32[schema.MFU]:.1%} MFU, {ddp_fp32[schema.ACHIEVED_TFLOPS]:.1f} TFLOP/s"
+    assert expected == "58.5% MFU, 39.2 TFLOP/s" and expected in text
+    assert "MFU (TFLOP/s)" in text and NOT_MEANINGFUL_ON_CPU not in text
+
+
+def test_compute_throughput_and_overhead_read_as_text():
+    from fsdpbench.formatting import fmt_compute, fmt_harness_overhead, fmt_throughput
+
+    gpu = {schema.DEVICE: "cuda", schema.MFU: 0.412, schema.ACHIEVED_TFLOPS: 129.54}
+    assert fmt_compute(gpu) == "41.2% MFU, 129.5 TFLOP/s"
+    assert fmt_compute({**gpu, schema.MFU: None}) == "129.5 TFLOP/s"  # a GPU without a datasheet peak
+    assert fmt_compute({**gpu, schema.DEVICE: "cpu"}) == NOT_MEANINGFUL_ON_CPU
+    assert fmt_compute({schema.DEVICE: "cuda"}) == "—"
+    assert fmt_throughput({schema.THROUGHPUT_SAMPLES: 80.0, schema.THROUGHPUT_TOKENS: 1280.0}) == (
+        "80.0 samples/s (1,280 tokens/s)"
+    )
+    assert fmt_throughput({schema.THROUGHPUT_SAMPLES: float("nan")}) == "—"
+    assert fmt_harness_overhead({schema.HARNESS_OVERHEAD_RATIO: 1.031, schema.BARE_STEP_TIME: 20.4}) == (
+        "+3.1% (bare 20.4 ms)"
+    )
+    assert fmt_harness_overhead({}) == "—"
