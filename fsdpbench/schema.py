@@ -9,7 +9,8 @@ declared, and on a declared column that ``docs/measurements.md`` does not docume
 
 Adding a column is one declaration, in the section of its source::
 
-    MY_COLUMN = column("my_column_ms", unit=MS, agg=SLOWEST, source="timing", doc="what it is, one line")
+    MY_COLUMN = column("my_column_ms", MS, Agg.SLOWEST, "timing", "what it is, one line")
+    #                   name            unit  per case   source    doc
 
 ``agg`` says how ``case_frame`` makes the case's value of it from the case's per-rank rows (see ``Agg``).
 A column per tracker category or per collective kind is a ``family`` (one declaration for all its
@@ -17,8 +18,8 @@ members): ``family("comm_{}_bytes", COLLECTIVES, ...)``; ``FAMILY.of("all_gather
 Then regenerate the table in docs/measurements.md: ``python -m fsdpbench.schema --write-docs``.
 
 A ``# ---- issue N: ...`` section of plain constants with a comment (``X = "x_ms"  # ms, max over ranks,
-source``) becomes declarations by wrapping each: ``X = column("x_ms", unit=MS, agg=Agg.MAX, source=...,
-doc=...)``; the constant's name and every import of it stay as they are.
+source``) becomes declarations by wrapping each: ``X = column("x_ms", MS, Agg.MAX, "source", "doc")``; the
+constant's name and every import of it stay as they are.
 
 Case fields (source "config") are the scenario's field names too, so the literal test leaves them to the
 Case dataclass; statuses and every other column are spelled only here. A literal that only looks like a
@@ -74,6 +75,7 @@ BYTES = "B"
 MS = "ms"
 SECONDS = "s"
 RATIO = "ratio"  # a dimensionless fraction or quotient
+LOSS = "loss"  # the model's criterion (cross-entropy: nats)
 COUNT = "count"
 TEXT = "text"
 LIST = "list"  # one value per step, block or rank
@@ -144,10 +146,15 @@ COLUMNS: dict[str, Column] = {}  # every declared column by name (family members
 FAMILIES: dict[str, Family] = {}  # by pattern
 
 
-def column(name: str, *, unit: str, agg: Agg, source: str, doc: str) -> str:
+def column(name: str, unit: str, agg: Agg, source: str, doc: str) -> str:
     """Declare one column; returns its name (bind it to a constant and use that)."""
     _register(Column(name, unit, agg, source, doc))
     return name
+
+
+def _config(name: str, doc: str) -> str:
+    """A field of the case (fsdpbench.case.Case, as results.case_columns writes it): same on every rank."""
+    return column(name, CONFIG, Agg.SAME, "config", doc)
 
 
 def family(pattern: str, members: tuple[str, ...], *, unit: str, agg: Agg, source: str, doc: str) -> Family:
@@ -181,127 +188,47 @@ def undeclared(names: object) -> list[str]:
 
 
 # ---- a case's configuration (fsdpbench.case.Case fields as results.case_columns writes them) -----------
-SCENARIO = column("scenario", unit=CONFIG, agg=Agg.SAME, source="config", doc="the scenario's name")
-STRATEGY = column(
-    "strategy",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="the strategy's registry name (ddp, zero1, zero2, zero3, hsdp, fsdp1_*, ds_zero*, plugins)",
+SCENARIO = _config("scenario", "the scenario's name")
+STRATEGY = _config(
+    "strategy", "the strategy's registry name (ddp, zero1, zero2, zero3, hsdp, fsdp1_*, ds_zero*, plugins)"
 )
-WORLD_SIZE = column("world_size", unit=CONFIG, agg=Agg.SAME, source="config", doc="ranks of the case")
-SHARD_SIZE = column(
-    "shard_size", unit=CONFIG, agg=Agg.SAME, source="config", doc="HSDP: ranks per shard group"
-)
-MODEL = column("model", unit=CONFIG, agg=Agg.SAME, source="config", doc="the model's registry name")
-MODEL_ARGS = column(
-    "model_args", unit=CONFIG, agg=Agg.SAME, source="config", doc="the model's arguments (JSON)"
-)
-WRAP = column(
-    "wrap", unit=CONFIG, agg=Agg.SAME, source="config", doc="how FSDP units are chosen (none, block, ...)"
-)
-WRAP_CLASSES = column(
-    "wrap_classes",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="module classes wrapped as units (comma-separated)",
-)
-WRAP_MIN_PARAMS = column(
-    "wrap_min_params",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="size-based wrapping: least parameters per unit",
-)
-PREFETCH = column("prefetch", unit=CONFIG, agg=Agg.SAME, source="config", doc="FSDP2 explicit prefetch depth")
-PRECISION = column("precision", unit=CONFIG, agg=Agg.SAME, source="config", doc="mixed-precision policy name")
-OPTIMIZER = column("optimizer", unit=CONFIG, agg=Agg.SAME, source="config", doc="the optimizer's name")
-LR = column("lr", unit=CONFIG, agg=Agg.SAME, source="config", doc="learning rate")
-SEED = column("seed", unit=CONFIG, agg=Agg.SAME, source="config", doc="random seed of the model and data")
-BATCH_SIZE = column("batch_size", unit=CONFIG, agg=Agg.SAME, source="config", doc="samples per rank per step")
-SEQ_LEN = column(
-    "seq_len", unit=CONFIG, agg=Agg.SAME, source="config", doc="tokens per sample (sequence models)"
-)
-WARMUP_STEPS = column(
-    "warmup_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="untimed steps before the timed ones"
-)
-TIMED_STEPS = column("timed_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="timed steps")
-MEMORY_STEPS = column("memory_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="memory-tracked steps")
-PROFILE_STEPS = column("profile_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="profiled steps")
-BARE_STEPS = column(
-    "bare_steps",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="steps of the bare loop (harness overhead); 0: none",
-)
-TIME_BLOCKS = column(
-    "time_blocks",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="blocks of steps paired with the reference step (CI time gate); 0: none",
-)
-TIME_BLOCK_STEPS = column(
-    "time_block_steps", unit=CONFIG, agg=Agg.SAME, source="config", doc="step/reference pairs per block"
-)
-TIMEOUT_S = column("timeout_s", unit=CONFIG, agg=Agg.SAME, source="config", doc="the case's time limit (s)")
-NVML_INTERVAL_S = column(
-    "nvml_interval_s", unit=CONFIG, agg=Agg.SAME, source="config", doc="the samplers' interval (s)"
-)
-BACKEND = column(
-    "backend", unit=CONFIG, agg=Agg.SAME, source="config", doc="the process group's backend (gloo, nccl)"
-)
-DEVICE = column("device", unit=CONFIG, agg=Agg.SAME, source="config", doc="cpu or cuda")
-ACTIVATION_CHECKPOINTING = column(
-    "activation_checkpointing",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="activation checkpointing applied",
-)
-COMPILE = column("compile", unit=CONFIG, agg=Agg.SAME, source="config", doc="torch.compile applied")
-CPU_OFFLOAD = column(
-    "cpu_offload",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="parameters (and optimizer state) offloaded to the host",
-)
-BACKWARD_PREFETCH = column(
-    "backward_prefetch", unit=CONFIG, agg=Agg.SAME, source="config", doc="FSDP1 backward prefetch policy"
-)
-FORWARD_PREFETCH = column(
-    "forward_prefetch", unit=CONFIG, agg=Agg.SAME, source="config", doc="FSDP1 forward prefetch"
-)
-LIMIT_ALL_GATHERS = column(
-    "limit_all_gathers", unit=CONFIG, agg=Agg.SAME, source="config", doc="FSDP1 rate limiter"
-)
-STRATEGY_ARGS = column(
-    "strategy_args", unit=CONFIG, agg=Agg.SAME, source="config", doc="the strategy's arguments (JSON)"
-)
-EMULATE = column("emulate", unit=CONFIG, agg=Agg.SAME, source="config", doc="emulation asked for (--emulate)")
-EMULATE_RANKS = column(
-    "emulate_ranks",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="the ranks run alone under emulation (comma-separated)",
-)
-MODE = column(
-    "mode",
-    unit=CONFIG,
-    agg=Agg.SAME,
-    source="config",
-    doc="real, or emulated (one rank alone with a fake process group)",
-)
-GLOBAL_BATCH_SIZE = column(
-    "global_batch_size", unit=CONFIG, agg=Agg.SAME, source="config", doc="samples per step over all ranks"
-)
-PARAMS = column(
-    "params", unit=CONFIG, agg=Agg.SAME, source="config", doc="Ψ, the parameters of the whole model"
-)
+WORLD_SIZE = _config("world_size", "ranks of the case")
+SHARD_SIZE = _config("shard_size", "HSDP: ranks per shard group")
+MODEL = _config("model", "the model's registry name")
+MODEL_ARGS = _config("model_args", "the model's arguments (JSON)")
+WRAP = _config("wrap", "how FSDP units are chosen (none, block, ...)")
+WRAP_CLASSES = _config("wrap_classes", "module classes wrapped as units (comma-separated)")
+WRAP_MIN_PARAMS = _config("wrap_min_params", "size-based wrapping: least parameters per unit")
+PREFETCH = _config("prefetch", "FSDP2 explicit prefetch depth")
+PRECISION = _config("precision", "mixed-precision policy name")
+OPTIMIZER = _config("optimizer", "the optimizer's name")
+LR = _config("lr", "learning rate")
+SEED = _config("seed", "random seed of the model and data")
+BATCH_SIZE = _config("batch_size", "samples per rank per step")
+SEQ_LEN = _config("seq_len", "tokens per sample (sequence models)")
+WARMUP_STEPS = _config("warmup_steps", "untimed steps before the timed ones")
+TIMED_STEPS = _config("timed_steps", "timed steps")
+MEMORY_STEPS = _config("memory_steps", "memory-tracked steps")
+PROFILE_STEPS = _config("profile_steps", "profiled steps")
+BARE_STEPS = _config("bare_steps", "steps of the bare loop (harness overhead); 0: none")
+TIME_BLOCKS = _config("time_blocks", "blocks of steps paired with the reference step (CI time gate); 0: none")
+TIME_BLOCK_STEPS = _config("time_block_steps", "step/reference pairs per block")
+TIMEOUT_S = _config("timeout_s", "the case's time limit (s)")
+NVML_INTERVAL_S = _config("nvml_interval_s", "the samplers' interval (s)")
+BACKEND = _config("backend", "the process group's backend (gloo, nccl)")
+DEVICE = _config("device", "cpu or cuda")
+ACTIVATION_CHECKPOINTING = _config("activation_checkpointing", "activation checkpointing applied")
+COMPILE = _config("compile", "torch.compile applied")
+CPU_OFFLOAD = _config("cpu_offload", "parameters (and optimizer state) offloaded to the host")
+BACKWARD_PREFETCH = _config("backward_prefetch", "FSDP1 backward prefetch policy")
+FORWARD_PREFETCH = _config("forward_prefetch", "FSDP1 forward prefetch")
+LIMIT_ALL_GATHERS = _config("limit_all_gathers", "FSDP1 rate limiter")
+STRATEGY_ARGS = _config("strategy_args", "the strategy's arguments (JSON)")
+EMULATE = _config("emulate", "emulation asked for (--emulate)")
+EMULATE_RANKS = _config("emulate_ranks", "the ranks run alone under emulation (comma-separated)")
+MODE = _config("mode", "real, or emulated (one rank alone with a fake process group)")
+GLOBAL_BATCH_SIZE = _config("global_batch_size", "samples per step over all ranks")
+PARAMS = _config("params", "Ψ, the parameters of the whole model")
 CONFIG_COLUMNS = (
     SCENARIO,
     STRATEGY,
@@ -344,165 +271,93 @@ CONFIG_COLUMNS = (
     PARAMS,
 )
 
-CASE_ID = column("case_id", unit=TEXT, agg=Agg.SAME, source="config", doc="the case's id (unique in a run)")
-RUN = column(
-    "run", unit=TEXT, agg=Agg.SAME, source="analysis", doc="the run directory (when runs are compared)"
-)
+CASE_ID = column("case_id", TEXT, Agg.SAME, "config", "the case's id (unique in a run)")
+RUN = column("run", TEXT, Agg.SAME, "analysis", "the run directory (when runs are compared)")
 RUN_CASE_ID = column(
-    "run_case_id",
-    unit=TEXT,
-    agg=Agg.SAME,
-    source="analysis",
-    doc="the case's id before --map-strategy renamed it",
+    "run_case_id", TEXT, Agg.SAME, "analysis", "the case's id before --map-strategy renamed it"
 )
 
 # ---- where and when ---------------------------------------------------------------------------------
-DEVICE_NAME = column(
-    "device_name", unit=TEXT, agg=Agg.SAME, source="env", doc="the device's name (CPU ranks: the CPU)"
-)
-TORCH_VERSION = column("torch_version", unit=TEXT, agg=Agg.SAME, source="env", doc="torch.__version__")
-COMMIT = column("commit", unit=TEXT, agg=Agg.SAME, source="env", doc="fsdpbench's git commit")
-HOSTNAME = column("hostname", unit=TEXT, agg=Agg.SAME, source="env", doc="the machine")
+DEVICE_NAME = column("device_name", TEXT, Agg.SAME, "env", "the device's name (CPU ranks: the CPU)")
+TORCH_VERSION = column("torch_version", TEXT, Agg.SAME, "env", "torch.__version__")
+COMMIT = column("commit", TEXT, Agg.SAME, "env", "fsdpbench's git commit")
+HOSTNAME = column("hostname", TEXT, Agg.SAME, "env", "the machine")
 
 # ---- status -----------------------------------------------------------------------------------------
-RANK = column(
-    "rank", unit=COUNT, agg=Agg.PER_RANK, source="launcher", doc="the rank (−1: a skipped case's row)"
-)
+RANK = column("rank", COUNT, Agg.PER_RANK, "launcher", "the rank (−1: a skipped case's row)")
 STATUS = column(
-    "status",
-    unit=TEXT,
-    agg=Agg.CASE,
-    source="launcher",
-    doc="ok, failed, oom, timeout or skipped (case: case_status)",
+    "status", TEXT, Agg.CASE, "launcher", "ok, failed, oom, timeout or skipped (case: case_status)"
 )
-ERROR = column("error", unit=TEXT, agg=Agg.CASE, source="launcher", doc="the error, one line ('' when none)")
-CASE_STATUS = column("case_status", unit=TEXT, agg=Agg.SAME, source="launcher", doc="the case's status")
-CASE_ERROR = column("case_error", unit=TEXT, agg=Agg.SAME, source="launcher", doc="the case's error")
-PHASE = column("phase", unit=TEXT, agg=Agg.PER_RANK, source="worker", doc="the rank's last phase")
-EXIT_CODE = column(
-    "exit_code", unit=COUNT, agg=Agg.PER_RANK, source="launcher", doc="the rank process's exit code"
-)
-N_RANKS_REPORTED = column(
-    "n_ranks_reported", unit=COUNT, agg=Agg.CASE, source="analysis", doc="rows of the case with a rank ≥ 0"
-)
-SLOWEST_RANK = column(
-    "slowest_rank", unit=COUNT, agg=Agg.CASE, source="analysis", doc="the rank with the largest step time"
-)
-PEAK_RANK = column(
-    "peak_rank", unit=COUNT, agg=Agg.CASE, source="analysis", doc="the rank with the largest tracker peak"
-)
+ERROR = column("error", TEXT, Agg.CASE, "launcher", "the error, one line ('' when none)")
+CASE_STATUS = column("case_status", TEXT, Agg.SAME, "launcher", "the case's status")
+CASE_ERROR = column("case_error", TEXT, Agg.SAME, "launcher", "the case's error")
+PHASE = column("phase", TEXT, Agg.PER_RANK, "worker", "the rank's last phase")
+EXIT_CODE = column("exit_code", COUNT, Agg.PER_RANK, "launcher", "the rank process's exit code")
+N_RANKS_REPORTED = column("n_ranks_reported", COUNT, Agg.CASE, "analysis", "rows of the case with a rank ≥ 0")
+SLOWEST_RANK = column("slowest_rank", COUNT, Agg.CASE, "analysis", "the rank with the largest step time")
+PEAK_RANK = column("peak_rank", COUNT, Agg.CASE, "analysis", "the rank with the largest tracker peak")
 
 # ---- setup ------------------------------------------------------------------------------------------
-N_UNITS = column("n_units", unit=COUNT, agg=Agg.SAME, source="worker", doc="FSDP units, the root included")
-THREADS = column("threads", unit=COUNT, agg=Agg.PER_RANK, source="worker", doc="the rank's intra-op threads")
-INIT_PG_S = column("init_pg_s", unit=SECONDS, agg=Agg.MAX, source="worker", doc="rank start → process group")
-SETUP_S = column("setup_s", unit=SECONDS, agg=Agg.MAX, source="worker", doc="rank start → optimizer built")
-WALL_S = column("wall_s", unit=SECONDS, agg=Agg.MAX, source="worker", doc="the rank's wall time")
-STEPS_WALL_S = column(
-    "steps_wall_s", unit=SECONDS, agg=Agg.MAX, source="worker", doc="time inside training steps, all phases"
-)
-CASE_WALL_S = column(
-    "case_wall_s", unit=SECONDS, agg=Agg.SAME, source="launcher", doc="wall time of the whole case"
-)
+N_UNITS = column("n_units", COUNT, Agg.SAME, "worker", "FSDP units, the root included")
+THREADS = column("threads", COUNT, Agg.PER_RANK, "worker", "the rank's intra-op threads")
+INIT_PG_S = column("init_pg_s", SECONDS, Agg.MAX, "worker", "rank start → process group")
+SETUP_S = column("setup_s", SECONDS, Agg.MAX, "worker", "rank start → optimizer built")
+WALL_S = column("wall_s", SECONDS, Agg.MAX, "worker", "the rank's wall time")
+STEPS_WALL_S = column("steps_wall_s", SECONDS, Agg.MAX, "worker", "time inside training steps, all phases")
+CASE_WALL_S = column("case_wall_s", SECONDS, Agg.SAME, "launcher", "wall time of the whole case")
 
 # ---- step time --------------------------------------------------------------------------------------
 STEP_TIME = column(
-    "step_time_ms",
-    unit=MS,
-    agg=Agg.SLOWEST,
-    source="timing",
-    doc="median of the rank's timed steps (case: the slowest rank's)",
+    "step_time_ms", MS, Agg.SLOWEST, "timing", "median of the rank's timed steps (case: the slowest rank's)"
 )
-STEP_TIME_P10 = column(
-    "step_time_p10_ms", unit=MS, agg=Agg.SLOWEST, source="timing", doc="10th percentile of the timed steps"
-)
-STEP_TIME_P90 = column(
-    "step_time_p90_ms", unit=MS, agg=Agg.SLOWEST, source="timing", doc="90th percentile of the timed steps"
-)
-STEP_TIME_MEAN = column(
-    "step_time_mean_ms", unit=MS, agg=Agg.SLOWEST, source="timing", doc="mean of the timed steps"
-)
-STEP_TIME_STD = column(
-    "step_time_std_ms", unit=MS, agg=Agg.SLOWEST, source="timing", doc="standard deviation of the timed steps"
-)
+STEP_TIME_P10 = column("step_time_p10_ms", MS, Agg.SLOWEST, "timing", "10th percentile of the timed steps")
+STEP_TIME_P90 = column("step_time_p90_ms", MS, Agg.SLOWEST, "timing", "90th percentile of the timed steps")
+STEP_TIME_MEAN = column("step_time_mean_ms", MS, Agg.SLOWEST, "timing", "mean of the timed steps")
+STEP_TIME_STD = column("step_time_std_ms", MS, Agg.SLOWEST, "timing", "standard deviation of the timed steps")
 STEP_TIME_SPREAD_COLUMNS = (STEP_TIME_P10, STEP_TIME_P90, STEP_TIME_MEAN, STEP_TIME_STD)
-STEP_TIMES = column("step_times_ms", unit=LIST, agg=Agg.PER_RANK, source="timing", doc="every timed step")
-WARMUP_TIMES = column(
-    "warmup_times_ms", unit=LIST, agg=Agg.PER_RANK, source="timing", doc="every warm-up step"
-)
-FIRST_STEP = column(
-    "first_step_ms", unit=MS, agg=Agg.MAX, source="timing", doc="the first warm-up step (holds compilation)"
-)
+STEP_TIMES = column("step_times_ms", LIST, Agg.PER_RANK, "timing", "every timed step")
+WARMUP_TIMES = column("warmup_times_ms", LIST, Agg.PER_RANK, "timing", "every warm-up step")
+FIRST_STEP = column("first_step_ms", MS, Agg.MAX, "timing", "the first warm-up step (holds compilation)")
 CASE_STEP_TIME = column(
-    "case_step_time_ms",
-    unit=MS,
-    agg=Agg.SAME,
-    source="timing",
-    doc="the case's step time: the slowest rank's median",
+    "case_step_time_ms", MS, Agg.SAME, "timing", "the case's step time: the slowest rank's median"
 )
 THROUGHPUT_SAMPLES = column(
-    "throughput_samples_s", unit=SAMPLES_S, agg=Agg.SAME, source="timing", doc="global batch / case step time"
+    "throughput_samples_s", SAMPLES_S, Agg.SAME, "timing", "global batch / case step time"
 )
 THROUGHPUT_TOKENS = column(
-    "throughput_tokens_s",
-    unit=TOKENS_S,
-    agg=Agg.SAME,
-    source="timing",
-    doc="global batch × seq_len / case step time",
+    "throughput_tokens_s", TOKENS_S, Agg.SAME, "timing", "global batch × seq_len / case step time"
 )
 FLOPS_PER_STEP = column(
-    "flops_per_step",
-    unit=FLOP,
-    agg=Agg.MAX,
-    source="counted (FlopCounterMode, meta)",
-    doc="FLOPs of one rank's forward+backward",
+    "flops_per_step", FLOP, Agg.MAX, "counted (FlopCounterMode, meta)", "FLOPs of one rank's forward+backward"
 )
 ACHIEVED_TFLOPS = column(
     "achieved_tflops",
-    unit=TFLOPS,
-    agg=Agg.SLOWEST,
-    source="counted FLOPs / step time",
-    doc="flops_per_step / step_time_ms; on CPU ranks not meaningful (no datasheet peak to compare with)",
+    TFLOPS,
+    Agg.SLOWEST,
+    "counted FLOPs / step time",
+    "flops_per_step / step_time_ms; on CPU ranks not meaningful (no datasheet peak to compare with)",
 )
 MFU = column(
     "mfu",
-    unit=RATIO,
-    agg=Agg.SLOWEST,
-    source="counted FLOPs / step time / datasheet peak",
-    doc="model FLOPs utilisation; only on GPUs with a known datasheet peak (None elsewhere)",
+    RATIO,
+    Agg.SLOWEST,
+    "counted FLOPs / step time / datasheet peak",
+    "model FLOPs utilisation; only on GPUs with a known datasheet peak (None elsewhere)",
 )
 BARE_STEP_TIME = column(
-    "bare_step_time_ms",
-    unit=MS,
-    agg=Agg.SLOWEST,
-    source="harness",
-    doc="with bare_steps: the bare loop's mean step",
+    "bare_step_time_ms", MS, Agg.SLOWEST, "harness", "with bare_steps: the bare loop's mean step"
 )
 HARNESS_OVERHEAD_RATIO = column(
-    "harness_overhead_ratio",
-    unit=RATIO,
-    agg=Agg.SLOWEST,
-    source="harness",
-    doc="mean measured step / mean bare step",
+    "harness_overhead_ratio", RATIO, Agg.SLOWEST, "harness", "mean measured step / mean bare step"
 )
 HARNESS_LEFTOVERS = column(
-    "harness_leftovers",
-    unit=TEXT,
-    agg=Agg.MEAN,
-    source="harness",
-    doc="what a tracker or the profiler left installed",
+    "harness_leftovers", TEXT, Agg.MEAN, "harness", "what a tracker or the profiler left installed"
 )
-LOSSES = column(
-    "losses", unit=LIST, agg=Agg.SAME, source="training", doc="the global loss of every recorded step"
-)
-LOSS_FIRST = column(
-    "loss_first", unit=RATIO, agg=Agg.SAME, source="training", doc="the first recorded global loss"
-)
-LOSS_FINAL = column(
-    "loss_final", unit=RATIO, agg=Agg.SAME, source="training", doc="the last recorded global loss"
-)
+LOSSES = column("losses", LIST, Agg.SAME, "training", "the global loss of every recorded step")
+LOSS_FIRST = column("loss_first", LOSS, Agg.SAME, "training", "the first recorded global loss")
+LOSS_FINAL = column("loss_final", LOSS, Agg.SAME, "training", "the last recorded global loss")
 LOSS_SKIPPED_REASON = column(
-    "loss_skipped_reason", unit=TEXT, agg=Agg.SAME, source="emulation", doc="why an emulated case has no loss"
+    "loss_skipped_reason", TEXT, Agg.SAME, "emulation", "why an emulated case has no loss"
 )
 PAIRED = family(
     "paired_{}",
@@ -514,19 +369,15 @@ PAIRED = family(
 )
 STEP_TIME_REF_RATIOS = column(
     "step_time_ref_ratios",
-    unit=LIST,
-    agg=Agg.SAME,
-    source="metrics/reference.py",
-    doc="per block: summed step ÷ summed reference time, slowest rank per pair (the CI time gate's samples)",
+    LIST,
+    Agg.SAME,
+    "metrics/reference.py",
+    "per block: summed step ÷ summed reference time, slowest rank per pair (the CI time gate's samples)",
 )
 
 # ---- memory: the live-tensor tracker (fsdpbench.metrics.tracker) ---------------------------------------
 TRACKER_PEAK = column(
-    "mem_tracker_peak_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source="tracker",
-    doc="live tensors at the step's peak",
+    "mem_tracker_peak_bytes", BYTES, Agg.PEAK_RANK, "tracker", "live tensors at the step's peak"
 )
 TRACKER_PEAK_BY_CATEGORY = family(
     "mem_tracker_peak_{}_bytes",
@@ -538,10 +389,10 @@ TRACKER_PEAK_BY_CATEGORY = family(
 )
 TRACKER_MODEL_STATES = column(
     "mem_tracker_model_states_bytes",
-    unit=BYTES,
-    agg=Agg.MAX,
-    source="tracker",
-    doc="params + grads + optimizer state after optimizer.step",
+    BYTES,
+    Agg.MAX,
+    "tracker",
+    "params + grads + optimizer state after optimizer.step",
 )
 TRACKER_STATES = family(
     "mem_tracker_states_{}_bytes",
@@ -578,27 +429,15 @@ TRACKER_PEAK_COLUMNS = (TRACKER_PEAK, *TRACKER_PEAK_BY_CATEGORY.names)
 
 # ---- memory: the CUDA caching allocator, the samplers (GPU; RSS everywhere) ----------------------------
 ALLOC_PEAK_ALLOCATED = column(
-    "mem_alloc_peak_allocated_bytes",
-    unit=BYTES,
-    agg=Agg.MAX,
-    source="allocator",
-    doc="torch.cuda.max_memory_allocated",
+    "mem_alloc_peak_allocated_bytes", BYTES, Agg.MAX, "allocator", "torch.cuda.max_memory_allocated"
 )
 ALLOC_PEAK_RESERVED = column(
-    "mem_alloc_peak_reserved_bytes",
-    unit=BYTES,
-    agg=Agg.MAX,
-    source="allocator",
-    doc="torch.cuda.max_memory_reserved",
+    "mem_alloc_peak_reserved_bytes", BYTES, Agg.MAX, "allocator", "torch.cuda.max_memory_reserved"
 )
 ALLOC_RETRIES = column(
-    "mem_alloc_num_alloc_retries",
-    unit=COUNT,
-    agg=Agg.MAX,
-    source="allocator",
-    doc="allocator retries (cache flushes)",
+    "mem_alloc_num_alloc_retries", COUNT, Agg.MAX, "allocator", "allocator retries (cache flushes)"
 )
-ALLOC_OOMS = column("mem_alloc_num_ooms", unit=COUNT, agg=Agg.MAX, source="allocator", doc="allocator OOMs")
+ALLOC_OOMS = column("mem_alloc_num_ooms", COUNT, Agg.MAX, "allocator", "allocator OOMs")
 SAMPLED_PEAK = family(
     "mem_{}_peak_bytes",
     SAMPLED_SOURCES,
@@ -658,9 +497,7 @@ COMM_BUSBW = family(
     source="traced (profiler)",
     doc="algbw × the bus factor",
 )
-COMM_TOTAL = column(
-    "comm_total_bytes", unit=BYTES, agg=Agg.MEAN, source="traced (profiler)", doc="Σ comm_<kind>_bytes"
-)
+COMM_TOTAL = column("comm_total_bytes", BYTES, Agg.MEAN, "traced (profiler)", "Σ comm_<kind>_bytes")
 COMM_PRED = family(
     "comm_pred_{}_bytes",
     COLLECTIVES,
@@ -670,202 +507,100 @@ COMM_PRED = family(
     doc="the analytic volume per step (modelled)",
 )
 COMM_PRED_TOTAL = column(
-    "comm_pred_total_bytes",
-    unit=BYTES,
-    agg=Agg.MEAN,
-    source="analytic model (Sharding)",
-    doc="Σ comm_pred_<kind>_bytes",
+    "comm_pred_total_bytes", BYTES, Agg.MEAN, "analytic model (Sharding)", "Σ comm_pred_<kind>_bytes"
 )
 COMM_PRED_NOTE = column(
-    "comm_pred_note",
-    unit=TEXT,
-    agg=Agg.MEAN,
-    source="analytic model (Sharding)",
-    doc="why there is no analytic volume",
+    "comm_pred_note", TEXT, Agg.MEAN, "analytic model (Sharding)", "why there is no analytic volume"
 )
 COMM_PATTERN = column(
-    "comm_pattern",
-    unit=TEXT,
-    agg=Agg.MEAN,
-    source="analytic model (Sharding)",
-    doc="the textbook pattern it follows",
+    "comm_pattern", TEXT, Agg.MEAN, "analytic model (Sharding)", "the textbook pattern it follows"
 )
-OVERLAP_COMM = column(
-    "overlap_comm_ms", unit=MS, agg=Agg.MEAN, source="traced (profiler)", doc="|comm| per profiled step"
-)
-OVERLAP_COMPUTE = column(
-    "overlap_compute_ms", unit=MS, agg=Agg.MEAN, source="traced (profiler)", doc="|compute|"
-)
-OVERLAP_EXPOSED = column(
-    "overlap_exposed_comm_ms", unit=MS, agg=Agg.MEAN, source="traced (profiler)", doc="|comm − compute|"
-)
-OVERLAP_RATIO = column(
-    "overlap_ratio", unit=RATIO, agg=Agg.MEAN, source="traced (profiler)", doc="|comm ∩ compute| / |comm|"
-)
-OVERLAP_NOTE = column(
-    "overlap_note", unit=TEXT, agg=Agg.MEAN, source="traced (profiler)", doc="how overlap was read"
-)
+OVERLAP_COMM = column("overlap_comm_ms", MS, Agg.MEAN, "traced (profiler)", "|comm| per profiled step")
+OVERLAP_COMPUTE = column("overlap_compute_ms", MS, Agg.MEAN, "traced (profiler)", "|compute|")
+OVERLAP_EXPOSED = column("overlap_exposed_comm_ms", MS, Agg.MEAN, "traced (profiler)", "|comm − compute|")
+OVERLAP_RATIO = column("overlap_ratio", RATIO, Agg.MEAN, "traced (profiler)", "|comm ∩ compute| / |comm|")
+OVERLAP_NOTE = column("overlap_note", TEXT, Agg.MEAN, "traced (profiler)", "how overlap was read")
 
 # ---- the step-time model (fsdpbench.metrics.step_model) -----------------------------------------------
 _STEP_MODEL = "step model (modelled)"
 MODEL_STEP_TIME = column(
-    "model_step_time_ms",
-    unit=MS,
-    agg=Agg.MODEL_SLOWEST,
-    source=_STEP_MODEL,
-    doc="the modelled step on the link",
+    "model_step_time_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "the modelled step on the link"
 )
-MODEL_COMPUTE = column("model_compute_ms", unit=MS, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="compute")
-MODEL_COMM = column(
-    "model_comm_ms", unit=MS, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="collectives' α–β time"
-)
+MODEL_COMPUTE = column("model_compute_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "compute")
+MODEL_COMM = column("model_comm_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "collectives' α–β time")
 MODEL_EXPOSED_COMM = column(
-    "model_exposed_comm_ms",
-    unit=MS,
-    agg=Agg.MODEL_SLOWEST,
-    source=_STEP_MODEL,
-    doc="communication not hidden",
+    "model_exposed_comm_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "communication not hidden"
 )
-MODEL_PEER_WAIT = column(
-    "model_peer_wait_ms", unit=MS, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="waiting for slower peers"
-)
+MODEL_PEER_WAIT = column("model_peer_wait_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "waiting for slower peers")
 MODEL_OVERLAP_RATIO = column(
-    "model_overlap_ratio", unit=RATIO, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="1 − exposed / comm"
+    "model_overlap_ratio", RATIO, Agg.MODEL_SLOWEST, _STEP_MODEL, "1 − exposed / comm"
 )
-MODEL_LINK = column(
-    "model_link", unit=TEXT, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="the link modelled"
-)
+MODEL_LINK = column("model_link", TEXT, Agg.MODEL_SLOWEST, _STEP_MODEL, "the link modelled")
 MODEL_LINK_SOURCE = column(
-    "model_link_source",
-    unit=TEXT,
-    agg=Agg.MODEL_SLOWEST,
-    source=_STEP_MODEL,
-    doc="where the link's α, β came from",
+    "model_link_source", TEXT, Agg.MODEL_SLOWEST, _STEP_MODEL, "where the link's α, β came from"
 )
-MODEL_METHOD = column(
-    "model_method", unit=TEXT, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="how it was modelled"
-)
+MODEL_METHOD = column("model_method", TEXT, Agg.MODEL_SLOWEST, _STEP_MODEL, "how it was modelled")
 MODEL_RANKS_SIMULATED = column(
-    "model_ranks_simulated",
-    unit=COUNT,
-    agg=Agg.MODEL_SLOWEST,
-    source=_STEP_MODEL,
-    doc="ranks whose traces were replayed",
+    "model_ranks_simulated", COUNT, Agg.MODEL_SLOWEST, _STEP_MODEL, "ranks whose traces were replayed"
 )
-MODEL_COLLECTIVES = column(
-    "model_collectives", unit=COUNT, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="collectives per step"
-)
+MODEL_COLLECTIVES = column("model_collectives", COUNT, Agg.MODEL_SLOWEST, _STEP_MODEL, "collectives per step")
 MODEL_WAITS_REMOVED = column(
-    "model_waits_removed_ms",
-    unit=MS,
-    agg=Agg.MODEL_SLOWEST,
-    source=_STEP_MODEL,
-    doc="waits taken out of compute",
+    "model_waits_removed_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "waits taken out of compute"
 )
 MODEL_PROFILER_REMOVED = column(
-    "model_profiler_removed_ms",
-    unit=MS,
-    agg=Agg.MODEL_SLOWEST,
-    source=_STEP_MODEL,
-    doc="the profiler's cost taken out",
+    "model_profiler_removed_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "the profiler's cost taken out"
 )
-MODEL_NOTE = column(
-    "model_note", unit=TEXT, agg=Agg.MODEL_SLOWEST, source=_STEP_MODEL, doc="caveats of the replay"
-)
+MODEL_NOTE = column("model_note", TEXT, Agg.MODEL_SLOWEST, _STEP_MODEL, "caveats of the replay")
 CASE_MODEL_STEP_TIME = column(
-    "case_model_step_time_ms",
-    unit=MS,
-    agg=Agg.SAME,
-    source=_STEP_MODEL,
-    doc="the case's modelled step time: the slowest rank's",
+    "case_model_step_time_ms", MS, Agg.SAME, _STEP_MODEL, "the case's modelled step time: the slowest rank's"
 )
 MODEL_STEP_ERR = column(
-    "model_step_err",
-    unit=RATIO,
-    agg=Agg.CASE,
-    source=_STEP_MODEL,
-    doc="(modelled − measured) / measured step time",
+    "model_step_err", RATIO, Agg.CASE, _STEP_MODEL, "(modelled − measured) / measured step time"
 )
 STEP_MODEL_COLUMNS = tuple(c.name for c in COLUMNS.values() if c.agg is Agg.MODEL_SLOWEST)
 
 # ---- the analytic memory model (fsdpbench.predictors.memory_model.columns) ----------------------------
 _ANALYTIC = "analytic model (modelled)"
-PRED_PARAMS = column(
-    "pred_params_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="params (sharded at rest)"
-)
-PRED_GRADS = column(
-    "pred_grads_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source=_ANALYTIC,
-    doc="grads at rest after optimizer.step",
-)
-PRED_OPTIM = column(
-    "pred_optim_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="optimizer state"
-)
-PRED_PADDING = column(
-    "pred_padding_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="FSDP padding"
-)
+PRED_PARAMS = column("pred_params_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "params (sharded at rest)")
+PRED_GRADS = column("pred_grads_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "grads at rest after optimizer.step")
+PRED_OPTIM = column("pred_optim_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "optimizer state")
+PRED_PADDING = column("pred_padding_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "FSDP padding")
 PRED_MODEL_STATES = column(
-    "pred_model_states_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source=_ANALYTIC,
-    doc="params + grads + optimizer state at rest",
+    "pred_model_states_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "params + grads + optimizer state at rest"
 )
 PRED_ACTIVATIONS = column(
-    "pred_activations_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source=_ANALYTIC,
-    doc="activations + inputs at the predicted peak",
+    "pred_activations_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "activations + inputs at the predicted peak"
 )
 PRED_UNSHARDED = column(
     "pred_unsharded_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source=_ANALYTIC,
-    doc="unsharded params and grads at the predicted peak",
+    BYTES,
+    Agg.PEAK_RANK,
+    _ANALYTIC,
+    "unsharded params and grads at the predicted peak",
 )
 PRED_COMM_BUFFERS = column(
     "pred_comm_buffers_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source=_ANALYTIC,
-    doc="all-gather, reduce-scatter buffers and DDP buckets at the predicted peak",
+    BYTES,
+    Agg.PEAK_RANK,
+    _ANALYTIC,
+    "all-gather, reduce-scatter buffers and DDP buckets at the predicted peak",
 )
-PRED_TEMP = column(
-    "pred_temp_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source=_ANALYTIC,
-    doc="temporaries at the predicted peak",
-)
-PRED_PEAK = column(
-    "pred_peak_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="the predicted peak"
-)
+PRED_TEMP = column("pred_temp_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "temporaries at the predicted peak")
+PRED_PEAK = column("pred_peak_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "the predicted peak")
 PRED_DEVICE_PEAK = column(
     "pred_device_peak_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source=_ANALYTIC,
-    doc="the predicted peak on the device (CPU offload: less)",
+    BYTES,
+    Agg.PEAK_RANK,
+    _ANALYTIC,
+    "the predicted peak on the device (CPU offload: less)",
 )
-PRED_HOST = column(
-    "pred_host_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source=_ANALYTIC,
-    doc="bytes kept on the host (CPU offload)",
-)
-PRED_PARAMS_HOST = column(
-    "pred_params_host_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="params on the host"
-)
+PRED_HOST = column("pred_host_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "bytes kept on the host (CPU offload)")
+PRED_PARAMS_HOST = column("pred_params_host_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "params on the host")
 PRED_PARAMS_DEVICE = column(
-    "pred_params_device_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="params on the device"
+    "pred_params_device_bytes", BYTES, Agg.PEAK_RANK, _ANALYTIC, "params on the device"
 )
 PRED_PEAK_MOMENT = column(
-    "pred_peak_moment", unit=TEXT, agg=Agg.PEAK_RANK, source=_ANALYTIC, doc="the moment of the predicted peak"
+    "pred_peak_moment", TEXT, Agg.PEAK_RANK, _ANALYTIC, "the moment of the predicted peak"
 )
 PRED_PEAK_BY_CATEGORY = family(
     "pred_peak_{}_bytes",
@@ -878,61 +613,42 @@ PRED_PEAK_BY_CATEGORY = family(
 
 # ---- the traced predictor (fsdpbench.predictors.traced) and DeepSpeed's own estimator -------------------
 _TRACED = "traced predictor (fake tensors; modelled)"
-TRACED_PEAK = column(
-    "traced_peak_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_TRACED, doc="the traced peak"
-)
+TRACED_PEAK = column("traced_peak_bytes", BYTES, Agg.PEAK_RANK, _TRACED, "the traced peak")
 TRACED_MODEL_STATES = column(
-    "traced_model_states_bytes", unit=BYTES, agg=Agg.PEAK_RANK, source=_TRACED, doc="traced model states"
+    "traced_model_states_bytes", BYTES, Agg.PEAK_RANK, _TRACED, "traced model states"
 )
-TRACED_WALL_S = column(
-    "traced_wall_s", unit=SECONDS, agg=Agg.PEAK_RANK, source=_TRACED, doc="time the trace took"
-)
+TRACED_WALL_S = column("traced_wall_s", SECONDS, Agg.PEAK_RANK, _TRACED, "time the trace took")
 VENDOR_MODEL_STATES = column(
     "ds_est_model_states_bytes",
-    unit=BYTES,
-    agg=Agg.PEAK_RANK,
-    source="DeepSpeed's estimator (modelled)",
-    doc="DeepSpeed's estimate of the model states",
+    BYTES,
+    Agg.PEAK_RANK,
+    "DeepSpeed's estimator (modelled)",
+    "DeepSpeed's estimate of the model states",
 )
 
 # ---- predictions against measurements: error column → (predicted, measured) --------------------------
 # an error is (predicted − measured) / measured (fsdpbench.analysis.frame.relative_error)
 ERROR_COLUMNS = {
-    column(
-        "pred_peak_err",
-        unit=RATIO,
-        agg=Agg.PEAK_RANK,
-        source=_ANALYTIC,
-        doc="(pred − tracker) / tracker peak",
-    ): (PRED_PEAK, TRACKER_PEAK),
-    column(
-        "pred_model_states_err",
-        unit=RATIO,
-        agg=Agg.PEAK_RANK,
-        source=_ANALYTIC,
-        doc="error of the model states",
-    ): (PRED_MODEL_STATES, TRACKER_MODEL_STATES),
-    column(
-        "traced_peak_err",
-        unit=RATIO,
-        agg=Agg.PEAK_RANK,
-        source=_TRACED,
-        doc="(traced − tracker) / tracker peak",
-    ): (TRACED_PEAK, TRACKER_PEAK),
-    column(
-        "traced_model_states_err",
-        unit=RATIO,
-        agg=Agg.PEAK_RANK,
-        source=_TRACED,
-        doc="error of the model states",
-    ): (TRACED_MODEL_STATES, TRACKER_MODEL_STATES),
-    column(
-        "ds_est_model_states_err",
-        unit=RATIO,
-        agg=Agg.PEAK_RANK,
-        source="DeepSpeed's estimator",
-        doc="its error",
-    ): (VENDOR_MODEL_STATES, TRACKER_MODEL_STATES),
+    column("pred_peak_err", RATIO, Agg.PEAK_RANK, _ANALYTIC, "(pred − tracker) / tracker peak"): (
+        PRED_PEAK,
+        TRACKER_PEAK,
+    ),
+    column("pred_model_states_err", RATIO, Agg.PEAK_RANK, _ANALYTIC, "error of the model states"): (
+        PRED_MODEL_STATES,
+        TRACKER_MODEL_STATES,
+    ),
+    column("traced_peak_err", RATIO, Agg.PEAK_RANK, _TRACED, "(traced − tracker) / tracker peak"): (
+        TRACED_PEAK,
+        TRACKER_PEAK,
+    ),
+    column("traced_model_states_err", RATIO, Agg.PEAK_RANK, _TRACED, "error of the model states"): (
+        TRACED_MODEL_STATES,
+        TRACKER_MODEL_STATES,
+    ),
+    column("ds_est_model_states_err", RATIO, Agg.PEAK_RANK, "DeepSpeed's estimator", "its error"): (
+        VENDOR_MODEL_STATES,
+        TRACKER_MODEL_STATES,
+    ),
 }
 PRED_PEAK_ERR, PRED_MODEL_STATES_ERR, TRACED_PEAK_ERR, TRACED_MODEL_STATES_ERR, VENDOR_MODEL_STATES_ERR = (
     ERROR_COLUMNS
