@@ -31,6 +31,7 @@ from __future__ import annotations
 import enum
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,6 +104,8 @@ class Agg(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Column:
+    """One declared column: ``agg`` is how case_frame makes the case's value from its ranks' rows."""
+
     name: str
     unit: str
     agg: Agg
@@ -140,7 +143,12 @@ class Family:
         return self.pattern.replace("{}", "<" + _MEMBER_WORD.get(self.members, "name") + ">")
 
 
-_MEMBER_WORD = {TRACKER_CATEGORIES: "category", COLLECTIVES: "kind", SAMPLED_SOURCES: "source"}
+_MEMBER_WORD = {
+    TRACKER_CATEGORIES: "category",
+    COLLECTIVES: "kind",
+    SAMPLED_SOURCES: "source",
+    MODEL_STATE_CATEGORIES: "state",
+}
 
 COLUMNS: dict[str, Column] = {}  # every declared column by name (family members included)
 FAMILIES: dict[str, Family] = {}  # by pattern
@@ -182,9 +190,9 @@ def get_column(name: str) -> Column:
         raise KeyError(f"column {name!r} is not declared in fsdpbench/schema.py") from None
 
 
-def undeclared(names: object) -> list[str]:
+def undeclared(names: Iterable[str]) -> list[str]:
     """The names among ``names`` that no declaration covers."""
-    return [n for n in names if n not in COLUMNS]  # type: ignore[attr-defined]
+    return [n for n in names if n not in COLUMNS]
 
 
 # ---- a case's configuration (fsdpbench.case.Case fields as results.case_columns writes them) -----------
