@@ -28,7 +28,7 @@ from fsdpbench.report.panel import describe_ranks
 from fsdpbench.report.synthetic import (
     ACTIVATIONS_BYTES,
     FAIL_ERROR,
-    PRED_PEAK_ERR,
+    PEAK_PREDICTION_ERR,
     PSI,
     SKIP_REASON,
     TEMP_BYTES,
@@ -89,7 +89,7 @@ def test_case_frame_one_row_per_case_with_slowest_rank_time_and_largest_rank_mem
     assert z3["mem_tracker_peak_bytes"] == states + unsharded + ACTIVATIONS_BYTES + TEMP_BYTES + 3 * 1024
     assert z3["mem_tracker_peak_temp_bytes"] == TEMP_BYTES + 3 * 1024
     assert z3["mem_tracker_model_states_bytes"] == states
-    assert z3["pred_peak_err"] == pytest.approx(PRED_PEAK_ERR)
+    assert z3["pred_peak_err"] == pytest.approx(PEAK_PREDICTION_ERR)
     # communication: mean over ranks; text columns stay text
     assert z3["comm_all_gather_bytes"] == pytest.approx(2 * 3 / 4 * 4 * PSI)
     assert z3["overlap_exposed_comm_ms"] == pytest.approx(12.0)
@@ -98,7 +98,7 @@ def test_case_frame_one_row_per_case_with_slowest_rank_time_and_largest_rank_mem
 def test_case_frame_computes_the_error_when_the_memory_model_did_not(rows):
     cases = build_case_frame(rows.drop(columns=["pred_peak_err", "pred_model_states_err"]))
     z2 = _case(cases, "zero2", 2)
-    assert z2["pred_peak_err"] == pytest.approx(PRED_PEAK_ERR)
+    assert z2["pred_peak_err"] == pytest.approx(PEAK_PREDICTION_ERR)
     assert z2["pred_model_states_err"] == pytest.approx(0.0)
 
 
@@ -168,7 +168,7 @@ def test_memory_scaling_draws_measured_markers_and_predicted_lines_per_strategy(
     )  # (4+K)Ψ/N, K=8 (AdamW fp32)
     (analytic,) = _traces(fig, "analytic peak", "zero3 prefetch=0 fp32")
     assert analytic.mode == "lines" and analytic.line.dash == "solid"
-    assert list(analytic.y) == pytest.approx([v * (1 + PRED_PEAK_ERR) for v in expected])
+    assert list(analytic.y) == pytest.approx([v * (1 + PEAK_PREDICTION_ERR) for v in expected])
     (analytic_states,) = _traces(fig, "analytic model states", "zero3 prefetch=0 fp32")
     assert analytic_states.line.dash == "dash"
     assert not _traces(fig, "traced peak")
@@ -371,7 +371,7 @@ def test_compare_rows_mark_the_winner_per_metric(cases):
     modelled = n4.assign(model_step_time_ms=range(10, 10 + len(n4)))
     (row,) = [r for r in compare_rows(modelled) if r.metric == "step time, modelled (error)"]
     assert len(set(row.values.values())) == len(n4) and row.winners == []  # a model picks no winner
-    assert rows["peak / rank: measured / predicted"].text[z3].endswith(f"({PRED_PEAK_ERR * 100:+.1f}%)")
+    assert rows["peak / rank: measured / predicted"].text[z3].endswith(f"({PEAK_PREDICTION_ERR * 100:+.1f}%)")
 
 
 def test_verdict_names_least_memory_and_fastest_per_world_size(cases):

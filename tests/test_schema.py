@@ -114,6 +114,53 @@ def test_each_exempt_record_file_still_needs_its_exemption():
     assert [f for f in PENDING_RECORD_FILES if f not in hits] == [], "remove it from PENDING_RECORD_FILES"
 
 
+def _bound_elsewhere(tree: ast.AST) -> tuple[set[str], dict[str, int]]:
+    """Names a module imports from fsdpbench.schema, and each other name it binds → the line of its first
+    binding (another import, an assignment, a def, an argument, a loop variable)."""
+
+    def targets(node: ast.AST) -> list[str]:
+        if isinstance(node, ast.Name):
+            return [node.id]
+        return [n for e in getattr(node, "elts", []) for n in targets(e)]
+
+    from_schema: set[str] = set()
+    other: dict[str, int] = {}
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                if node.module == "fsdpbench.schema":
+                    from_schema.add(alias.asname or alias.name)
+                else:
+                    other.setdefault(alias.asname or alias.name, line)
+        names = []
+        if isinstance(node, ast.Assign):
+            names = [n for t in node.targets for n in targets(t)]
+        elif isinstance(node, (ast.AnnAssign, ast.For, ast.comprehension)):
+            names = targets(node.target)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.arg):
+            names = [node.arg]
+        for name in names:
+            other.setdefault(name, line)
+    return from_schema, other
+
+
+def test_no_module_that_names_columns_through_the_schema_binds_a_schema_name_to_something_else():
+    """A constant of the schema bound to another value in a module that reads the schema (emulate's
+    LOSS_SKIPPED_REASON, the reason text) would key a column by that value without a word."""
+    public = {k for k, v in vars(schema).items() if k.isupper() and isinstance(v, (str, schema.Family))}
+    clashes = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path == REGISTRY:
+            continue
+        from_schema, other = _bound_elsewhere(ast.parse(path.read_text()))
+        if from_schema:
+            clashes += [f"{path.relative_to(REPO)}:{other[n]}: {n}" for n in sorted(public & set(other))]
+    assert clashes == []
+
+
 def test_the_literal_scan_finds_literals_and_family_f_strings_and_nothing_else():
     source = '''"""pred_peak_bytes in a docstring is prose."""
 __all__ = ["mfu"]

@@ -41,6 +41,7 @@ from fsdpbench.schema import (
     PRED_PADDING,
     PRED_PARAMS,
     PRED_PEAK,
+    PRED_PEAK_ERR,
     PRED_TEMP,
     PRED_UNSHARDED,
     RANK,
@@ -57,15 +58,12 @@ from fsdpbench.schema import (
     WALL_S,
     tracker_peak_column,
 )
-from fsdpbench.schema import (
-    PRED_PEAK_ERR as PRED_PEAK_ERR_COLUMN,
-)
 from fsdpbench.strategies import REFERENCE_STRATEGY, registered
 
 PSI = 1_000_000  # parameters
 ACTIVATIONS_BYTES = 2 * 2**20
 TEMP_BYTES = 2**19
-PRED_PEAK_ERR = 0.05  # every analytic peak is 5% above the measured one
+PEAK_PREDICTION_ERR = 0.05  # every analytic peak is 5% above the measured one
 BASE_STEPS_MS = (100.0, 120.0, 150.0)  # of the three strategies, in order
 SKIP_REASON = "needs 8 GPUs, 0 visible"
 FAIL_ERROR = "RuntimeError: synthetic failure for the report test"
@@ -200,9 +198,9 @@ def _measured(c: dict[str, Any], rank: int) -> dict[str, Any]:
         COMM_PRED_TOTAL: sum(comm.values()),
         COMM_TOTAL: sum(comm.values()),
     }
-    # the analytic peak of the largest rank is PRED_PEAK_ERR above its measurement
-    row[PRED_PEAK] = (sum(mem.values()) + (n - 1) * 1024) * (1 + PRED_PEAK_ERR)
-    row[PRED_PEAK_ERR_COLUMN] = PRED_PEAK_ERR
+    # the analytic peak of the largest rank is PEAK_PREDICTION_ERR above its measurement
+    row[PRED_PEAK] = (sum(mem.values()) + (n - 1) * 1024) * (1 + PEAK_PREDICTION_ERR)
+    row[PRED_PEAK_ERR] = PEAK_PREDICTION_ERR
     for cat in ("params", "params_unsharded", "grads", "optim", "activations", "temp"):
         row[tracker_peak_column(cat)] = mem[cat] + (rank * 1024 if cat == "temp" else 0)
     for kind, value in comm.items():
