@@ -95,3 +95,34 @@ ERROR_COLUMNS = {
 
 # ---- units ----------------------------------------------------------------------------------------------
 BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")  # powers of 1024
+
+# ---- issue 23: checkpointing, measured (fsdpbench/engine/checkpoint.py) and predicted ------------------
+# CheckpointRecord field → column; every one per rank (the case's figure: rank 0's, or the max over ranks)
+CHECKPOINT_COLUMNS = {
+    "method": "ckpt_method",  # str, same on every rank: the case's checkpoint method
+    "with_optimizer": "ckpt_with_optimizer",  # bool, same on every rank
+    "save_s": "ckpt_save_s",  # s, wall of the save on this rank (case: max over ranks)
+    "save_blocked_s": "ckpt_save_blocked_s",  # s, wall the loop waited (async: until staged; max)
+    "load_s": "ckpt_load_s",  # s, wall of the load into a fresh model and optimizer (max)
+    "bytes_written": "ckpt_bytes_written",  # B, this rank's files on disk (case: sum over ranks)
+    "files": "ckpt_files",  # count, this rank's files (case: sum)
+    "save_host_peak_bytes": "mem_rss_ckpt_save_peak_bytes",  # B, RSS peak above the phase's baseline
+    "load_host_peak_bytes": "mem_rss_ckpt_load_peak_bytes",  # B, RSS peak above the load's baseline
+    "save_device_peak_bytes": "mem_alloc_ckpt_save_peak_bytes",  # B, CUDA allocator peak (GPU only)
+    "load_device_peak_bytes": "mem_alloc_ckpt_load_peak_bytes",  # B, CUDA allocator peak (GPU only)
+    "state_equal": "ckpt_state_equal",  # bool, loaded local state == saved, tensor by tensor (all ranks)
+    "loss_uninterrupted": "ckpt_loss_uninterrupted",  # the step after the save, without the round trip
+    "loss_after_load": "ckpt_loss_after_load",  # the same step after the load (this rank's loss)
+    "loss_equal": "ckpt_loss_equal",  # bool, the two losses are equal (all ranks)
+}
+CKPT_BYTES = CHECKPOINT_COLUMNS["bytes_written"]
+CKPT_SAVE_HOST_PEAK = CHECKPOINT_COLUMNS["save_host_peak_bytes"]
+CKPT_SAVE_S = CHECKPOINT_COLUMNS["save_s"]
+CKPT_LOAD_S = CHECKPOINT_COLUMNS["load_s"]
+# the analytic prediction (fsdpbench/predictors/checkpoint.py), per rank, labelled modelled
+PRED_CKPT_BYTES = "pred_ckpt_bytes"  # B, this rank's files (payload + the format's framing and metadata)
+PRED_CKPT_PAYLOAD_BYTES = "pred_ckpt_payload_bytes"  # B, the saved tensors' bytes in this rank's files
+PRED_CKPT_HOST_PEAK = "pred_ckpt_save_host_peak_bytes"  # B, host memory the save adds on this rank
+PRED_CKPT_DEVICE_TRANSIENT = "pred_ckpt_device_transient_bytes"  # B, device memory while gathering
+PRED_CKPT_BYTES_ERR = "pred_ckpt_bytes_err"  # (pred - measured) / measured, this rank's bytes
+PRED_CKPT_HOST_PEAK_ERR = "pred_ckpt_save_host_peak_err"  # (pred - measured) / measured
