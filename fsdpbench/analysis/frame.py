@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdpbench.analysis.checkpoint import checkpoint_case_columns
 from fsdpbench.schema import (
     CASE_STEP_TIME,
     COMM_PREFIX,
@@ -120,6 +121,7 @@ def _case_row(row: dict[str, Any], group: pd.DataFrame) -> dict[str, Any]:
             row[col] = _rank_mean(ranks[col])
         elif col.startswith((PREDICTED_PREFIX, TRACED_PREFIX, VENDOR_ESTIMATE_PREFIX)):
             row[col] = pred_row[col]
+    row.update(checkpoint_case_columns(ranks))
     _add_errors(row)
     return row
 

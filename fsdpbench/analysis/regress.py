@@ -46,6 +46,10 @@ from fsdpbench.analysis.timegate import ALPHA
 from fsdpbench.case import Case
 from fsdpbench.schema import (
     CASE_STEP_TIME,
+    CKPT_CASE_BYTES,
+    CKPT_CASE_LOAD_S,
+    CKPT_CASE_SAVE_S,
+    CKPT_RANK0_HOST_PEAK,
     OK,
     SKIPPED,
     TRACKER_CATEGORIES,
@@ -83,7 +87,15 @@ METRICS: dict[str, MetricDef] = {
     # samples, one per block; the tolerance is the minimum effect (fsdpbench.analysis.timegate)
     "step_time_ref_ratios": MetricDef(kind="time", tolerance=0.10, deterministic=False),
     "losses": MetricDef(kind="loss", tolerance=1e-4),
+    # the checkpoint phase (issue 23): bytes on disk are deterministic; the RSS spike is sampled, so
+    # close to, not exactly, repeatable; save and load time are one sample each, so same machine only
+    CKPT_CASE_BYTES: _MEM,
+    CKPT_RANK0_HOST_PEAK: MetricDef(kind="memory", tolerance=0.10, deterministic=False),
+    CKPT_CASE_SAVE_S: MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
+    CKPT_CASE_LOAD_S: MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
 }
+# gated metrics a case row holds itself (fsdpbench/analysis/checkpoint.py), not a maximum over ranks
+CASE_LEVEL_METRICS = (CKPT_CASE_BYTES, CKPT_RANK0_HOST_PEAK, CKPT_CASE_SAVE_S, CKPT_CASE_LOAD_S)
 MACHINE_KEYS = ("hostname", "device_name", "torch_version")
 PROVENANCE_KEYS = ("torch_version", "backend", "device", "device_name", "commit", "hostname")
 
@@ -258,6 +270,10 @@ def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
     step = number(case.get(CASE_STEP_TIME))
     if step is not None:
         metrics[CASE_STEP_TIME] = step
+    for name in CASE_LEVEL_METRICS:
+        value = number(case.get(name))
+        if value is not None:
+            metrics[name] = int(value) if METRICS[name].kind == "memory" else round(value, 4)
     for name in ("losses", SAMPLED):
         values = case.get(name)
         if values is not None and len(values):

@@ -9,7 +9,16 @@ from rich.text import Text
 
 from fsdpbench.analysis.frame import case_frame, case_mode
 from fsdpbench.formatting import fmt_bytes
-from fsdpbench.schema import CASE_STEP_TIME, OK, STEP_TIME, TRACKER_PEAK
+from fsdpbench.schema import (
+    CASE_STEP_TIME,
+    CKPT_CASE_BYTES,
+    CKPT_CASE_SAVE_S,
+    CKPT_RANK0_HOST_PEAK,
+    CKPT_ROUND_TRIP_OK,
+    OK,
+    STEP_TIME,
+    TRACKER_PEAK,
+)
 
 
 def case_table(frame: pd.DataFrame) -> pd.DataFrame:
@@ -38,6 +47,10 @@ def case_table(frame: pd.DataFrame) -> pd.DataFrame:
                     ("steps", "timed_steps"),
                     ("warmup", "warmup_steps"),
                     ("peak_bytes", TRACKER_PEAK),
+                    ("ckpt_bytes", CKPT_CASE_BYTES),
+                    ("ckpt_rank0_host_peak", CKPT_RANK0_HOST_PEAK),
+                    ("ckpt_save_s", CKPT_CASE_SAVE_S),
+                    ("ckpt_round_trip_ok", CKPT_ROUND_TRIP_OK),
                 )
             },
         }
