@@ -195,3 +195,48 @@ def test_full_state_dict_host_peak_is_the_whole_state_on_rank_0_only_when_sharde
     assert [p.save_host_peak_bytes for p in zero3[1:]] == [4 * psi + largest] * 3
     assert [p.save_host_peak_bytes for p in ddp] == [0] * 4  # on a CPU rank its entries are the tensors
     assert os.fspath(case.case_id)
+
+
+def test_predict_says_whether_rank_0_host_holds_a_full_save(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from fsdpbench.cli import main
+
+    argv = ["predict", "--model", "mlp", "--world-size", "4", "--strategy", "zero3", "--device", "cpu"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--checkpoint", "full", "--host-memory", "1MiB", "--json"])
+    assert exit_.value.code == 0
+    record = [r for r in json.loads(capsys.readouterr().out) if r.get("checkpoint") == "full"][0]
+    psi = 4 * (256 * 256 + 256) + 10 * 256 + 10
+    payload = 3 * 4 * psi + 4 * 10
+    assert record["ranks"][0]["save_host_peak_bytes"] == payload + 256 * 256 * 4
+    assert record["host_memory_bytes"] == 2**20 and record["rank0_host_fits"] is False
+
+
+def test_the_checkpoint_figure_draws_measured_and_modelled_host_peaks() -> None:
+    import pandas as pd
+
+    from fsdpbench.report.figure_checkpoint import build_checkpoint_panel
+
+    cases = pd.DataFrame(
+        {
+            "case_id": ["a", "b"],
+            "status": ["ok", "ok"],
+            "strategy": ["ddp", "zero3"],
+            "world_size": [2, 2],
+            "device": ["cpu", "cpu"],
+            "backend": ["gloo", "gloo"],
+            "label": ["ddp", "zero3"],
+            schema.CHECKPOINT_COLUMNS["method"]: ["full", "full"],
+            schema.CKPT_CASE_SAVE_S: [0.1, 0.3],
+            schema.CKPT_CASE_LOAD_S: [0.1, 0.2],
+            schema.CKPT_RANK0_HOST_PEAK: [4e5, 5.5e7],
+            schema.PRED_CKPT_RANK0_HOST_PEAK: [0, 5.47e7],
+            schema.CKPT_ROUND_TRIP_OK: [True, True],
+        }
+    )
+    panel = build_checkpoint_panel(cases)
+    assert panel.figure is not None and not panel.notes
+    peaks = {t.name: list(t.y) for t in panel.figure.data if "host peak" in t.name}
+    assert peaks["zero3 host peak (modelled)"] == pytest.approx([5.47e7 / 2**20])
+    assert build_checkpoint_panel(cases.drop(columns=[schema.CKPT_CASE_SAVE_S])).figure is None
