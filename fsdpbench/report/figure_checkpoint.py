@@ -23,7 +23,7 @@ def build_checkpoint_panel(cases: pd.DataFrame) -> Panel:
         return absent(KEY, TITLE, "no case of this run ran a checkpoint phase (the 'checkpoint:' axis)")
     ok = ok.assign(group=[f"{m} · {n} ranks" for m, n in zip(ok[METHOD], ok["world_size"])])
     groups = list(dict.fromkeys(ok.sort_values(["world_size", METHOD])["group"]))
-    unit, div = byte_unit(float(pd.to_numeric(ok[schema.CKPT_RANK0_HOST_PEAK], errors="coerce").max() or 1))
+    unit, div = byte_unit(ok[schema.CKPT_RANK0_HOST_PEAK])
     fig = make_subplots(rows=1, cols=2, subplot_titles=("save + load time (s)", f"rank 0 host peak ({unit})"))
     for strategy, sub in ok.groupby("strategy", sort=False):
         color = strategy_color(strategy)
