@@ -108,12 +108,25 @@ def _local_shape(shape: tuple[int, ...], sharded: bool, world: int, rank: int) -
 
 
 def _state_graph(
-    case: Case, params: list[_Param], local: bool, world: int, rank: int, sharded: bool, padded_views: bool
+    case: Case,
+    params: list[_Param],
+    local: bool,
+    world: int,
+    rank: int,
+    sharded: bool,
+    padded_views: bool,
+    gathered_padded: bool = False,
 ) -> dict[str, Any]:
     """A stand-in of the saved state dict (what ``torch_save_format`` pickles): the model's tensors by
-    name, then (optionally) the optimizer's state by name and its param groups."""
+    name, then (optionally) the optimizer's state by name and its param groups.
+
+    ``gathered_padded``: a whole tensor is a view of its padded all-gather output (FSDP2's
+    ``full_tensor`` of a dim-0 not divisible by the world size), whose storage torch.save writes whole."""
 
     def tensor(shape: tuple[int, ...], is_param: bool) -> fmt.Tensor:
+        if not local and gathered_padded and sharded and shape:
+            padded_rows = _chunk_rows(shape[0], world, 0)[1] * world
+            return fmt.Tensor(SAVED_DTYPE, shape, fmt.Storage(SAVED_DTYPE, _numel((padded_rows, *shape[1:]))))
         if not local or not sharded or not shape:
             return fmt.Tensor(SAVED_DTYPE, shape)
         rows, chunk = _chunk_rows(shape[0], world, rank)
@@ -182,6 +195,22 @@ def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[in
     return [(b, p) for b, p in out]
 
 
+def _sharded_host_terms(
+    local_payload: int, local_model: int, model_payload: int, on_gpu: bool, regathers: bool
+) -> dict[str, int]:
+    """What a sharded state dict holds in host memory beyond the training state.
+
+    FSDP2 (and DDP): the local tensors themselves on a CPU rank, nothing new; a copy of them from a GPU.
+    FSDP1 (SHARDED_STATE_DICT, built from gathered flat parameters): on a CPU rank every unit's gathered
+    parameters stay allocated while the state dict lives (measured: the whole model's bytes at 2 and 4
+    ranks, docs/checkpointing.md), beside a new copy of the rank's optimizer state."""
+    if on_gpu:
+        return {"sharded_state_dict_host": local_payload}
+    if regathers:
+        return {"gathered_params_held_host": model_payload, "sharded_optim_host": local_payload - local_model}
+    return {}
+
+
 def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPrediction]:
     """Every rank's checkpoint terms for the case's method (empty for ``checkpoint: none``)."""
     if case.checkpoint == "none":
@@ -194,7 +223,9 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     state_tensors = sum(not scalar for _, scalar in OPTIMIZER_STATE.get(case.optimizer, ()))
     flat_gathered = 1 + (state_tensors if case.checkpoint_optimizer else 0)
     regathers = strategy.fsdp_version == 1 and sharded
-    full_graph = _state_graph(case, params, False, world, 0, sharded, padded_views=False)
+    full_graph = _state_graph(
+        case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
+    )
     full_payload = _payload(full_graph)
     model_payload = _payload(full_graph["model"])
     unit_bytes: dict[int, int] = {}
@@ -204,13 +235,15 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     largest_unit = max(unit_bytes.values(), default=0)
     # what gathering adds while it runs: FSDP1 a unit's flat states, FSDP2 one DTensor's full tensor
     gather_transient = flat_gathered * largest_unit if regathers else largest_tensor if sharded else 0
+    state_transient = (flat_gathered - 1) * largest_unit  # FSDP1's sharded optimizer state dict
     on_gpu = case.device == "cuda"
     preds = []
     if case.checkpoint in ("dcp", "dcp_async"):
         files = _dcp_bytes(case, params, sharded)
     for rank in range(world):
         local_graph = _state_graph(case, params, True, world, rank, sharded, padded_views=True)
-        local_payload = _payload(_state_graph(case, params, True, world, rank, sharded, padded_views=False))
+        unpadded = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
+        local_payload, local_model = _payload(unpadded), _payload(unpadded["model"])
         terms: dict[str, int] = {}
         if case.checkpoint == "full":
             nbytes = fmt.torch_save_bytes(full_graph, FULL_ARCHIVE) if rank == 0 else 0
@@ -227,16 +260,18 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         elif case.checkpoint == "sharded":
             nbytes = fmt.torch_save_bytes(local_graph, f"rank{rank}")
             payload = _payload(local_graph)
-            terms["sharded_state_dict_host"] = local_payload if (on_gpu or regathers) else 0
-            terms["regather_transient_host"] = gather_transient if regathers and not on_gpu else 0
+            terms.update(_sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers))
+            terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
             device = 0
         else:
             nbytes, payload = files[rank]
             terms["dcp_metadata"] = 0  # not modelled: a few bytes per item, rank 0's .metadata file
             terms["dcp_staged_copy_host"] = local_payload if case.checkpoint == "dcp_async" else 0
-            copies = (on_gpu or regathers) and case.checkpoint == "dcp"
-            terms["dcp_copy_host"] = local_payload if copies else 0
-            terms["regather_transient_host"] = gather_transient if regathers and not on_gpu else 0
+            if case.checkpoint == "dcp":
+                terms.update(
+                    _sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers)
+                )
+            terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
             device = 0
         preds.append(
             CheckpointPrediction(
