@@ -190,9 +190,12 @@ def test_full_state_dict_host_peak_is_the_whole_state_on_rank_0_only_when_sharde
     largest = 256 * 256 * 4
     # AdamW: params + exp_avg + exp_avg_sq in fp32, and a 4-byte step per parameter tensor
     payload = 3 * 4 * psi + 4 * 10
-    assert zero3[0].payload_bytes == ddp[0].payload_bytes == payload
-    assert zero3[0].save_host_peak_bytes == payload + largest
-    assert [p.save_host_peak_bytes for p in zero3[1:]] == [4 * psi + largest] * 3
+    # FSDP2's full_tensor of head (10 rows over 4 ranks) views its padded all-gather output: 12 rows
+    # are held and written, for the weight, its exp_avg and exp_avg_sq (and the bias likewise)
+    padding = 3 * 2 * (256 + 1) * 4
+    assert ddp[0].payload_bytes == payload and zero3[0].payload_bytes == payload + padding
+    assert zero3[0].save_host_peak_bytes == payload + padding + largest
+    assert [p.save_host_peak_bytes for p in zero3[1:]] == [4 * psi + 2 * (256 + 1) * 4 + largest] * 3
     assert [p.save_host_peak_bytes for p in ddp] == [0] * 4  # on a CPU rank its entries are the tensors
     assert os.fspath(case.case_id)
 
@@ -209,7 +212,8 @@ def test_predict_says_whether_rank_0_host_holds_a_full_save(capsys: pytest.Captu
     record = [r for r in json.loads(capsys.readouterr().out) if r.get("checkpoint") == "full"][0]
     psi = 4 * (256 * 256 + 256) + 10 * 256 + 10
     payload = 3 * 4 * psi + 4 * 10
-    assert record["ranks"][0]["save_host_peak_bytes"] == payload + 256 * 256 * 4
+    padding = 3 * 2 * (256 + 1) * 4  # head: 10 rows gathered into 12 (4 ranks)
+    assert record["ranks"][0]["save_host_peak_bytes"] == payload + padding + 256 * 256 * 4
     assert record["host_memory_bytes"] == 2**20 and record["rank0_host_fits"] is False
 
 
