@@ -244,3 +244,50 @@ def test_the_checkpoint_figure_draws_measured_and_modelled_host_peaks() -> None:
     peaks = {t.name: list(t.y) for t in panel.figure.data if "host peak" in t.name}
     assert peaks["zero3 host peak (modelled)"] == pytest.approx([5.47e7 / 2**20])
     assert build_checkpoint_panel(cases.drop(columns=[schema.CKPT_CASE_SAVE_S])).figure is None
+
+
+def test_regress_gates_checkpoint_bytes_at_1_percent_and_the_rank0_spike_at_10() -> None:
+    import pandas as pd
+
+    from fsdpbench.analysis.regress import build_baseline, compare
+    from tests.test_regress import case_rows
+
+    case = Case(strategy="zero3", world_size=2, device="cpu", backend="gloo", checkpoint="dcp")
+
+    def frame(bytes_rank1: int, spike_rank0: int) -> pd.DataFrame:
+        rows = case_rows(case, peak=[1000, 1000], step_ms=50.0)
+        for rank, (nbytes, spike) in enumerate([(25_000_000, spike_rank0), (bytes_rank1, 300_000)]):
+            rows[rank].update(
+                {
+                    schema.CHECKPOINT_COLUMNS["method"]: "dcp",
+                    schema.CKPT_BYTES: nbytes,
+                    schema.CKPT_SAVE_HOST_PEAK: spike,
+                    schema.CKPT_SAVE_S: 0.2,
+                    schema.CKPT_LOAD_S: 0.3,
+                    schema.CHECKPOINT_COLUMNS["state_equal"]: True,
+                    schema.CHECKPOINT_COLUMNS["loss_equal"]: True,
+                }
+            )
+        return pd.DataFrame(rows)
+
+    baseline = json_round_trip(build_baseline(frame(25_000_000, 3_000_000)))
+    metrics = baseline["cases"][case.case_id]["metrics"]
+    assert metrics[schema.CKPT_CASE_BYTES] == 50_000_000
+    assert metrics[schema.CKPT_RANK0_HOST_PEAK] == 3_000_000
+    assert compare(baseline, frame(25_400_000, 3_250_000)).passed  # +0.8% bytes, +8% spike
+    failed = compare(baseline, frame(25_600_000, 3_400_000)).failures  # +1.2% bytes, +13% spike
+    assert set(failed["metric"]) == {schema.CKPT_CASE_BYTES, schema.CKPT_RANK0_HOST_PEAK}
+
+
+def json_round_trip(obj: object) -> dict:
+    import json
+
+    return json.loads(json.dumps(obj))
+
+
+def test_the_save_format_model_imports_no_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, fsdpbench.predictors.torch_save_format; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
