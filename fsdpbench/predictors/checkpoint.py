@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -173,26 +174,50 @@ def _dcp_item_bytes(value: Any) -> tuple[int, int]:
 
 
 def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[int, int]]:
-    """(file bytes, payload) per rank, as DCP's dedup_save_plans assigns the items: walking the items
-    in first-seen order (rank 0's plan, then each next rank's items not seen before), an item that
-    several ranks hold goes to the one with the least storage planned so far (lowest rank on a tie); an
-    item one rank holds (its shard) stays with it and adds to its planned storage."""
+    """(file bytes, payload) per rank, as DCP's dedup_save_plans assigns the items.
+
+    It walks the items in first-seen order: rank 0's plan, then each next rank's items not seen before.
+    An item one rank holds (its shard) stays with it and adds to its planned storage; an item several
+    ranks hold goes to the one with the least storage planned so far, lowest rank on a tie. Every
+    replicated item is in rank 0's plan, so all of them are placed while rank 0's is walked, when the
+    other ranks' planned storage is only the replicated items they were given."""
     world = case.world_size
-    holders: dict[tuple[str, int], list[tuple[int, Any]]] = {}
-    for rank in range(world):
-        graph = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
-        for key, value in _flatten(graph):
-            is_shard = sharded and isinstance(value, fmt.Tensor) and bool(value.shape)
-            holders.setdefault((key, rank if is_shard else -1), []).append((rank, value))
-    planned = [0] * world
     out = [[0, 0] for _ in range(world)]
-    for ranks_values in holders.values():
-        rank, value = min(ranks_values, key=lambda rv: planned[rv[0]])
+    others = [(0, r) for r in range(1, world)]  # (planned storage, rank), a heap
+    planned0 = 0
+
+    def is_shard(value: Any) -> bool:
+        return sharded and isinstance(value, fmt.Tensor) and bool(value.shape)
+
+    rank0 = _flatten(_state_graph(case, params, True, world, 0, sharded, padded_views=False))
+    for _, value in rank0:
         nbytes, payload = _dcp_item_bytes(value)
+        size = value.nbytes if isinstance(value, fmt.Tensor) else 1
+        if is_shard(value) or not others or planned0 <= others[0][0]:
+            rank = 0
+            planned0 += size
+        else:
+            planned, rank = heapq.heappop(others)
+            heapq.heappush(others, (planned + size, rank))
         out[rank][0] += nbytes
         out[rank][1] += payload
-        planned[rank] += value.nbytes if isinstance(value, fmt.Tensor) else 1
+    shards: dict[tuple[int, ...], tuple[int, int]] = {}
+    for rank in range(1, world):
+        key = _rank_signature(params, world, rank, sharded)
+        if key not in shards:
+            items = _flatten(_state_graph(case, params, True, world, rank, sharded, padded_views=False))
+            sizes = [_dcp_item_bytes(v) for _, v in items if is_shard(v)]
+            shards[key] = (sum(b for b, _ in sizes), sum(p for _, p in sizes))
+        out[rank][0] += shards[key][0]
+        out[rank][1] += shards[key][1]
     return [(b, p) for b, p in out]
+
+
+def _rank_signature(params: list[_Param], world: int, rank: int, sharded: bool) -> tuple[int, ...]:
+    """What a rank's local state depends on: the rows it holds of each parameter (ranks alike share it)."""
+    if not sharded:
+        return ()
+    return tuple(_chunk_rows(p.shape[0], world, rank)[0] if p.shape else -1 for p in params)
 
 
 def _sharded_host_terms(
@@ -240,10 +265,20 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     preds = []
     if case.checkpoint in ("dcp", "dcp_async"):
         files = _dcp_bytes(case, params, sharded)
+    local: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}  # ranks alike are computed once
+
+    def local_terms(rank: int) -> tuple[int, int, int, int]:
+        """(local payload, its model part, the sharded file's payload and bytes) of a rank."""
+        key = (_rank_signature(params, world, rank, sharded), len(str(rank)))
+        if key not in local:
+            graph = _state_graph(case, params, True, world, rank, sharded, padded_views=True)
+            unpadded = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
+            saved = fmt.torch_save_bytes(graph, f"rank{rank}") if case.checkpoint == "sharded" else 0
+            local[key] = (_payload(unpadded), _payload(unpadded["model"]), _payload(graph), saved)
+        return local[key]
+
     for rank in range(world):
-        local_graph = _state_graph(case, params, True, world, rank, sharded, padded_views=True)
-        unpadded = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
-        local_payload, local_model = _payload(unpadded), _payload(unpadded["model"])
+        local_payload, local_model, sharded_payload, sharded_bytes = local_terms(rank)
         terms: dict[str, int] = {}
         if case.checkpoint == "full":
             nbytes = fmt.torch_save_bytes(full_graph, FULL_ARCHIVE) if rank == 0 else 0
@@ -258,8 +293,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
                 terms["other_rank_model_held_host"] = model_payload
             device = largest_unit if (sharded and on_gpu) else 0
         elif case.checkpoint == "sharded":
-            nbytes = fmt.torch_save_bytes(local_graph, f"rank{rank}")
-            payload = _payload(local_graph)
+            nbytes, payload = sharded_bytes, sharded_payload
             terms.update(_sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers))
             terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
             device = 0

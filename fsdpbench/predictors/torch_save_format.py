@@ -18,6 +18,7 @@ its locator (20) and the end of central directory (22). Files or offsets past 4 
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import pickle
 from dataclasses import dataclass
@@ -185,5 +186,13 @@ def pickled(obj: Any) -> tuple[int, list[Storage]]:
 def torch_save_bytes(obj: Any, archive: str = "archive") -> int:
     """Bytes of ``torch.save(obj, f)`` for a stand-in graph; ``archive``: the file's stem ("archive"
     when saved to a stream)."""
+    if isinstance(obj, Tensor):  # one tensor alone (a DCP item): the same bytes for the same layout
+        return _tensor_archive_bytes(obj.dtype, obj.shape, obj.storage.numel, archive)
     pickle_bytes, storages = pickled(obj)
+    return zip_bytes(archive_records(archive, pickle_bytes, [s.nbytes for s in storages]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_archive_bytes(dtype: str, shape: tuple[int, ...], storage_numel: int, archive: str) -> int:
+    pickle_bytes, storages = pickled(Tensor(dtype, shape, Storage(dtype, storage_numel)))
     return zip_bytes(archive_records(archive, pickle_bytes, [s.nbytes for s in storages]))
