@@ -16,10 +16,19 @@ PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
 WRAPS = ("none", "whole", "block", "size", "classes")
 BACKWARD_PREFETCH = ("pre", "post", "none")
+# how the checkpoint phase saves and loads (fsdpbench/engine/checkpoint.py); a strategy declares which it runs
+CHECKPOINT_METHODS = ("none", "full", "sharded", "dcp", "dcp_async")
 # fields that do not change what is measured, so not part of a case id (resume finds the case again).
 # The reference-interleaved blocks run after every other phase and record no loss, so switching them on
 # changes no other column: a baseline's case ids stay valid (fsdpbench.metrics.reference).
-_NOT_IN_ID = ("scenario", "timeout_s", "time_blocks", "time_block_steps")
+_NOT_IN_ID = (
+    "scenario",
+    "timeout_s",
+    "time_blocks",
+    "time_block_steps",
+    "keep_checkpoints",
+    "checkpoint_max_bytes",
+)
 # a case id names a directory and files: only these characters, and never '/', '..' alone or a leading '.'
 _SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 MAX_ID_CHARS = 200
@@ -67,6 +76,11 @@ class Case:
     # (collectives are no-ops, every allocation is real): see fsdpbench/predictors/emulate.py
     emulate: bool = False
     emulate_ranks: tuple[int, ...] = (0,)
+    # after every other phase: save, load into a freshly built model and optimizer, one more step
+    checkpoint: str = "none"  # one of CHECKPOINT_METHODS
+    checkpoint_optimizer: bool = True  # save the optimizer state beside the model
+    keep_checkpoints: bool = False  # leave the files in the case directory (default: removed once measured)
+    checkpoint_max_bytes: int = 4 * 2**30  # refuse a case whose predicted files are larger than this
 
     @property
     def global_batch_size(self) -> int:
@@ -122,6 +136,8 @@ class Case:
             parts.append("fwdpf")
         if self.emulate:
             parts.append("emulated")
+        if self.checkpoint != "none":
+            parts.append(f"ckpt-{self.checkpoint}" + ("" if self.checkpoint_optimizer else "-model"))
         readable = "_".join(parts)[:MAX_ID_CHARS]
         return readable + "_" + digest
 

@@ -85,6 +85,7 @@ TFLOPS = "TFLOP/s"
 GBS = "GB/s"  # 1e9 B/s
 SAMPLES_S = "samples/s"
 TOKENS_S = "tokens/s"
+BOOL = "bool"
 CONFIG = "config"  # a field of the case (its unit, if any, is in its name)
 
 
@@ -237,6 +238,10 @@ EMULATE_RANKS = _config("emulate_ranks", "the ranks run alone under emulation (c
 MODE = _config("mode", "real, or emulated (one rank alone with a fake process group)")
 GLOBAL_BATCH_SIZE = _config("global_batch_size", "samples per step over all ranks")
 PARAMS = _config("params", "Ψ, the parameters of the whole model")
+CHECKPOINT = _config("checkpoint", "the checkpoint phase's method (none: no phase; docs/checkpointing.md)")
+CHECKPOINT_OPTIMIZER = _config("checkpoint_optimizer", "the optimizer state saved and loaded too")
+KEEP_CHECKPOINTS = _config("keep_checkpoints", "the checkpoint files kept in the case directory")
+CHECKPOINT_MAX_BYTES = _config("checkpoint_max_bytes", "a case whose files would exceed this is refused")
 CONFIG_COLUMNS = (
     SCENARIO,
     STRATEGY,
@@ -277,6 +282,10 @@ CONFIG_COLUMNS = (
     MODE,
     GLOBAL_BATCH_SIZE,
     PARAMS,
+    CHECKPOINT,
+    CHECKPOINT_OPTIMIZER,
+    KEEP_CHECKPOINTS,
+    CHECKPOINT_MAX_BYTES,
 )
 
 CASE_ID = column("case_id", TEXT, Agg.SAME, "config", "the case's id (unique in a run)")
@@ -680,6 +689,86 @@ PEER_COLUMNS = (
     BACKEND,
     WARMUP_STEPS,
     TIMED_STEPS,
+)
+
+# ---- issue 23: checkpointing, measured (fsdpbench/engine/checkpoint.py) and predicted ------------------
+_CKPT = "checkpoint phase"
+_CKPT_RSS = "RSS sampler (checkpoint phase)"
+_CKPT_MODEL = "checkpoint model (modelled)"
+# CheckpointRecord field → column, per rank (the case's figures are the ckpt case columns below)
+CHECKPOINT_COLUMNS = {
+    "method": column("ckpt_method", TEXT, Agg.SAME, _CKPT, "the case's checkpoint method"),
+    "with_optimizer": column("ckpt_with_optimizer", BOOL, Agg.SAME, _CKPT, "optimizer state saved too"),
+    "save_s": column("ckpt_save_s", SECONDS, Agg.MAX, _CKPT, "wall time of the save on this rank"),
+    "save_blocked_s": column(
+        "ckpt_save_blocked_s", SECONDS, Agg.MAX, _CKPT, "wall time the loop waited (async: until staged)"
+    ),
+    "load_s": column("ckpt_load_s", SECONDS, Agg.MAX, _CKPT, "wall time of the load into a fresh model"),
+    "bytes_written": column("ckpt_bytes_written", BYTES, Agg.PER_RANK, _CKPT, "this rank's files on disk"),
+    "files": column("ckpt_files", COUNT, Agg.PER_RANK, _CKPT, "this rank's files"),
+    "save_host_peak_bytes": column(
+        "mem_rss_ckpt_save_peak_bytes", BYTES, Agg.MAX, _CKPT_RSS, "RSS peak above the save's baseline"
+    ),
+    "load_host_peak_bytes": column(
+        "mem_rss_ckpt_load_peak_bytes", BYTES, Agg.MAX, _CKPT_RSS, "RSS peak above the load's baseline"
+    ),
+    "save_device_peak_bytes": column(
+        "mem_alloc_ckpt_save_peak_bytes", BYTES, Agg.MAX, "CUDA allocator", "device peak in the save (GPU)"
+    ),
+    "load_device_peak_bytes": column(
+        "mem_alloc_ckpt_load_peak_bytes", BYTES, Agg.MAX, "CUDA allocator", "device peak in the load (GPU)"
+    ),
+    "state_equal": column(
+        "ckpt_state_equal", BOOL, Agg.PER_RANK, _CKPT, "loaded local state == saved, tensor by tensor"
+    ),
+    "loss_uninterrupted": column(
+        "ckpt_loss_uninterrupted", LOSS, Agg.SAME, _CKPT, "the step after the save, without the round trip"
+    ),
+    "loss_after_load": column("ckpt_loss_after_load", LOSS, Agg.SAME, _CKPT, "the same step after the load"),
+    "loss_equal": column("ckpt_loss_equal", BOOL, Agg.PER_RANK, _CKPT, "the two losses are equal"),
+}
+CKPT_BYTES = CHECKPOINT_COLUMNS["bytes_written"]
+CKPT_SAVE_HOST_PEAK = CHECKPOINT_COLUMNS["save_host_peak_bytes"]
+CKPT_SAVE_S = CHECKPOINT_COLUMNS["save_s"]
+CKPT_LOAD_S = CHECKPOINT_COLUMNS["load_s"]
+# the analytic prediction (fsdpbench/predictors/checkpoint.py), per rank, labelled modelled
+PRED_CKPT_BYTES = column(
+    "pred_ckpt_bytes", BYTES, Agg.PER_RANK, _CKPT_MODEL, "this rank's files: payload + the format's framing"
+)
+PRED_CKPT_PAYLOAD_BYTES = column(
+    "pred_ckpt_payload_bytes",
+    BYTES,
+    Agg.PER_RANK,
+    _CKPT_MODEL,
+    "the saved tensors' bytes in this rank's files",
+)
+PRED_CKPT_HOST_PEAK = column(
+    "pred_ckpt_save_host_peak_bytes", BYTES, Agg.MAX, _CKPT_MODEL, "host memory the save adds on this rank"
+)
+PRED_CKPT_DEVICE_TRANSIENT = column(
+    "pred_ckpt_device_transient_bytes", BYTES, Agg.MAX, _CKPT_MODEL, "device memory while gathering"
+)
+PRED_CKPT_BYTES_ERR = column(
+    "pred_ckpt_bytes_err", RATIO, Agg.PER_RANK, _CKPT_MODEL, "(pred − measured) / measured, this rank's bytes"
+)
+PRED_CKPT_HOST_PEAK_ERR = column(
+    "pred_ckpt_save_host_peak_err", RATIO, Agg.PER_RANK, _CKPT_MODEL, "(pred − measured) / measured host peak"
+)
+# a case's checkpoint figures (fsdpbench/analysis/checkpoint.py), one per case row
+CKPT_CASE_BYTES = column("ckpt_case_bytes_written", BYTES, Agg.CASE, _CKPT, "sum over ranks of the files")
+PRED_CKPT_CASE_BYTES = column(
+    "pred_ckpt_case_bytes", BYTES, Agg.CASE, _CKPT_MODEL, "modelled, sum over ranks"
+)
+CKPT_RANK0_HOST_PEAK = column(
+    "mem_rss_ckpt_save_rank0_peak_bytes", BYTES, Agg.CASE, _CKPT_RSS, "rank 0's RSS peak above its baseline"
+)
+PRED_CKPT_RANK0_HOST_PEAK = column(
+    "pred_ckpt_save_rank0_host_peak_bytes", BYTES, Agg.CASE, _CKPT_MODEL, "modelled, rank 0's host peak"
+)
+CKPT_CASE_SAVE_S = column("ckpt_case_save_s", SECONDS, Agg.CASE, _CKPT, "max over ranks of the save")
+CKPT_CASE_LOAD_S = column("ckpt_case_load_s", SECONDS, Agg.CASE, _CKPT, "max over ranks of the load")
+CKPT_ROUND_TRIP_OK = column(
+    "ckpt_round_trip_ok", BOOL, Agg.CASE, _CKPT, "every rank's state and loss equal after the load"
 )
 
 # ---- docs/measurements.md: the table of every column, generated from the declarations -----------------

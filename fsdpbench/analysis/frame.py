@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from fsdpbench.analysis.checkpoint import checkpoint_case_columns
 from fsdpbench.schema import (
     CASE_ERROR,
     CASE_ID,
@@ -173,6 +174,7 @@ def _case_row(row: dict[str, Any], group: pd.DataFrame) -> dict[str, Any]:
             if is_number(measured) and measured
             else np.nan
         )
+    row.update(checkpoint_case_columns(ranks))
     _add_errors(row)
     return row
 

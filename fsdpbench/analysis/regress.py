@@ -47,6 +47,10 @@ from fsdpbench.case import Case
 from fsdpbench.schema import (
     ALLOC_PEAK_ALLOCATED,
     CASE_STEP_TIME,
+    CKPT_CASE_BYTES,
+    CKPT_CASE_LOAD_S,
+    CKPT_CASE_SAVE_S,
+    CKPT_RANK0_HOST_PEAK,
     COMM_TOTAL,
     COMMIT,
     DEVICE_NAME,
@@ -100,7 +104,15 @@ METRICS: dict[str, MetricDef] = {
     # samples, one per block; the tolerance is the minimum effect (fsdpbench.analysis.timegate)
     STEP_TIME_REF_RATIOS: MetricDef(kind="time", tolerance=0.10, deterministic=False),
     LOSSES: MetricDef(kind="loss", tolerance=1e-4),
+    # the checkpoint phase (issue 23): bytes on disk are deterministic; the RSS spike is sampled, so
+    # close to, not exactly, repeatable; save and load time are one sample each, so same machine only
+    CKPT_CASE_BYTES: _MEM,
+    CKPT_RANK0_HOST_PEAK: MetricDef(kind="memory", tolerance=0.10, deterministic=False),
+    CKPT_CASE_SAVE_S: MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
+    CKPT_CASE_LOAD_S: MetricDef(kind="time", tolerance=0.25, deterministic=False, same_machine=True),
 }
+# gated metrics a case row holds itself (fsdpbench/analysis/checkpoint.py), not a maximum over ranks
+CASE_LEVEL_METRICS = (CKPT_CASE_BYTES, CKPT_RANK0_HOST_PEAK, CKPT_CASE_SAVE_S, CKPT_CASE_LOAD_S)
 MACHINE_KEYS = (HOSTNAME, DEVICE_NAME, TORCH_VERSION)
 PROVENANCE_KEYS = (TORCH_VERSION, "backend", "device", DEVICE_NAME, COMMIT, HOSTNAME)
 
@@ -276,6 +288,10 @@ def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
         value = number(case.get(name))
         if value is not None:
             metrics[name] = value
+    for name in CASE_LEVEL_METRICS:
+        value = number(case.get(name))
+        if value is not None:
+            metrics[name] = int(value) if METRICS[name].kind == "memory" else round(value, 4)
     for name in (LOSSES, SAMPLED):
         values = case.get(name)
         if values is not None and len(values):

@@ -6,6 +6,7 @@
         --seq-len 4096 --device-memory 80GiB              # fits? largest batch? fewest GPUs?
     fsdpbench predict --model llama-7b --world-size 64 --strategy zero3 --method traced   # fake-tensor trace
     fsdpbench predict --model decoder-small --world-size 4 --strategy ddp,zero3 --device cpu --json
+    fsdpbench predict --model llama-7b --world-size 8 --strategy zero3 --checkpoint full --host-memory 64GiB
 
 Analytic (default): the memory model (instant, any size). Traced: the real strategy code on fake
 tensors and a fake process group in this process (seconds to a minute; nothing allocated). Precision
@@ -117,6 +118,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--units", default="GB", choices=("GB", "GiB"), help="GB = 1e9 bytes (default), GiB = 2^30"
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
+    from fsdpbench.case import CHECKPOINT_METHODS
+
+    parser.add_argument(
+        "--checkpoint",
+        default="none",
+        choices=CHECKPOINT_METHODS,
+        help="also predict a checkpoint of this method: bytes on disk per rank, rank 0's host peak, the "
+        "device transient (default: none)",
+    )
+    parser.add_argument(
+        "--checkpoint-model-only", action="store_true", help="checkpoint the model without the optimizer"
+    )
+    parser.add_argument("--host-memory", help="host memory of rank 0's node, e.g. 64GiB: does its save fit?")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -126,6 +140,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         cases = _build_cases(args)
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None
+        host_memory = parse_bytes(args.host_memory) if args.host_memory else None
         context = parse_bytes(args.context_allowance)
     except (KeyError, ValueError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc.args[0] if exc.args else exc))}", highlight=False)
@@ -137,12 +152,74 @@ def main(args: argparse.Namespace) -> int:
         except (KeyError, ValueError, NotImplementedError, RuntimeError) as exc:
             err.print(f"[red]error:[/] {escape(case.strategy)}: {escape(str(exc))}", highlight=False)
             return 2
+    if args.checkpoint != "none":
+        if args.params is not None:
+            err.print(
+                "[red]error:[/] --checkpoint needs --model (the saved tensors' shapes)", highlight=False
+            )
+            return 2
+        for res in results:
+            res["checkpoint"] = _checkpoint_record(res["case"], host_memory)
+            res["json"].append(res["checkpoint"])
     if args.json:
         print(json.dumps([r for res in results for r in res["json"]], indent=2))
     else:
         for res in results:
             _print_table(args, res)
+            if "checkpoint" in res:
+                _print_checkpoint(res["checkpoint"], args.units)
     return 0
+
+
+def _checkpoint_record(case: Any, host_memory: int | None) -> dict[str, Any]:
+    """The checkpoint terms of every rank (modelled), and whether rank 0's host memory holds the save."""
+    from fsdpbench.predictors.checkpoint import predict_checkpoint
+    from fsdpbench.strategies import get_strategy
+
+    strategy = get_strategy(case.strategy)
+    reason = strategy.check(case)
+    if reason:
+        return {"strategy": case.strategy, "checkpoint": case.checkpoint, "not_applicable": reason}
+    preds = predict_checkpoint(case, strategy)
+    rank0 = preds[0]
+    rec: dict[str, Any] = {
+        "strategy": case.strategy,
+        "checkpoint": case.checkpoint,
+        "source": "analytic (modelled)",
+        "bytes_on_disk_total": sum(p.bytes for p in preds),
+        "ranks": [vars(p) for p in preds],
+    }
+    if host_memory is not None:
+        rec.update(host_memory_bytes=host_memory, rank0_host_fits=rank0.save_host_peak_bytes <= host_memory)
+    return rec
+
+
+def _print_checkpoint(rec: dict[str, Any], units: str) -> None:
+    console = Console()
+    if "not_applicable" in rec:
+        console.print(f"  checkpoint={rec['checkpoint']}: {rec['not_applicable']}", highlight=False)
+        return
+    table = Table(title=f"checkpoint={rec['checkpoint']} (analytic, modelled; {units})", title_justify="left")
+    # not a column: the table's headings
+    for heading in ("rank", "bytes on disk", "payload", "host memory the save adds", "device transient"):
+        table.add_column(heading, justify="right")
+    ranks = rec["ranks"]
+    shown = ranks if len(ranks) <= 4 else [*ranks[:2], ranks[-1]]
+    for p in shown:
+        cells = (p["bytes"], p["payload_bytes"], p["save_host_peak_bytes"], p["device_transient_bytes"])
+        # not a column: the prediction's field
+        table.add_row(str(p["rank"]), *(_fmt(x, units) for x in cells))
+    console.print(table)
+    terms = ", ".join(f"{k} {_fmt(v, units)}" for k, v in ranks[0]["terms"].items() if v)
+    console.print(
+        f"  rank 0's host terms: {terms or 'none'}; in all on disk {_fmt(rec['bytes_on_disk_total'], units)}"
+    )
+    if "rank0_host_fits" in rec:
+        need, have = _fmt(ranks[0]["save_host_peak_bytes"], units), _fmt(rec["host_memory_bytes"], units)
+        verdict = "fits" if rec["rank0_host_fits"] else "does NOT fit"
+        console.print(
+            f"  rank 0's host memory: the save adds {need} of {have} {units}: {verdict}", highlight=False
+        )
 
 
 # the case fields set by the flags of the same name
@@ -186,6 +263,8 @@ def _build_cases(args: argparse.Namespace) -> list:
             model=args.model or "decoder",
             strategy=name,
             backend="nccl" if args.device == "cuda" else "gloo",
+            checkpoint=args.checkpoint,
+            checkpoint_optimizer=not args.checkpoint_model_only,
             **{field: getattr(args, field) for field in CASE_FLAGS},
         )
         from fsdpbench.engine.knobs import check_knobs

@@ -33,6 +33,34 @@ class Setup:
         return {k: getattr(self, k) for k in self.COLUMNS}
 
 
+@dataclass(kw_only=True, slots=True)
+class CheckpointRecord:
+    """The checkpoint phase on this rank (fsdpbench/engine/checkpoint.py): save, load into a fresh model
+    and optimizer, one more step. Host memory is RSS above the phase's baseline (sampled); device memory
+    the caching allocator's peak (GPU only: on a CPU rank the device is the host, its RSS is the record)."""
+
+    method: str
+    with_optimizer: bool
+    save_s: float | None = None  # wall, until this rank's files are written
+    save_blocked_s: float | None = None  # wall the training loop waited (async: until staged)
+    load_s: float | None = None
+    bytes_written: int | None = None  # this rank's files
+    files: int | None = None
+    save_host_peak_bytes: int | None = None  # RSS above the baseline before the save
+    load_host_peak_bytes: int | None = None
+    save_device_peak_bytes: int | None = None  # allocator, GPU only
+    load_device_peak_bytes: int | None = None
+    state_equal: bool | None = None  # the loaded local state equals the saved one, tensor by tensor
+    loss_uninterrupted: float | None = None  # the next step's loss without the round trip
+    loss_after_load: float | None = None  # the same step's loss after it
+    loss_equal: bool | None = None
+
+    def to_columns(self) -> dict[str, Any]:
+        from fsdpbench import schema
+
+        return {column: getattr(self, name) for name, column in schema.CHECKPOINT_COLUMNS.items()}
+
+
 _OPTIONAL = ("traceback", "failed_at", "exit_code", "losses", "steps_total", "steps_wall_s", "wall_s")
 
 
@@ -60,6 +88,7 @@ class RankResult:
     # the parameters are kept, the profiled step (communication, overlap), the samplers
     metric_columns: dict[str, Any] = field(default_factory=dict)
     paired: dict[str, list[float]] = field(default_factory=dict)  # metrics.reference.interleaved_steps
+    checkpoint: CheckpointRecord | None = None
     steps_total: int | None = None
     steps_wall_s: float | None = None  # time inside training steps, all phases (the rest is overhead)
     wall_s: float | None = None
@@ -79,6 +108,8 @@ class RankResult:
         if self.metric_columns:
             out["metric_columns"] = self.metric_columns
         out.update({f"paired_{k}": v for k, v in self.paired.items()})
+        if self.checkpoint is not None:
+            out["checkpoint"] = dataclasses.asdict(self.checkpoint)
         return out
 
     @classmethod
@@ -94,6 +125,7 @@ class RankResult:
             memory=TrackedMemory.from_json(data["memory"]) if "memory" in data else None,
             metric_columns=dict(data.get("metric_columns") or {}),
             paired={k: data[f"paired_{k}"] for k in PAIRED_SERIES if f"paired_{k}" in data},
+            checkpoint=CheckpointRecord(**data["checkpoint"]) if data.get("checkpoint") else None,
         )
 
     def to_columns(self) -> dict[str, Any]:
@@ -117,4 +149,5 @@ class RankResult:
             **{f"paired_{k}": self.paired.get(k) or [] for k in PAIRED_SERIES},
             **(self.memory or TrackedMemory()).to_columns(),
             **self.metric_columns,
+            **(self.checkpoint.to_columns() if self.checkpoint else {}),
         }

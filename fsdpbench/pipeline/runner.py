@@ -180,10 +180,11 @@ def _end_run(store: RunStore, meta: dict[str, Any], tracer: TracedPredictor | No
 
 def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
     """The analytic prediction for the same case, beside the measurement (pred_* columns)."""
+    from fsdpbench.predictors.checkpoint import checkpoint_columns
     from fsdpbench.predictors.memory_model import prediction_columns
 
     try:
-        pred = prediction_columns(case, rows)
+        pred = {**prediction_columns(case, rows), **checkpoint_columns(case, rows)}
     except Exception as exc:  # noqa: BLE001 — a prediction bug must not lose a measurement
         print(f"warning: prediction failed for {case.case_id}: {exc}", file=sys.stderr)
         return rows

@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fsdpbench.case import BACKWARD_PREFETCH, OPTIMIZERS, PRECISIONS, WRAPS, Case
+from fsdpbench.case import BACKWARD_PREFETCH, CHECKPOINT_METHODS, OPTIMIZERS, PRECISIONS, WRAPS, Case
 from fsdpbench.pipeline.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
@@ -101,6 +101,10 @@ class CaseFields(BaseModel):
         | Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)]
         | None
     ) = None
+    checkpoint: Literal[CHECKPOINT_METHODS] | None = None  # type: ignore[valid-type]
+    checkpoint_optimizer: Flag | None = None
+    keep_checkpoints: Flag | None = None
+    checkpoint_max_bytes: Annotated[int, Field(strict=True, gt=0, le=2**50)] | None = None
 
     @field_validator("model")
     @classmethod
@@ -443,8 +447,14 @@ def build_case(
     from fsdpbench.predictors.emulate import check_emulation
 
     case = normalize_knobs(case, strategy)
+    from fsdpbench.predictors.checkpoint import check_checkpoint
+
     reason = (
-        strategy.check(case) or check_knobs(case, strategy) or check_emulation(case) or check_devices(case)
+        strategy.check(case)
+        or check_knobs(case, strategy)
+        or check_emulation(case)
+        or check_devices(case)
+        or check_checkpoint(case, strategy)
     )
     return case, reason
 

@@ -8,7 +8,8 @@ sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, e.g. across two nodes:
     srun --ntasks-per-node 8 python -m fsdpbench.pipeline.worker --case case.json --out results/case_dir
 
 Phases, in order, so instruments never disturb what they measure:
-warm-up → timed steps (bare) → memory-tracked steps → one profiled step (→ optional bare loop).
+warm-up → timed steps (bare) → memory-tracked steps → one profiled step (→ optional bare loop)
+(→ optional checkpoint: save, load into a fresh model, one more step).
 RSS (and on GPUs NVML) is sampled in a background thread across the whole case, tagged by phase.
 Each rank writes ``rank{R}.json`` into the case directory after every phase, so a crash or a
 hang loses nothing already measured.
@@ -265,6 +266,25 @@ def _run_phases(
             lambda: steps.run(next(batches), record=False), reference, n, lambda: synchronize(device)
         )
         rec.update(paired=paired)
+
+    # ---- checkpoint: save, load into a freshly built model and optimizer, one more step ------------
+    if case.checkpoint != "none":
+        from fsdpbench.engine.checkpoint import run_checkpoint_phase
+
+        rec.update(phase="checkpoint")
+        samplers.set_phase("checkpoint")
+        next_step = steps.next  # the step the uninterrupted run takes next, and the restored run too
+        rec.update(
+            checkpoint=run_checkpoint_phase(
+                parallel,
+                rebuild=lambda: build_parallel(case, device, rank),
+                step=lambda p: train_step(p, rank_batch(case, rank, next_step, device)).item(),
+                case_dir=rec.path.parent,
+                rank=rank,
+                device=device,
+                case=case,
+            )
+        )
 
     # ---- done ------------------------------------------------------------------------------
     samplers.stop()

@@ -2,6 +2,7 @@
 
 data.py          run directories → frames (rows, one row per case, timelines), each with a ``run`` label
 figures.py       memory figures;  figures_perf.py  time, communication, sweep figures
+figure_checkpoint.py   the checkpoint phase: time and rank 0's host peak per method
 tables.py        strategies side by side, every case, the verdict
 page.py          the self-contained HTML page (plotly.js embedded once, no network)
 """
@@ -17,6 +18,7 @@ from fsdpbench.report.panel import Panel
 
 def build_panels(data: ReportData) -> list[Panel]:
     """Every figure of the report, in page order (absent data gives a panel with the reason)."""
+    from fsdpbench.report.figure_checkpoint import build_checkpoint_panel
     from fsdpbench.report.figures import (
         build_memory_breakdown_panel,
         build_memory_scaling_panel,
@@ -42,6 +44,7 @@ def build_panels(data: ReportData) -> list[Panel]:
         build_comm_bytes_panel(cases),
         build_overlap_panel(cases),
         *build_sweep_panels(cases),
+        build_checkpoint_panel(cases),
     ]
 
 

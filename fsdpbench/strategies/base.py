@@ -122,11 +122,16 @@ class Strategy:
     fsdp_version: ClassVar[int] = 0
     # the report draws the strategy in this colour; None: one from a fallback palette
     color: ClassVar[str | None] = None
+    # the checkpoint methods (Case.checkpoint, fsdpbench/engine/checkpoint.py) this strategy's engine runs
+    checkpoint_methods: ClassVar[tuple[str, ...]] = ()
 
     def check(self, case: Case) -> str | None:
         """Why this case cannot run (a sentence), or None."""
         if case.prefetch and not self.uses_prefetch:
             return f"prefetch={case.prefetch} applies to FSDP strategies; {self.name} has no prefetch"
+        if case.checkpoint != "none" and case.checkpoint not in self.checkpoint_methods:
+            runs = ", ".join(self.checkpoint_methods) or "none fsdpbench runs"
+            return f"checkpoint={case.checkpoint}: {self.name} checkpoints with {runs}"
         return None
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:

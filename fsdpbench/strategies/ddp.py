@@ -38,6 +38,8 @@ class DDP(Strategy):
     name = "ddp"
     sharding = REPLICATED
     color = "#4C78A8"
+    # full: rank 0 torch.saves the plain state dict; no "sharded": every rank holds the whole model
+    checkpoint_methods = ("full", "dcp", "dcp_async")
 
     def check(self, case: Case) -> str | None:
         return super().check(case) or check_ddp_precision(case)

@@ -118,6 +118,9 @@ class _FSDP1(Strategy):
     supports_cpu_offload = True
     fsdp_version = 1
     sharding_strategy: ShardingStrategy
+    # torch.distributed.checkpoint.state_dict drives FSDP1's own state_dict_type: full is FULL_STATE_DICT
+    # with FullStateDictConfig(offload_to_cpu=True, rank0_only=True), sharded is SHARDED_STATE_DICT
+    checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -81,6 +81,8 @@ class _FSDP2(Strategy):
     supports_cpu_offload = True
     fsdp_version = 2
     reshard_after_forward: bool = True
+    # full: DTensors gathered to rank 0's host; sharded: each rank's local shards; dcp: DCP's writer
+    checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         return apply_fsdp2(model, ctx, reshard_after_forward=self.reshard_after_forward)

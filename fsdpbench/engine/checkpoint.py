@@ -1,0 +1,359 @@
+"""The checkpoint phase: save this rank's model (and optimizer) state, load it into a freshly built model
+and optimizer, and take one more step, measuring each part.
+
+The methods (``Case.checkpoint``), as the engines' guides write them:
+
+- ``full``: the whole state on rank 0's host. DDP: rank 0 ``torch.save``s ``module.state_dict()`` and
+  ``optimizer.state_dict()``. FSDP1/FSDP2: ``get_state_dict`` with ``StateDictOptions(full_state_dict=True,
+  cpu_offload=True)`` (for FSDP1 that is ``FULL_STATE_DICT`` with ``FullStateDictConfig(offload_to_cpu=True,
+  rank0_only=True)``), then rank 0 ``torch.save``s it; loading broadcasts it from rank 0
+  (``broadcast_from_rank0=True``).
+- ``sharded``: the sharded state dict (FSDP2's DTensors, FSDP1's ``SHARDED_STATE_DICT``); each rank
+  ``torch.save``s its own local shards into its own file.
+- ``dcp``: ``torch.distributed.checkpoint.save``/``load`` of the sharded state dict (a replicated state
+  is written once, by the rank DCP's planner picks).
+- ``dcp_async``: ``torch.distributed.checkpoint.async_save`` (a thread writes; the loop is blocked only
+  while the state is staged).
+
+Every file goes under the case's ``checkpoint/`` directory; the phase removes it unless the case keeps it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from fsdpbench.engine.parallel import Parallel
+from fsdpbench.metrics.allocator import reset_cuda_peaks
+from fsdpbench.metrics.rss import read_rss_bytes
+from fsdpbench.metrics.sampler import BackgroundSampler
+from fsdpbench.pipeline.rank_result import CheckpointRecord
+
+FULL_FILE = "full.pt"  # rank 0's, for ``full``
+CHECKPOINT_DIR = "checkpoint"  # under the case directory
+RSS_INTERVAL_S = 0.0005  # the phase is short: sample often enough to see the state dict held
+
+
+def sharded_file(rank: int) -> str:
+    return f"rank{rank}.pt"
+
+
+def checkpoint_dir(case_dir: Path) -> Path:
+    return case_dir / CHECKPOINT_DIR
+
+
+# ---- what each method saves and loads ---------------------------------------------------------------
+
+
+def _is_replicated_engine(parallel: Parallel) -> bool:
+    return parallel.strategy.fsdp_version == 0
+
+
+def _local(value: Any) -> Any:
+    """A DTensor's or ShardedTensor's local shard (what this rank holds); anything else as it is."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        return value.to_local()
+    if isinstance(value, ShardedTensor):
+        shards = value.local_shards()
+        return shards[0].tensor if shards else torch.empty(0)
+    if isinstance(value, dict):
+        return {k: _local(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_local(v) for v in value]
+    return value
+
+
+def _state(parallel: Parallel, with_optim: bool, options: StateDictOptions | None = None) -> dict[str, Any]:
+    """The model (and optimizer) state dict of this rank, through torch.distributed.checkpoint.state_dict."""
+    if with_optim:
+        model_sd, optim_sd = get_state_dict(parallel.model, parallel.optimizer, options=options)
+        return {"model": model_sd, "optim": optim_sd}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return {"model": get_model_state_dict(parallel.model, options=options)}
+
+
+def _apply_state(parallel: Parallel, state: dict[str, Any], options: StateDictOptions | None = None) -> None:
+    # the model and the optimizer one after the other: set_state_dict takes an empty model state dict
+    # (a broadcast_from_rank0 load's other ranks) for "optimizer only" and skips the model's broadcast
+    set_model_state_dict(parallel.model, state["model"], options=options)
+    if "optim" in state:
+        set_optimizer_state_dict(parallel.model, parallel.optimizer, state["optim"], options=options)
+
+
+FULL_OPTIONS = StateDictOptions(full_state_dict=True, cpu_offload=True)
+FULL_LOAD_OPTIONS = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+
+
+def _fsdp1_full_state(parallel: Parallel, with_optim: bool, device: torch.device) -> dict[str, Any]:
+    """FSDP1's FULL_STATE_DICT, rank 0 only. ``offload_to_cpu`` only from a GPU: FSDP1 frees the unsharded
+    flat parameter after moving it to the CPU, and on a CPU device that move is no move, so its state
+    dict's views would point at freed memory (a segfault in FSDP1's clone on CPU ranks)."""
+    from torch.distributed.fsdp import (
+        FullOptimStateDictConfig,
+        FullStateDictConfig,
+        StateDictType,
+    )
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    offload = device.type == "cuda"
+    with FSDP.state_dict_type(
+        parallel.model,
+        StateDictType.FULL_STATE_DICT,
+        FullStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+        FullOptimStateDictConfig(offload_to_cpu=offload, rank0_only=True),
+    ):
+        state = {"model": parallel.model.state_dict()}
+        if with_optim:
+            state["optim"] = FSDP.optim_state_dict(parallel.model, parallel.optimizer)
+    return state
+
+
+def _plain_ddp_state(parallel: Parallel, with_optim: bool) -> dict[str, Any]:
+    """DDP's own way: the wrapped module's state dict and the optimizer's, as they are."""
+    module = getattr(parallel.model, "module", parallel.model)
+    state = {"model": module.state_dict()}
+    if with_optim:
+        state["optim"] = parallel.optimizer.state_dict()
+    return state
+
+
+class _Async:
+    """The future of an async save: the loop was blocked only until ``async_save`` returned."""
+
+    def __init__(self, future: Any) -> None:
+        self.future = future
+
+    def wait(self) -> None:
+        self.future.result()
+
+
+def save(
+    method: str, parallel: Parallel, directory: Path, rank: int, with_optim: bool, device: torch.device
+) -> _Async | None:
+    """Save this rank's part of the checkpoint under ``directory`` (the async method: return its future)."""
+    if method == "full":
+        if _is_replicated_engine(parallel):
+            state = _plain_ddp_state(parallel, with_optim) if rank == 0 else None
+        elif parallel.strategy.fsdp_version == 1:
+            state = _fsdp1_full_state(parallel, with_optim, device)
+        else:
+            state = _state(parallel, with_optim, FULL_OPTIONS)  # empty except on rank 0
+        if rank == 0:
+            torch.save(state, directory / FULL_FILE)
+        del state
+    elif method == "sharded":
+        torch.save(_local(_state(parallel, with_optim)), directory / sharded_file(rank))
+    elif method == "dcp":
+        dcp.save(_state(parallel, with_optim), checkpoint_id=directory)
+    elif method == "dcp_async":
+        return _Async(dcp.async_save(_state(parallel, with_optim), checkpoint_id=directory))
+    else:
+        raise ValueError(f"unknown checkpoint method {method!r}")
+    return None
+
+
+def load(method: str, parallel: Parallel, directory: Path, rank: int, with_optim: bool) -> None:
+    """Load the checkpoint under ``directory`` into ``parallel`` (freshly built)."""
+    if method == "full":
+        if _is_replicated_engine(parallel):
+            state = torch.load(directory / FULL_FILE, map_location="cpu", weights_only=True)
+            module = getattr(parallel.model, "module", parallel.model)
+            module.load_state_dict(state["model"])
+            if with_optim:
+                parallel.optimizer.load_state_dict(state["optim"])
+        else:
+            state = (
+                torch.load(directory / FULL_FILE, map_location="cpu", weights_only=True) if rank == 0 else {}
+            )
+            if rank != 0:  # broadcast_from_rank0: the other ranks give empty dicts
+                state = {"model": {}, "optim": {}} if with_optim else {"model": {}}
+            _apply_state(parallel, state, FULL_LOAD_OPTIONS)
+        del state
+    elif method == "sharded":
+        saved = torch.load(directory / sharded_file(rank), map_location="cpu", weights_only=True)
+        fresh = _state(parallel, with_optim)
+        _copy_into_local(fresh, saved)
+        _apply_state(parallel, fresh)
+    elif method in ("dcp", "dcp_async"):
+        fresh = _state(parallel, with_optim)
+        dcp.load(fresh, checkpoint_id=directory)
+        _apply_state(parallel, fresh)
+    else:
+        raise ValueError(f"unknown checkpoint method {method!r}")
+
+
+def _copy_into_local(fresh: Any, saved: Any) -> None:
+    """Copy the saved local shards into the fresh state dict's own (DTensor/ShardedTensor) shards."""
+    if isinstance(fresh, dict):
+        for key, value in fresh.items():
+            if isinstance(value, (dict, list)):
+                _copy_into_local(value, saved[key])
+            elif isinstance(value, torch.Tensor):
+                _local(value).copy_(saved[key])
+            else:
+                fresh[key] = saved[key]
+    elif isinstance(fresh, list):
+        for i, value in enumerate(fresh):
+            if isinstance(value, (dict, list)):
+                _copy_into_local(value, saved[i])
+
+
+def files_written(method: str, directory: Path, rank: int) -> list[Path]:
+    """The files this rank wrote: DCP names its per-rank files ``__{rank}_{i}.distcp``; its coordinator
+    (rank 0) writes ``.metadata``."""
+    if method == "full":
+        return [directory / FULL_FILE] if rank == 0 else []
+    if method == "sharded":
+        return [directory / sharded_file(rank)]
+    own = sorted(directory.glob(f"__{rank}_*.distcp"))
+    return own + ([directory / ".metadata"] if rank == 0 else [])
+
+
+# ---- the round trip ---------------------------------------------------------------------------------
+
+
+def local_state_copy(parallel: Parallel, with_optim: bool) -> list[torch.Tensor]:
+    """Every tensor this rank holds of the state, cloned, in state-dict order (the round trip's reference)."""
+    out: list[torch.Tensor] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for k in sorted(value, key=str):
+                walk(value[k])
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+        elif isinstance(value, torch.Tensor):
+            out.append(value.detach().clone())
+
+    walk(_local(_state(parallel, with_optim)))
+    return out
+
+
+def states_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b))
+
+
+# ---- host memory ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def allocations_visible_in_rss() -> Iterator[None]:
+    """Make every large host allocation of the phase its own mapping, so RSS rises and falls with it.
+
+    glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), so after training
+    a state dict's tensors would come from heap already resident, and RSS would not show them. Setting
+    the threshold explicitly (mallopt M_MMAP_THRESHOLD) turns that adjustment off; malloc_trim returns
+    the free heap first. Not glibc (no mallopt): nothing changes."""
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name) if libc_name else None
+    if libc is not None and hasattr(libc, "mallopt"):
+        m_mmap_threshold = -3
+        libc.mallopt(m_mmap_threshold, 128 * 1024)  # glibc's own initial threshold, now fixed
+        libc.malloc_trim(0)
+    yield
+
+
+class HostPeak:
+    """RSS sampled in a background thread (and at the points the caller names) above a baseline."""
+
+    def __init__(self) -> None:
+        gc.collect()
+        self.baseline_bytes = read_rss_bytes()
+        self.sampler = BackgroundSampler(read_rss_bytes, interval_s=RSS_INTERVAL_S, name="rss_checkpoint")
+        self.sampler.start()
+
+    def mark(self) -> None:
+        self.sampler.sample_now()
+
+    def stop(self) -> int:
+        """Peak RSS above the baseline, bytes (never negative)."""
+        self.sampler.stop()
+        return max(0, (self.sampler.peak_bytes or 0) - self.baseline_bytes)
+
+
+def device_peak_bytes(device: torch.device) -> int | None:
+    """The caching allocator's peak since the last reset (GPU); None on a CPU rank (its RSS is the record)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.max_memory_allocated(device))
+
+
+def _dir_bytes(paths: list[Path]) -> int:
+    return sum(p.stat().st_size for p in paths)
+
+
+def run_checkpoint_phase(
+    parallel: Parallel, rebuild: Any, step: Any, case_dir: Path, rank: int, device: torch.device, case: Any
+) -> CheckpointRecord:
+    """Save, reference the state, take the uninterrupted step, rebuild, load, compare, step again.
+
+    ``rebuild()``: a freshly built ``Parallel`` of the same case; ``step(parallel)``: the loss of the next
+    step (the same batch every time it is called)."""
+    method, with_optim = case.checkpoint, case.checkpoint_optimizer
+    directory = checkpoint_dir(case_dir)
+    if rank == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+    dist.barrier()
+    record = CheckpointRecord(method=method, with_optimizer=with_optim)
+    with allocations_visible_in_rss():
+        # ---- save
+        reset_cuda_peaks(device)
+        host = HostPeak()
+        t0 = time.perf_counter()
+        pending = save(method, parallel, directory, rank, with_optim, device)
+        record.save_blocked_s = time.perf_counter() - t0
+        host.mark()
+        if pending is not None:
+            pending.wait()
+        record.save_s = time.perf_counter() - t0
+        record.save_host_peak_bytes = host.stop()
+        record.save_device_peak_bytes = device_peak_bytes(device)
+        dist.barrier()
+        written = files_written(method, directory, rank)
+        record.files = len(written)
+        record.bytes_written = _dir_bytes(written)
+
+        # ---- the reference: the saved state, and the step the uninterrupted run takes next
+        reference = local_state_copy(parallel, with_optim)
+        record.loss_uninterrupted = float(step(parallel))
+
+        # ---- load into a fresh model and optimizer
+        fresh = rebuild()
+        dist.barrier()
+        reset_cuda_peaks(device)
+        host = HostPeak()
+        t0 = time.perf_counter()
+        load(method, fresh, directory, rank, with_optim)
+        record.load_s = time.perf_counter() - t0
+        record.load_host_peak_bytes = host.stop()
+        record.load_device_peak_bytes = device_peak_bytes(device)
+        record.state_equal = states_equal(reference, local_state_copy(fresh, with_optim))
+        record.loss_after_load = float(step(fresh))
+        record.loss_equal = record.loss_after_load == record.loss_uninterrupted
+    dist.barrier()
+    if rank == 0 and not case.keep_checkpoints:
+        shutil.rmtree(directory, ignore_errors=True)
+    return record

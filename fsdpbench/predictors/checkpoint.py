@@ -1,0 +1,377 @@
+"""Checkpoint terms, predicted per rank (modelled, beside the checkpoint phase's measurement):
+
+- **bytes on disk**: the payload (every saved tensor's storage) plus the format's own bytes, laid out as
+  the installed torch writes them (``torch_save_format``): one ``torch.save`` archive for ``full`` (rank
+  0) and for ``sharded`` (every rank); for DCP every item is its own ``torch.save`` archive inside the
+  rank's ``.distcp`` file, a replicated item written once, by the rank DCP's planner gives it to (the
+  rank with the fewest bytes planned so far, ``dedup_save_plans``). DCP's ``.metadata`` file (rank 0) is
+  not modelled (a few bytes per item; named ``dcp_metadata`` in the terms, 0).
+- **host memory the save adds** (RSS above the training baseline): what the method copies into host
+  memory and holds. A full state dict gathers every sharded tensor into new memory and holds it on rank 0
+  until written; a tensor already whole on the host (DDP on a CPU rank) is the state dict's entry itself.
+  A sharded save or DCP writes the tensors where they are (one at a time when DCP copies a view); an async
+  DCP save stages a copy of the rank's whole state first.
+- **device transient while gathering** (GPU): one unit's unsharded parameters at a time for FSDP's full
+  state dict, nothing for DDP's (already whole), nothing for sharded saves.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fsdpbench.case import Case
+from fsdpbench.predictors import torch_save_format as fmt
+
+if TYPE_CHECKING:
+    from fsdpbench.strategies.base import Strategy
+
+FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
+SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
+
+# per optimizer, torch 2.13's state per parameter (name, scalar?) and its param_group entries, in the
+# order optimizer.state_dict() writes them
+OPTIMIZER_STATE: dict[str, tuple[tuple[str, bool], ...]] = {
+    "adamw": (("step", True), ("exp_avg", False), ("exp_avg_sq", False)),
+    "adam": (("step", True), ("exp_avg", False), ("exp_avg_sq", False)),
+    "sgd": (),
+    "sgd-momentum": (("momentum_buffer", False),),
+    "adadelta": (("step", True), ("square_avg", False), ("acc_delta", False)),
+}
+_ADAM_GROUP = {
+    "betas": (0.9, 0.999),
+    "eps": 1e-08,
+    "amsgrad": False,
+    "maximize": False,
+    "foreach": False,
+    "capturable": False,
+    "differentiable": False,
+    "fused": None,
+}
+PARAM_GROUP: dict[str, dict[str, Any]] = {
+    "adamw": {**_ADAM_GROUP, "weight_decay": 0.01, "decoupled_weight_decay": True},
+    "adam": {**_ADAM_GROUP, "weight_decay": 0, "decoupled_weight_decay": False},
+}
+
+
+@dataclass(kw_only=True)
+class CheckpointPrediction:
+    """One rank's predicted checkpoint terms (bytes)."""
+
+    rank: int
+    bytes: int  # this rank's files on disk
+    payload_bytes: int  # the tensors' storages among them
+    save_host_peak_bytes: int  # host memory the save adds on this rank
+    device_transient_bytes: int  # device memory while gathering (GPU ranks)
+    terms: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class _Param:
+    name: str
+    shape: tuple[int, ...]
+    unit: int
+
+
+def _params(case: Case) -> tuple[list[_Param], int]:
+    from fsdpbench.predictors.memory_model.facts import get_model_facts
+
+    facts = get_model_facts(
+        case.model,
+        case.model_args,
+        wrap=case.wrap,
+        wrap_min_params=case.wrap_min_params,
+        wrap_classes=case.wrap_classes,
+    )
+    if not facts.known:
+        raise ValueError(f"model {case.model!r}: parameter shapes unknown, no checkpoint prediction")
+    return [_Param(p.name, p.shape, p.unit) for p in facts.params or ()], len(facts.units)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _chunk_rows(rows: int, world: int, rank: int) -> tuple[int, int]:
+    """(rows this rank holds, rows of its padded chunk): torch.chunk along dim 0, as FSDP shards."""
+    chunk = -(-rows // world)
+    return max(0, min(chunk, rows - rank * chunk)), chunk
+
+
+def _local_shape(shape: tuple[int, ...], sharded: bool, world: int, rank: int) -> tuple[int, ...]:
+    if not sharded or not shape:
+        return shape
+    return (_chunk_rows(shape[0], world, rank)[0], *shape[1:])
+
+
+def _state_graph(
+    case: Case,
+    params: list[_Param],
+    local: bool,
+    world: int,
+    rank: int,
+    sharded: bool,
+    padded_views: bool,
+    gathered_padded: bool = False,
+) -> dict[str, Any]:
+    """A stand-in of the saved state dict (what ``torch_save_format`` pickles): the model's tensors by
+    name, then (optionally) the optimizer's state by name and its param groups.
+
+    ``gathered_padded``: a whole tensor is a view of its padded all-gather output (FSDP2's
+    ``full_tensor`` of a dim-0 not divisible by the world size), whose storage torch.save writes whole."""
+
+    def tensor(shape: tuple[int, ...], is_param: bool) -> fmt.Tensor:
+        if not local and gathered_padded and sharded and shape:
+            padded_rows = _chunk_rows(shape[0], world, 0)[1] * world
+            return fmt.Tensor(SAVED_DTYPE, shape, fmt.Storage(SAVED_DTYPE, _numel((padded_rows, *shape[1:]))))
+        if not local or not sharded or not shape:
+            return fmt.Tensor(SAVED_DTYPE, shape)
+        rows, chunk = _chunk_rows(shape[0], world, rank)
+        shard = (rows, *shape[1:])
+        if is_param and padded_views:  # FSDP2's local shard views its padded chunk: torch.save writes it
+            return fmt.Tensor(SAVED_DTYPE, shard, fmt.Storage(SAVED_DTYPE, _numel((chunk, *shape[1:]))))
+        return fmt.Tensor(SAVED_DTYPE, shard)
+
+    graph: dict[str, Any] = {"model": {p.name: tensor(p.shape, True) for p in params}}
+    if case.checkpoint_optimizer:
+        state = {
+            p.name: {
+                name: fmt.Tensor(SAVED_DTYPE, ()) if scalar else tensor(p.shape, False)
+                for name, scalar in OPTIMIZER_STATE.get(case.optimizer, ())
+            }
+            for p in params
+        }
+        group = {"lr": case.lr, **PARAM_GROUP.get(case.optimizer, {}), "params": [p.name for p in params]}
+        graph["optim"] = {"state": state, "param_groups": [group]}
+    return graph
+
+
+def _payload(graph: Any) -> int:
+    if isinstance(graph, dict):
+        return sum(_payload(v) for v in graph.values())
+    if isinstance(graph, list):
+        return sum(_payload(v) for v in graph)
+    return graph.nbytes if isinstance(graph, fmt.Tensor) else 0
+
+
+def _flatten(graph: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """DCP's flatten_state_dict: dotted keys down to the leaves; every mapping is walked, a list only when
+    it holds a container or a tensor (a list of names or a tuple of floats is one item)."""
+    if isinstance(graph, dict):
+        return [item for k, v in graph.items() for item in _flatten(v, f"{prefix}{k}.")]
+    if isinstance(graph, list) and any(isinstance(v, (dict, list, fmt.Tensor)) for v in graph):
+        return [item for i, v in enumerate(graph) for item in _flatten(v, f"{prefix}{i}.")]
+    return [(prefix[:-1], graph)]
+
+
+def _dcp_item_bytes(value: Any) -> tuple[int, int]:
+    """(bytes in the .distcp file, payload) of one DCP item: a tensor or a pickled object, torch.saved."""
+    return fmt.torch_save_bytes(value), _payload(value)
+
+
+def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[int, int]]:
+    """(file bytes, payload) per rank, as DCP's dedup_save_plans assigns the items.
+
+    It walks the items in first-seen order: rank 0's plan, then each next rank's items not seen before.
+    An item one rank holds (its shard) stays with it and adds to its planned storage; an item several
+    ranks hold goes to the one with the least storage planned so far, lowest rank on a tie. Every
+    replicated item is in rank 0's plan, so all of them are placed while rank 0's is walked, when the
+    other ranks' planned storage is only the replicated items they were given."""
+    world = case.world_size
+    out = [[0, 0] for _ in range(world)]
+    others = [(0, r) for r in range(1, world)]  # (planned storage, rank), a heap
+    planned0 = 0
+
+    def is_shard(value: Any) -> bool:
+        return sharded and isinstance(value, fmt.Tensor) and bool(value.shape)
+
+    rank0 = _flatten(_state_graph(case, params, True, world, 0, sharded, padded_views=False))
+    for _, value in rank0:
+        nbytes, payload = _dcp_item_bytes(value)
+        size = value.nbytes if isinstance(value, fmt.Tensor) else 1
+        if is_shard(value) or not others or planned0 <= others[0][0]:
+            rank = 0
+            planned0 += size
+        else:
+            planned, rank = heapq.heappop(others)
+            heapq.heappush(others, (planned + size, rank))
+        out[rank][0] += nbytes
+        out[rank][1] += payload
+    shards: dict[tuple[int, ...], tuple[int, int]] = {}
+    for rank in range(1, world):
+        key = _rank_signature(params, world, rank, sharded)
+        if key not in shards:
+            items = _flatten(_state_graph(case, params, True, world, rank, sharded, padded_views=False))
+            sizes = [_dcp_item_bytes(v) for _, v in items if is_shard(v)]
+            shards[key] = (sum(b for b, _ in sizes), sum(p for _, p in sizes))
+        out[rank][0] += shards[key][0]
+        out[rank][1] += shards[key][1]
+    return [(b, p) for b, p in out]
+
+
+def _rank_signature(params: list[_Param], world: int, rank: int, sharded: bool) -> tuple[int, ...]:
+    """What a rank's local state depends on: the rows it holds of each parameter (ranks alike share it)."""
+    if not sharded:
+        return ()
+    return tuple(_chunk_rows(p.shape[0], world, rank)[0] if p.shape else -1 for p in params)
+
+
+def _sharded_host_terms(
+    local_payload: int, local_model: int, model_payload: int, on_gpu: bool, regathers: bool
+) -> dict[str, int]:
+    """What a sharded state dict holds in host memory beyond the training state.
+
+    FSDP2 (and DDP): the local tensors themselves on a CPU rank, nothing new; a copy of them from a GPU.
+    FSDP1 (SHARDED_STATE_DICT, built from gathered flat parameters): on a CPU rank every unit's gathered
+    parameters stay allocated while the state dict lives (measured: the whole model's bytes at 2 and 4
+    ranks, docs/checkpointing.md), beside a new copy of the rank's optimizer state."""
+    if on_gpu:
+        return {"sharded_state_dict_host": local_payload}
+    if regathers:
+        return {"gathered_params_held_host": model_payload, "sharded_optim_host": local_payload - local_model}
+    return {}
+
+
+def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPrediction]:
+    """Every rank's checkpoint terms for the case's method (empty for ``checkpoint: none``)."""
+    if case.checkpoint == "none":
+        return []
+    params, _ = _params(case)
+    world = case.world_size
+    sharded = strategy.sharding.params
+    # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time,
+    # and its optimizer's from that unit's flat states, all of them gathered at once before unflattening
+    state_tensors = sum(not scalar for _, scalar in OPTIMIZER_STATE.get(case.optimizer, ()))
+    flat_gathered = 1 + (state_tensors if case.checkpoint_optimizer else 0)
+    regathers = strategy.fsdp_version == 1 and sharded
+    full_graph = _state_graph(
+        case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
+    )
+    full_payload = _payload(full_graph)
+    model_payload = _payload(full_graph["model"])
+    unit_bytes: dict[int, int] = {}
+    for p in params:
+        unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + _numel(p.shape) * 4
+    largest_tensor = max((_numel(p.shape) * 4 for p in params), default=0)
+    largest_unit = max(unit_bytes.values(), default=0)
+    # what gathering adds while it runs: FSDP1 a unit's flat states, FSDP2 one DTensor's full tensor
+    gather_transient = flat_gathered * largest_unit if regathers else largest_tensor if sharded else 0
+    state_transient = (flat_gathered - 1) * largest_unit  # FSDP1's sharded optimizer state dict
+    on_gpu = case.device == "cuda"
+    preds = []
+    if case.checkpoint in ("dcp", "dcp_async"):
+        files = _dcp_bytes(case, params, sharded)
+    local: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}  # ranks alike are computed once
+
+    def local_terms(rank: int) -> tuple[int, int, int, int]:
+        """(local payload, its model part, the sharded file's payload and bytes) of a rank."""
+        key = (_rank_signature(params, world, rank, sharded), len(str(rank)))
+        if key not in local:
+            graph = _state_graph(case, params, True, world, rank, sharded, padded_views=True)
+            unpadded = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
+            saved = fmt.torch_save_bytes(graph, f"rank{rank}") if case.checkpoint == "sharded" else 0
+            local[key] = (_payload(unpadded), _payload(unpadded["model"]), _payload(graph), saved)
+        return local[key]
+
+    for rank in range(world):
+        local_payload, local_model, sharded_payload, sharded_bytes = local_terms(rank)
+        terms: dict[str, int] = {}
+        if case.checkpoint == "full":
+            nbytes = fmt.torch_save_bytes(full_graph, FULL_ARCHIVE) if rank == 0 else 0
+            payload = full_payload if rank == 0 else 0
+            # gathered shards are new memory; a whole tensor already on the host is its own entry
+            held = full_payload if (sharded or on_gpu) else 0
+            terms["full_state_dict_host"] = held if rank == 0 else 0
+            terms["gather_transient_host"] = 0 if on_gpu else gather_transient
+            if sharded and not regathers and rank != 0 and not on_gpu:
+                # get_state_dict drops a nested dict's gathered tensors on the other ranks only when
+                # that dict is done: the model's are all held at once
+                terms["other_rank_model_held_host"] = model_payload
+            device = largest_unit if (sharded and on_gpu) else 0
+        elif case.checkpoint == "sharded":
+            nbytes, payload = sharded_bytes, sharded_payload
+            terms.update(_sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers))
+            terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
+            device = 0
+        else:
+            nbytes, payload = files[rank]
+            terms["dcp_metadata"] = 0  # not modelled: a few bytes per item, rank 0's .metadata file
+            terms["dcp_staged_copy_host"] = local_payload if case.checkpoint == "dcp_async" else 0
+            if case.checkpoint == "dcp":
+                terms.update(
+                    _sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers)
+                )
+            terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
+            device = 0
+        preds.append(
+            CheckpointPrediction(
+                rank=rank,
+                bytes=nbytes,
+                payload_bytes=payload,
+                save_host_peak_bytes=sum(terms.values()),
+                device_transient_bytes=device,
+                terms=terms,
+            )
+        )
+    return preds
+
+
+def check_checkpoint(case: Case, strategy: Strategy) -> str | None:
+    """Why the case's checkpoint phase cannot run (a sentence), or None: an emulated case, or files
+    predicted larger than ``checkpoint_max_bytes``."""
+    if case.checkpoint == "none":
+        return None
+    if case.emulate:
+        return "checkpoint: an emulated rank runs alone with a fake process group; checkpoint a real case"
+    try:
+        total = sum(p.bytes for p in predict_checkpoint(case, strategy))
+    except ValueError:
+        return None  # shapes unknown: nothing to refuse on
+    if total > case.checkpoint_max_bytes:
+        return (
+            f"checkpoint={case.checkpoint} would write {total:,} bytes (predicted), over "
+            f"checkpoint_max_bytes={case.checkpoint_max_bytes:,}; raise it to run this case"
+        )
+    return None
+
+
+def checkpoint_columns(case: Case, rows: Any) -> dict[str, list[Any]]:
+    """The pred_ckpt_* columns beside each rank's measured checkpoint row (none without a checkpoint)."""
+    from fsdpbench import schema
+    from fsdpbench.analysis.frame import relative_error
+    from fsdpbench.strategies import get_strategy
+
+    if case.checkpoint == "none" or schema.RANK not in rows:
+        return {}
+    preds = {p.rank: p for p in predict_checkpoint(case, get_strategy(case.strategy))}
+    out: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            schema.PRED_CKPT_BYTES,
+            schema.PRED_CKPT_PAYLOAD_BYTES,
+            schema.PRED_CKPT_HOST_PEAK,
+            schema.PRED_CKPT_DEVICE_TRANSIENT,
+            schema.PRED_CKPT_BYTES_ERR,
+            schema.PRED_CKPT_HOST_PEAK_ERR,
+        )
+    }
+    for i in range(len(rows)):
+        row = rows.iloc[i]
+        pred = preds.get(int(row[schema.RANK]))
+        measured_bytes = row.get(schema.CKPT_BYTES)
+        measured_host = row.get(schema.CKPT_SAVE_HOST_PEAK)
+        out[schema.PRED_CKPT_BYTES].append(pred.bytes if pred else None)
+        out[schema.PRED_CKPT_PAYLOAD_BYTES].append(pred.payload_bytes if pred else None)
+        out[schema.PRED_CKPT_HOST_PEAK].append(pred.save_host_peak_bytes if pred else None)
+        out[schema.PRED_CKPT_DEVICE_TRANSIENT].append(pred.device_transient_bytes if pred else None)
+        out[schema.PRED_CKPT_BYTES_ERR].append(
+            relative_error(pred.bytes, measured_bytes) if pred and measured_bytes else None
+        )
+        out[schema.PRED_CKPT_HOST_PEAK_ERR].append(
+            relative_error(pred.save_host_peak_bytes, measured_host) if pred and measured_host else None
+        )
+    return out
