@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpbench.precision import Precision, get_precision, runnable_precisions
-from fsdpbench.strategies import REFERENCE_STRATEGY
+from fsdpbench.strategies.names import REFERENCE_STRATEGY
 
 PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")

@@ -72,7 +72,8 @@ def test_only_this_ranks_shards_are_materialised():
 
     from fsdpbench.engine.wrap import get_wrap_units
     from fsdpbench.models import resolve_model
-    from fsdpbench.predictors.emulate import build_rank_model, init_fake_process_group, shards_on_meta
+    from fsdpbench.predictors.emulate import build_rank_model, shards_on_meta
+    from fsdpbench.predictors.fake_pg import init_fake_process_group
     from fsdpbench.strategies import ApplyContext, get_strategy
 
     case = Case(model="decoder-small", strategy="zero3", world_size=64, emulate=True)

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from fsdpbench.case import Case
-from fsdpbench.predictors.memory_model import ModelFacts, get_model_facts, predict_memory, prediction_columns
+from fsdpbench.predictors.memory_model import ModelFacts, get_model_facts, predict_memory
+from fsdpbench.predictors.memory_model.columns import prediction_columns
 from fsdpbench.predictors.memory_model.facts import ParamFact
 from fsdpbench.predictors.memory_model.search import (
     largest_batch,

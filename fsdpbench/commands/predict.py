@@ -341,7 +341,7 @@ def _analytic_record(pred: Any, fit: Any) -> dict[str, Any]:
 
 def _add_emulated(out: dict[str, Any], case: Any, rank: int, device_memory: int | None, context: int) -> None:
     """Emulate the rank; with --device-memory, "fits?" from its peak plus the stated allowance."""
-    from fsdpbench.predictors.emulate import emulate_rank
+    from fsdpbench.pipeline.emulated_rank import emulate_rank
 
     out["emulated"] = emu = emulate_rank(case, rank=rank)
     rec = emu.to_dict()

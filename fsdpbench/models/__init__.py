@@ -1,145 +1,29 @@
-"""Model registry: a model is a builder, a synthetic-batch maker, a loss and its block classes.
+"""Models: the registry (``fsdpbench/models/registry.py``) and the families that register themselves in
+it, one file each, imported here."""
 
-Presets are named argument sets of a registered model (``decoder-tiny``, ``llama-7b``, …).
-A new model is one new file plus one ``register_model`` call in it, imported below.
-"""
+from fsdpbench.models import decoder, hf, mlp, mnist_cnn  # noqa: F401  (registration)
+from fsdpbench.models.registry import (
+    ModelDef,
+    Preset,
+    build_model,
+    check_model_args,
+    count_params,
+    make_global_batch,
+    model_names,
+    register_model,
+    register_preset,
+    resolve_model,
+)
 
-from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-import torch
-from torch import nn
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelDef:
-    """How to build, feed and score one family of models."""
-
-    name: str
-    build: Callable[..., nn.Module]
-    defaults: dict[str, Any]
-    make_batch: Callable[[dict[str, Any], int, int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    block_classes: Callable[[dict[str, Any]], tuple[type[nn.Module], ...]]
-    is_sequence: bool = False
-    description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
-    # constraints between arguments (e.g. heads divide the width): why a full argument set is invalid
-    check_args: Callable[[dict[str, Any]], str | None] | None = None
-
-
-@dataclass(frozen=True)
-class Preset:
-    model: str
-    args: dict[str, Any]
-    description: str = ""
-
-
-_MODELS: dict[str, ModelDef] = {}
-_PRESETS: dict[str, Preset] = {}
-
-
-def register_model(model: ModelDef) -> ModelDef:
-    if model.name in _MODELS or model.name in _PRESETS:
-        raise ValueError(f"model {model.name!r} is already registered")
-    _MODELS[model.name] = model
-    return model
-
-
-def register_preset(name: str, model: str, description: str = "", **args: Any) -> None:
-    if name in _MODELS or name in _PRESETS:
-        raise ValueError(f"model preset {name!r} is already registered")
-    _PRESETS[name] = Preset(model, args, description)
-
-
-def model_names() -> list[str]:
-    """Every name a scenario may use: families and presets."""
-    return sorted(_MODELS) + sorted(_PRESETS)
-
-
-def resolve_model(name: str, overrides: dict[str, Any] | None = None) -> tuple[ModelDef, dict[str, Any]]:
-    """Look up a family or preset; return its definition and the full argument set."""
-    if name in _PRESETS:
-        preset = _PRESETS[name]
-        mdef = _MODELS[preset.model]
-        args = {**mdef.defaults, **preset.args}
-    elif name in _MODELS:
-        mdef = _MODELS[name]
-        args = dict(mdef.defaults)
-    else:
-        raise KeyError(f"unknown model {name!r}; known: {', '.join(model_names())}")
-    unknown = set(overrides or {}) - set(mdef.defaults)
-    if unknown:
-        raise KeyError(
-            f"model {name!r} has no argument(s) {sorted(unknown)}; allowed: {sorted(mdef.defaults)}"
-        )
-    args.update(overrides or {})
-    return mdef, args
-
-
-def check_model_args(name: str, overrides: dict[str, Any]) -> str | None:
-    """Why these arguments cannot build the model (or None), decided without building it.
-
-    Each argument must have its default's type (a bool is not an int); an integer argument whose
-    default is a positive size (or None, 'derived') must be >= 1; then the model's own constraints."""
-    try:
-        mdef, args = resolve_model(name, overrides)
-    except KeyError as exc:
-        return str(exc.args[0])
-    for key, value in overrides.items():
-        problem = _check_arg(value, mdef.defaults[key])
-        if problem:
-            return f"{key}: {problem} (got {value!r:.60})"
-    return mdef.check_args(args) if mdef.check_args else None
-
-
-def _check_arg(value: Any, default: Any) -> str | None:
-    if value is None:
-        return None if default is None else f"needs a value like its default {default!r}"
-    if isinstance(default, bool) or isinstance(value, bool):
-        return (
-            None
-            if isinstance(value, bool) and isinstance(default, bool)
-            else (f"should be {'true or false' if isinstance(default, bool) else type(default).__name__}")
-        )
-    if default is None or isinstance(default, int):
-        if not isinstance(value, int):
-            return "should be an integer"
-        return None if value >= 1 or (isinstance(default, int) and default < 1) else "should be at least 1"
-    if isinstance(default, float):
-        if not isinstance(value, (int, float)) or value != value:
-            return "should be a number"
-        return None if value > 0 or default <= 0 else "should be greater than 0"
-    if isinstance(default, str) and not isinstance(value, str):
-        return "should be a string"
-    return None
-
-
-def build_model(
-    name: str, overrides: dict[str, Any] | None = None, *, device: str | torch.device = "cpu"
-) -> nn.Module:
-    """Build a model (use device='meta' to get its structure without allocating)."""
-    mdef, args = resolve_model(name, overrides)
-    with torch.device(device):
-        return mdef.build(**args)
-
-
-def count_params(name: str, overrides: dict[str, Any] | None = None) -> int:
-    """Trainable parameter count (Ψ), from a meta-device build: no memory, any size."""
-    model = build_model(name, overrides, device="meta")
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def make_global_batch(
-    name: str, overrides: dict[str, Any] | None, global_batch: int, seq_len: int, seed: int, step: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The synthetic global batch of one step: identical on every rank and in a 1-rank reference."""
-    mdef, args = resolve_model(name, overrides)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return mdef.make_batch(args, global_batch, seq_len, gen)
-
-
-from fsdpbench.models import decoder, hf, mlp, mnist_cnn  # noqa: E402,F401  (registration)
+__all__ = [
+    "ModelDef",
+    "Preset",
+    "build_model",
+    "check_model_args",
+    "count_params",
+    "make_global_batch",
+    "model_names",
+    "register_model",
+    "register_preset",
+    "resolve_model",
+]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fsdpbench.models import ModelDef, register_model, register_preset
+from fsdpbench.models.registry import ModelDef, register_model, register_preset
 
 
 def _rope(x: torch.Tensor, theta: float = 10000.0) -> torch.Tensor:

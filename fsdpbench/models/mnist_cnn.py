@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fsdpbench.models import ModelDef, register_model
+from fsdpbench.models.registry import ModelDef, register_model
 
 
 class Net(nn.Module):

@@ -181,7 +181,7 @@ def _end_run(store: RunStore, meta: dict[str, Any], tracer: TracedPredictor | No
 def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
     """The analytic prediction for the same case, beside the measurement (pred_* columns)."""
     from fsdpbench.predictors.checkpoint import checkpoint_columns
-    from fsdpbench.predictors.memory_model import prediction_columns
+    from fsdpbench.predictors.memory_model.columns import prediction_columns
 
     try:
         pred = {**prediction_columns(case, rows), **checkpoint_columns(case, rows)}

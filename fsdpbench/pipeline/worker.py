@@ -46,11 +46,11 @@ from fsdpbench.pipeline.rank_result import RankResult, Setup
 from fsdpbench.predictors.emulate import (
     build_rank_model,
     fake_collectives,
-    init_fake_process_group,
     prepare_ddp,
     shards_on_meta,
     without_overlap,
 )
+from fsdpbench.predictors.fake_pg import init_fake_process_group
 
 
 class RankRecorder:

@@ -17,10 +17,7 @@ What emulation cannot see is kept out of its numbers and named in ``EMULATION_LI
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from fsdpbench.case import Case
+from fsdpbench.predictors.fake_pg import fake_pg_compat, patch_ddp
 
 # what an emulated rank's figures leave out; stored in run.json and shown in the report's notes
 EMULATION_LIMITS: dict[str, str] = {
@@ -68,20 +66,11 @@ def check_emulation(case: Case) -> str | None:
     return None
 
 
-def init_fake_process_group(rank: int, world_size: int) -> None:
-    """Join a fake process group of ``world_size`` as ``rank``: collectives do nothing."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
-
-
 @contextlib.contextmanager
 def fake_collectives(case: Case) -> Iterator[None]:
     """What the fake process group does not do the way the case's backend would: futures that carry
     their tensors (DDP's hooks; shared with the traced predictor) and, for gloo, the copy of the input
     that gloo's reduce-scatter allocates while the input is already a reduce-scatter buffer."""
-    from fsdpbench.predictors.traced import _fake_pg_compat
-
     rs_name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
     reduce_scatter = getattr(dist, rs_name)  # what FSDP2's reduce-scatter calls
 
@@ -92,7 +81,7 @@ def fake_collectives(case: Case) -> Iterator[None]:
             tensor.clone()  # gloo reduces a flattened copy; it lives (and is counted) beside the tagged input
         return work
 
-    with _fake_pg_compat("nccl"):  # "nccl": no staging of its own (the traced predictor's, before the call)
+    with fake_pg_compat("nccl"):  # "nccl": no staging of its own (the traced predictor's, before the call)
         if case.backend == "gloo":
             setattr(dist, rs_name, gloo_reduce_scatter)
         try:
@@ -155,9 +144,7 @@ def fill_local_data(model: nn.Module, *, seed: int, rank: int) -> None:
 
 def prepare_ddp(model: nn.Module, world_size: int) -> nn.Module:
     """DDP under the fake process group: an in-place bucket all-reduce hook (the traced predictor's)."""
-    from fsdpbench.predictors.traced import _patch_ddp
-
-    return _patch_ddp(model, world_size, rebuild_buckets=True)
+    return patch_ddp(model, world_size, rebuild_buckets=True)
 
 
 def without_overlap(profiled: dict[str, Any]) -> dict[str, Any]:
@@ -171,84 +158,3 @@ def without_overlap(profiled: dict[str, Any]) -> dict[str, Any]:
         "emulated: collectives take no time under the fake process group; overlap not measured"
     )
     return out
-
-
-@dataclass(frozen=True, slots=True)
-class EmulatedRank:
-    """What one emulated rank measured (bytes; ``device_peak_bytes``: the allocator's peak reserved on a
-    GPU, the tracker's peak on the CPU, where live tensors are the memory)."""
-
-    case_id: str
-    rank: int
-    device: str
-    peak_bytes: int  # tracker: live tensors, memory-tracked step
-    peak_by_category: dict[str, int]
-    states_by_category: dict[str, int]
-    alloc_peak_allocated_bytes: int | None
-    alloc_peak_reserved_bytes: int | None
-    nvml_peak_bytes: int | None
-    rss_peak_bytes: int | None
-    step_time_ms: float | None  # compute only
-    wall_s: float
-
-    @property
-    def model_states_bytes(self) -> int:
-        return sum(self.states_by_category.get(c, 0) for c in ("params", "grads", "optim"))
-
-    @property
-    def device_peak_bytes(self) -> int:
-        return self.alloc_peak_reserved_bytes or self.peak_bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f: getattr(self, f) for f in self.__slots__}
-        out.update(
-            method="emulated", device_peak_bytes=self.device_peak_bytes, notes=list(EMULATION_LIMITS.values())
-        )
-        return out
-
-
-def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> EmulatedRank:
-    """Run ``rank`` of ``case`` emulated, in a fresh process (one warm-up, one timed, one tracked step)."""
-    import tempfile
-
-    from fsdpbench.pipeline.launch import launch_case
-
-    case = case.replace(
-        emulate=True,
-        emulate_ranks=(rank,),
-        warmup_steps=1,
-        steps=1,
-        memory_steps=1,
-        profile_steps=0,
-        timeout_s=max(case.timeout_s, 3600.0),
-    )
-    reason = check_emulation(case)
-    if reason:
-        raise ValueError(reason)
-    if case.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            "emulating a CUDA rank needs a visible GPU (this machine has none); use --device cpu"
-        )
-    with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        outcome = launch_case(case, (out_dir or Path(tmp)) / case.case_id)
-        wall = time.perf_counter() - t0
-    if outcome.status != "ok":
-        raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
-    rec = outcome.ranks[0]
-    peak = dict(rec["memory"]["peak"])
-    extra = rec.get("metric_columns") or {}
-    return EmulatedRank(
-        case_id=case.case_id,
-        rank=rank,
-        device=case.device,
-        peak_bytes=int(peak.pop("total")),
-        peak_by_category=peak,
-        states_by_category=dict(rec["memory"].get("states_tracker") or {}),
-        alloc_peak_allocated_bytes=extra.get("mem_alloc_peak_allocated_bytes"),
-        alloc_peak_reserved_bytes=extra.get("mem_alloc_peak_reserved_bytes"),
-        nvml_peak_bytes=extra.get("mem_nvml_peak_bytes"),
-        rss_peak_bytes=extra.get("mem_rss_peak_case_bytes"),
-        step_time_ms=rec.get("step_time_ms"),
-        wall_s=wall,
-    )

@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.case import Case
+from fsdpbench.predictors.fake_pg import fake_pg_compat, init_fake_process_group, patch_ddp
 from fsdpbench.schema import (
     RANK,
     TRACED_MODEL_STATES,
@@ -130,11 +131,11 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
     if reason:
         raise ValueError(f"case {case.case_id}: {reason}")
     excepthook = sys.excepthook  # init_process_group chains a rank-prefixing hook on every call
-    _init_fake_process_group(rank, case.world_size)
+    init_fake_process_group(rank, case.world_size)
     try:
         with (
             contextlib.ExitStack() as fake_scope,
-            _fake_pg_compat(case.backend),
+            fake_pg_compat(case.backend),
             _cuda_rules(cuda_rules) as uncovered,
         ):
             # the model runs eagerly: torch.compile is not traced
@@ -220,7 +221,7 @@ def _fake_build(
             fake_scope.enter_context(fake)
             model = _build(mdef, margs, device)
             params = count_params(model)
-            model = _patch_ddp(parallelize(model), world_size)
+            model = patch_ddp(parallelize(model), world_size)
         return model, params
 
     return build
@@ -278,96 +279,9 @@ def _cuda_rules(active: bool) -> Iterator[list[str]]:
         yield uncovered
 
 
-def _init_fake_process_group(rank: int, world_size: int) -> None:
-    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
-
-    dist.init_process_group("fake", rank=rank, world_size=world_size, store=FakeStore())
-
-
 def _build(mdef: Any, margs: dict[str, Any], device: Any) -> torch.nn.Module:
     with torch.device(device):
         return mdef.build(**margs)
-
-
-class _CompletedWork:
-    """A finished collective whose future carries its tensor (the fake process group's carry None)."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self._tensor = tensor
-
-    def wait(self, *args: Any, **kwargs: Any) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
-
-    def get_future(self) -> torch.futures.Future:
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result([self._tensor])
-        return fut
-
-
-@contextlib.contextmanager
-def _fake_pg_compat(backend: str) -> Iterator[None]:
-    import torch.nn.parallel.distributed as ddp_module
-
-    verify, all_reduce = ddp_module._verify_param_shape_across_processes, dist.all_reduce
-    rs_name = "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
-    reduce_scatter = getattr(dist, rs_name)  # what FSDP2's DefaultReduceScatter calls
-
-    def async_all_reduce(tensor: torch.Tensor, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
-        work = all_reduce(tensor, *args, async_op=async_op, **kwargs)
-        return _CompletedWork(tensor) if async_op else work
-
-    def gloo_reduce_scatter(*args: Any, **kwargs: Any) -> Any:
-        tensor = kwargs.get("input", args[1] if len(args) > 1 else None)
-        staged = tensor.clone() if tensor is not None else None  # gloo reduces a flattened copy of the input
-        work = reduce_scatter(*args, **kwargs)
-        del staged
-        return work
-
-    ddp_module._verify_param_shape_across_processes = lambda *a, **k: None
-    dist.all_reduce = async_all_reduce
-    if backend == "gloo":
-        setattr(dist, rs_name, gloo_reduce_scatter)
-    try:
-        yield
-    finally:
-        ddp_module._verify_param_shape_across_processes = verify
-        dist.all_reduce = all_reduce
-        setattr(dist, rs_name, reduce_scatter)
-
-
-class _ReducerWithoutRebuild:
-    """DDP's reducer, except that its first-step bucket rebuild (which reads tensor data) is off."""
-
-    def __init__(self, reducer: Any) -> None:
-        self._reducer = reducer
-
-    def _rebuild_buckets(self) -> bool:
-        return False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._reducer, name)
-
-
-def _patch_ddp(model: torch.nn.Module, world_size: int, *, rebuild_buckets: bool = False) -> torch.nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
-
-    if not isinstance(model, DistributedDataParallel):
-        return model
-    if not model._comm_hooks:
-
-        def allreduce_in_place(state, bucket):  # noqa: ANN001 — DDP checks these annotations at runtime
-            buffer = bucket.buffer().div_(world_size)  # what DDP's built-in hook does, minus the wire
-            fut: torch.futures.Future = torch.futures.Future()
-            fut.set_result(buffer)
-            return fut
-
-        model.register_comm_hook(None, allreduce_in_place)
-    if not rebuild_buckets:  # fake tensors have no data to rebuild from; real ones (emulation) do
-        model.reducer = _ReducerWithoutRebuild(model.reducer)
-    return model
 
 
 # ---- traced predictions beside a run's measurements --------------------------------------------------

@@ -3,7 +3,8 @@ plus one line in ``BUILTIN``; a user's own plugs in from a scenario as ``module:
 with ``register_strategy``.
 
 This module imports no torch until a strategy is looked up: torch-free code (the case, the regression
-gate) reads ``REFERENCE_STRATEGY`` from here.
+gate) reads ``REFERENCE_STRATEGY`` from here (``names.py``: the case reads it there, so that the case
+and the strategies' base, which reads the case, form no import circle).
 """
 
 from __future__ import annotations
@@ -16,10 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
 
-# everything replicated: what the others are timed and compared against, and a case's default
-REFERENCE_STRATEGY = "ddp"
-# params, grads and optimizer state sharded over every rank (16Ψ/N): what ``predict`` answers by default
-FULL_SHARD_STRATEGY = "zero3"
+from fsdpbench.strategies.names import FULL_SHARD_STRATEGY, REFERENCE_STRATEGY
 
 # every built-in strategy, one line each, in the order reports list them
 BUILTIN = (

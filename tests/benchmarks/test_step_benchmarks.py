@@ -86,7 +86,7 @@ def prediction_info(case: Case, measured: dict[str, int]) -> dict[str, Any]:
     """The analytic prediction for the same case (pred_* fields)."""
     import pandas as pd
 
-    from fsdpbench.predictors.memory_model import prediction_columns
+    from fsdpbench.predictors.memory_model.columns import prediction_columns
 
     try:
         pred = prediction_columns(case, pd.DataFrame([{"rank": 0, **measured}]))

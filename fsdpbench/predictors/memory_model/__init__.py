@@ -403,8 +403,6 @@ def _named_terms(facts: ModelFacts, states: RankStates, prefetch: int, sharding:
     }
 
 
-from fsdpbench.predictors.memory_model.columns import prediction_columns  # noqa: E402
-
 __all__ = [
     "CUDA_CONTEXT_BYTES",
     "MemoryPrediction",
@@ -416,7 +414,6 @@ __all__ = [
     "get_precision",
     "peak_moments",
     "predict_memory",
-    "prediction_columns",
     "step_events",
     "zero_model_states_bytes",
 ]

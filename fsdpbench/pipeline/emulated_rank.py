@@ -1,0 +1,108 @@
+"""One emulated rank of a case, run in a fresh process and read back (``predict --method emulated``):
+the pipeline's launcher with the case set to emulate that rank alone (fsdpbench/predictors/emulate.py
+says what emulation is and what it cannot see)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fsdpbench.case import Case
+from fsdpbench.pipeline.rank_result import RankResult
+from fsdpbench.predictors.emulate import EMULATION_LIMITS, check_emulation
+from fsdpbench.schema import (
+    ALLOC_PEAK_ALLOCATED,
+    ALLOC_PEAK_RESERVED,
+    MODEL_STATE_CATEGORIES,
+    OK,
+    SAMPLED_PEAK,
+    SAMPLED_PEAK_CASE,
+    STEP_TIME,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatedRank:
+    """What one emulated rank measured (bytes; ``device_peak_bytes``: the allocator's peak reserved on a
+    GPU, the tracker's peak on the CPU, where live tensors are the memory)."""
+
+    case_id: str
+    rank: int
+    device: str
+    peak_bytes: int  # tracker: live tensors, memory-tracked step
+    peak_by_category: dict[str, int]
+    states_by_category: dict[str, int]
+    alloc_peak_allocated_bytes: int | None
+    alloc_peak_reserved_bytes: int | None
+    nvml_peak_bytes: int | None
+    rss_peak_bytes: int | None
+    step_time_ms: float | None  # compute only
+    wall_s: float
+
+    @property
+    def model_states_bytes(self) -> int:
+        return sum(self.states_by_category.get(c, 0) for c in MODEL_STATE_CATEGORIES)
+
+    @property
+    def device_peak_bytes(self) -> int:
+        return self.alloc_peak_reserved_bytes or self.peak_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f: getattr(self, f) for f in self.__slots__}
+        out.update(
+            method="emulated", device_peak_bytes=self.device_peak_bytes, notes=list(EMULATION_LIMITS.values())
+        )
+        return out
+
+
+def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> EmulatedRank:
+    """Run ``rank`` of ``case`` emulated, in a fresh process (one warm-up, one timed, one tracked step)."""
+    import tempfile
+
+    import torch
+
+    from fsdpbench.pipeline.launch import launch_case
+
+    case = case.replace(
+        emulate=True,
+        emulate_ranks=(rank,),
+        warmup_steps=1,
+        steps=1,
+        memory_steps=1,
+        profile_steps=0,
+        timeout_s=max(case.timeout_s, 3600.0),
+    )
+    reason = check_emulation(case)
+    if reason:
+        raise ValueError(reason)
+    if case.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            "emulating a CUDA rank needs a visible GPU (this machine has none); use --device cpu"
+        )
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        outcome = launch_case(case, (out_dir or Path(tmp)) / case.case_id)
+        wall = time.perf_counter() - t0
+    if outcome.status != OK:
+        raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
+    rec = RankResult.from_json(outcome.ranks[0])
+    if rec.memory is None:
+        raise RuntimeError(f"emulated rank {rank} recorded no memory-tracked step")
+    peak = dict(rec.memory.peak)
+    extra = rec.metric_columns
+    return EmulatedRank(
+        case_id=case.case_id,
+        rank=rank,
+        device=case.device,
+        peak_bytes=int(peak.pop("total")),
+        peak_by_category=peak,
+        states_by_category=dict(rec.memory.states_tracker),
+        alloc_peak_allocated_bytes=extra.get(ALLOC_PEAK_ALLOCATED),
+        alloc_peak_reserved_bytes=extra.get(ALLOC_PEAK_RESERVED),
+        nvml_peak_bytes=extra.get(SAMPLED_PEAK.of("nvml")),
+        rss_peak_bytes=extra.get(SAMPLED_PEAK_CASE.of("rss")),
+        step_time_ms=rec.timed.to_columns().get(STEP_TIME) if rec.timed else None,
+        wall_s=wall,
+    )
