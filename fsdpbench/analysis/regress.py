@@ -26,7 +26,7 @@ import dataclasses
 import json
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -164,7 +164,7 @@ def parse_threshold(text: str, *, where: str = "--threshold") -> tuple[str, Thre
 def make_threshold(raw: Any, where: str) -> Threshold:
     if not isinstance(raw, Mapping):
         raise BaselineError(f"{where}: a threshold is {{'tolerance': 0.01, 'gate': 'fail'}}, got {raw!r}")
-    tol = raw.get("tolerance")
+    tol: Any = raw.get("tolerance")
     try:
         tol = float(tol.rstrip("%")) / 100 if isinstance(tol, str) and tol.endswith("%") else float(tol)
     except (TypeError, ValueError):
@@ -322,7 +322,7 @@ def build_baseline(
     *,
     thresholds: Mapping[str, Threshold] | None = None,
     time_reference: str = REFERENCE_STRATEGY,
-    pool: list[pd.DataFrame] = (),
+    pool: Sequence[pd.DataFrame] = (),
 ) -> dict[str, Any]:
     """The baseline document for a run: provenance, thresholds, and one entry per case.
 

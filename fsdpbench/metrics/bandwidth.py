@@ -70,7 +70,7 @@ def bandwidth_by_kind(
             timed = [r for r in calls if r.dur_us is not None]
             if len(timed) != len(calls):
                 continue  # a call whose work the trace does not show: no honest rate for this kind
-            time_us = sum(r.dur_us for r in timed)
+            time_us = sum(r.dur_us for r in timed if r.dur_us is not None)
         if time_us <= 0:
             continue
         payload = sum(r.payload_bytes for r in calls)
@@ -78,6 +78,6 @@ def bandwidth_by_kind(
         out[COMM_TIME.of(kind)] = time_us / 1e3 / max(1, steps)
         out[COMM_ALGBW.of(kind)] = payload / (time_us * 1e-6) / 1e9
         if all(f is not None for f in factors):
-            bus = sum(r.payload_bytes * f for r, f in zip(calls, factors))
+            bus = sum(r.payload_bytes * f for r, f in zip(calls, factors) if f is not None)
             out[COMM_BUSBW.of(kind)] = bus / (time_us * 1e-6) / 1e9
     return out

@@ -102,10 +102,10 @@ class DeepSpeedMemTracker(MemTracker):
         if self._depth == 0:
             self._file_states()
             if hasattr(self._zero, "setup_buckets"):  # stage 1/2 allocate the buckets in each backward
-                self._saved = self._zero.setup_buckets
+                saved = self._saved = self._zero.setup_buckets
 
                 def setup_buckets(*args: Any, **kwargs: Any) -> Any:
-                    out = self._saved(*args, **kwargs)
+                    out = saved(*args, **kwargs)
                     self._file_states()
                     return out
 

@@ -16,6 +16,7 @@ across strategies; set ``dropout: 0.1`` to match the published configs.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from typing import Any
@@ -146,6 +147,11 @@ def _block(model: str, name: str) -> Any:
     return getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
 
 
+def _block_classes(model: str, name: str, args: dict[str, Any]) -> tuple[Any, ...]:
+    """The family's block class (the FSDP unit), imported from transformers when first asked for."""
+    return (_block(model, name),)
+
+
 _FAMILIES = [
     (
         "hf-llama",
@@ -167,7 +173,7 @@ for _name, _builder, _batch, _block_name, _desc in _FAMILIES:
             defaults=_defaults(_name),
             make_batch=_batch,
             loss=_token_loss,
-            block_classes=lambda args, m=_name, b=_block_name: (_block(m, b),),
+            block_classes=functools.partial(_block_classes, _name, _block_name),
             is_sequence=True,
             description=f"{_desc} ({INSTALL_HINT}); blocks {_block_name}",
             extra={"requires": "transformers", "install": INSTALL_HINT, "block_class_names": (_block_name,)},

@@ -146,7 +146,8 @@ def _launch_group(
     finally:
         _restore_signal_handlers(handlers)  # Ctrl-C stays a KeyboardInterrupt that the sweep handles
     pids = sorted(pc.pids().values())
-    result, own_exits = None, {}
+    result: Any = None
+    own_exits: dict[int, int] = {}
     try:
         result, own_exits = _wait(pc, case.timeout_s)
     except _signal_exception() as exc:  # a signal in the instant before the handlers were restored
@@ -245,12 +246,13 @@ def collect_case(case: Case, case_dir: Path) -> CaseOutcome:
         _read_rank(case_dir, r) for r in (case.emulate_ranks if case.emulate else range(case.world_size))
     ]
     bad = [r for r in ranks if r.get("status") != "ok"]
+    status: str
     if not bad:
         status, error = "ok", ""
     else:
         failed = [r for r in bad if r.get("status") in ("failed", "oom")]
         first = min(failed, key=lambda r: r.get("failed_at", 0)) if failed else bad[0]
-        status = first.get("status") if first.get("status") in ("failed", "oom") else "failed"
+        status = str(first["status"]) if first.get("status") in ("failed", "oom") else "failed"
         error = f"rank {first['rank']} in {first.get('phase')}: {first.get('error') or 'no result written'}"
     wall = max((r.get("wall_s") or 0.0 for r in ranks), default=0.0)
     return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks))

@@ -127,11 +127,11 @@ def cuda_storage_rounding() -> Iterator[None]:
         mem = self.size * self.element_size
         return math.ceil(mem / mem_tracker._PYTORCH_MIN_ALLOCATE) * mem_tracker._PYTORCH_MIN_ALLOCATE
 
-    info._calculate_mem_consumed = rounded
+    info._calculate_mem_consumed = rounded  # type: ignore[method-assign]  # patched for the trace only
     try:
         yield
     finally:
-        info._calculate_mem_consumed = original
+        info._calculate_mem_consumed = original  # type: ignore[method-assign]
 
 
 def _note(notes: list[str], text: str) -> None:

@@ -48,7 +48,7 @@ def fake_pg_compat(backend: str) -> Iterator[None]:
     reduce_scatter = getattr(dist, rs_name)  # what FSDP2's DefaultReduceScatter calls
 
     def async_all_reduce(tensor: torch.Tensor, *args: Any, async_op: bool = False, **kwargs: Any) -> Any:
-        work = all_reduce(tensor, *args, async_op=async_op, **kwargs)
+        work = all_reduce(tensor, *args, async_op=async_op, **kwargs)  # type: ignore[misc]  # op, group by position
         return _CompletedWork(tensor) if async_op else work
 
     def gloo_reduce_scatter(*args: Any, **kwargs: Any) -> Any:

@@ -21,6 +21,7 @@ import collections
 import functools
 import io
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +128,7 @@ class Tensor:
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # Tensor._reduce_ex_internal: storage, offset, size, stride, requires_grad, backward hooks
-        hooks = collections.OrderedDict()
+        hooks: collections.OrderedDict[str, Any] = collections.OrderedDict()
         # a new size tuple per tensor, as tuple(tensor.size()) is: never memoised across tensors
         size = tuple(list(self.shape))
         return (REBUILD_TENSOR, (self.storage, 0, size, self.stride(), False, hooks))
@@ -140,6 +141,12 @@ _LOCATION = "cpu"
 
 
 class _StandInPickler(pickle._Pickler):  # the pure-Python pickler: its save() can be extended
+    # its internals, which typeshed does not declare
+    memo: dict[int, tuple[int, Any]]
+    write: Callable[[bytes], Any]
+    get: Callable[[int], bytes]
+    memoize: Callable[[Any], None]
+
     def __init__(self, file: Any) -> None:
         super().__init__(file, protocol=PICKLE_PROTOCOL)
         self.storages: list[Storage] = []
@@ -172,7 +179,7 @@ class _StandInPickler(pickle._Pickler):  # the pure-Python pickler: its save() c
             self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode())
             self.memoize(obj)
             return
-        super().save(obj, save_persistent_id)
+        super().save(obj, save_persistent_id)  # type: ignore[misc]  # _Pickler.save: undeclared in typeshed
 
 
 def pickled(obj: Any) -> tuple[int, list[Storage]]:

@@ -8,6 +8,7 @@ missing.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def load_timelines(run_dir: Path, label: str) -> pd.DataFrame:
     return out
 
 
-def load_runs(run_dirs: list[str | Path]) -> ReportData:
+def load_runs(run_dirs: Sequence[str | Path]) -> ReportData:
     """Several run directories, labelled so that their cases can be told apart."""
     labels = [run_label(Path(d)) for d in run_dirs]
     if len(set(labels)) < len(labels):  # same parent/name twice: fall back to full paths

@@ -212,7 +212,7 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
         x = []
         for i in range(len(labels)):
             x.append(float(measured[group].iloc[i]) / div)
-            if has_pred:
+            if predicted is not None:
                 x.append(float(predicted[group].iloc[i]) / div)  # NaN: no prediction for this case
         fig.add_trace(
             go.Bar(
@@ -224,17 +224,21 @@ def build_memory_breakdown_panel(cases: pd.DataFrame) -> Panel:
                 hovertemplate=f"%{{y}}<br>{group}: %{{x:.2f}} {unit}<extra></extra>",
             )
         )
-    ty, tx, tt = ([[], []] if has_pred else []), [], []  # totals beside the bars: measured, predicted (error)
+    # totals beside the bars: measured, predicted (error); with predictions, y is (case, kind) pairs
+    y_case: list[str] = []
+    y_kind: list[str] = []
+    tx: list[float] = []
+    tt: list[str] = []
     for i, (_, row) in enumerate(ok.iterrows()):
         rows = [("measured", row[TRACKER_PEAK], "")]
         if has_pred and pd.notna(row.get(PRED_PEAK)):
             rows.append(("predicted", row[PRED_PEAK], f" ({fmt_pct(row.get(PRED_PEAK_ERR))})"))
         for kind, total, extra in rows:
-            if has_pred:
-                ty[0].append(labels[i]), ty[1].append(kind)
-            else:
-                ty.append(labels[i])
-            tx.append(total / div), tt.append(f" {total / div:.2f}{extra}")
+            y_case.append(labels[i])
+            y_kind.append(kind)
+            tx.append(total / div)
+            tt.append(f" {total / div:.2f}{extra}")
+    ty: list[Any] = [y_case, y_kind] if has_pred else y_case
     fig.add_trace(
         go.Scatter(
             x=tx,

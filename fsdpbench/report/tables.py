@@ -6,7 +6,7 @@ renders a rich table.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,13 +72,13 @@ class CompareRow:
 
     metric: str
     text: dict[str, str]
-    values: dict[str, float] = field(default_factory=dict)
+    values: dict[str, float | None] = field(default_factory=dict)
     better: str | None = None  # "low" | "high" | None
     winners: list[str] = field(default_factory=list)
 
 
-def _winners(values: dict[str, float], better: str | None) -> list[str]:
-    vals = {k: v for k, v in values.items() if v is not None}
+def _winners(values: Mapping[str, float | None], better: str | None) -> list[str]:
+    vals: dict[str, float] = {k: v for k, v in values.items() if v is not None}
     if better is None or len(vals) < 2:
         return []
     best = min(vals.values()) if better == "low" else max(vals.values())
@@ -88,9 +88,31 @@ def _winners(values: dict[str, float], better: str | None) -> list[str]:
 
 
 def _sum_cols(row: pd.Series, cols: tuple[str, ...]) -> float | None:
-    vals = [number(row.get(c)) for c in cols if c in row.index]
-    vals = [v for v in vals if v is not None]
+    vals = [v for v in (number(row.get(c)) for c in cols if c in row.index) if v is not None]
     return sum(vals) if vals else None
+
+
+def _column_value(col: str) -> Callable[[pd.Series], float | None]:
+    return lambda r: number(r.get(col))
+
+
+def _cell(frame: pd.DataFrame, column: str) -> Callable[[pd.Series], float | None]:
+    """A case's value in a frame indexed by the cases' labels."""
+    return lambda r: number(frame.at[r["label"], column])
+
+
+def _formatted(template: str) -> Callable[[pd.Series, Any], str]:
+    return lambda r, v: "—" if v is None else template.format(v)
+
+
+def _bytes_beside(predicted: pd.DataFrame | None, column: str) -> Callable[[pd.Series, Any], str]:
+    """Measured bytes, and the prediction for the same case beside them when there is one."""
+
+    def text(r: pd.Series, v: Any) -> str:
+        beside = f" / {fmt_bytes(number(predicted.at[r['label'], column]))}" if predicted is not None else ""
+        return fmt_bytes(v) + beside
+
+    return text
 
 
 def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
@@ -145,22 +167,14 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     if predicted is not None:
         predicted.index = list(cols)
     for group in BREAKDOWN_MEASURED:
-        add(
-            f"  {group} at peak",
-            lambda r, g=group: number(measured.at[r["label"], g]),
-            lambda r, v, g=group: (
-                fmt_bytes(v)
-                + (f" / {fmt_bytes(number(predicted.at[r['label'], g]))}" if predicted is not None else "")
-            ),
-            None,
-        )
+        add(f"  {group} at peak", _cell(measured, group), _bytes_beside(predicted, group), None)
     for col, name in (
         (ALLOC_PEAK_ALLOCATED, "allocator peak allocated"),
         (ALLOC_PEAK_RESERVED, "allocator peak reserved"),
         (SAMPLED_PEAK.of("nvml"), "NVML peak (GPU)"),
         (SAMPLED_PEAK.of("rss"), "RSS peak (process)"),
     ):
-        add(name, lambda r, c=col: number(r.get(c)), lambda r, v: fmt_bytes(v), "low")
+        add(name, _column_value(col), lambda r, v: fmt_bytes(v), "low")
     if _any_offload(cases):
         add(
             "params on host (CPU offload): measured / predicted",
@@ -202,8 +216,8 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
     ):
         add(
             metric,
-            lambda r, c=col: number(r.get(c)),
-            lambda r, v, t=text: "—" if v is None else t.format(v),
+            _column_value(col),
+            _formatted(text),
             better,
             between_ranks=True,
         )
@@ -220,8 +234,8 @@ def _one_rank(r: pd.Series) -> bool:
 
 def _busbw_total(r: pd.Series) -> float | None:
     """The case's bus bandwidth over all its collectives: bytes-weighted by time (Σ busbw·t / Σ t)."""
-    pairs = [(number(r.get(COMM_BUSBW.of(k))), number(r.get(COMM_TIME.of(k)))) for k in _BUSBW_KINDS]
-    pairs = [(b, t) for b, t in pairs if b is not None and t]
+    measured = [(number(r.get(COMM_BUSBW.of(k))), number(r.get(COMM_TIME.of(k)))) for k in _BUSBW_KINDS]
+    pairs = [(b, t) for b, t in measured if b is not None and t]
     return sum(b * t for b, t in pairs) / sum(t for _, t in pairs) if pairs else None
 
 
@@ -303,7 +317,7 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
         parts = []
         by_label = group.set_index("label")
         if has_values(group, TRACKER_PEAK):
-            peaks = {k: number(v) for k, v in by_label[TRACKER_PEAK].items()}
+            peaks = {str(k): x for k, v in by_label[TRACKER_PEAK].items() if (x := number(v)) is not None}
             best = _winners(peaks, "low")
             if not best:
                 parts.append(f"peak memory per rank equal for all ({fmt_bytes(next(iter(peaks.values())))})")
@@ -318,9 +332,9 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
                     f"tracker peak{vs})"
                 )
         if has_values(group, STEP_TIME):
-            times = {k: number(v) for k, v in by_label[STEP_TIME].items()}
+            times = {str(k): x for k, v in by_label[STEP_TIME].items() if (x := number(v)) is not None}
             best = _winners(times, "low")
-            slowest = max((k for k in times if times[k] is not None), key=lambda k: times[k])
+            slowest = max(times, key=times.__getitem__)
             if best:
                 ratio = times[slowest] / times[best[0]]
                 parts.append(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -39,7 +41,7 @@ class DDP(Strategy):
     sharding = REPLICATED
     color = "#4C78A8"
     # full: rank 0 torch.saves the plain state dict; no "sharded": every rank holds the whole model
-    checkpoint_methods = ("full", "dcp", "dcp_async")
+    checkpoint_methods: ClassVar[tuple[str, ...]] = ("full", "dcp", "dcp_async")
 
     def check(self, case: Case) -> str | None:
         return super().check(case) or check_ddp_precision(case)

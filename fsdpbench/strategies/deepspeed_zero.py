@@ -223,7 +223,7 @@ def largest_layer_params(case: Case) -> int:
     from fsdpbench.predictors.memory_model.facts import get_model_facts
 
     by_module: dict[str, int] = {}
-    for p in get_model_facts(case.model, case.model_args).params:
+    for p in get_model_facts(case.model, case.model_args).params or ():
         module = p.name.rpartition(".")[0]
         by_module[module] = by_module.get(module, 0) + p.numel
     return max(by_module.values(), default=0)

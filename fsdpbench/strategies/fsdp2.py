@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
@@ -42,7 +44,7 @@ def apply_fsdp2(
     pin = (
         ctx.device.type == "cuda"
     )  # pinned host memory needs a GPU; on CPU offloaded states stay in host memory
-    kwargs = dict(
+    kwargs: dict[str, Any] = dict(
         mesh=mesh,
         reshard_after_forward=reshard_after_forward,
         mp_policy=mp_policy_for(case.precision_spec),
@@ -56,7 +58,7 @@ def apply_fsdp2(
         # CPU has no streams, so FSDP2's all-gathers block the compute thread. With async unshard,
         # an explicitly prefetched all-gather runs on gloo's thread while compute goes on: the CPU
         # analogue of FSDP2's all-gather stream. (Private API; see docs/measurements.md.)
-        model._set_unshard_async_op(True)
+        cast(FSDPModule, model)._set_unshard_async_op(True)
     return model
 
 
@@ -69,9 +71,9 @@ def apply_prefetch(units: list[nn.Module], depth: int) -> None:
         following = units[i + 1 : i + 1 + depth]
         preceding = list(reversed(units[max(0, i - depth) : i]))
         if following:
-            unit.set_modules_to_forward_prefetch(following)
+            unit.set_modules_to_forward_prefetch(cast("list[FSDPModule]", following))
         if preceding:
-            unit.set_modules_to_backward_prefetch(preceding)
+            unit.set_modules_to_backward_prefetch(cast("list[FSDPModule]", preceding))
 
 
 class _FSDP2(Strategy):

@@ -30,7 +30,7 @@ def get_optimizer(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any
 def build_optimizer(params: Iterable[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
     cls, kwargs = get_optimizer(case.optimizer)
     # foreach=False keeps the per-parameter update order (and its temporaries) the same on every strategy
-    return cls(params, lr=case.lr, foreach=False, **kwargs)
+    return cls(params, lr=case.lr, foreach=False, **kwargs)  # type: ignore[call-arg]  # every OPTIMIZERS class takes both
 
 
 def optimizer_state_bytes_per_param(name: str) -> int:

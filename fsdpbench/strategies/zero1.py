@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -20,7 +22,7 @@ class Zero1(DDP):
     color = "#72B7B2"
     # ZeroRedundancyOptimizer's state dict needs consolidate_state_dict onto one rank first, which
     # torch.distributed.checkpoint.state_dict does not call: fsdpbench runs no checkpoint of it yet
-    checkpoint_methods = ()
+    checkpoint_methods: ClassVar[tuple[str, ...]] = ()
 
     def build_optimizer(self, model: nn.Module, case: Case) -> torch.optim.Optimizer:
         cls, kwargs = get_optimizer(case.optimizer)

@@ -15,6 +15,7 @@ See docs/memory-model.md. ``prediction_columns`` puts the prediction beside ever
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fsdpbench.case import Case
 from fsdpbench.predictors.memory_model.activations import (
@@ -347,7 +348,7 @@ def _model_states_bytes(setup: _Setup, states: RankStates) -> int:
     return states.model_states + held
 
 
-def _peak_terms(moments: list[Moment], *, offload: bool) -> dict:
+def _peak_terms(moments: list[Moment], *, offload: bool) -> dict[str, Any]:
     """The peak moment's fields of a prediction."""
     peak = max(moments, key=lambda m: m.total)
     device_resident = None
@@ -381,7 +382,7 @@ def _profile(case: Case, strategy: Strategy, prec: Precision) -> ActivationProfi
     return get_activation_profile(mdef.name, args, shape)
 
 
-def _named_terms(facts: ModelFacts, states: RankStates, prefetch: int, sharding: Sharding) -> dict[str, int]:
+def _named_terms(facts: ModelFacts, states: RankStates, prefetch: int, sharding: Sharding) -> dict[str, Any]:
     if states.unit_unsharded:
         blocks = {u: b for u, b in states.unit_unsharded.items() if u != facts.root}
         largest = max(blocks.values(), default=0)

@@ -126,7 +126,7 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
     for i, r in enumerate(ranks):
         p = preds[r]
         bd = p.peak_breakdown
-        values = {
+        values: dict[str, Any] = {
             PRED_PARAMS: p.params_bytes,
             PRED_GRADS: p.grads_bytes,
             PRED_OPTIM: p.optim_bytes,

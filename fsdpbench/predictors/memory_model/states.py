@@ -108,17 +108,18 @@ def get_rank_states(
         step=STEP_TENSOR_BYTES if optimizer_has_step(optimizer) and device == "cpu" else 0,
         storage=_rounder(device),
     )
-    if not facts.known:
+    if facts.params is None:  # not known: the textbook's states
         return _textbook_states(facts.n_params, layout)
+    params = facts.params
     out = RankStates()
     if sharding.params and sharding.per_unit_gather:
-        update_sizes = [_add_fsdp_param(out, p, layout, uses_units) for p in facts.params]
+        update_sizes = [_add_fsdp_param(out, p, layout, uses_units) for p in params]
         for u, nbytes in list(out.unit_sharded_grads.items()):
             out.unit_sharded_grads[u] = layout.storage(nbytes)
     else:
-        update_sizes = _add_whole_params(out, facts.params, sharding, layout)
+        update_sizes = _add_whole_params(out, params, sharding, layout)
         if not sharding.grads and not uses_units:
-            out.buckets = ddp_buckets(facts.params, precision.grad_bytes)
+            out.buckets = ddp_buckets(params, precision.grad_bytes)
     out.optim_temp = _update_temp_bytes(update_sizes, optimizer_update_temporaries(optimizer))
     return out
 

@@ -311,7 +311,8 @@ class _FsdpHooks(_Hooks):
         # the unit's last parameter: FSDPMemTracker's post-backward wrapper keeps its unsharded
         # gradient (its loop variable) alive until post-backward returns (a tracker artifact)
         self.last_grad = {p.unit: states.unsharded_grad_by_param.get(p.name, 0) for p in facts.params or ()}
-        self.pending = {u: set() for u in self.backward_order}  # parameters without a gradient yet
+        # parameters without a gradient yet, per unit
+        self.pending: dict[int, set[str]] = {u: set() for u in self.backward_order}
         for stage in stages:
             for name in stage.params:
                 if self.unit_of.get(name) in self.pending:
