@@ -78,3 +78,28 @@ def test_find_strategy_imports_no_plugin() -> None:
     assert find_strategy("tests.plugins.hybrid_keep_params:HybridKeepParams") is HybridKeepParams
     assert find_strategy("not_imported_anywhere:Strategy") is None
     assert "not_imported_anywhere" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"params": True, "params_unsharded_fwd_to_bwd": True, "param_gathers": 2},  # kept, yet gathered twice
+        {"params": True, "param_gathers": 1},  # gathered once, yet resharded after forward
+        {"params": True, "param_gathers": 0},  # sharded and never gathered
+        {"params": False, "param_gathers": 1},  # replicated, yet gathered
+        {"params": False, "params_unsharded_fwd_to_bwd": True},
+    ],
+)
+def test_a_sharding_that_contradicts_itself_is_refused(fields: dict) -> None:
+    from fsdpbench.strategies.base import Sharding
+
+    with pytest.raises(ValueError, match="Sharding: "):
+        Sharding(grads=True, optim=True, **{"params": False, **fields})
+
+
+def test_every_registered_strategy_declares_a_consistent_sharding() -> None:
+    # the declarations are built on import; a contradiction would raise there
+    shardings = {name: get_strategy(name).sharding for name in strategy_names()}
+    kept = {name for name, s in shardings.items() if s.params_unsharded_fwd_to_bwd}
+    assert kept == {name for name, s in shardings.items() if s.params and s.param_gathers == 1}
+    assert kept  # SHARD_GRAD_OP-style strategies exist among the built-ins

@@ -50,6 +50,16 @@ class Sharding:
             value = getattr(self, field_name)
             if value not in allowed:
                 raise ValueError(f"Sharding.{field_name} must be one of {allowed}, got {value!r}")
+        # how often the parameters are gathered and whether they stay unsharded are one fact told twice:
+        # sharded parameters are gathered in forward, and again in backward unless they were kept
+        if not self.params and (self.param_gathers or self.params_unsharded_fwd_to_bwd):
+            raise ValueError("Sharding: replicated parameters are never gathered (param_gathers 0, not kept)")
+        if self.params and self.param_gathers != (1 if self.params_unsharded_fwd_to_bwd else 2):
+            raise ValueError(
+                "Sharding: sharded parameters kept from forward to backward are gathered once a step, "
+                f"otherwise twice; got param_gathers={self.param_gathers} with "
+                f"params_unsharded_fwd_to_bwd={self.params_unsharded_fwd_to_bwd}"
+            )
 
     @property
     def over_shard_group(self) -> bool:
