@@ -67,6 +67,18 @@ PEER_COLUMNS = tuple(
     ).split()
 )
 
+# ---- issue 24: the step-time model's compute without the profiler, and where the model can be checked --
+# ms, per rank: one step's compute timed without the profiler, collectives taking no time (the compute
+# twin's rank 0 timed-step median, or an emulated rank's own); source fsdpbench.predictors.compute_twin
+MODEL_COMPUTE_BARE = "model_compute_bare_ms"
+# ratio, per rank: bare / profiled compute, the factor applied to every interval of the profiled trace
+MODEL_COMPUTE_SCALE = "model_compute_scale"
+# bool, same on every rank: a measured step time exists that the model describes (CPU: ranks <= cores,
+# not emulated); fsdpbench.metrics.step_model.checkable
+MODEL_CHECKABLE = "model_checkable"
+# text, same on every rank: why the modelled step time cannot be checked here ("" when it can)
+MODEL_UNCHECKED_REASON = "model_unchecked_reason"
+
 # ---- step time --------------------------------------------------------------------------------------
 STEP_TIME = "step_time_ms"  # a rank's median over its timed steps
 CASE_STEP_TIME = "case_step_time_ms"  # the case's: its slowest rank's median
@@ -82,6 +94,10 @@ STEP_MODEL_COLUMNS = (
     "model_link",
     "model_link_source",
     "model_method",
+    MODEL_COMPUTE_BARE,
+    MODEL_COMPUTE_SCALE,
+    MODEL_CHECKABLE,
+    MODEL_UNCHECKED_REASON,
 )
 
 # ---- predictions against measurements: error column → (predicted, measured) --------------------------

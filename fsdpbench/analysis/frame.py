@@ -20,6 +20,7 @@ from fsdpbench.schema import (
     CONFIG_COLUMNS,
     ERROR_COLUMNS,
     MEMORY_PREFIX,
+    MODEL_CHECKABLE,
     OK,
     OVERLAP_PREFIX,
     PEER_COLUMNS,
@@ -171,8 +172,13 @@ def _add_step_model(row: dict[str, Any], ranks: pd.DataFrame) -> None:
         if col in slow:
             row[col] = slow[col]
     measured = row.get(STEP_TIME)
+    # an error only where the model describes the measurement (not: CPU ranks beyond the cores, emulated)
+    flag = slow.get(MODEL_CHECKABLE)
+    checked = flag is None or pd.isna(flag) or bool(flag)
     row["model_step_err"] = (
-        (slow["model_step_time_ms"] - measured) / measured if is_number(measured) and measured else np.nan
+        (slow["model_step_time_ms"] - measured) / measured
+        if checked and is_number(measured) and measured
+        else np.nan
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -15,6 +16,7 @@ from fsdpbench.pipeline.launch import CaseDirInUse, CaseOutcome, collect_case, l
 from fsdpbench.pipeline.results import RunStore, build_rows, skipped_rows
 from fsdpbench.pipeline.rundir import check_component, check_inside
 from fsdpbench.pipeline.scenario import Skipped
+from fsdpbench.schema import MODEL_CHECKABLE, MODEL_UNCHECKED_REASON, STEP_TIME
 
 
 def now_iso() -> str:
@@ -184,10 +186,12 @@ def add_step_model(
     case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path, link_spec: str
 ) -> pd.DataFrame:
     """The modelled step time on the link (model_* columns per rank; case_model_step_time_ms is the
-    slowest rank's, as case_step_time_ms is), from the ranks' profiled traces."""
+    slowest rank's, as case_step_time_ms is): each rank's compute timed without the profiler (the
+    compute twin; an emulated rank's own timed steps), placed by the ranks' profiled traces."""
+    from fsdpbench.metrics import step_model
     from fsdpbench.metrics.profiled import shard_group_sizes
-    from fsdpbench.metrics.step_model import case_model_columns
-    from fsdpbench.predictors.comm_probe import profiler_overhead_us, resolve_link
+    from fsdpbench.predictors.comm_probe import resolve_link
+    from fsdpbench.predictors.compute_twin import twin_compute_ms
     from fsdpbench.strategies import get_strategy
 
     traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows["rank"] if int(r) >= 0}
@@ -198,15 +202,27 @@ def add_step_model(
         link = resolve_link(link_spec, case.backend, case.world_size, run_dir)
         sharding = get_strategy(case.strategy).sharding
         device_type = torch_device_type(case.device)
-        overhead = profiler_overhead_us(run_dir, case.world_size) if device_type == "cpu" else 0.0
-        per_rank = case_model_columns(
+        bare: dict[int, float] = {}
+        if device_type == "cuda":
+            method = step_model.METHOD_KERNELS
+        elif case.emulate:
+            timed = rows.set_index("rank")[STEP_TIME] if STEP_TIME in rows else pd.Series(dtype=float)
+            bare = {int(r): float(v) for r, v in timed.items() if int(r) >= 0 and pd.notna(v)}
+            method = step_model.METHOD_EMULATED
+        else:
+            bare = twin_compute_ms(case, case_dir)
+            method = step_model.METHOD_TWIN
+        if device_type != "cuda" and not bare:
+            method = step_model.METHOD_PROFILED
+        per_rank = step_model.case_model_columns(
             traces,
             sharding,
             device_type,
             link,
             steps=max(1, case.profile_steps),
             group_size=shard_group_sizes(case, sharding)[1],
-            profiler_overhead_us_per_op=overhead,
+            bare_compute_ms=bare,
+            method=method,
         )
     except Exception as exc:  # noqa: BLE001 — a model bug must not lose the measurement
         print(
@@ -219,6 +235,9 @@ def add_step_model(
     rows = rows.merge(model, left_on="rank", right_index=True, how="left")
     modelled = [c["model_step_time_ms"] for c in per_rank.values()]
     rows["case_model_step_time_ms"] = max(modelled) if len(modelled) == len(traces) else None
+    reason = step_model.checkable(device_type, case.world_size, case.emulate, os.cpu_count())
+    rows[MODEL_CHECKABLE] = not reason
+    rows[MODEL_UNCHECKED_REASON] = reason
     return rows
 
 

@@ -21,7 +21,16 @@ from fsdpbench.analysis.frame import (
 )
 from fsdpbench.formatting import fmt_bytes, fmt_pct
 from fsdpbench.report.data import axis_text, case_labels, ok_cases
-from fsdpbench.schema import FAILED_STATUSES, OK, PEER_COLUMNS, STEP_TIME, TRACKER_MODEL_STATES, TRACKER_PEAK
+from fsdpbench.schema import (
+    FAILED_STATUSES,
+    MODEL_CHECKABLE,
+    MODEL_UNCHECKED_REASON,
+    OK,
+    PEER_COLUMNS,
+    STEP_TIME,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+)
 
 TIE_TOLERANCE = 0.005  # values within 0.5% of the best are all winners
 
@@ -130,7 +139,7 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         )
     add("step time (p10–p90)", lambda r: number(r.get(STEP_TIME)), _fmt_step, "low")
     # a model's estimate on a link the run may not have: shown beside the measurement, never a winner
-    add("step time, modelled (error)", lambda r: number(r.get("model_step_time_ms")), _fmt_modelled, None)
+    add("step time, modelled (error)", _checked_model, _fmt_modelled, None)
     add(
         "throughput",
         lambda r: number(r.get("throughput_samples_s")),
@@ -199,8 +208,24 @@ def _fmt_step(r: pd.Series, v: Any) -> str:
     return f"{v:.1f} ms" + (f" ({p10:.0f}–{p90:.0f})" if p10 is not None and p90 is not None else "")
 
 
+def _model_checked(r: pd.Series) -> bool:
+    """The model describes this case's measurement (MODEL_CHECKABLE; absent: rows from before it)."""
+    flag = r.get(MODEL_CHECKABLE)
+    return flag is None or bool(pd.isna(flag)) or bool(flag)
+
+
+def _checked_model(r: pd.Series) -> float | None:
+    """The modelled step time where it is a prediction the run can check; else None (the glance
+    table then shows why not, never the number)."""
+    return number(r.get("model_step_time_ms")) if _model_checked(r) else None
+
+
 def _fmt_modelled(r: pd.Series, v: Any) -> str:
-    """Modelled step time with its error against the measured one, and the exposed communication."""
+    """Modelled step time with its error against the measured one, and the exposed communication;
+    where the model cannot be checked, why not (and, outside the glance table, the figure, marked)."""
+    if not _model_checked(r):
+        reason = str(r.get(MODEL_UNCHECKED_REASON) or "not checkable")
+        return f"unchecked ({reason})" if v is None else f"{v:.1f} ms, unchecked ({reason})"
     if v is None:
         return "—"
     err = number(r.get("model_step_err"))
@@ -299,6 +324,39 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
     return lines
 
 
+def model_error_lines(cases: pd.DataFrame) -> list[str]:
+    """Per scenario: the step-time model's mean absolute percentage error and worst case over the
+    cases where it can be checked, and how many it cannot be checked on (and why)."""
+    if "model_step_time_ms" not in cases:
+        return []
+    lines = []
+    ok = ok_cases(cases)
+    by = ok.groupby("scenario", sort=False, dropna=False) if "scenario" in ok else [("", ok)]
+    for scenario, group in by:
+        group = group[group["model_step_time_ms"].notna()]
+        if group.empty:
+            continue
+        checked = group[group.apply(_model_checked, axis=1)]
+        errs = pd.to_numeric(checked.get("model_step_err"), errors="coerce").dropna()
+        parts = []
+        if len(errs):
+            worst = errs.abs().idxmax()
+            parts.append(
+                f"modelled vs measured step time over {len(errs)} case(s): mean absolute error "
+                f"{errs.abs().mean():.1%}, worst {errs[worst]:+.1%} ({checked.at[worst, 'label']})"
+            )
+        unchecked = group[~group.apply(_model_checked, axis=1)]
+        if len(unchecked):
+            reasons = sorted({str(x) for x in unchecked.get(MODEL_UNCHECKED_REASON, pd.Series()).dropna()})
+            parts.append(
+                f"{len(unchecked)} case(s) not checked, their modelled figure not shown as a prediction: "
+                + "; ".join(reasons)
+            )
+        if parts:
+            lines.append(f"step-time model, {scenario}: " + "; ".join(parts))
+    return lines
+
+
 def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
     """Every case (failed and skipped too) with its key metrics, predictions and errors, as display text."""
     metas = metas or {}
@@ -315,6 +373,7 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
                 "ranks": r.get("ranks_label"),
                 "step time (p10–p90)": _fmt_step(r, number(r.get(STEP_TIME))),
                 "step time modelled": _fmt_modelled(r, number(r.get("model_step_time_ms"))),
+                "step time modelled, error": fmt_pct(r.get("model_step_err")),
                 "throughput": "—"
                 if number(r.get("throughput_samples_s")) is None
                 else f"{r['throughput_samples_s']:.1f} samples/s",
