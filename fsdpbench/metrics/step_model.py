@@ -1,12 +1,14 @@
-"""Modelled step time at N ranks: the compute of one profiled step, measured, plus communication
-modelled on a link (fsdpbench/predictors/comm_model.py), placed where the strategy issues and waits for it.
+"""Modelled step time at N ranks: each rank's compute, timed, plus communication modelled on a link
+(fsdpbench/predictors/comm_model.py), placed where the strategy issues and waits for it.
 
-**Compute.** From the rank's profiled step (a real run's trace, or an emulated rank's, whose
-collectives take no time), take the step's span on the compute timeline (CPU: the threads that run
-aten ops and no gloo work; GPU: the non-NCCL kernels) and remove the time it spent *waiting for a
-collective*: each gap in compute that contains the end of a communication interval is a wait from
-the gap's start to that end (a blocked thread resumes when its collective finishes). The rest of
-every gap (Python, hooks, launch latency) stays: it is compute-side time the link does not change.
+**Compute.** Timed without the profiler (the compute twin, fsdpbench/predictors/compute_twin.py, or
+an emulated rank's own timed steps): the profiler's cost per op is a large share of a small step.
+The rank's profiled step (a real run's trace, or an emulated rank's, whose collectives take no time)
+gives only the *placement*: take the step's span on the compute timeline (CPU: the threads that run
+aten ops and no gloo work; GPU: the non-NCCL kernels), remove the time it spent *waiting for a
+collective* (each gap in compute that contains the end of a communication interval is a wait from
+the gap's start to that end: a blocked thread resumes when its collective finishes), and scale what
+remains so that it sums to the timed compute (``compute_scale``; on a GPU the kernels, unscaled).
 What is left is the compute clock, on which every collective gets two points:
 
 * **issue**: where the strategy issued it, read from the trace (the ``c10d::`` op, or on GPU the
@@ -29,9 +31,8 @@ collective's needed point until it has finished. Then
 
 **Not modelled** (named, so a residual error can be explained): contention between compute and
 communication for the same cores or memory bandwidth (on 2 CPU cores, 4 ranks' compute and gloo
-threads share them), gloo's second worker thread (two collectives can run at once there), skew
-between ranks (a collective waits for the slowest peer), and the profiler's own overhead in the
-profiled step's compute.
+threads share them), gloo's second worker thread (two collectives can run at once there), and an
+uneven profiler cost across the step (the scaling spreads it evenly).
 """
 
 from __future__ import annotations
