@@ -299,3 +299,32 @@ def test_one_rank_run_models_its_twin_compute_and_no_communication(tmp_path: Pat
     assert row["model_step_time_ms"] == pytest.approx(row["model_compute_ms"])
     assert row["model_compute_ms"] == pytest.approx(row[MODEL_COMPUTE_BARE])
     assert (store.case_dir(row["case_id"]) / "compute_twin" / "rank0.json").exists()
+
+
+def test_report_shows_error_where_checkable_and_the_reason_where_not() -> None:
+    import pandas as pd
+
+    from fsdpbench.report.tables import _checked_model, _fmt_modelled, model_error_lines
+
+    contended = checkable("cpu", 4, emulated=False, cores=2)
+    cases = pd.DataFrame(
+        {
+            "label": ["ddp n1", "zero3 n2", "zero1 n2", "zero1 n4"],
+            "scenario": ["quickstart"] * 4,
+            "status": ["ok"] * 4,
+            "model_step_time_ms": [10.0, 22.0, 19.0, 90.0],
+            "model_step_err": [0.02, -0.08, 0.05, float("nan")],
+            MODEL_CHECKABLE: [True, True, True, False],
+            MODEL_UNCHECKED_REASON: ["", "", "", contended],
+            "model_link": ["gloo (α=1 µs, busbw=1 GB/s)"] * 4,
+        }
+    )
+    (line,) = model_error_lines(cases)
+    assert line.startswith("step-time model, quickstart: modelled vs measured step time over 3 case(s)")
+    assert "mean absolute error 5.0%, worst -8.0% (zero3 n2)" in line
+    assert f"1 case(s) not checked, their modelled figure not shown as a prediction: {contended}" in line
+    checked, unchecked = cases.iloc[1], cases.iloc[3]
+    assert _checked_model(checked) == 22.0 and _checked_model(unchecked) is None  # glance: no figure
+    assert _fmt_modelled(checked, 22.0) == "22.0 ms on gloo (-8.0%)"
+    assert _fmt_modelled(unchecked, None) == f"unchecked ({contended})"
+    assert _fmt_modelled(unchecked, 90.0) == f"90.0 ms, unchecked ({contended})"  # the full case table
