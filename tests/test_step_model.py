@@ -205,6 +205,9 @@ def test_the_compute_twin_is_the_case_emulated_with_timed_steps_only() -> None:
         case.model,
         case.batch_size,
     )
+    # 1 rank: the case itself, real, on its 1-rank group (its local "collectives" cost gloo calls)
+    alone = twin_case(case.replace(world_size=1))
+    assert not alone.emulate and alone.profile_steps == 0 and alone.steps == MIN_STEPS
 
 
 def test_fit_link_recovers_alpha_and_busbw_per_kind_from_exact_points() -> None:
@@ -328,3 +331,24 @@ def test_report_shows_error_where_checkable_and_the_reason_where_not() -> None:
     assert _fmt_modelled(checked, 22.0) == "22.0 ms on gloo (-8.0%)"
     assert _fmt_modelled(unchecked, None) == f"unchecked ({contended})"
     assert _fmt_modelled(unchecked, 90.0) == f"90.0 ms, unchecked ({contended})"  # the full case table
+
+
+@pytest.mark.slow
+def test_one_emulated_rank_gives_a_modelled_n_rank_step_on_a_preset_link(tmp_path: Path) -> None:
+    from fsdpbench.metrics.step_model import METHOD_EMULATED
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import run_cases
+    from tests.helpers import tiny_case
+
+    case = tiny_case(strategy="zero3", world_size=8, emulate=True, emulate_ranks=(0,))
+    store = RunStore(tmp_path / "run")
+    frame = run_cases([case], [], store, {"env": {}}, link="ib-ndr400")
+    row = frame.iloc[0]
+    assert row["status"] == "ok" and row["model_method"] == METHOD_EMULATED
+    # its own timed steps are its compute; the collectives it issued (the real sizes) cost α–β time
+    assert row["model_compute_ms"] == pytest.approx(row[MODEL_COMPUTE_BARE])
+    assert row[MODEL_COMPUTE_BARE] == pytest.approx(row["step_time_ms"])
+    assert row["model_collectives"] == 9 and row["model_comm_ms"] > 9 * 20e-3  # 9 × at least α = 20 µs
+    assert row["model_step_time_ms"] >= row["model_compute_ms"]
+    assert not row[MODEL_CHECKABLE] and row[MODEL_UNCHECKED_REASON].startswith("emulated")
+    assert not (store.run_dir / "comm_probe").exists()  # a preset link: nothing probed

@@ -350,7 +350,8 @@ def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, A
 # model_method: how the compute was measured (the communication is always α–β on one stream)
 METHOD_TWIN = (
     "modelled: compute = the case's steps timed without the profiler under a no-op process group "
-    "(compute twin: rank 0 of the case, same threads, same timer), placed by the profiled trace "
+    "(the compute twin: every rank at once, same threads, same timer; at 1 rank the case itself on "
+    "its 1-rank group), placed by the profiled trace "
     "scaled to it; α–β communication on one stream"
 )
 METHOD_EMULATED = (

@@ -13,6 +13,11 @@ gets (``launch._launch_group``: cores // ranks), through the same warm-up and th
 (``worker.RankSteps.timed``), no profiler, no tracker. Its timed-step median per rank is that rank's
 compute (``model_compute_bare_ms``). An emulated case is its own twin: its timed steps are compute.
 
+A 1-rank case's twin is the case itself, run again without the profiler on its real 1-rank group:
+there a "collective" moves nothing between ranks but is still a call into gloo (a local copy, handed
+to gloo's thread and waited for), a cost of the compute side that the fake process group would leave
+out (ZeRO-1's ~40 per-parameter broadcasts: a third of quickstart's 1-rank step on a loaded machine).
+
 What the twin leaves in or out, against the real step: no gloo work (copies into and out of gloo's
 buffers are gloo's, in the α–β time), and the time a rank would wait for a peer is not in it (the
 model's simulation adds that from the ranks' traces).
@@ -29,9 +34,9 @@ MIN_STEPS = 5  # a median of fewer is one noisy step
 
 
 def twin_case(case: Case) -> Case:
-    """The case as its compute twin runs it: emulated, every rank, timed steps only."""
+    """The case as its compute twin runs it: emulated (1 rank: real), every rank, timed steps only."""
     return case.replace(
-        emulate=True,
+        emulate=case.world_size > 1,
         emulate_ranks=tuple(range(case.world_size)),
         warmup_steps=max(case.warmup_steps, 2),
         steps=max(case.steps, MIN_STEPS),
@@ -49,7 +54,7 @@ def twin_compute_ms(case: Case, out_dir: Path | None = None) -> dict[int, float]
     from fsdpbench.predictors.emulate import check_emulation
 
     twin = twin_case(case)
-    if check_emulation(twin):
+    if twin.emulate and check_emulation(twin):
         return {}
     with tempfile.TemporaryDirectory() as tmp:
         outcome = launch_case(twin, (out_dir or Path(tmp)) / "compute_twin", together=True)
