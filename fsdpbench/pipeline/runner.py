@@ -79,7 +79,9 @@ def run_cases(
                 outcome = _launch_or_collect(case, store, meta, collect=collect)
                 if outcome is None:
                     continue
-                rows = _case_rows(case, outcome, store, meta["env"], link=link, tracer=tracer)
+                rows = _case_rows(
+                    case, outcome, store, meta["env"], link=link, tracer=tracer, launch_twin=not collect
+                )
                 store.merge_timelines(case.case_id)
                 store.write_case(case.case_id, rows)
                 meta["cases"][case.case_id] = case_overhead(outcome)
@@ -142,6 +144,7 @@ def _case_rows(
     *,
     link: str | None,
     tracer: TracedPredictor | None,
+    launch_twin: bool = True,
 ) -> pd.DataFrame:
     """The case's result rows: measured, predicted, and (when asked) modelled step time and traced."""
     if outcome.status == "skipped":
@@ -149,7 +152,9 @@ def _case_rows(
     else:
         rows = add_predictions(case, build_rows(case, outcome, env))
     if link and outcome.status == "ok":
-        rows = add_step_model(case, rows, store.case_dir(case.case_id), store.run_dir, link)
+        rows = add_step_model(
+            case, rows, store.case_dir(case.case_id), store.run_dir, link, launch_twin=launch_twin
+        )
     if tracer is not None and outcome.status == "ok":
         rows = tracer.add_columns(case, rows)
     return rows
@@ -183,11 +188,19 @@ def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def add_step_model(
-    case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path, link_spec: str
+    case: Case,
+    rows: pd.DataFrame,
+    case_dir: Path,
+    run_dir: Path,
+    link_spec: str,
+    *,
+    launch_twin: bool = True,
 ) -> pd.DataFrame:
     """The modelled step time on the link (model_* columns per rank; case_model_step_time_ms is the
     slowest rank's, as case_step_time_ms is): each rank's compute timed without the profiler (the
-    compute twin; an emulated rank's own timed steps), placed by the ranks' profiled traces."""
+    compute twin; an emulated rank's own timed steps), placed by the ranks' profiled traces.
+    ``launch_twin`` False (``--collect``: the ranks ran elsewhere, the twin would time this machine):
+    the profiled compute, said so in model_method."""
     from fsdpbench.metrics import step_model
     from fsdpbench.metrics.profiled import shard_group_sizes
     from fsdpbench.predictors.comm_probe import resolve_link
@@ -209,7 +222,7 @@ def add_step_model(
             timed = rows.set_index("rank")[STEP_TIME] if STEP_TIME in rows else pd.Series(dtype=float)
             bare = {int(r): float(v) for r, v in timed.items() if int(r) >= 0 and pd.notna(v)}
             method = step_model.METHOD_EMULATED
-        else:
+        elif launch_twin:
             bare = twin_compute_ms(case, case_dir)
             method = step_model.METHOD_TWIN
         if device_type != "cuda" and not bare:
