@@ -352,3 +352,18 @@ def test_one_emulated_rank_gives_a_modelled_n_rank_step_on_a_preset_link(tmp_pat
     assert row["model_step_time_ms"] >= row["model_compute_ms"]
     assert not row[MODEL_CHECKABLE] and row[MODEL_UNCHECKED_REASON].startswith("emulated")
     assert not (store.run_dir / "comm_probe").exists()  # a preset link: nothing probed
+
+
+@pytest.mark.slow
+def test_predict_emulated_with_a_link_models_the_n_rank_step() -> None:
+    from fsdpbench.metrics.step_model import METHOD_EMULATED
+    from fsdpbench.predictors.emulate import emulate_rank
+    from tests.helpers import tiny_case
+
+    emu = emulate_rank(tiny_case(strategy="zero3", world_size=4), link=LINK_PRESETS["ib-ndr400"])
+    m = emu.modelled_step
+    assert m["model_method"] == METHOD_EMULATED and m["model_link"].startswith("ib-ndr400")
+    assert m["model_compute_ms"] == pytest.approx(emu.step_time_ms)  # its timed steps are its compute
+    assert m["model_comm_ms"] >= 9 * 20e-3  # 9 collectives, each at least α = 20 µs
+    assert m["model_step_time_ms"] >= m["model_compute_ms"]
+    assert emulate_rank(tiny_case(strategy="zero3", world_size=4)).modelled_step is None  # no link, no model

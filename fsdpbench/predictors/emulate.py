@@ -190,6 +190,9 @@ class EmulatedRank:
     rss_peak_bytes: int | None
     step_time_ms: float | None  # compute only
     wall_s: float
+    # with a link: the modelled N-rank step (model_* figures of metrics/step_model.py): this rank's
+    # compute + the α–β time of the collectives it issued, every rank assumed alike
+    modelled_step: dict[str, Any] | None = None
 
     @property
     def model_states_bytes(self) -> int:
@@ -207,8 +210,9 @@ class EmulatedRank:
         return out
 
 
-def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> EmulatedRank:
-    """Run ``rank`` of ``case`` emulated, in a fresh process (one warm-up, one timed, one tracked step)."""
+def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None, link: Any = None) -> EmulatedRank:
+    """Run ``rank`` of ``case`` emulated, in a fresh process (one warm-up, one timed, one tracked step;
+    with a ``link`` (comm_model.Link) also one profiled step, and the modelled N-rank step time on it)."""
     import tempfile
 
     from fsdpbench.pipeline.launch import launch_case
@@ -216,10 +220,10 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
     case = case.replace(
         emulate=True,
         emulate_ranks=(rank,),
-        warmup_steps=1,
-        steps=1,
+        warmup_steps=1 if link is None else 2,
+        steps=1 if link is None else 3,  # the compute the model adds communication to: a median
         memory_steps=1,
-        profile_steps=0,
+        profile_steps=0 if link is None else 1,
         timeout_s=max(case.timeout_s, 3600.0),
     )
     reason = check_emulation(case)
@@ -231,11 +235,15 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
         )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        outcome = launch_case(case, (out_dir or Path(tmp)) / case.case_id)
+        case_dir = (out_dir or Path(tmp)) / case.case_id
+        outcome = launch_case(case, case_dir)
         wall = time.perf_counter() - t0
-    if outcome.status != "ok":
-        raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
-    rec = outcome.ranks[0]
+        if outcome.status != "ok":
+            raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
+        rec = outcome.ranks[0]
+        modelled = None
+        if link is not None and rec.get("step_time_ms"):
+            modelled = _modelled_step(case, rank, case_dir / f"trace_rank{rank}.json.gz", rec, link)
     peak = dict(rec["memory"]["peak"])
     extra = rec.get("metric_columns") or {}
     return EmulatedRank(
@@ -251,4 +259,29 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
         rss_peak_bytes=extra.get("mem_rss_peak_case_bytes"),
         step_time_ms=rec.get("step_time_ms"),
         wall_s=wall,
+        modelled_step=modelled,
     )
+
+
+def _modelled_step(case: Case, rank: int, trace: Path, rec: dict[str, Any], link: Any) -> dict[str, Any]:
+    """The model_* figures of the emulated rank: its timed compute, placed by its profiled step."""
+    from fsdpbench.metrics import step_model
+    from fsdpbench.metrics.profiled import shard_group_sizes
+    from fsdpbench.strategies import get_strategy
+
+    sharding = get_strategy(case.strategy).sharding
+    cols = step_model.case_model_columns(
+        {rank: trace},
+        sharding,
+        case.device.split(":", 1)[0],
+        link,
+        group_size=shard_group_sizes(case, sharding)[1],
+        bare_compute_ms={rank: float(rec["step_time_ms"])},
+        method=step_model.METHOD_EMULATED,
+    )[rank]
+    keys = ("model_step_time_ms", "model_compute_ms", "model_comm_ms", "model_exposed_comm_ms")
+    return {
+        **{k: cols[k] for k in keys},
+        "model_link": cols["model_link"],
+        "model_method": cols["model_method"],
+    }
