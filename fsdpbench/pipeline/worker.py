@@ -42,6 +42,7 @@ from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
 from fsdpbench.pipeline.rank_result import RankResult, Setup
+from fsdpbench.predictors.comm_probe import rank_threads
 from fsdpbench.predictors.emulate import (
     build_rank_model,
     fake_collectives,
@@ -185,9 +186,8 @@ def _run_phases(
 ) -> None:
     # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
-    torch.set_num_threads(
-        max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    )
+    # cores ÷ local ranks: the same rule the gloo probe runs with (so its α is this rank's)
+    torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/predictors/emulate.py)
         init_fake_process_group(rank, world)
         stack.enter_context(fake_collectives(case))
