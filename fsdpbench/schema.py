@@ -565,9 +565,24 @@ MODEL_WAITS_REMOVED = column(
     "model_waits_removed_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "waits taken out of compute"
 )
 MODEL_PROFILER_REMOVED = column(
-    "model_profiler_removed_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "the profiler's cost taken out"
+    "model_profiler_removed_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "profiled minus bare compute"
 )
-MODEL_NOTE = column("model_note", TEXT, Agg.MODEL_SLOWEST, _STEP_MODEL, "caveats of the replay")
+MODEL_COMPUTE_BARE = column(
+    "model_compute_bare_ms",
+    MS,
+    Agg.MODEL_SLOWEST,
+    "compute twin (predictors/compute_twin.py)",
+    "one step's compute timed without the profiler, collectives taking no time",
+)
+MODEL_COMPUTE_SCALE = column(
+    "model_compute_scale", RATIO, Agg.MODEL_SLOWEST, _STEP_MODEL, "bare / profiled compute: the trace's scale"
+)
+MODEL_CHECKABLE = column(
+    "model_checkable", BOOL, Agg.SAME, _STEP_MODEL, "a measured step time the model describes exists"
+)
+MODEL_UNCHECKED_REASON = column(
+    "model_unchecked_reason", TEXT, Agg.SAME, _STEP_MODEL, "why the modelled step cannot be checked here"
+)
 CASE_MODEL_STEP_TIME = column(
     "case_model_step_time_ms", MS, Agg.SAME, _STEP_MODEL, "the case's modelled step time: the slowest rank's"
 )

@@ -3,11 +3,20 @@ answers, the gloo probe's fit, the --link switch, and the model_* columns of a r
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from fsdpbench.metrics.step_model import PlacedCollective, StepTimeline, build_timeline, simulate
+from fsdpbench.metrics.step_model import (
+    METHOD_TWIN,
+    PlacedCollective,
+    StepTimeline,
+    build_timeline,
+    checkable,
+    compute_scale,
+    simulate,
+)
 from fsdpbench.predictors.comm_model import (
     LINK_PRESETS,
     Link,
@@ -16,6 +25,7 @@ from fsdpbench.predictors.comm_model import (
     validate_link_spec,
 )
 from fsdpbench.predictors.comm_probe import fit_link
+from fsdpbench.schema import MODEL_CHECKABLE, MODEL_COMPUTE_BARE, MODEL_UNCHECKED_REASON
 from fsdpbench.strategies import get_strategy
 from tests.helpers import trace_event
 
@@ -106,37 +116,118 @@ def test_timeline_from_a_gloo_trace_removes_waits_and_places_collectives() -> No
     gpu_rules = build_timeline(_gloo_trace(), ZERO3, "cuda")  # no kernels: host clock, GPU rules
     assert gpu_rules.collectives[0].needed_us == pytest.approx(100.0)  # copy-out right after the wait
     assert gpu_rules.collectives[1].needed_us == pytest.approx(250.0)  # Optimizer.step at 650 → 250
-    # the profiler's cost per recorded op is taken out of compute, evenly: 6 cpu_ops × 10 µs
-    corrected = build_timeline(_gloo_trace(), ZERO3, "cpu", profiler_overhead_us_per_op=10.0)
-    assert corrected.compute_us == pytest.approx(240.0)
-    assert corrected.collectives[1].issue_us == pytest.approx(160.0)
     # on a 1 GB/s gloo link with α 50 µs: compute 300 + AG (50 + 1200 B·3/4 /1e3) + RS as all-reduce
     link = Link("gloo", 50.0, 1.0, reduce_scatter_as_all_reduce=True)
     (out,) = simulate([timeline], link)
     assert out["model_step_time_ms"] == pytest.approx((300 + 51.2 + 52.4) / 1e3)
 
 
-def test_a_profiler_correction_over_half_the_compute_is_not_applied_and_says_so() -> None:
-    # 6 cpu_ops × 25 µs = 150 µs of 300 µs compute: half, still a correction
-    half = build_timeline(_gloo_trace(), ZERO3, "cpu", profiler_overhead_us_per_op=25.0)
-    assert half.compute_us == pytest.approx(150.0) and half.note == ""
-    # 6 × 60 µs = 360 µs > 300 µs: once clamped to a 0 ms step; now uncorrected, with the reason
-    over = build_timeline(_gloo_trace(), ZERO3, "cpu", profiler_overhead_us_per_op=60.0)
-    assert over.compute_us == pytest.approx(300.0) and over.profiler_removed_us == pytest.approx(0.0)
-    assert "profiler cost not taken out" in over.note and "over 50% of the profiled compute" in over.note
+def test_bare_compute_scales_every_interval_of_the_profiled_step() -> None:
+    # profiled compute 300 µs (waits removed); timed without the profiler: 150 µs. Every interval
+    # halves, so the placement keeps its proportions: the reduce-scatter issued at 200 → 100.
+    timeline = build_timeline(_gloo_trace(), ZERO3, "cpu", bare_compute_us=150.0)
+    assert timeline.compute_us == pytest.approx(150.0)
+    assert timeline.scale == pytest.approx(0.5)
+    assert timeline.profiler_removed_us == pytest.approx(150.0)
+    ag, rs = timeline.collectives
+    assert (ag.issue_us, rs.issue_us, rs.needed_us) == pytest.approx((50.0, 100.0, 100.0))
+    # two profiled steps in the trace: the bare figure is per step, the trace's compute is for both
+    two = build_timeline(_gloo_trace(), ZERO3, "cpu", steps=2, bare_compute_us=75.0)
+    assert two.compute_us == pytest.approx(150.0) and two.scale == pytest.approx(0.5)
+    # a given scale (another rank's) wins over none; no measurement at all: unscaled
+    assert build_timeline(_gloo_trace(), ZERO3, "cpu", scale=0.25).compute_us == pytest.approx(75.0)
+    assert compute_scale(300.0, None) == 1.0 and compute_scale(0.0, 10.0) == 1.0
 
 
-def test_fit_link_recovers_alpha_and_busbw_from_exact_points() -> None:
-    alpha, busbw = 300.0, 0.5  # µs, GB/s
+def _one_rank_trace() -> dict:
+    """A 1-rank DDP step on gloo: its bucket all-reduce runs over a group of one (a local copy)."""
+    dims = {"Input Dims": [[1000]], "Input type": ["float"]}
+    return {
+        "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 1},
+        "traceEvents": [
+            trace_event("aten::mm", 0, 400, 1),
+            trace_event("c10d::allreduce_", 400, 10, 1, **dims),
+            trace_event("gloo:all_reduce", 405, 5, 2, **dims),
+            trace_event("aten::mm", 410, 300, 1),
+            trace_event("Optimizer.step#AdamW.step", 710, 90, 1, cat="user_annotation"),
+            trace_event("aten::add_", 710, 90, 1),
+        ],
+    }
+
+
+def test_one_rank_models_no_communication_and_its_compute_exactly() -> None:
+    ddp = get_strategy("ddp").sharding
+    timeline = build_timeline(_one_rank_trace(), ddp, "cpu", bare_compute_us=500.0)
+    assert [c.group_size for c in timeline.collectives] == [1]
+    (out,) = simulate([timeline], Link("slow", alpha_us=1e6, busbw_GBps=1e-6))  # any link: no peers
+    assert out["model_comm_ms"] == 0.0 and out["model_exposed_comm_ms"] == 0.0
+    assert out["model_step_time_ms"] == out["model_compute_ms"] == pytest.approx(0.5)
+
+
+def test_a_collective_fully_hidden_and_fully_exposed() -> None:
+    link = Link("l", alpha_us=100.0, busbw_GBps=1e9)  # every collective 100 µs
+    # issued at 100, needed at 900 of 1000 µs compute: hidden, the step is the compute
+    hidden = StepTimeline(1000.0, (PlacedCollective("all_reduce", 8, 2, 100.0, 900.0),))
+    (out,) = simulate([hidden], link)
+    assert out["model_step_time_ms"] == pytest.approx(1.0)
+    assert out["model_exposed_comm_ms"] == 0.0 and out["model_overlap_ratio"] == pytest.approx(1.0)
+    # needed where issued (a blocking collective): all of it is exposed, the step is compute + 100
+    exposed = StepTimeline(1000.0, (PlacedCollective("all_gather", 8, 2, 300.0, 300.0),))
+    (out,) = simulate([exposed], link)
+    assert out["model_step_time_ms"] == pytest.approx(1.1)
+    assert out["model_exposed_comm_ms"] == pytest.approx(0.1)
+    assert out["model_overlap_ratio"] == pytest.approx(0.0, abs=1e-12)
+    # needed 40 µs after the issue: 60 µs exposed
+    part = StepTimeline(1000.0, (PlacedCollective("all_gather", 8, 2, 300.0, 340.0),))
+    (out,) = simulate([part], link)
+    assert out["model_exposed_comm_ms"] == pytest.approx(0.06)
+
+
+def test_checkable_only_where_the_model_describes_the_measurement() -> None:
+    assert checkable("cpu", 2, emulated=False, cores=2) == ""
+    assert "contend for cores" in checkable("cpu", 4, emulated=False, cores=2)
+    assert checkable("cpu", 4, emulated=True, cores=64).startswith("emulated")
+    assert checkable("cuda", 8, emulated=False, cores=2) == ""  # GPU ranks do not share CPU cores
+
+
+def test_the_compute_twin_is_the_case_emulated_with_timed_steps_only() -> None:
+    from fsdpbench.predictors.compute_twin import MIN_STEPS, twin_case
+    from tests.helpers import tiny_case
+
+    case = tiny_case(strategy="zero3", world_size=2).replace(warmup_steps=1, steps=3)
+    twin = twin_case(case)
+    assert twin.emulate and twin.emulate_ranks == (0, 1)
+    assert (twin.memory_steps, twin.profile_steps, twin.bare_steps, twin.time_blocks) == (0, 0, 0, 0)
+    assert twin.steps == MIN_STEPS and twin.warmup_steps == 2
+    assert (twin.strategy, twin.world_size, twin.model, twin.batch_size) == (
+        case.strategy,
+        case.world_size,
+        case.model,
+        case.batch_size,
+    )
+    # 1 rank: the case itself, real, on its 1-rank group (its local "collectives" cost gloo calls)
+    alone = twin_case(case.replace(world_size=1))
+    assert not alone.emulate and alone.profile_steps == 0 and alone.steps == MIN_STEPS
+
+
+def test_fit_link_recovers_alpha_and_busbw_per_kind_from_exact_points() -> None:
+    lines = {"all_reduce": (300.0, 0.5), "all_gather": (200.0, 1.0), "broadcast": (100.0, 2.0)}
+    factors = {"all_reduce": 1.5, "all_gather": 0.75, "broadcast": 1.0}  # 4 ranks
     points = [
-        {"kind": k, "payload_bytes": s, "time_us": alpha + s * f / (busbw * 1e3)}
-        for k, f in (("all_reduce", 1.5), ("all_gather", 0.75))
+        {"kind": k, "payload_bytes": s, "time_us": a + s * factors[k] / (b * 1e3)}
+        for k, (a, b) in lines.items()
         for s in (4096, 65536, 2 << 20)
     ]
     link = fit_link(points, world_size=4)
-    assert link.alpha_us == pytest.approx(alpha)
-    assert link.busbw_GBps == pytest.approx(busbw)
+    for kind, (alpha, busbw) in lines.items():
+        assert link.alpha_busbw(kind) == pytest.approx((alpha, busbw)), kind
     assert link.reduce_scatter_as_all_reduce and link.source.startswith("probed")
+    # gloo's reduce-scatter is its all-reduce: timed with the all-reduce line
+    s = 1 << 20
+    assert collective_time_us(link, "reduce_scatter", s, 4) == pytest.approx(300 + s * 1.5 / 500)
+    # one kind alone: the fallback line is that kind's
+    single = fit_link([p for p in points if p["kind"] == "all_gather"], world_size=4)
+    assert (single.alpha_us, single.busbw_GBps) == pytest.approx((200.0, 1.0))
 
 
 def test_link_specs() -> None:
@@ -182,11 +273,97 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
         assert frame[col].notna().all() and (frame[col] >= 0).all(), col
     assert (frame["model_step_time_ms"] >= frame["model_compute_ms"]).all()
     assert frame["case_model_step_time_ms"].iloc[0] == pytest.approx(frame["model_step_time_ms"].max())
-    assert frame["model_method"].str.startswith("modelled:").all()
-    assert frame["model_note"].map(lambda n: n == "" or n.startswith("profiler cost not taken out")).all()
+    assert (frame["model_method"] == METHOD_TWIN).all()
+    # the compute twin timed every rank; the profiled step's compute was scaled to it
+    assert frame[MODEL_COMPUTE_BARE].notna().all()
+    assert frame["model_compute_ms"].to_numpy() == pytest.approx(frame[MODEL_COMPUTE_BARE].to_numpy())
+    assert frame[MODEL_CHECKABLE].all() and (frame[MODEL_UNCHECKED_REASON] == "").all()
     assert frame["model_link"].str.startswith("gloo (α=").all()
     assert frame["model_link_source"].str.startswith("probed: gloo, 2 CPU processes").all()
+    probed = json.loads(probe.read_text())
+    assert {k for k, _, _ in probed["link"]["per_kind"]} == {"all_reduce", "all_gather", "broadcast"}
     # zero3 on decoder-tiny's 2 blocks + root: 3 all-gathers forward, 3 backward, 3 reduce-scatters
     assert (frame["model_collectives"] == 9).all()
     table = case_table(build_case_frame(frame))
     assert "step time modelled" in table.columns and " ms on gloo" in table["step time modelled"].iloc[0]
+
+
+@pytest.mark.slow
+def test_one_rank_run_models_its_twin_compute_and_no_communication(tmp_path: Path) -> None:
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import run_cases
+    from tests.helpers import tiny_case
+
+    store = RunStore(tmp_path / "run")
+    frame = run_cases([tiny_case(strategy="ddp", world_size=1)], [], store, {"env": {}}, link="auto")
+    row = frame.iloc[0]
+    assert row["status"] == "ok" and row["model_method"] == METHOD_TWIN
+    assert row["model_comm_ms"] == 0.0 and row["model_exposed_comm_ms"] == 0.0
+    assert row["model_step_time_ms"] == pytest.approx(row["model_compute_ms"])
+    assert row["model_compute_ms"] == pytest.approx(row[MODEL_COMPUTE_BARE])
+    assert (store.case_dir(row["case_id"]) / "compute_twin" / "rank0.json").exists()
+
+
+def test_report_shows_error_where_checkable_and_the_reason_where_not() -> None:
+    import pandas as pd
+
+    from fsdpbench.report.tables import _checked_model, _fmt_modelled, model_error_lines
+
+    contended = checkable("cpu", 4, emulated=False, cores=2)
+    cases = pd.DataFrame(
+        {
+            "label": ["ddp n1", "zero3 n2", "zero1 n2", "zero1 n4"],
+            "scenario": ["quickstart"] * 4,
+            "status": ["ok"] * 4,
+            "model_step_time_ms": [10.0, 22.0, 19.0, 90.0],
+            "model_step_err": [0.02, -0.08, 0.05, float("nan")],
+            MODEL_CHECKABLE: [True, True, True, False],
+            MODEL_UNCHECKED_REASON: ["", "", "", contended],
+            "model_link": ["gloo (α=1 µs, busbw=1 GB/s)"] * 4,
+        }
+    )
+    (line,) = model_error_lines(cases)
+    assert line.startswith("step-time model, quickstart: modelled vs measured step time over 3 case(s)")
+    assert "mean absolute error 5.0%, worst -8.0% (zero3 n2)" in line
+    assert f"1 case(s) not checked, their modelled figure not shown as a prediction: {contended}" in line
+    checked, unchecked = cases.iloc[1], cases.iloc[3]
+    assert _checked_model(checked) == 22.0 and _checked_model(unchecked) is None  # glance: no figure
+    assert _fmt_modelled(checked, 22.0) == "22.0 ms on gloo (-8.0%)"
+    assert _fmt_modelled(unchecked, None) == f"unchecked ({contended})"
+    assert _fmt_modelled(unchecked, 90.0) == f"90.0 ms, unchecked ({contended})"  # the full case table
+
+
+@pytest.mark.slow
+def test_one_emulated_rank_gives_a_modelled_n_rank_step_on_a_preset_link(tmp_path: Path) -> None:
+    from fsdpbench.metrics.step_model import METHOD_EMULATED
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import run_cases
+    from tests.helpers import tiny_case
+
+    case = tiny_case(strategy="zero3", world_size=8, emulate=True, emulate_ranks=(0,))
+    store = RunStore(tmp_path / "run")
+    frame = run_cases([case], [], store, {"env": {}}, link="ib-ndr400")
+    row = frame.iloc[0]
+    assert row["status"] == "ok" and row["model_method"] == METHOD_EMULATED
+    # its own timed steps are its compute; the collectives it issued (the real sizes) cost α–β time
+    assert row["model_compute_ms"] == pytest.approx(row[MODEL_COMPUTE_BARE])
+    assert row[MODEL_COMPUTE_BARE] == pytest.approx(row["step_time_ms"])
+    assert row["model_collectives"] == 9 and row["model_comm_ms"] > 9 * 20e-3  # 9 × at least α = 20 µs
+    assert row["model_step_time_ms"] >= row["model_compute_ms"]
+    assert not row[MODEL_CHECKABLE] and row[MODEL_UNCHECKED_REASON].startswith("emulated")
+    assert not (store.run_dir / "comm_probe").exists()  # a preset link: nothing probed
+
+
+@pytest.mark.slow
+def test_predict_emulated_with_a_link_models_the_n_rank_step() -> None:
+    from fsdpbench.metrics.step_model import METHOD_EMULATED
+    from fsdpbench.pipeline.emulated_rank import emulate_rank
+    from tests.helpers import tiny_case
+
+    emu = emulate_rank(tiny_case(strategy="zero3", world_size=4), link=LINK_PRESETS["ib-ndr400"])
+    m = emu.modelled_step
+    assert m["model_method"] == METHOD_EMULATED and m["model_link"].startswith("ib-ndr400")
+    assert m["model_compute_ms"] == pytest.approx(emu.step_time_ms)  # its timed steps are its compute
+    assert m["model_comm_ms"] >= 9 * 20e-3  # 9 collectives, each at least α = 20 µs
+    assert m["model_step_time_ms"] >= m["model_compute_ms"]
+    assert emulate_rank(tiny_case(strategy="zero3", world_size=4)).modelled_step is None  # no link, no model

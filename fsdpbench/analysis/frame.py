@@ -25,6 +25,7 @@ from fsdpbench.schema import (
     ERROR,
     ERROR_COLUMNS,
     MODE,
+    MODEL_CHECKABLE,
     MODEL_STEP_ERR,
     MODEL_STEP_TIME,
     N_RANKS_REPORTED,
@@ -169,9 +170,12 @@ def _case_row(row: dict[str, Any], group: pd.DataFrame) -> dict[str, Any]:
         row[STEP_TIME] = row[CASE_STEP_TIME]  # the case's step time as recorded
     if model_slow is not None:
         measured = row.get(STEP_TIME)
+        # an error only where the model describes the measurement (not: CPU ranks beyond the cores, emulated)
+        flag = model_slow.get(MODEL_CHECKABLE)
+        checked = flag is None or pd.isna(flag) or bool(flag)
         row[MODEL_STEP_ERR] = (
             (model_slow[MODEL_STEP_TIME] - measured) / measured
-            if is_number(measured) and measured
+            if checked and is_number(measured) and measured
             else np.nan
         )
     row.update(checkpoint_case_columns(ranks))

@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.commands import running
+from fsdpbench.schema import MODEL_COMM, MODEL_COMPUTE, MODEL_EXPOSED_COMM, MODEL_LINK, MODEL_STEP_TIME
 from fsdpbench.strategies import FULL_SHARD_STRATEGY
 
 ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or its peak breakdown
@@ -117,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--units", default="GB", choices=("GB", "GiB"), help="GB = 1e9 bytes (default), GiB = 2^30"
     )
+    parser.add_argument(
+        "--link",
+        help="with --method emulated/all: also the modelled N-rank step time on this link (a preset: "
+        "nvlink4, nvlink5, ib-ndr400, roce-200, pcie4, or alpha_us=A,busbw_GBps=B): the emulated "
+        "rank's compute + α–β time of its collectives (docs/step-time-model.md)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
     from fsdpbench.case import CHECKPOINT_METHODS
 
@@ -142,6 +149,7 @@ def main(args: argparse.Namespace) -> int:
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None
         host_memory = parse_bytes(args.host_memory) if args.host_memory else None
         context = parse_bytes(args.context_allowance)
+        args.step_link = _model_link(args.link)
     except (KeyError, ValueError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc.args[0] if exc.args else exc))}", highlight=False)
         return 2
@@ -304,7 +312,7 @@ def _predict_one(
         out["json"].append(_analytic_record(pred, fit))
     if "emulated" in methods:
         _require_model("emulated", facts)
-        _add_emulated(out, case, args.rank, device_memory, context)
+        _add_emulated(out, case, args.rank, device_memory, context, getattr(args, "step_link", None))
     if "traced" in methods:
         _require_model("traced", facts)
         from fsdpbench.predictors.traced import estimate
@@ -339,11 +347,28 @@ def _analytic_record(pred: Any, fit: Any) -> dict[str, Any]:
     return rec
 
 
-def _add_emulated(out: dict[str, Any], case: Any, rank: int, device_memory: int | None, context: int) -> None:
+def _model_link(spec: str | None) -> Any:
+    """--link → a Link (a preset or explicit numbers; a probed gloo link needs a run directory); None."""
+    if spec is None:
+        return None
+    from fsdpbench.predictors.comm_model import LINK_PRESETS, LinkError, parse_explicit_link
+
+    if spec in LINK_PRESETS:
+        return LINK_PRESETS[spec]
+    if "=" not in spec:
+        raise LinkError(
+            f"--link {spec!r}: predict takes a preset ({', '.join(LINK_PRESETS)}) or alpha_us=A,busbw_GBps=B"
+        )
+    return parse_explicit_link(spec)
+
+
+def _add_emulated(
+    out: dict[str, Any], case: Any, rank: int, device_memory: int | None, context: int, link: Any = None
+) -> None:
     """Emulate the rank; with --device-memory, "fits?" from its peak plus the stated allowance."""
     from fsdpbench.pipeline.emulated_rank import emulate_rank
 
-    out["emulated"] = emu = emulate_rank(case, rank=rank)
+    out["emulated"] = emu = emulate_rank(case, rank=rank, link=link)
     rec = emu.to_dict()
     if device_memory is not None:
         needed = emu.device_peak_bytes + (context if case.device == "cuda" else 0)
@@ -471,8 +496,9 @@ def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, un
 
     where = "cuda:0" if emu.device == "cuda" else "the CPU"
     console.print(
-        f"  emulated: rank {emu.rank} alone on {where} with a fake process group, one warm-up, one timed "
-        f"and one tracked step, {emu.wall_s:.1f} s in all; compute-only step "
+        f"  emulated: rank {emu.rank} alone on {where} with a fake process group, "
+        + ("one warm-up, one timed" if not emu.modelled_step else "two warm-up, three timed, one profiled")
+        + f" and one tracked step, {emu.wall_s:.1f} s in all; compute-only step "
         f"{(emu.step_time_ms or 0) / 1e3:.2f} s",
         highlight=False,
     )
@@ -481,6 +507,16 @@ def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, un
             f"  emulated CUDA allocator peak: allocated {_fmt(emu.alloc_peak_allocated_bytes, units)}, "
             f"reserved {_fmt(emu.alloc_peak_reserved_bytes, units)} {units}; NVML peak "
             f"{_fmt(emu.nvml_peak_bytes, units)}",
+            highlight=False,
+        )
+    if emu.modelled_step:
+        m = emu.modelled_step
+        console.print(
+            f"  modelled step of {emu.case_id} on {m[MODEL_LINK]}: "
+            f"{m[MODEL_STEP_TIME]:.1f} ms = compute {m[MODEL_COMPUTE]:.1f} ms + exposed "
+            f"communication {m[MODEL_EXPOSED_COMM]:.1f} ms (of {m[MODEL_COMM]:.1f} ms); assumes "
+            "every rank like this one, no stragglers, the link as its preset says "
+            "(docs/step-time-model.md)",
             highlight=False,
         )
     console.print(

@@ -1,12 +1,14 @@
-"""Modelled step time at N ranks: the compute of one profiled step, measured, plus communication
-modelled on a link (fsdpbench/predictors/comm_model.py), placed where the strategy issues and waits for it.
+"""Modelled step time at N ranks: each rank's compute, timed, plus communication modelled on a link
+(fsdpbench/predictors/comm_model.py), placed where the strategy issues and waits for it.
 
-**Compute.** From the rank's profiled step (a real run's trace, or an emulated rank's, whose
-collectives take no time), take the step's span on the compute timeline (CPU: the threads that run
-aten ops and no gloo work; GPU: the non-NCCL kernels) and remove the time it spent *waiting for a
-collective*: each gap in compute that contains the end of a communication interval is a wait from
-the gap's start to that end (a blocked thread resumes when its collective finishes). The rest of
-every gap (Python, hooks, launch latency) stays: it is compute-side time the link does not change.
+**Compute.** Timed without the profiler (the compute twin, fsdpbench/predictors/compute_twin.py, or
+an emulated rank's own timed steps): the profiler's cost per op is a large share of a small step.
+The rank's profiled step (a real run's trace, or an emulated rank's, whose collectives take no time)
+gives only the *placement*: take the step's span on the compute timeline (CPU: the threads that run
+aten ops and no gloo work; GPU: the non-NCCL kernels), remove the time it spent *waiting for a
+collective* (each gap in compute that contains the end of a communication interval is a wait from
+the gap's start to that end: a blocked thread resumes when its collective finishes), and scale what
+remains so that it sums to the timed compute (``compute_scale``; on a GPU the kernels, unscaled).
 What is left is the compute clock, on which every collective gets two points:
 
 * **issue**: where the strategy issued it, read from the trace (the ``c10d::`` op, or on GPU the
@@ -29,9 +31,8 @@ collective's needed point until it has finished. Then
 
 **Not modelled** (named, so a residual error can be explained): contention between compute and
 communication for the same cores or memory bandwidth (on 2 CPU cores, 4 ranks' compute and gloo
-threads share them), gloo's second worker thread (two collectives can run at once there), skew
-between ranks (a collective waits for the slowest peer), and the profiler's own overhead in the
-profiled step's compute.
+threads share them), gloo's second worker thread (two collectives can run at once there), and an
+uneven profiler cost across the step (the scaling spreads it evenly).
 """
 
 from __future__ import annotations
@@ -47,11 +48,12 @@ from fsdpbench.schema import (
     MODEL_COLLECTIVES,
     MODEL_COMM,
     MODEL_COMPUTE,
+    MODEL_COMPUTE_BARE,
+    MODEL_COMPUTE_SCALE,
     MODEL_EXPOSED_COMM,
     MODEL_LINK,
     MODEL_LINK_SOURCE,
     MODEL_METHOD,
-    MODEL_NOTE,
     MODEL_OVERLAP_RATIO,
     MODEL_PEER_WAIT,
     MODEL_PROFILER_REMOVED,
@@ -62,8 +64,6 @@ from fsdpbench.schema import (
 
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Sharding
-
-METHOD = "modelled: measured compute of the profiled step + α–β communication on one stream"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +85,8 @@ class StepTimeline:
     collectives: tuple[PlacedCollective, ...]
     waits_removed_us: float = 0.0
     steps: int = 1
-    profiler_removed_us: float = 0.0
-    note: str = ""  # why the compute figure is not corrected, if it is not
+    profiler_removed_us: float = 0.0  # profiled compute − bare compute: the profiler's cost taken out
+    scale: float = 1.0  # bare / profiled compute (1: not scaled)
 
 
 def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]]:
@@ -262,19 +262,12 @@ def _needed_rule(kind: str, sharding: Sharding, device_type: str) -> str:
     return "optimizer"
 
 
-def _profiled_ops(events: list[dict[str, Any]]) -> int:
-    """cpu_op events on the threads that run no gloo work: what the profiler paid for on the compute side."""
-    comm_threads = {
-        (e.get("pid"), e.get("tid")) for e in events if str(e.get("name", "")).startswith("gloo:")
-    }
-    return sum(
-        1 for e in events if e.get("cat") == "cpu_op" and (e.get("pid"), e.get("tid")) not in comm_threads
-    )
-
-
-# Above this share of the profiled compute, the profiler's estimated own cost is the figure, not a
-# correction to it (it once took tiny steps down to 0 ms): such a step is modelled uncorrected, and says so.
-MAX_PROFILER_SHARE = 0.5
+def compute_scale(raw_compute_us: float, bare_compute_us: float | None) -> float:
+    """Profiled compute → bare compute: the factor that takes the profiler's cost out of every interval
+    of the profiled step (1 without a bare measurement)."""
+    if bare_compute_us is None or not raw_compute_us > 0 or not bare_compute_us > 0:
+        return 1.0
+    return bare_compute_us / raw_compute_us
 
 
 def build_timeline(
@@ -284,29 +277,25 @@ def build_timeline(
     *,
     steps: int = 1,
     group_size: int | None = None,
-    profiler_overhead_us_per_op: float = 0.0,
+    bare_compute_us: float | None = None,
+    scale: float | None = None,
 ) -> StepTimeline:
     """The StepTimeline of one rank's profiled step(s); ``sharding`` is the strategy's declaration.
 
-    On CPU ranks the profiled step's compute includes the profiler's own cost per recorded op;
-    ``profiler_overhead_us_per_op`` (measured by comm_probe.py) × the ops recorded is taken out.
-    On a GPU the compute is kernels, which the host-side profiler does not slow down."""
+    The profiled step's compute includes the profiler's own cost (on CPU ranks, per recorded op: a
+    step of a few ms can be half profiler). The trace gives only the *placement*: every compute
+    interval is scaled by ``scale``, or else by bare / profiled compute, so that the step's compute is
+    ``bare_compute_us`` (per step) — a step timed without the profiler with collectives that take no
+    time (``compute_twin``). Neither given: the profiled compute as it is (on a GPU the compute is
+    kernels, which the host-side profiler does not slow down)."""
     events = _complete(trace)
     on_gpu = device_type == "cuda" and any(str(e.get("cat", "")).lower() == "kernel" for e in events)
     comm, compute, span = _device_intervals(events) if on_gpu else _host_intervals(events)
     waits = _waits(comm, compute, span)
     raw_compute = _Clock(span[0], waits)(span[1])
-    overhead = 0.0 if on_gpu else profiler_overhead_us_per_op * _profiled_ops(events)
-    note = ""
-    if overhead > MAX_PROFILER_SHARE * raw_compute:
-        note = (
-            f"profiler cost not taken out: its estimate ({overhead / 1e3:.1f} ms, "
-            f"{profiler_overhead_us_per_op:.2f} µs "
-            f"× {_profiled_ops(events)} ops) is over {MAX_PROFILER_SHARE:.0%} of the profiled compute "
-            f"({raw_compute / 1e3:.1f} ms); compute includes the profiler's cost (an over-estimate)"
-        )
-        overhead = 0.0
-    scale = (raw_compute - overhead) / raw_compute if raw_compute > 0 else 1.0
+    steps = max(1, steps)
+    if scale is None:
+        scale = compute_scale(raw_compute, None if bare_compute_us is None else bare_compute_us * steps)
     clock = _Clock(span[0], waits, scale)
     to_device = _host_to_device(events) if on_gpu else (lambda t: t)
     step_end = span[1]
@@ -337,7 +326,21 @@ def build_timeline(
         placed.append(PlacedCollective(r.kind, r.payload_bytes, r.group_size, issue, needed))
     compute_us = clock(step_end)
     removed = sum(e - s for s, e in merge_intervals(waits))
-    return StepTimeline(compute_us, tuple(placed), removed, max(1, steps), raw_compute - compute_us, note)
+    return StepTimeline(compute_us, tuple(placed), removed, steps, raw_compute - compute_us, scale=scale)
+
+
+def checkable(device_type: str, world_size: int, emulated: bool, cores: int | None) -> str:
+    """Why this case's modelled step time cannot be checked against its measured one ("" if it can).
+    CPU ranks beyond the cores contend for them, which the model does not describe; an emulated rank's
+    measured step is compute only, nothing to check the communication against."""
+    if emulated:
+        return "emulated: no measured step time with communication to check against"
+    if device_type == "cpu" and cores and world_size > cores:
+        return (
+            f"{world_size} CPU ranks on {cores} cores: the ranks contend for cores, which the model "
+            "does not describe"
+        )
+    return ""
 
 
 def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, Any]]:
@@ -354,10 +357,30 @@ def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, A
                 MODEL_COLLECTIVES: len(timeline.collectives) / steps,
                 MODEL_WAITS_REMOVED: timeline.waits_removed_us / steps / 1e3,
                 MODEL_PROFILER_REMOVED: timeline.profiler_removed_us / steps / 1e3,
-                MODEL_NOTE: timeline.note,
+                MODEL_COMPUTE_SCALE: timeline.scale,
             }
         )
     return out
+
+
+# model_method: how the compute was measured (the communication is always α–β on one stream)
+METHOD_TWIN = (
+    "modelled: compute = the case's steps timed without the profiler under a no-op process group "
+    "(the compute twin: every rank at once, same threads, same timer; at 1 rank the case itself on "
+    "its 1-rank group), placed by the profiled trace "
+    "scaled to it; α–β communication on one stream"
+)
+METHOD_EMULATED = (
+    "modelled: compute = this emulated rank's timed steps (collectives take no time), placed by its "
+    "profiled trace scaled to it; α–β communication on one stream; every rank assumed alike"
+)
+METHOD_KERNELS = (
+    "modelled: compute = the profiled step's kernels (device clock); α–β communication on one stream"
+)
+METHOD_PROFILED = (
+    "modelled: compute = the profiled step's, the profiler's cost included (no bare measurement); "
+    "α–β communication on one stream"
+)
 
 
 def case_model_columns(
@@ -368,21 +391,44 @@ def case_model_columns(
     *,
     steps: int = 1,
     group_size: int | None = None,
-    profiler_overhead_us_per_op: float = 0.0,
+    bare_compute_ms: dict[int, float] | None = None,
+    method: str = METHOD_PROFILED,
 ) -> dict[int, dict[str, Any]]:
-    """model_* columns per rank from each rank's profiled trace, simulated jointly."""
+    """model_* columns per rank from each rank's profiled trace, simulated jointly.
+
+    ``bare_compute_ms``: per rank, one step's compute timed without the profiler. A rank without
+    one is scaled by the factor of the first rank that has one (ranks of one SPMD job run the same
+    ops, so the profiler costs them the same share); none at all: the profiled compute unscaled."""
     from fsdpbench.metrics.overlap import load_trace
 
     ranks = sorted(trace_paths)
-    timelines = [
-        build_timeline(
-            load_trace(trace_paths[r]),
+    bare = bare_compute_ms or {}
+    traces = {r: load_trace(trace_paths[r]) for r in ranks}
+    measured = [r for r in ranks if r in bare]
+    shared_scale = None
+    if measured:
+        first = build_timeline(
+            traces[measured[0]],
             sharding,
             device_type,
             steps=steps,
             group_size=group_size,
-            profiler_overhead_us_per_op=profiler_overhead_us_per_op,
+            bare_compute_us=bare[measured[0]] * 1e3,
+        )
+        shared_scale = first.scale
+    timelines = [
+        build_timeline(
+            traces[r],
+            sharding,
+            device_type,
+            steps=steps,
+            group_size=group_size,
+            bare_compute_us=bare[r] * 1e3 if r in bare else None,
+            scale=None if r in bare else shared_scale,
         )
         for r in ranks
     ]
-    return {r: {**cols, MODEL_METHOD: METHOD} for r, cols in zip(ranks, model_columns(timelines, link))}
+    return {
+        r: {**cols, MODEL_METHOD: method, MODEL_COMPUTE_BARE: bare.get(r)}
+        for r, cols in zip(ranks, model_columns(timelines, link))
+    }

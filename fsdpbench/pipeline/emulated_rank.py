@@ -15,7 +15,13 @@ from fsdpbench.predictors.emulate import EMULATION_LIMITS, check_emulation
 from fsdpbench.schema import (
     ALLOC_PEAK_ALLOCATED,
     ALLOC_PEAK_RESERVED,
+    MODEL_COMM,
+    MODEL_COMPUTE,
+    MODEL_EXPOSED_COMM,
+    MODEL_LINK,
+    MODEL_METHOD,
     MODEL_STATE_CATEGORIES,
+    MODEL_STEP_TIME,
     OK,
     SAMPLED_PEAK,
     SAMPLED_PEAK_CASE,
@@ -40,6 +46,9 @@ class EmulatedRank:
     rss_peak_bytes: int | None
     step_time_ms: float | None  # compute only
     wall_s: float
+    # with a link: the modelled N-rank step (model_* figures of metrics/step_model.py): this rank's
+    # compute + the α–β time of the collectives it issued, every rank assumed alike
+    modelled_step: dict[str, Any] | None = None
 
     @property
     def model_states_bytes(self) -> int:
@@ -57,8 +66,9 @@ class EmulatedRank:
         return out
 
 
-def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> EmulatedRank:
-    """Run ``rank`` of ``case`` emulated, in a fresh process (one warm-up, one timed, one tracked step)."""
+def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None, link: Any = None) -> EmulatedRank:
+    """Run ``rank`` of ``case`` emulated, in a fresh process (one warm-up, one timed, one tracked step;
+    with a ``link`` (comm_model.Link) also one profiled step, and the modelled N-rank step time on it)."""
     import tempfile
 
     import torch
@@ -68,10 +78,10 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
     case = case.replace(
         emulate=True,
         emulate_ranks=(rank,),
-        warmup_steps=1,
-        steps=1,
+        warmup_steps=1 if link is None else 2,
+        steps=1 if link is None else 3,  # the compute the model adds communication to: a median
         memory_steps=1,
-        profile_steps=0,
+        profile_steps=0 if link is None else 1,
         timeout_s=max(case.timeout_s, 3600.0),
     )
     reason = check_emulation(case)
@@ -83,11 +93,16 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
         )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        outcome = launch_case(case, (out_dir or Path(tmp)) / case.case_id)
+        case_dir = (out_dir or Path(tmp)) / case.case_id
+        outcome = launch_case(case, case_dir)
         wall = time.perf_counter() - t0
-    if outcome.status != OK:
-        raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
-    rec = RankResult.from_json(outcome.ranks[0])
+        if outcome.status != OK:
+            raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
+        rec = RankResult.from_json(outcome.ranks[0])
+        step_ms = rec.timed.to_columns().get(STEP_TIME) if rec.timed else None
+        modelled = None
+        if link is not None and step_ms:
+            modelled = _modelled_step(case, rank, case_dir / f"trace_rank{rank}.json.gz", step_ms, link)
     if rec.memory is None:
         raise RuntimeError(f"emulated rank {rank} recorded no memory-tracked step")
     peak = dict(rec.memory.peak)
@@ -103,6 +118,27 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None) -> E
         alloc_peak_reserved_bytes=extra.get(ALLOC_PEAK_RESERVED),
         nvml_peak_bytes=extra.get(SAMPLED_PEAK.of("nvml")),
         rss_peak_bytes=extra.get(SAMPLED_PEAK_CASE.of("rss")),
-        step_time_ms=rec.timed.to_columns().get(STEP_TIME) if rec.timed else None,
+        step_time_ms=step_ms,
         wall_s=wall,
+        modelled_step=modelled,
     )
+
+
+def _modelled_step(case: Case, rank: int, trace: Path, step_ms: float, link: Any) -> dict[str, Any]:
+    """The model_* figures of the emulated rank: its timed compute, placed by its profiled step."""
+    from fsdpbench.metrics import step_model
+    from fsdpbench.metrics.profiled import shard_group_sizes
+    from fsdpbench.strategies import get_strategy
+
+    sharding = get_strategy(case.strategy).sharding
+    cols = step_model.case_model_columns(
+        {rank: trace},
+        sharding,
+        case.device.split(":", 1)[0],
+        link,
+        group_size=shard_group_sizes(case, sharding)[1],
+        bare_compute_ms={rank: float(step_ms)},
+        method=step_model.METHOD_EMULATED,
+    )[rank]
+    keys = (MODEL_STEP_TIME, MODEL_COMPUTE, MODEL_COMM, MODEL_EXPOSED_COMM, MODEL_LINK, MODEL_METHOD)
+    return {k: cols[k] for k in keys}

@@ -64,9 +64,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
+def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOutcome:
     """Run one case on ``case.world_size`` local processes (an emulated case: its ``emulate_ranks``, one
-    process at a time); never raises for a rank's failure."""
+    process at a time, or all at once with ``together``, competing for the cores as a real run's ranks
+    do); never raises for a rank's failure."""
     from fsdpbench.pipeline.scenario import check_devices
 
     shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
@@ -83,6 +84,8 @@ def launch_case(case: Case, case_dir: Path) -> CaseOutcome:
     _clear_case_dir(case_dir)
     # a real case starts all its ranks together; an emulated one each of its ranks alone, one at a time
     groups = [[r] for r in case.emulate_ranks] if case.emulate else [list(range(case.world_size))]
+    if case.emulate and together:
+        groups = [list(case.emulate_ranks)]
     ranks: list[dict[str, Any]] = []
     status, errors, pids, wall, exit_codes = "ok", [], [], 0.0, {}
     for group in groups:

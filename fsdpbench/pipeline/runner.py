@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -19,11 +20,14 @@ from fsdpbench.schema import (
     CASE_MODEL_STEP_TIME,
     COMM_PATTERN,
     ERROR,
+    MODEL_CHECKABLE,
     MODEL_STEP_TIME,
+    MODEL_UNCHECKED_REASON,
     OK,
     RANK,
     SKIPPED,
     STATUS,
+    STEP_TIME,
     STEPS_WALL_S,
     WALL_S,
 )
@@ -89,7 +93,9 @@ def run_cases(
                 outcome = _launch_or_collect(case, store, meta, collect=collect)
                 if outcome is None:
                     continue
-                rows = _case_rows(case, outcome, store, meta["env"], link=link, tracer=tracer)
+                rows = _case_rows(
+                    case, outcome, store, meta["env"], link=link, tracer=tracer, launch_twin=not collect
+                )
                 store.merge_timelines(case.case_id)
                 store.write_case(case.case_id, rows)
                 meta["cases"][case.case_id] = case_overhead(outcome)
@@ -152,6 +158,7 @@ def _case_rows(
     *,
     link: str | None,
     tracer: TracedPredictor | None,
+    launch_twin: bool = True,
 ) -> pd.DataFrame:
     """The case's result rows: measured, predicted, and (when asked) modelled step time and traced."""
     if outcome.status == SKIPPED:
@@ -159,7 +166,9 @@ def _case_rows(
     else:
         rows = add_predictions(case, build_rows(case, outcome, env))
     if link and outcome.status == OK:
-        rows = add_step_model(case, rows, store.case_dir(case.case_id), store.run_dir, link)
+        rows = add_step_model(
+            case, rows, store.case_dir(case.case_id), store.run_dir, link, launch_twin=launch_twin
+        )
     if tracer is not None and outcome.status == OK:
         rows = tracer.add_columns(case, rows)
     return rows
@@ -194,13 +203,23 @@ def add_predictions(case: Case, rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def add_step_model(
-    case: Case, rows: pd.DataFrame, case_dir: Path, run_dir: Path, link_spec: str
+    case: Case,
+    rows: pd.DataFrame,
+    case_dir: Path,
+    run_dir: Path,
+    link_spec: str,
+    *,
+    launch_twin: bool = True,
 ) -> pd.DataFrame:
     """The modelled step time on the link (model_* columns per rank; case_model_step_time_ms is the
-    slowest rank's, as case_step_time_ms is), from the ranks' profiled traces."""
+    slowest rank's, as case_step_time_ms is): each rank's compute timed without the profiler (the
+    compute twin; an emulated rank's own timed steps), placed by the ranks' profiled traces.
+    ``launch_twin`` False (``--collect``: the ranks ran elsewhere, the twin would time this machine):
+    the profiled compute, said so in model_method."""
+    from fsdpbench.metrics import step_model
     from fsdpbench.metrics.profiled import shard_group_sizes
-    from fsdpbench.metrics.step_model import case_model_columns
-    from fsdpbench.predictors.comm_probe import profiler_overhead_us, resolve_link
+    from fsdpbench.predictors.comm_probe import resolve_link
+    from fsdpbench.predictors.compute_twin import twin_compute_ms
     from fsdpbench.strategies import get_strategy
 
     traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows[RANK] if int(r) >= 0}
@@ -211,15 +230,27 @@ def add_step_model(
         link = resolve_link(link_spec, case.backend, case.world_size, run_dir)
         sharding = get_strategy(case.strategy).sharding
         device_type = torch_device_type(case.device)
-        overhead = profiler_overhead_us(run_dir, case.world_size) if device_type == "cpu" else 0.0
-        per_rank = case_model_columns(
+        bare: dict[int, float] = {}
+        if device_type == "cuda":
+            method = step_model.METHOD_KERNELS
+        elif case.emulate:
+            timed = rows.set_index(RANK)[STEP_TIME] if STEP_TIME in rows else pd.Series(dtype=float)
+            bare = {int(r): float(v) for r, v in timed.items() if int(r) >= 0 and pd.notna(v)}
+            method = step_model.METHOD_EMULATED
+        elif launch_twin:
+            bare = twin_compute_ms(case, case_dir)
+            method = step_model.METHOD_TWIN
+        if device_type != "cuda" and not bare:
+            method = step_model.METHOD_PROFILED
+        per_rank = step_model.case_model_columns(
             traces,
             sharding,
             device_type,
             link,
             steps=max(1, case.profile_steps),
             group_size=shard_group_sizes(case, sharding)[1],
-            profiler_overhead_us_per_op=overhead,
+            bare_compute_ms=bare,
+            method=method,
         )
     except Exception as exc:  # noqa: BLE001 — a model bug must not lose the measurement
         print(
@@ -232,6 +263,9 @@ def add_step_model(
     rows = rows.merge(model, left_on=RANK, right_index=True, how="left")
     modelled = [c[MODEL_STEP_TIME] for c in per_rank.values()]
     rows[CASE_MODEL_STEP_TIME] = max(modelled) if len(modelled) == len(traces) else None
+    reason = step_model.checkable(device_type, case.world_size, case.emulate, os.cpu_count())
+    rows[MODEL_CHECKABLE] = not reason
+    rows[MODEL_UNCHECKED_REASON] = reason
     return rows
 
 

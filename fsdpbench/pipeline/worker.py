@@ -35,6 +35,7 @@ from fsdpbench.case import Case
 from fsdpbench.engine.knobs import state_placement_bytes
 from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
 from fsdpbench.engine.step import Batch, rank_batch, train_step
+from fsdpbench.engine.threads import rank_threads
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
@@ -186,9 +187,8 @@ def _run_phases(
 ) -> None:
     # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
-    torch.set_num_threads(
-        max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    )
+    # cores ÷ local ranks: the same rule the gloo probe runs with (so its α is this rank's)
+    torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/predictors/emulate.py)
         init_fake_process_group(rank, world)
         stack.enter_context(fake_collectives(case))

@@ -33,6 +33,16 @@ class Link:
     # gloo has no reduce-scatter: it all-reduces the full input (see metrics/comm.py), so a link
     # measured on gloo times a reduce-scatter as the all-reduce gloo really runs.
     reduce_scatter_as_all_reduce: bool = False
+    # (kind, α µs, busbw GB/s) of the kinds measured one by one (the gloo probe: gloo runs each kind
+    # with its own algorithm, so one line does not fit all); α and busbw above are for the others
+    per_kind: tuple[tuple[str, float, float], ...] = ()
+
+    def alpha_busbw(self, kind: str) -> tuple[float, float]:
+        """(α µs, busbw GB/s) for a collective of ``kind`` on this link."""
+        for name, alpha, busbw in self.per_kind:
+            if name == kind:
+                return float(alpha), float(busbw)
+        return self.alpha_us, self.busbw_GBps
 
     def label(self) -> str:
         """One line naming the link and its numbers, for tables and figures."""
@@ -111,4 +121,5 @@ def collective_time_us(link: Link, kind: str, payload_bytes: float, group_size: 
         return 0.0
     if kind == "reduce_scatter" and link.reduce_scatter_as_all_reduce:
         kind = "all_reduce"
-    return link.alpha_us + payload_bytes * algorithm_factor(kind, group_size) / (link.busbw_GBps * 1e3)
+    alpha, busbw = link.alpha_busbw(kind)
+    return alpha + payload_bytes * algorithm_factor(kind, group_size) / (busbw * 1e3)

@@ -1,14 +1,18 @@
 """The ``gloo`` link: α and bus bandwidth of gloo on this machine, measured once per run.
 
-A one-shot probe: ``world_size`` fresh CPU processes join a gloo group and time all-reduce and
-all-gather (``all_gather_into_tensor``) over a few sizes, each the median of ``reps`` calls after
-a warm-up. A least-squares line through every (S·factor, time) point — the nccl-tests factor of
-comm_model.py, so one line fits both kinds — gives α (intercept) and busbw (1/slope).
+A one-shot probe: ``world_size`` fresh CPU processes (each with the torch threads a rank of the run
+gets) join a gloo group and time every collective kind the model places — all-reduce (and so
+gloo's reduce-scatter, which is an all-reduce), all-gather (``all_gather_into_tensor``), broadcast
+(ZeRO-1) — over sizes spanning the runs' messages, each the median of ``reps`` calls after a
+warm-up. Per kind, a line through its (S·factor, time) points — the nccl-tests factor of
+comm_model.py — gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that
+the small messages, where α is everything, count as much as the large ones. A line through all the
+points is the link's fallback for other kinds. The processes write nothing to the terminal.
 The result is cached as ``<run dir>/comm_probe/gloo_n<N>.json`` with its points, so a run's
 modelled figures can be traced to the measurement behind them, and re-used on resume.
 
-The probe measures gloo with nothing else running; in a run the same cores also compute (the
-residual this leaves is discussed in docs/step-time-model.md).
+The probe measures gloo with nothing else of the run running; in a run the same cores also compute
+(the residual this leaves is discussed in docs/step-time-model.md).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fsdpbench.engine.threads import rank_threads
 from fsdpbench.pipeline.launch import free_port
 from fsdpbench.predictors.comm_model import Link, algorithm_factor
 
@@ -31,26 +36,29 @@ PROBE_SIZES_BYTES = (
     1 << 20,
     8 << 20,
 )  # the largest long enough that bandwidth, not noise, sets the slope
-PROBE_KINDS = ("all_reduce", "all_gather")
+PROBE_KINDS = ("all_reduce", "all_gather", "broadcast")
 PROBE_REPS = 8
 
 
 def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int) -> None:
     """One probe process: join the gloo group, time every (kind, size), rank 0 writes the medians."""
+    devnull = os.open(os.devnull, os.O_WRONLY)  # quiet: gloo's and torch's log lines are not the user's
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
     import warnings
 
     import torch
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor's rename
-    torch.set_num_threads(1)
+    torch.set_num_threads(rank_threads(world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     points = []
     try:
         for kind in PROBE_KINDS:
             for size in PROBE_SIZES_BYTES:
-                numel = size // 4  # float32; S is the full tensor for both kinds
+                numel = size // 4  # float32; S is the full tensor for every kind
                 full = torch.ones(numel)
                 shard = torch.ones(numel // world_size)
                 _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
@@ -62,12 +70,10 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int)
                     times.append((time.perf_counter() - t0) * 1e6)
                 points.append({"kind": kind, "payload_bytes": numel * 4, "time_us": statistics.median(times)})
         dist.barrier()
-        overhead_us = _profiler_overhead_us()  # every rank at once: the run's contention for cores
-        dist.barrier()
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"points": points, "profiler_overhead_us_per_op": overhead_us}))
+        Path(out_path).write_text(json.dumps({"points": points}))
 
 
 def _collective_once(kind: str, full, shard) -> None:
@@ -76,59 +82,54 @@ def _collective_once(kind: str, full, shard) -> None:
 
     if kind == "all_reduce":
         dist.all_reduce(full)
+    elif kind == "broadcast":
+        dist.broadcast(full, src=0)
     else:
         dist.all_gather_into_tensor(full, shard)
 
 
-def _profiler_overhead_us(n_ops: int = 2000) -> float:
-    """What torch.profiler (as the worker runs it, record_shapes=True) adds per recorded aten op:
-    the same tiny ops timed bare and profiled (median of 3 each), divided by their count."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    x = torch.ones(16)
-
-    def ops() -> float:
-        t0 = time.perf_counter()
-        for _ in range(n_ops):
-            x.add(1.0)
-        return (time.perf_counter() - t0) * 1e6
-
-    ops()
-    bare = statistics.median(ops() for _ in range(3))
-    profiled = []
-    for _ in range(3):
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
-            profiled.append(ops())
-    return max(0.0, (statistics.median(profiled) - bare) / n_ops)
+def _fit_line(points: list[dict[str, Any]], world_size: int) -> tuple[float, float]:
+    """(α µs, slope µs/B) of time = α + S·factor·slope, least squares weighted by 1/time² (relative
+    residuals); α clipped at 0."""
+    xs = [p["payload_bytes"] * algorithm_factor(p["kind"], world_size) for p in points]
+    ys = [float(p["time_us"]) for p in points]
+    ws = [1.0 / max(y, 1e-9) ** 2 for y in ys]
+    sw = sum(ws)
+    mean_x = sum(w * x for w, x in zip(ws, xs)) / sw
+    mean_y = sum(w * y for w, y in zip(ws, ys)) / sw
+    sxx = sum(w * (x - mean_x) ** 2 for w, x in zip(ws, xs))
+    if sxx <= 0:
+        raise ValueError("the probe needs at least two different sizes")
+    slope = sum(w * (x - mean_x) * (y - mean_y) for w, x, y in zip(ws, xs, ys)) / sxx
+    if slope <= 0:
+        raise ValueError(f"probe times do not grow with size (slope {slope:.3g} µs/B): {points}")
+    return max(0.0, mean_y - slope * mean_x), slope
 
 
 def fit_link(points: list[dict[str, Any]], world_size: int, name: str = "gloo") -> Link:
-    """Least squares time = α + S·factor/busbw over the points; α clipped at 0."""
-    xs = [p["payload_bytes"] * algorithm_factor(p["kind"], world_size) for p in points]
-    ys = [float(p["time_us"]) for p in points]
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mean_x) ** 2 for x in xs)
-    if sxx <= 0:
-        raise ValueError("the probe needs at least two different sizes")
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / sxx  # µs per byte
-    alpha = max(0.0, mean_y - slope * mean_x)
-    if slope <= 0:
-        raise ValueError(f"probe times do not grow with size (slope {slope:.3g} µs/B): {points}")
+    """One α–β line per probed kind (``Link.per_kind``), and one through every point for the rest."""
+    alpha, slope = _fit_line(points, world_size)
+    per_kind = []
+    for kind in dict.fromkeys(p["kind"] for p in points):
+        of_kind = [p for p in points if p["kind"] == kind]
+        if len({p["payload_bytes"] for p in of_kind}) >= 2:
+            k_alpha, k_slope = _fit_line(of_kind, world_size)
+            per_kind.append((kind, k_alpha, 1.0 / k_slope / 1e3))
     return Link(
         name,
         alpha_us=alpha,
         busbw_GBps=1.0 / slope / 1e3,
         source=(
             f"probed: gloo, {world_size} CPU processes on this machine, "
-            f"least squares over {len(points)} points"
+            f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
         ),
         reduce_scatter_as_all_reduce=True,
+        per_kind=tuple(per_kind),
     )
 
 
 def run_probe(world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0) -> dict[str, Any]:
-    """Start ``world_size`` processes, run the probe, return rank 0's points and profiler overhead."""
+    """Start ``world_size`` processes, run the probe, return rank 0's points."""
     from multiprocessing import get_context
 
     ctx = get_context("spawn")
@@ -154,7 +155,7 @@ def run_probe(world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0)
 
 def probe(run_dir: Path, world_size: int) -> dict[str, Any]:
     """The probe's result for ``world_size`` CPU ranks, from the run's cache or measured now:
-    {"link": Link fields, "profiler_overhead_us_per_op": float, "points": [...], "world_size": N}."""
+    {"link": Link fields, "points": [...], "world_size": N}."""
     world_size = max(2, int(world_size))
     path = Path(run_dir) / "comm_probe" / f"gloo_n{world_size}.json"
     if path.exists():
@@ -172,12 +173,9 @@ def probe(run_dir: Path, world_size: int) -> dict[str, Any]:
 
 def gloo_link(run_dir: Path, world_size: int) -> Link:
     """The probed gloo link for ``world_size`` ranks."""
-    return Link(**probe(run_dir, world_size)["link"])
-
-
-def profiler_overhead_us(run_dir: Path, world_size: int) -> float:
-    """µs the profiler adds per recorded op on this machine with ``world_size`` ranks running."""
-    return float(probe(run_dir, world_size)["profiler_overhead_us_per_op"])
+    fields = dict(probe(run_dir, world_size)["link"])
+    fields["per_kind"] = tuple(tuple(k) for k in fields.get("per_kind") or ())  # JSON gave lists
+    return Link(**fields)
 
 
 def resolve_link(spec: str, backend: str, world_size: int, run_dir: Path) -> Link:

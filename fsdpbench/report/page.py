@@ -14,7 +14,14 @@ from typing import Any
 
 from fsdpbench.report.data import ReportData, RunData
 from fsdpbench.report.panel import Panel, describe_ranks
-from fsdpbench.report.tables import CompareRow, case_table, compare_rows, glance_groups, verdict_lines
+from fsdpbench.report.tables import (
+    CompareRow,
+    case_table,
+    compare_rows,
+    glance_groups,
+    model_error_lines,
+    verdict_lines,
+)
 from fsdpbench.schema import COMMIT, FAILED, HOSTNAME, RUN, SKIPPED, STATUS, TORCH_VERSION
 
 _ERRORS_JS = """
@@ -112,7 +119,7 @@ def render_compare_table(rows: list[CompareRow], columns: list[str]) -> str:
 
 
 def render_glance(data: ReportData) -> str:
-    lines = verdict_lines(data.cases)
+    lines = verdict_lines(data.cases) + model_error_lines(data.cases)
     parts = ['<section id="glance"><h2>At a glance</h2>']
     if lines:
         parts.append('<ul class="verdict">' + "".join(f"<li>{_e(x)}</li>" for x in lines) + "</ul>")

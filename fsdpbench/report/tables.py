@@ -33,10 +33,12 @@ from fsdpbench.schema import (
     ERROR,
     FAILED_STATUSES,
     HARNESS_OVERHEAD_RATIO,
+    MODEL_CHECKABLE,
     MODEL_EXPOSED_COMM,
     MODEL_LINK,
     MODEL_STEP_ERR,
     MODEL_STEP_TIME,
+    MODEL_UNCHECKED_REASON,
     OK,
     OVERLAP_EXPOSED,
     OVERLAP_RATIO,
@@ -184,7 +186,7 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         )
     add("step time (p10–p90)", lambda r: number(r.get(STEP_TIME)), _fmt_step, "low")
     # a model's estimate on a link the run may not have: shown beside the measurement, never a winner
-    add("step time, modelled (error)", lambda r: number(r.get(MODEL_STEP_TIME)), _fmt_modelled, None)
+    add("step time, modelled (error)", _checked_model, _fmt_modelled, None)
     add("throughput", lambda r: number(r.get(THROUGHPUT_SAMPLES)), lambda r, v: fmt_throughput(r), "high")
     # on CPU ranks MFU is not meaningful: said in the row, never a winner
     add("MFU, achieved TFLOP/s", lambda r: number(r.get(ACHIEVED_TFLOPS)), lambda r, v: fmt_compute(r), None)
@@ -257,8 +259,24 @@ def _fmt_step(r: pd.Series, v: Any) -> str:
     return f"{v:.1f} ms" + (f" ({p10:.0f}–{p90:.0f})" if p10 is not None and p90 is not None else "")
 
 
+def _model_checked(r: pd.Series) -> bool:
+    """The model describes this case's measurement (MODEL_CHECKABLE; absent: rows from before it)."""
+    flag = r.get(MODEL_CHECKABLE)
+    return flag is None or bool(pd.isna(flag)) or bool(flag)
+
+
+def _checked_model(r: pd.Series) -> float | None:
+    """The modelled step time where it is a prediction the run can check; else None (the glance
+    table then shows why not, never the number)."""
+    return number(r.get(MODEL_STEP_TIME)) if _model_checked(r) else None
+
+
 def _fmt_modelled(r: pd.Series, v: Any) -> str:
-    """Modelled step time with its error against the measured one, and the exposed communication."""
+    """Modelled step time with its error against the measured one, and the exposed communication;
+    where the model cannot be checked, why not (and, outside the glance table, the figure, marked)."""
+    if not _model_checked(r):
+        reason = str(r.get(MODEL_UNCHECKED_REASON) or "not checkable")
+        return f"unchecked ({reason})" if v is None else f"{v:.1f} ms, unchecked ({reason})"
     if v is None:
         return "—"
     err = number(r.get(MODEL_STEP_ERR))
@@ -348,6 +366,39 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
     return lines
 
 
+def model_error_lines(cases: pd.DataFrame) -> list[str]:
+    """Per scenario: the step-time model's mean absolute percentage error and worst case over the
+    cases where it can be checked, and how many it cannot be checked on (and why)."""
+    if MODEL_STEP_TIME not in cases:
+        return []
+    lines = []
+    ok = ok_cases(cases)
+    by = ok.groupby("scenario", sort=False, dropna=False) if "scenario" in ok else [("", ok)]
+    for scenario, group in by:
+        group = group[group[MODEL_STEP_TIME].notna()]
+        if group.empty:
+            continue
+        checked = group[group.apply(_model_checked, axis=1)]
+        errs = pd.to_numeric(checked.get(MODEL_STEP_ERR), errors="coerce").dropna()
+        parts = []
+        if len(errs):
+            worst = errs.abs().idxmax()
+            parts.append(
+                f"modelled vs measured step time over {len(errs)} case(s): mean absolute error "
+                f"{errs.abs().mean():.1%}, worst {errs[worst]:+.1%} ({checked.at[worst, 'label']})"
+            )
+        unchecked = group[~group.apply(_model_checked, axis=1)]
+        if len(unchecked):
+            reasons = sorted({str(x) for x in unchecked.get(MODEL_UNCHECKED_REASON, pd.Series()).dropna()})
+            parts.append(
+                f"{len(unchecked)} case(s) not checked, their modelled figure not shown as a prediction: "
+                + "; ".join(reasons)
+            )
+        if parts:
+            lines.append(f"step-time model, {scenario}: " + "; ".join(parts))
+    return lines
+
+
 def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = None) -> pd.DataFrame:
     """Every case (failed and skipped too) with its key metrics, predictions and errors, as display text."""
     metas = metas or {}
@@ -364,6 +415,7 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
                 "ranks": r.get("ranks_label"),
                 "step time (p10–p90)": _fmt_step(r, number(r.get(STEP_TIME))),
                 "step time modelled": _fmt_modelled(r, number(r.get(MODEL_STEP_TIME))),
+                "step time modelled, error": fmt_pct(r.get(MODEL_STEP_ERR)),
                 "throughput": fmt_throughput(r),
                 "MFU, achieved TFLOP/s": fmt_compute(r),
                 "peak measured (tracker)": fmt_bytes(number(r.get(TRACKER_PEAK))),
