@@ -34,8 +34,6 @@ NOT_A_COLUMN = "# not a column"  # on the line, or the line above: a literal tha
 PENDING_RECORD_FILES = (
     "pipeline/launch.py",
     "pipeline/rank_result.py",
-    "pipeline/worker.py",
-    "predictors/emulate.py",
 )
 
 

@@ -173,7 +173,7 @@ def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[s
     if case_step:
         out.update(_throughput_columns(case, case_step))
     if case.emulate:
-        from fsdpbench.predictors.emulate import LOSS_SKIPPED_REASON as why_no_loss
+        from fsdpbench.predictors.emulate import WHY_NO_LOSS as why_no_loss
 
         out[LOSS_SKIPPED_REASON] = why_no_loss
         out[THROUGHPUT_SAMPLES] = out[THROUGHPUT_TOKENS] = None  # compute-only time: not a throughput

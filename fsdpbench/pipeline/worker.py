@@ -52,6 +52,7 @@ from fsdpbench.predictors.emulate import (
     without_overlap,
 )
 from fsdpbench.predictors.fake_pg import init_fake_process_group
+from fsdpbench.schema import BARE_STEP_TIME, FAILED, HARNESS_LEFTOVERS, OK, OOM
 
 
 class RankRecorder:
@@ -94,9 +95,9 @@ def run_rank(case: Case, out_dir: Path) -> RankResult:
     try:
         with contextlib.ExitStack() as stack:
             _run_phases(case, rank, world, local_rank, rec, t_start, stack)
-        rec.update(status="ok", phase="done")
+        rec.update(status=OK, phase="done")
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded, then re-raised
-        status = "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
+        status = OOM if isinstance(exc, torch.OutOfMemoryError) else FAILED
         rec.update(
             status=status,
             error=f"{type(exc).__name__}: {exc}",
@@ -231,7 +232,7 @@ def _run_phases(
             timed.times_ms += steps.timed(n)
         else:
             bare_ms += steps.bare(n)
-    columns: dict[str, Any] = {"bare_step_time_ms": bare_ms / case.bare_steps} if case.bare_steps else {}
+    columns: dict[str, Any] = {BARE_STEP_TIME: bare_ms / case.bare_steps} if case.bare_steps else {}
     rec.update(phase="memory", timed=timed, losses=list(steps.losses))
 
     # ---- phase 2: memory-tracked steps ---------------------------------------------------
@@ -288,7 +289,7 @@ def _run_phases(
 
     # ---- done ------------------------------------------------------------------------------
     samplers.stop()
-    columns["harness_leftovers"] = "; ".join(instruments_left_installed())  # "" when nothing is left
+    columns[HARNESS_LEFTOVERS] = "; ".join(instruments_left_installed())  # "" when nothing is left
     columns.update(samplers.columns())
     samplers.write_timeline(rec.path.parent / f"timeline_rank{rank}.parquet", case.case_id, rank)
     rec.update(

@@ -26,6 +26,7 @@ from torch import nn
 
 from fsdpbench.case import Case
 from fsdpbench.predictors.fake_pg import fake_pg_compat, patch_ddp
+from fsdpbench.schema import OVERLAP_COMM, OVERLAP_EXPOSED, OVERLAP_NOTE, OVERLAP_RATIO
 
 # what an emulated rank's figures leave out; stored in run.json and shown in the report's notes
 EMULATION_LIMITS: dict[str, str] = {
@@ -39,7 +40,7 @@ EMULATION_LIMITS: dict[str, str] = {
     "loss": "losses are not measured: parameters and data are garbage on purpose (no all-reduce, "
     "deterministic fill), so loss and correctness checks are skipped",
 }
-LOSS_SKIPPED_REASON = EMULATION_LIMITS["loss"]
+WHY_NO_LOSS = EMULATION_LIMITS["loss"]  # an emulated row's loss_skipped_reason
 
 
 def resolve_emulate_ranks(value: Any, world_size: int) -> tuple[int, ...]:
@@ -150,11 +151,9 @@ def prepare_ddp(model: nn.Module, world_size: int) -> nn.Module:
 def without_overlap(profiled: dict[str, Any]) -> dict[str, Any]:
     """An emulated rank's profiled-step columns: the collectives it issued are counted (their bytes are
     real), but they took no time, so overlap is not measured."""
-    out = {
-        k: (None if k.startswith("overlap_") and k != "overlap_compute_ms" else v)
-        for k, v in profiled.items()
-    }
-    out["overlap_note"] = (
+    unmeasured = (OVERLAP_COMM, OVERLAP_EXPOSED, OVERLAP_RATIO)  # the compute is measured
+    out = {k: (None if k in unmeasured else v) for k, v in profiled.items()}
+    out[OVERLAP_NOTE] = (
         "emulated: collectives take no time under the fake process group; overlap not measured"
     )
     return out
