@@ -26,7 +26,6 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.analysis.frame import relative_error
-from fsdpbench.analysis.regress import case_from_row
 from fsdpbench.case import Case
 from fsdpbench.pipeline.results import load_results
 from fsdpbench.predictors.memory_model import predict_memory
@@ -52,7 +51,7 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
     ok = frame[(frame[STATUS] == OK) & frame[TRACKER_PEAK].notna()]
     out = []
     for _, row in ok.iterrows():
-        case = _ints(case_from_row(row))
+        case = _ints(Case.from_columns(row))
         rank = int(row[RANK])
         pred = predict_memory(case, rank=rank)
         rec: dict[str, Any] = {

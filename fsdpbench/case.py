@@ -5,17 +5,28 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpbench.precision import Precision, get_precision, runnable_precisions
+from fsdpbench.schema import (
+    CASE_ID,
+    EMULATE_RANKS,
+    GLOBAL_BATCH_SIZE,
+    MODE,
+    MODEL_ARGS,
+    STRATEGY_ARGS,
+    TIMED_STEPS,
+    WRAP_CLASSES,
+)
 from fsdpbench.strategies.names import REFERENCE_STRATEGY
 
 PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
 WRAPS = ("none", "whole", "block", "size", "classes")
-BACKWARD_PREFETCH = ("pre", "post", "none")
+BACKWARD_PREFETCH_POLICIES = ("pre", "post", "none")
 # how the checkpoint phase saves and loads (fsdpbench/engine/checkpoint.py); a strategy declares which it runs
 CHECKPOINT_METHODS = ("none", "full", "sharded", "dcp", "dcp_async")
 # fields that do not change what is measured, so not part of a case id (resume finds the case again).
@@ -32,6 +43,9 @@ _NOT_IN_ID = (
 # a case id names a directory and files: only these characters, and never '/', '..' alone or a leading '.'
 _SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 MAX_ID_CHARS = 200
+
+
+_JSON_FIELDS = (MODEL_ARGS, STRATEGY_ARGS)  # dicts, stored as JSON text
 
 
 @dataclass(kw_only=True, slots=True)
@@ -146,6 +160,43 @@ class Case:
 
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), **kw)
+
+    # ---- the case as the configuration columns of its result rows, and back (the one place) ----------
+    def to_columns(self) -> dict[str, Any]:
+        """The configuration columns of the case's rows (fsdpbench/schema.py declares each)."""
+        d = self.to_dict()
+        for name in _JSON_FIELDS:
+            d[name] = json.dumps(d[name], sort_keys=True)
+        d[WRAP_CLASSES] = ",".join(d[WRAP_CLASSES])
+        d[EMULATE_RANKS] = ",".join(map(str, d[EMULATE_RANKS]))
+        d[MODE] = self.mode  # emulated: one rank alone with a fake process group (predictors/emulate.py)
+        d[CASE_ID] = self.case_id
+        d[GLOBAL_BATCH_SIZE] = self.global_batch_size
+        d[TIMED_STEPS] = d.pop("steps")
+        return d
+
+    @classmethod
+    def from_columns(cls, row: Any) -> Case:
+        """The case of a result row (a mapping or a pandas row, as read back from Parquet)."""
+        data: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            col = TIMED_STEPS if f.name == "steps" else f.name
+            if col not in row:
+                continue
+            value = row[col]
+            value = value.item() if hasattr(value, "item") else value
+            if f.name in _JSON_FIELDS and isinstance(value, str):
+                value = json.loads(value or "{}")
+            elif f.name == WRAP_CLASSES:
+                value = tuple(v for v in str(value or "").split(",") if v)
+            elif f.name == EMULATE_RANKS:
+                value = tuple(int(v) for v in str(value or "0").split(",") if v)
+            elif isinstance(value, float) and math.isnan(value):
+                value = None
+            elif isinstance(value, float) and value.is_integer() and "int" in str(f.type):
+                value = int(value)  # an int column with missing values comes back from Parquet as floats
+            data[f.name] = value
+        return cls(**data)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Case:

@@ -16,7 +16,6 @@ from fsdpbench.analysis.regress import (
     Threshold,
     apply_strategy_map,
     build_baseline,
-    case_from_row,
     compare,
     load_baseline,
     parse_threshold,
@@ -25,7 +24,6 @@ from fsdpbench.analysis.regress import (
 )
 from fsdpbench.case import Case
 from fsdpbench.cli import build_parser
-from fsdpbench.pipeline.results import case_columns
 
 PLUGINS = Path(__file__).parent / "plugins"
 MACHINE = {"hostname": "ci-host", "device_name": "CPU: test (2 cores)", "torch_version": "2.13.0+cpu"}
@@ -40,7 +38,7 @@ def case_rows(case: Case, *, peak: list[int], step_ms: float, losses=LOSSES, sta
     for rank, p in enumerate(peak):
         rows.append(
             {
-                **case_columns(case),
+                **case.to_columns(),
                 **MACHINE,
                 "rank": rank,
                 "status": status,
@@ -80,7 +78,7 @@ def verdicts(result) -> dict[tuple[str, str], str]:
 # ---- the baseline -------------------------------------------------------------------------------
 
 
-def test_case_from_row_rebuilds_the_case_id(tmp_path):
+def test_a_case_comes_back_from_its_columns_with_its_case_id(tmp_path):
     cases = [
         DDP,
         ZERO3,
@@ -90,12 +88,12 @@ def test_case_from_row_rebuilds_the_case_id(tmp_path):
         ),
     ]
     for case in cases:
-        row = pd.DataFrame([case_columns(case)]).iloc[0]  # through pandas, as read from Parquet
-        assert case_from_row(row).case_id == case.case_id
+        row = pd.DataFrame([case.to_columns()]).iloc[0]  # through pandas, as read from Parquet
+        assert Case.from_columns(row).case_id == case.case_id
     # all the cases in one Parquet file: shard_size (None beside 2) comes back as a float column
     path = tmp_path / "rows.parquet"
-    pd.DataFrame([case_columns(c) for c in cases]).to_parquet(path)
-    back = [case_from_row(r) for _, r in pd.read_parquet(path).iterrows()]
+    pd.DataFrame([c.to_columns() for c in cases]).to_parquet(path)
+    back = [Case.from_columns(r) for _, r in pd.read_parquet(path).iterrows()]
     assert [c.case_id for c in back] == [c.case_id for c in cases]
     assert back[2].shard_size == 2 and isinstance(back[2].shard_size, int) and back[0].shard_size is None
 

@@ -337,3 +337,20 @@ def test_compute_throughput_and_overhead_read_as_text():
         "+3.1% (bare 20.4 ms)"
     )
     assert fmt_harness_overhead({}) == "—"
+
+
+def test_every_case_field_is_a_scenario_field_and_a_declared_column_of_its_rows():
+    """Case is the declaration: the scenario's schema and the rows' configuration columns follow it,
+    and a case comes back from its columns unchanged (Case.to_columns / Case.from_columns)."""
+    import dataclasses
+
+    from fsdpbench.case import Case
+    from fsdpbench.pipeline.scenario import CaseFields
+
+    fields = {f.name for f in dataclasses.fields(Case)}
+    assert set(CaseFields.model_fields) == fields - {"scenario"}  # the scenario's name is its file's
+    case = Case(model="mlp", strategy="zero3", world_size=4, wrap_classes=("Linear",), seed=7, lr=0.5)
+    columns = case.to_columns()
+    assert schema.undeclared(columns) == []
+    assert {schema.COLUMNS[c].agg for c in columns} == {schema.Agg.SAME}
+    assert Case.from_columns(columns) == case

@@ -198,29 +198,6 @@ def resolve_threshold(metric: str, layers: list[Mapping[str, Threshold]]) -> Thr
 # ---- what a run measured, per case ----------------------------------------------------------------
 
 
-def case_from_row(row: Mapping[str, Any]) -> Case:
-    """Rebuild the Case of a results row (inverse of results.case_columns)."""
-    data: dict[str, Any] = {}
-    for f in dataclasses.fields(Case):
-        col = "timed_steps" if f.name == "steps" else f.name
-        if col not in row:
-            continue
-        value = row[col]
-        value = value.item() if hasattr(value, "item") else value
-        if f.name in ("model_args", "strategy_args") and isinstance(value, str):
-            value = json.loads(value or "{}")
-        elif f.name == "wrap_classes":
-            value = tuple(v for v in str(value or "").split(",") if v)
-        elif f.name == "emulate_ranks":
-            value = tuple(int(v) for v in str(value or "0").split(",") if v)
-        elif isinstance(value, float) and math.isnan(value):
-            value = None
-        elif isinstance(value, float) and value.is_integer() and "int" in str(f.type):
-            value = int(value)  # an int column with missing values comes back from Parquet as floats
-        data[f.name] = value
-    return Case(**data)
-
-
 def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.DataFrame:
     """Rename strategies (run → baseline) and recompute case ids, so a plugin's cases match the
     baseline cases of the strategy it stands in for; the original id stays in ``run_case_id``."""
@@ -237,7 +214,7 @@ def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.Da
     for i, row in frame.iterrows():
         if row["strategy"] not in mapping:
             continue
-        case = case_from_row(row)
+        case = Case.from_columns(row)
         if case.case_id != row["case_id"]:
             raise BaselineError(
                 f"--map-strategy: case {row['case_id']}: its id cannot be rebuilt from the "

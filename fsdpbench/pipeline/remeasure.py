@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdpbench.analysis.regress import SAMPLED, Comparison, case_from_row
+from fsdpbench.analysis.regress import SAMPLED, Comparison
+from fsdpbench.case import Case
 from fsdpbench.schema import RUN_CASE_ID
 
 
@@ -46,7 +47,7 @@ def remeasure(
     for cid in cases:
         rows = frame.index[frame["case_id"] == cid]
         run_id = frame.at[rows[0], RUN_CASE_ID]
-        case = case_from_row(run_frame[run_frame["case_id"] == run_id].iloc[0])
+        case = Case.from_columns(run_frame[run_frame["case_id"] == run_id].iloc[0])
         pooled = list(frame.at[rows[0], SAMPLED])
         for i in range(repeat):
             outcome = launch_case(case, out_dir / run_id / f"repeat{i + 1}")

@@ -109,22 +109,6 @@ def _atomic_write(path: Path, write: Any) -> None:
         raise
 
 
-def case_columns(case: Case) -> dict[str, Any]:
-    """The configuration columns of a case's rows."""
-    d = case.to_dict()
-    d["model_args"] = json.dumps(d["model_args"], sort_keys=True)
-    d["strategy_args"] = json.dumps(d["strategy_args"], sort_keys=True)
-    d["wrap_classes"] = ",".join(d["wrap_classes"])
-    d["emulate_ranks"] = ",".join(map(str, d["emulate_ranks"]))
-    d["mode"] = (
-        case.mode
-    )  # emulated: one rank alone with a fake process group (fsdpbench/predictors/emulate.py)
-    d["case_id"] = case.case_id
-    d["global_batch_size"] = case.global_batch_size
-    d["timed_steps"] = d.pop("steps")
-    return d
-
-
 def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
     """What one rank recorded (its rank{R}.json), as named columns (each memory column names its source)."""
     return RankResult.from_json(rank).to_columns()
@@ -132,7 +116,7 @@ def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
 
 def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
     """One row per rank for a case that ran (whatever its status)."""
-    base = case_columns(case)
+    base = case.to_columns()
     shared = _case_measurement_columns(case, outcome.ranks)
     rows = []
     for rank in outcome.ranks:
@@ -205,7 +189,7 @@ def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def skipped_rows(case: Case, reason: str, env: dict[str, Any]) -> pd.DataFrame:
-    row = {**case_columns(case), RANK: -1, STATUS: SKIPPED, ERROR: reason}
+    row = {**case.to_columns(), RANK: -1, STATUS: SKIPPED, ERROR: reason}
     row.update(case_status=SKIPPED, case_error=reason, **_env_columns(env, case))
     return pd.DataFrame([row])
 

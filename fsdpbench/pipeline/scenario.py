@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fsdpbench.case import BACKWARD_PREFETCH, CHECKPOINT_METHODS, OPTIMIZERS, PRECISIONS, WRAPS, Case
+from fsdpbench.case import BACKWARD_PREFETCH_POLICIES, CHECKPOINT_METHODS, OPTIMIZERS, PRECISIONS, WRAPS, Case
 from fsdpbench.pipeline.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
@@ -87,7 +87,7 @@ class CaseFields(BaseModel):
     activation_checkpointing: Flag | None = None
     compile: Flag | None = None
     cpu_offload: Flag | None = None
-    backward_prefetch: Literal[BACKWARD_PREFETCH] | None = None  # type: ignore[valid-type]
+    backward_prefetch: Literal[BACKWARD_PREFETCH_POLICIES] | None = None  # type: ignore[valid-type]
     forward_prefetch: Flag | None = None
     limit_all_gathers: Flag | None = None
     nvml_interval_s: Annotated[float, Field(strict=True, ge=0.001, le=60)] | None = None
