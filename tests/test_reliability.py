@@ -116,8 +116,15 @@ def wait_for_the_hang(proc: subprocess.Popen, case_dir: Path) -> list[int]:
     return family
 
 
-def start_orchestrator(scenario: Path, out: Path) -> subprocess.Popen:
+def start_orchestrator(scenario: Path, out: Path, *, ignoring_sigint: bool = False) -> subprocess.Popen:
+    """``fsdpbench run`` in its own process group (as a terminal's foreground job is); with
+    ``ignoring_sigint``, started with SIGINT ignored, as a script's background job is."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    def prepare() -> None:
+        if ignoring_sigint:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     return subprocess.Popen(
         [
             sys.executable,
@@ -135,6 +142,8 @@ def start_orchestrator(scenario: Path, out: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
+        preexec_fn=prepare,
     )
 
 
@@ -146,12 +155,12 @@ class HangingRun(NamedTuple):
 
 
 @contextmanager
-def hanging_run(tmp_path: Path, *, with_ok_case: bool) -> Iterator[HangingRun]:
+def hanging_run(tmp_path: Path, *, with_ok_case: bool, ignoring_sigint: bool = False) -> Iterator[HangingRun]:
     """`fsdpbench run` in a subprocess, held in the hang case's timed steps; killed on the way out if
     it still runs."""
     scenario, hang = write_hang_scenario(tmp_path, with_ok_case)
     out = tmp_path / "run"
-    proc = start_orchestrator(scenario, out)
+    proc = start_orchestrator(scenario, out, ignoring_sigint=ignoring_sigint)
     try:
         yield HangingRun(proc, scenario, out, wait_for_the_hang(proc, out / "cases" / hang.case_id))
     finally:
@@ -183,6 +192,20 @@ def test_ctrl_c_stops_the_ranks_keeps_results_marks_interrupted_exits_130(tmp_pa
     assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
     kept = load_results(out)
     assert set(kept["strategy"]) == {"ddp"} and set(kept["status"]) == {"ok"}
+    assert_all_gone(hung.family)
+
+
+@pytest.mark.slow
+def test_ctrl_c_to_the_process_group_stops_a_run_that_was_started_with_sigint_ignored(tmp_path: Path) -> None:
+    # a script's background job inherits SIGINT ignored; Python then installs no KeyboardInterrupt
+    # handler, and before fsdpbench installed its own the ranks died of the SIGINT while the
+    # orchestrator waited on them until the case's timeout
+    with hanging_run(tmp_path, with_ok_case=False, ignoring_sigint=True) as hung:
+        os.killpg(hung.proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        _, err = hung.proc.communicate(timeout=60)
+    assert hung.proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].endswith("--resume")
+    assert json.loads((hung.out / "run.json").read_text())["status"] == "interrupted"
     assert_all_gone(hung.family)
 
 
@@ -366,3 +389,51 @@ def test_a_planted_plugin_is_not_imported_without_allow_plugins(
     assert marker.exists()
     assert "is not a fsdpbench.strategies.Strategy subclass" in capsys.readouterr().err
     sys.modules.pop("planted_i12", None)
+
+
+@pytest.mark.slow
+def test_sigterm_to_compare_marks_the_run_interrupted_and_exits_143(tmp_path: Path) -> None:
+    out = tmp_path / "cmp"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fsdpbench",
+            "compare",
+            "--world-size",
+            "1",
+            "--strategies",
+            "ddp,zero3",
+            "--steps",
+            "100000",
+            "--link",
+            "none",
+            "--out",
+            str(out),
+            "--no-report",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_until(
+            lambda: rank_phase(next((out / "cases").glob("*"), out), 0) == "timed",
+            START_TIMEOUT_S,
+            "compare's first case",
+            poll_s=0.2,
+        )
+        family = descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "interrupted" in err.strip().splitlines()[-1]
+    assert json.loads((out / "run.json").read_text())["status"] == "interrupted"
+    assert_all_gone(family)

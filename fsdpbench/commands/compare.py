@@ -13,6 +13,7 @@ per strategy, with the winner of each metric, and the HTML report is written.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -135,7 +136,13 @@ def main(args: argparse.Namespace) -> int:
     )
     running.print_skipped(err, scenario)
     try:
-        with running.case_progress(err, len(scenario.cases)) as (on_start, on_done):
+        with (
+            running.signals_as_interrupts(),
+            running.case_progress(err, len(scenario.cases)) as (
+                on_start,
+                on_done,
+            ),
+        ):
             run_cases(
                 scenario.cases,
                 scenario.skipped,
@@ -146,11 +153,13 @@ def main(args: argparse.Namespace) -> int:
                 traced=args.traced,
                 link=link,
             )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         err.print(
-            f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))}", highlight=False
+            f"[yellow]interrupted[/]: finished cases are stored in {escape(str(run_dir))} "
+            "(run.json says interrupted)",
+            highlight=False,
         )
-        return 130
+        return 128 + getattr(exc, "signum", signal.SIGINT)
     out = Console() if sys.stdout.isatty() else Console(width=160)
     cases = print_compare(run_dir, out)
     if not args.no_report:

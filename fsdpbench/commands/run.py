@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shlex
 import signal
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,7 @@ from fsdpbench.commands.running import (
     parse_overrides,
     print_skipped,
     run_header,
+    signals_as_interrupts,
     validate_overrides,
 )
 from fsdpbench.pipeline.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
@@ -87,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     console = Console(stderr=True, soft_wrap=True)
-    with _signals_as_interrupts():
+    with signals_as_interrupts():
         try:
             return _main(args, console)
         except KeyboardInterrupt as exc:  # before the sweep started: nothing to keep
@@ -225,32 +223,6 @@ def _update_run_meta(meta: dict[str, Any], scenario: Any, overrides: dict[str, A
         from fsdpbench.predictors.emulate import EMULATION_LIMITS
 
         meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, handled as Ctrl-C is: stop the case's ranks, keep what is stored."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextlib.contextmanager
-def _signals_as_interrupts() -> Iterator[None]:
-    """SIGTERM/SIGHUP raise Interrupted (a KeyboardInterrupt) in the main thread, as SIGINT does."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Interrupted(signum)
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)
 
 
 def _print_dry_run(scenario: Any) -> int:
