@@ -36,8 +36,12 @@ def fmt_bytes(n: float | None) -> str:
 
 
 def fmt_pct(err: Any) -> str:
-    """A relative error as '+1.5%'; '—' for a missing value."""
-    return "—" if err is None or pd.isna(err) else f"{err * 100:+.1f}%"
+    """A relative error as '+1.5%'; '—' for a missing value; one that rounds to zero is '0.0%' (never
+    '-0.0%' or '+0.0%': no sign where the text shows no difference)."""
+    if err is None or pd.isna(err):
+        return "—"
+    text = f"{err * 100:+.1f}%"
+    return "0.0%" if text in ("+0.0%", "-0.0%") else text
 
 
 def byte_unit(values: list[float] | pd.Series) -> tuple[str, float]:

@@ -93,6 +93,7 @@ def test_relative_error_and_formatting():
     assert relative_error(float("nan"), 100) is None and relative_error(1, "x") is None
     assert fmt_bytes(512) == "512 B" and fmt_bytes(3 * 2**20) == "3.00 MiB" and fmt_bytes(None) == "—"
     assert fmt_pct(0.015) == "+1.5%" and fmt_pct(float("nan")) == "—"
+    assert fmt_pct(-1e-9) == fmt_pct(0.0) == fmt_pct(4e-4) == "0.0%" and fmt_pct(-0.0006) == "-0.1%"
     assert byte_unit([3 * 2**30]) == ("GiB", 2.0**30) and byte_unit([]) == ("KiB", 1024.0)
 
 
