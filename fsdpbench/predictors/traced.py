@@ -75,6 +75,7 @@ class TracedEstimate:
     wall_s: float
     peak_rss_bytes: int  # this process's peak resident memory so far (ru_maxrss)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    alloc_stream: Any = None  # the tracked step's allocation stream (AllocStream), when asked for
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -94,8 +95,11 @@ class TracedEstimate:
         }
 
 
-def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstimate:
-    """Trace one rank of ``case`` (any world size) and return the tracker's peak and model states."""
+def estimate(
+    case: Case, *, rank: int = 0, warmup_steps: int = 1, record_stream: bool = False
+) -> TracedEstimate:
+    """Trace one rank of ``case`` (any world size) and return the tracker's peak and model states; with
+    ``record_stream``, also the tracked step's allocation stream (``traced_stream.py``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fsdpbench.engine.parallel import build_parallel
@@ -140,7 +144,10 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
             model, optimizer = parallel.model, parallel.optimizer
             tracker = build_tracker(model, optimizer, parallel.strategy.fsdp_root(model))
             states: dict[str, int] = {}
-            with tracker:
+            recorder = _recorder(record_stream, tracker, model, optimizer)
+            with recorder.attached() if recorder else contextlib.nullcontext(), tracker:
+                if recorder:
+                    recorder.begin_step(_host_step_counters(optimizer) if cuda_rules else [])
                 train_step(
                     parallel,
                     rank_batch(case, rank, warmup_steps, device),
@@ -168,7 +175,16 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
         wall_s=time.perf_counter() - t0,
         peak_rss_bytes=peak_rss_bytes(),
         notes=tuple(notes),
+        alloc_stream=recorder.stream(tuple(notes)) if recorder else None,
     )
+
+
+def _recorder(active: bool, tracker: Any, model: Any, optimizer: Any) -> Any:
+    if not active:
+        return None
+    from fsdpbench.predictors.traced_stream import StreamRecorder
+
+    return StreamRecorder(tracker, model, optimizer)
 
 
 def _trace_notes(case: Case, device: torch.device, cuda_rules: bool) -> list[str]:
@@ -237,19 +253,21 @@ def trace_device(case: Case) -> tuple[torch.device, bool]:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
+def _host_step_counters(optimizer: Any) -> list[torch.Tensor]:
+    """The optimizer's ``step`` counters: host tensors on CUDA (not capturable, not fused)."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
+    states = inner.state.values()
+    return [t for state in states for name, t in state.items() if name == "step" and torch.is_tensor(t)]
+
+
 def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
     """Take the optimizer's ``step`` counters out of a CPU-traced snapshot of a CUDA target: torch keeps
     them on the host unless the optimizer is capturable or fused (fsdpbench's are neither), so a GPU's
     tracker does not count them (states.py leaves them out of CUDA predictions for the same reason)."""
     from fsdpbench.predictors.memory_model.kernels import storage_bytes
 
-    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
-    counters = sum(
-        storage_bytes(t.untyped_storage().nbytes(), "cuda")
-        for state in inner.state.values()
-        for name, t in state.items()
-        if name == "step" and torch.is_tensor(t)
-    )
+    host = _host_step_counters(optimizer)
+    counters = sum(storage_bytes(t.untyped_storage().nbytes(), "cuda") for t in host)
     if snapshot.get("optim", 0) >= counters:
         snapshot["optim"] -= counters
         if "total" in snapshot:

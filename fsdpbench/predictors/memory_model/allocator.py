@@ -173,7 +173,19 @@ AllocEvent = Malloc | Free | Mark
 
 # ---- the allocator ----------------------------------------------------------------------------------
 class _Block:
-    __slots__ = ("allocated", "mapped", "next", "pending", "pool", "prev", "ptr", "size", "stream", "age")
+    __slots__ = (
+        "age",
+        "allocated",
+        "mapped",
+        "next",
+        "pending",
+        "pool",
+        "prev",
+        "ptr",
+        "seg_start",
+        "size",
+        "stream",
+    )
 
     def __init__(self, stream: str, pool: _Pool, ptr: int, size: int, *, mapped: bool = True) -> None:
         self.stream, self.pool, self.ptr, self.size = stream, pool, ptr, size
@@ -183,6 +195,7 @@ class _Block:
         self.next: _Block | None = None
         self.pending = False  # freed, waiting for a recorded stream
         self.age = 0  # garbage collection: free-block searches since it was cached
+        self.seg_start: int | None = None  # an expandable segment's first address (None: a cudaMalloc'd one)
 
     def is_split(self) -> bool:
         return self.prev is not None or self.next is not None
@@ -264,6 +277,7 @@ class CachingAllocator:
         self.allocated = 0
         self.requested_now = 0
         self.reserved = 0
+        self.reserved_stream: dict[str, int] = {}  # reserved bytes by the stream that owns them
         self.segments = 0
         self.next_ptr = 1 << 40  # virtual addresses of new segments, increasing
         self.expandable: dict[tuple[str, bool], _Block] = {}  # (stream, small) → its segment's first block
@@ -334,14 +348,12 @@ class CachingAllocator:
         st.reserved_by_stream = self.reserved_by_stream()
 
     def reserved_by_stream(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for b in self._segment_heads():
-            s = b
-            while s is not None:
-                if s.mapped:
-                    out[s.stream] = out.get(s.stream, 0) + s.size
-                s = s.next
-        return out
+        return {s: n for s, n in self.reserved_stream.items() if n}
+
+    def _reserve(self, stream: str, nbytes: int) -> None:
+        """Bytes the allocator takes from (positive) or returns to (negative) the device for ``stream``."""
+        self.reserved += nbytes
+        self.reserved_stream[stream] = self.reserved_stream.get(stream, 0) + nbytes
 
     # ---- sizes --------------------------------------------------------------------------------------
     def round_size(self, nbytes: int) -> int:
@@ -392,10 +404,9 @@ class CachingAllocator:
         pool.remove(block)
         return block
 
-    def _expandable(self, b: _Block) -> bool:
-        return (b.stream, b.pool.small) in self.expandable and self._segment_head(b) is self.expandable[
-            (b.stream, b.pool.small)
-        ]
+    @staticmethod
+    def _expandable(b: _Block) -> bool:
+        return b.seg_start is not None
 
     @staticmethod
     def _grown(b: _Block) -> int:
@@ -410,6 +421,7 @@ class CachingAllocator:
     def _split(self, block: _Block, size: int) -> _Block:
         """The front ``size`` bytes become the allocation; the rest stays cached."""
         front = _Block(block.stream, block.pool, block.ptr, size)
+        front.seg_start = block.seg_start
         front.prev, front.next = block.prev, block
         if block.prev is not None:
             block.prev.next = front
@@ -462,7 +474,7 @@ class CachingAllocator:
             return None
         block = _Block(stream, pool, self.next_ptr, seg)
         self.next_ptr += seg + KROUND_LARGE
-        self.reserved += seg
+        self._reserve(stream, seg)
         self.segments += 1
         self.stats.num_device_alloc += 1
         self._note_reserved()
@@ -508,7 +520,7 @@ class CachingAllocator:
 
     def _release_segment(self, b: _Block) -> None:
         b.pool.remove(b)
-        self.reserved -= b.size
+        self._reserve(b.stream, -b.size)
         self.segments -= 1
 
     def _garbage_collect(self) -> None:
@@ -544,6 +556,7 @@ class CachingAllocator:
         head = self.expandable.get(key)
         if head is None:
             head = _Block(stream, pool, self.next_ptr, 0)
+            head.seg_start = head.ptr
             self.next_ptr += 1 << 44
             self.expandable[key] = head
             tail = head
@@ -559,7 +572,7 @@ class CachingAllocator:
             if head_is_placeholder:
                 del self.expandable[key]
             return None
-        self.reserved += need
+        self._reserve(stream, need)
         self.stats.num_device_alloc += 1
         if head_is_placeholder:
             head.size = need
@@ -571,6 +584,7 @@ class CachingAllocator:
             block = tail
         else:
             block = _Block(stream, pool, tail.ptr + tail.size, need)
+            block.seg_start = tail.seg_start
             block.prev, tail.next = tail, block
         self._note_reserved()
         return block
@@ -578,14 +592,14 @@ class CachingAllocator:
     def _unmap(self, b: _Block) -> None:
         """Return the wholly free pages of a free block in an expandable segment."""
         page = KSMALL_BUFFER if b.pool.small else KLARGE_BUFFER
-        seg_start = self._segment_head(b).ptr
+        seg_start = b.seg_start or b.ptr
         lo = seg_start + -(-(b.ptr - seg_start) // page) * page
         hi = seg_start + (b.ptr + b.size - seg_start) // page * page
         if hi <= lo:
             return
         b.pool.remove(b)
         released = hi - lo
-        self.reserved -= released
+        self._reserve(b.stream, -released)
         before, after = lo - b.ptr, b.ptr + b.size - hi
         if b.next is None:  # the tail: the segment ends where the mapped pages end
             b.size = before
@@ -596,11 +610,13 @@ class CachingAllocator:
         else:  # a hole inside the segment: model it as a gap that stays (an unmapped block)
             b.size = before
             hole = _Block(b.stream, b.pool, lo, released, mapped=False)
+            hole.seg_start = b.seg_start
             hole.prev, hole.next = b, b.next
             b.next.prev = hole
             b.next = hole
             if after:
                 rest = _Block(b.stream, b.pool, hi, after)
+                rest.seg_start = b.seg_start
                 rest.prev, rest.next = hole, hole.next
                 hole.next.prev = rest
                 hole.next = rest
@@ -626,20 +642,6 @@ class CachingAllocator:
             self.expandable[key] = b.next
         if b.next is not None:
             b.next.prev = b.prev
-
-    # ---- walking segments ---------------------------------------------------------------------------
-    @staticmethod
-    def _segment_head(b: _Block) -> _Block:
-        while b.prev is not None:
-            b = b.prev
-        return b
-
-    def _segment_heads(self) -> list[_Block]:
-        heads: dict[int, _Block] = {}
-        for b in (*self.live.values(), *self.small.blocks(), *self.large.blocks(), *self.pending):
-            h = self._segment_head(b)
-            heads[id(h)] = h
-        return list(heads.values())
 
 
 # ---- replaying a stream -----------------------------------------------------------------------------
