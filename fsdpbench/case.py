@@ -67,6 +67,9 @@ class Case:
     # (collectives are no-ops, every allocation is real): see fsdpbench/predictors/emulate.py
     emulate: bool = False
     emulate_ranks: tuple[int, ...] = (0,)
+    # the CUDA caching allocator's settings for the rank processes, PYTORCH_CUDA_ALLOC_CONF's syntax
+    # (fsdpbench/predictors/memory_model/allocator.py parses and models them; "" = torch's defaults)
+    alloc_conf: str = ""
 
     @property
     def global_batch_size(self) -> int:
@@ -122,6 +125,8 @@ class Case:
             parts.append("fwdpf")
         if self.emulate:
             parts.append("emulated")
+        if self.alloc_conf:
+            parts.append("alloc-" + safe_part(self.alloc_conf.replace(":", "-").replace(",", "_")))
         readable = "_".join(parts)[:MAX_ID_CHARS]
         return readable + "_" + digest
 

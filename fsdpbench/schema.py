@@ -93,5 +93,42 @@ ERROR_COLUMNS = {
     "ds_est_model_states_err": ("ds_est_model_states_bytes", TRACKER_MODEL_STATES),
 }
 
+# ---- issue 22: the CUDA caching allocator and NVML, predicted beside the measurement ----------------------
+ALLOC_CONF = "alloc_conf"  # text, same on every rank: the case's PYTORCH_CUDA_ALLOC_CONF ("": defaults)
+# measured (fsdpbench.metrics.allocator, fsdpbench.metrics.nvml), bytes per rank: what the predictions face
+MEASURED_ALLOC_ALLOCATED = "mem_alloc_peak_allocated_bytes"  # max_memory_allocated over the memory step
+MEASURED_ALLOC_RESERVED = "mem_alloc_peak_reserved_bytes"  # max_memory_reserved over the memory step
+MEASURED_NVML = "mem_nvml_peak_bytes"  # NVML device memory used, peak over the case
+# predicted, per rank (each rank's own stream), modelled: the traced allocation stream replayed through the
+# allocator model (fsdpbench.predictors.memory_model.allocator) — CUDA cases of a --traced run only
+TRACED_ALLOC_ALLOCATED = "traced_alloc_peak_allocated_bytes"  # bytes: predicted max_memory_allocated
+TRACED_ALLOC_RESERVED = "traced_alloc_peak_reserved_bytes"  # bytes: predicted max_memory_reserved
+TRACED_ALLOC_FRAGMENTATION = "traced_alloc_fragmentation"  # ratio: reserved but free at the allocated peak
+TRACED_NVML = "traced_nvml_peak_bytes"  # bytes: predicted reserved + CUDA context + NCCL buffers
+TRACED_NVML_CONTEXT = "traced_nvml_context_bytes"  # bytes: the CUDA context & libraries term used
+TRACED_NVML_NCCL = "traced_nvml_nccl_bytes"  # bytes: the NCCL buffers term used
+TRACED_ALLOC_ALLOCATED_ERR = "traced_alloc_peak_allocated_err"  # relative error vs MEASURED_ALLOC_ALLOCATED
+TRACED_ALLOC_RESERVED_ERR = "traced_alloc_peak_reserved_err"  # relative error vs MEASURED_ALLOC_RESERVED
+TRACED_NVML_ERR = "traced_nvml_peak_err"  # relative error vs MEASURED_NVML
+ALLOCATOR_PREDICTION_COLUMNS = (
+    TRACED_ALLOC_ALLOCATED,
+    TRACED_ALLOC_RESERVED,
+    TRACED_ALLOC_FRAGMENTATION,
+    TRACED_NVML,
+    TRACED_NVML_CONTEXT,
+    TRACED_NVML_NCCL,
+    TRACED_ALLOC_ALLOCATED_ERR,
+    TRACED_ALLOC_RESERVED_ERR,
+    TRACED_NVML_ERR,
+)
+CONFIG_COLUMNS = (*CONFIG_COLUMNS, ALLOC_CONF)
+ERROR_COLUMNS.update(
+    {
+        TRACED_ALLOC_ALLOCATED_ERR: (TRACED_ALLOC_ALLOCATED, MEASURED_ALLOC_ALLOCATED),
+        TRACED_ALLOC_RESERVED_ERR: (TRACED_ALLOC_RESERVED, MEASURED_ALLOC_RESERVED),
+        TRACED_NVML_ERR: (TRACED_NVML, MEASURED_NVML),
+    }
+)
+
 # ---- units ----------------------------------------------------------------------------------------------
 BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")  # powers of 1024

@@ -387,21 +387,33 @@ TRACED_COLUMNS = (
 )
 
 
-def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[str, float]]:
-    """``estimate`` for each rank of a case (run in a child process by the runner: picklable in and out)."""
+def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[str, Any]]:
+    """``estimate`` for each rank of a case (run in a child process by the runner: picklable in and out);
+    a CUDA case also gets its allocation stream (as JSON) and the allocator model's figures for it."""
     case = Case.from_dict(case_dict)
-    out = {}
+    out: dict[int, dict[str, Any]] = {}
     for rank in ranks:
-        est = estimate(case, rank=rank)
+        cuda = case.device == "cuda"
+        est = estimate(case, rank=rank, record_stream=cuda)
         out[rank] = {"peak": est.peak_bytes, "states": est.model_states_bytes, "wall_s": est.wall_s}
+        if cuda and est.alloc_stream is not None:
+            from fsdpbench.predictors.device_fit import DeviceModel
+
+            memory = DeviceModel.for_case(case, rank=rank).replayed(case, est.alloc_stream, est.peak_bytes)
+            out[rank]["device_memory"] = memory.to_dict()
+            out[rank]["alloc_stream"] = est.alloc_stream.to_json()
     return out
 
 
-def traced_columns(traced: dict[int, dict[str, float]], rows: Any) -> dict[str, list[Any]]:
-    """traced_* columns for a case's rows, with the relative error against the same rank's tracker."""
+def traced_columns(traced: dict[int, dict[str, Any]], rows: Any) -> dict[str, list[Any]]:
+    """traced_* columns for a case's rows, with the relative error against the same rank's tracker; on a
+    CUDA case, the allocator model's peaks and predicted NVML beside the allocator's and NVML's."""
+    from fsdpbench import schema
     from fsdpbench.predictors.memory_model.columns import relative_error
 
-    out: dict[str, list[Any]] = {c: [] for c in TRACED_COLUMNS}
+    device = any("device_memory" in t for t in traced.values())
+    columns = (*TRACED_COLUMNS, *(schema.ALLOCATOR_PREDICTION_COLUMNS if device else ()))
+    out: dict[str, list[Any]] = {c: [] for c in columns}
     for _, row in rows.iterrows():
         t = traced.get(int(row["rank"]))
         peak, states = (t["peak"], t["states"]) if t else (None, None)
@@ -412,4 +424,27 @@ def traced_columns(traced: dict[int, dict[str, float]], rows: Any) -> dict[str, 
             relative_error(states, row.get("mem_tracker_model_states_bytes"))
         )
         out["traced_wall_s"].append(t["wall_s"] if t else None)
+        if device:
+            for name, value in _allocator_cells((t or {}).get("device_memory"), row).items():
+                out[name].append(value)
     return out
+
+
+def _allocator_cells(memory: dict[str, Any] | None, row: Any) -> dict[str, Any]:
+    """One row's allocator/NVML predictions (None where this rank was not traced) and their errors."""
+    from fsdpbench import schema
+    from fsdpbench.predictors.memory_model.columns import relative_error
+
+    m = memory or {}
+    cells = {
+        schema.TRACED_ALLOC_ALLOCATED: m.get("allocated_peak_bytes"),
+        schema.TRACED_ALLOC_RESERVED: m.get("reserved_peak_bytes"),
+        schema.TRACED_ALLOC_FRAGMENTATION: m.get("fragmentation"),
+        schema.TRACED_NVML: m.get("nvml_peak_bytes"),
+        schema.TRACED_NVML_CONTEXT: m.get("context_bytes"),
+        schema.TRACED_NVML_NCCL: m.get("nccl_bytes"),
+    }
+    for err, (pred, measured) in schema.ERROR_COLUMNS.items():
+        if err in schema.ALLOCATOR_PREDICTION_COLUMNS:
+            cells[err] = relative_error(cells[pred], row.get(measured))
+    return cells

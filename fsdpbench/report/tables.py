@@ -21,7 +21,23 @@ from fsdpbench.analysis.frame import (
 )
 from fsdpbench.formatting import fmt_bytes, fmt_pct
 from fsdpbench.report.data import axis_text, case_labels, ok_cases
-from fsdpbench.schema import FAILED_STATUSES, OK, PEER_COLUMNS, STEP_TIME, TRACKER_MODEL_STATES, TRACKER_PEAK
+from fsdpbench.schema import (
+    FAILED_STATUSES,
+    MEASURED_ALLOC_ALLOCATED,
+    MEASURED_ALLOC_RESERVED,
+    MEASURED_NVML,
+    OK,
+    PEER_COLUMNS,
+    STEP_TIME,
+    TRACED_ALLOC_ALLOCATED,
+    TRACED_ALLOC_ALLOCATED_ERR,
+    TRACED_ALLOC_RESERVED,
+    TRACED_ALLOC_RESERVED_ERR,
+    TRACED_NVML,
+    TRACED_NVML_ERR,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+)
 
 TIE_TOLERANCE = 0.005  # values within 0.5% of the best are all winners
 
@@ -114,13 +130,27 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
             ),
             None,
         )
-    for col, name in (
-        ("mem_alloc_peak_allocated_bytes", "allocator peak allocated"),
-        ("mem_alloc_peak_reserved_bytes", "allocator peak reserved"),
-        ("mem_nvml_peak_bytes", "NVML peak (GPU)"),
-        ("mem_rss_peak_bytes", "RSS peak (process)"),
+    # the allocator model's predictions (a --traced run of a CUDA case) beside the allocator and NVML
+    for col, name, pred, err in (
+        (
+            MEASURED_ALLOC_ALLOCATED,
+            "allocator peak allocated",
+            TRACED_ALLOC_ALLOCATED,
+            TRACED_ALLOC_ALLOCATED_ERR,
+        ),
+        (
+            MEASURED_ALLOC_RESERVED,
+            "allocator peak reserved",
+            TRACED_ALLOC_RESERVED,
+            TRACED_ALLOC_RESERVED_ERR,
+        ),
+        (MEASURED_NVML, "NVML peak (GPU)", TRACED_NVML, TRACED_NVML_ERR),
+        ("mem_rss_peak_bytes", "RSS peak (process)", None, None),
     ):
-        add(name, lambda r, c=col: number(r.get(c)), lambda r, v: fmt_bytes(v), "low")
+        predicted_here = pred is not None and pred in cases and cases[pred].notna().any()
+        label = f"{name}: measured / predicted" if predicted_here else name
+        fmt = mem_pair(pred, err) if predicted_here else (lambda r, v: fmt_bytes(v))
+        add(label, lambda r, c=col: number(r.get(c)), fmt, "low")
     if _any_offload(cases):
         add(
             "params on host (CPU offload): measured / predicted",

@@ -49,12 +49,16 @@ MATMUL_BACKWARD = "first matmul: backward"
 OPTIMIZER_STEP = "optimizer step"
 MEASURED_STEP = "step"  # allocator.replay's mark: peaks restart here
 DEFAULT_STREAM = "default"
-STREAM_FILE = "alloc_stream.json.gz"
 
 MiB = 1 << 20
 # cuBLAS's workspace per (handle, stream), by GPU generation (CublasHandlePool.cpp, parseChosenWorkspaceSize)
 CUBLAS_WORKSPACE_HOPPER = 32 * MiB  # ":4096:8", compute capability 9.x–12.x
 CUBLAS_WORKSPACE_OLDER = 4096 * 1024 * 2 + 16 * 1024 * 8  # ":4096:2:16:8"
+
+
+def stream_file(rank: int) -> str:
+    """A rank's allocation stream in its case directory."""
+    return f"alloc_stream_rank{rank}.json.gz"
 
 
 @dataclass(frozen=True, slots=True)
