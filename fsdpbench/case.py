@@ -95,6 +95,9 @@ class Case:
     checkpoint_optimizer: bool = True  # save the optimizer state beside the model
     keep_checkpoints: bool = False  # leave the files in the case directory (default: removed once measured)
     checkpoint_max_bytes: int = 4 * 2**30  # refuse a case whose predicted files are larger than this
+    # the CUDA caching allocator's settings for the rank processes, PYTORCH_CUDA_ALLOC_CONF's syntax
+    # (fsdpbench/predictors/memory_model/allocator.py parses and models them; "" = torch's defaults)
+    alloc_conf: str = ""
 
     @property
     def global_batch_size(self) -> int:
@@ -152,6 +155,8 @@ class Case:
             parts.append("emulated")
         if self.checkpoint != "none":
             parts.append(f"ckpt-{self.checkpoint}" + ("" if self.checkpoint_optimizer else "-model"))
+        if self.alloc_conf:
+            parts.append("alloc-" + safe_part(self.alloc_conf.replace(":", "-").replace(",", "_")))
         readable = "_".join(parts)[:MAX_ID_CHARS]
         return readable + "_" + digest
 

@@ -242,6 +242,7 @@ CHECKPOINT = _config("checkpoint", "the checkpoint phase's method (none: no phas
 CHECKPOINT_OPTIMIZER = _config("checkpoint_optimizer", "the optimizer state saved and loaded too")
 KEEP_CHECKPOINTS = _config("keep_checkpoints", "the checkpoint files kept in the case directory")
 CHECKPOINT_MAX_BYTES = _config("checkpoint_max_bytes", "a case whose files would exceed this is refused")
+ALLOC_CONF = _config("alloc_conf", "the CUDA caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax)")
 CONFIG_COLUMNS = (
     SCENARIO,
     STRATEGY,
@@ -286,6 +287,7 @@ CONFIG_COLUMNS = (
     CHECKPOINT_OPTIMIZER,
     KEEP_CHECKPOINTS,
     CHECKPOINT_MAX_BYTES,
+    ALLOC_CONF,
 )
 
 CASE_ID = column("case_id", TEXT, Agg.SAME, "config", "the case's id (unique in a run)")
@@ -784,6 +786,52 @@ CKPT_CASE_SAVE_S = column("ckpt_case_save_s", SECONDS, Agg.CASE, _CKPT, "max ove
 CKPT_CASE_LOAD_S = column("ckpt_case_load_s", SECONDS, Agg.CASE, _CKPT, "max over ranks of the load")
 CKPT_ROUND_TRIP_OK = column(
     "ckpt_round_trip_ok", BOOL, Agg.CASE, _CKPT, "every rank's state and loss equal after the load"
+)
+
+# ---- the CUDA caching allocator and NVML, predicted beside the measurement (issue 22) -------------------
+# per rank, modelled: the rank's traced allocation stream replayed through the allocator model
+# (fsdpbench.predictors.memory_model.allocator; CUDA cases of a traced run only)
+_ALLOC_MODEL = "allocator model (traced stream replayed; modelled)"
+NVML_PEAK = SAMPLED_PEAK.of("nvml")
+TRACED_ALLOC_ALLOCATED = column(
+    "traced_alloc_peak_allocated_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "predicted max_memory_allocated"
+)
+TRACED_ALLOC_RESERVED = column(
+    "traced_alloc_peak_reserved_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "predicted max_memory_reserved"
+)
+TRACED_ALLOC_FRAGMENTATION = column(
+    "traced_alloc_fragmentation", RATIO, Agg.MAX, _ALLOC_MODEL, "reserved but free at the allocated peak"
+)
+TRACED_NVML = column(
+    "traced_nvml_peak_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "predicted NVML: reserved + context + NCCL"
+)
+TRACED_NVML_CONTEXT = column(
+    "traced_nvml_context_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "the CUDA context and libraries term used"
+)
+TRACED_NVML_NCCL = column(
+    "traced_nvml_nccl_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "the NCCL buffers term used"
+)
+ALLOCATOR_ERROR_COLUMNS = {
+    column("traced_alloc_peak_allocated_err", RATIO, Agg.MAX, _ALLOC_MODEL, "error vs the allocator"): (
+        TRACED_ALLOC_ALLOCATED,
+        ALLOC_PEAK_ALLOCATED,
+    ),
+    column("traced_alloc_peak_reserved_err", RATIO, Agg.MAX, _ALLOC_MODEL, "error vs the allocator"): (
+        TRACED_ALLOC_RESERVED,
+        ALLOC_PEAK_RESERVED,
+    ),
+    column("traced_nvml_peak_err", RATIO, Agg.MAX, _ALLOC_MODEL, "error vs NVML"): (TRACED_NVML, NVML_PEAK),
+}
+TRACED_ALLOC_ALLOCATED_ERR, TRACED_ALLOC_RESERVED_ERR, TRACED_NVML_ERR = ALLOCATOR_ERROR_COLUMNS
+ERROR_COLUMNS.update(ALLOCATOR_ERROR_COLUMNS)
+ALLOCATOR_PREDICTION_COLUMNS = (
+    TRACED_ALLOC_ALLOCATED,
+    TRACED_ALLOC_RESERVED,
+    TRACED_ALLOC_FRAGMENTATION,
+    TRACED_NVML,
+    TRACED_NVML_CONTEXT,
+    TRACED_NVML_NCCL,
+    *ALLOCATOR_ERROR_COLUMNS,
 )
 
 # ---- docs/measurements.md: the table of every column, generated from the declarations -----------------

@@ -79,11 +79,20 @@ def test_model_prediction_with_device_memory(capsys):
         "--json",
     )
     assert code == 0
-    [rec] = json.loads(out)
-    assert rec["fits"] is True and rec["fit_complete"] is True
-    assert rec["smallest_world_size"] == 1 and rec["largest_batch"] > 4
+    rec, alloc = json.loads(out)  # the analytic prediction, then the allocator model's answer on CUDA
+    assert "fits" not in rec  # on CUDA "fits?" comes from the allocator model, not tracked bytes + allowance
     assert rec["peak_bytes"] > rec["model_states_bytes"]
-    assert rec["device_peak_bytes"] == rec["peak_bytes"] + rec["terms"]["untracked"] + 2**30  # cuda context
+    assert rec["device_peak_bytes"] == rec["peak_bytes"] + rec["terms"]["untracked"] + 2**30  # the allowance
+    assert alloc["fits"] is True and alloc["decided_by"].startswith("the allocator model")
+    assert alloc["smallest_world_size"] == 1 and alloc["largest_batch"] > 4
+    # the layers: live tensors ≤ allocated blocks ≤ reserved segments < NVML (+ context + NCCL, each sourced)
+    assert alloc["tracked_peak_bytes"] <= alloc["allocated_peak_bytes"] <= alloc["reserved_peak_bytes"]
+    assert (
+        alloc["nvml_peak_bytes"]
+        == alloc["reserved_peak_bytes"] + alloc["context_bytes"] + alloc["nccl_bytes"]
+    )
+    assert alloc["nccl_bytes"] == 16 * (4 * 2**20 + 512 * 2**10 + 120 * 640 * 64)  # one ring, 16 channels
+    assert alloc["margin_bytes"] == 80 * 2**30 - alloc["nvml_peak_bytes"]
 
 
 def test_does_not_fit(capsys):
@@ -91,7 +100,7 @@ def test_does_not_fit(capsys):
         capsys, "--model", "llama-7b", "--world-size", "8", "--strategy", "ddp", "--device-memory", "80GiB"
     )
     assert code == 0
-    assert "does NOT fit in 85.9 GB" in out
+    assert "does NOT fit in 80.0 GiB" in out  # in the units asked
     assert "largest per-rank batch that fits: none" in out
 
 
@@ -135,3 +144,32 @@ def test_errors_name_what_is_allowed(capsys, argv, message):
     code, _, err = run_cli(capsys, *argv)
     assert code == 2
     assert message in " ".join(err.split())
+
+
+def test_device_memory_on_cuda_prints_each_layer_and_answers_from_the_allocator(capsys):
+    code, out, _ = run_cli(
+        capsys,
+        *("--model", "decoder-small", "--world-size", "4", "--strategy", "zero3", "--precision", "bf16"),
+        *("--seq-len", "128", "--batch-size", "4", "--device-memory", "3GiB", "--nccl-channels", "2"),
+    )
+    assert code == 0
+    lines = {ln.strip().split("  ")[0]: ln for ln in out.splitlines()}
+    for label in (
+        "tracked peak (live tensors, traced tracker)",
+        "allocated peak (max_memory_allocated)",
+        "reserved peak (max_memory_reserved, no limit)",
+        "+ CUDA context & libraries",
+        "+ NCCL buffers",
+        "NVML used, no limit",
+    ):
+        assert label in lines and "GiB" in lines[label]  # each its own line, in the units asked
+    assert "2 channels (given)" in lines["+ NCCL buffers"]
+    assert "fits in 3.0 GiB: the allocator model's reserved peak + context + NCCL" in out
+    assert "+ CUDA context / NCCL allowance" in out  # the analytic table keeps its flat allowance row
+
+
+def test_alloc_conf_is_checked_before_anything_runs(capsys):
+    code, _, err = run_cli(
+        capsys, "--model", "decoder-small", "--world-size", "2", "--alloc-conf", "max_split_size_mb:10"
+    )
+    assert code == 2 and "max_split_size_mb:10" in err

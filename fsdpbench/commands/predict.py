@@ -113,10 +113,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-world-size", type=int, default=65536, help="search limit for the smallest world size"
     )
     parser.add_argument(
-        "--context-allowance", default="1GiB", help="CUDA context + NCCL allowance (default: 1GiB)"
+        "--context-allowance",
+        default="1GiB",
+        help="the analytic table's flat CUDA context + NCCL allowance (default: 1GiB); --device-memory on "
+        "cuda uses the allocator model's sourced terms instead (--context-bytes, --nccl-channels)",
     )
     parser.add_argument(
-        "--units", default="GB", choices=("GB", "GiB"), help="GB = 1e9 bytes (default), GiB = 2^30"
+        "--alloc-conf",
+        default="",
+        help="the CUDA caching allocator's settings for --device-memory, PYTORCH_CUDA_ALLOC_CONF syntax, "
+        "e.g. expandable_segments:True (default: torch's defaults)",
+    )
+    parser.add_argument(
+        "--context-bytes",
+        help="NVML's CUDA context & libraries term (default: measured on the reference H100, 1.9 GB)",
+    )
+    parser.add_argument(
+        "--nccl-channels", type=int, help="NCCL channels per communicator (default: 16, an assumption)"
+    )
+    parser.add_argument(
+        "--units",
+        choices=("GB", "GiB"),
+        help="GB = 1e9 bytes, GiB = 2^30 (default: the unit --device-memory was given in, else GB)",
     )
     parser.add_argument(
         "--link",
@@ -147,6 +165,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         cases = _build_cases(args)
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None
+        args.units = args.units or _units_asked(args.device_memory)
+        args.context_bytes = parse_bytes(args.context_bytes) if args.context_bytes else None
+        if args.nccl_channels is not None and args.nccl_channels < 0:
+            raise ValueError(f"--nccl-channels {args.nccl_channels}: must be ≥ 0")
         host_memory = parse_bytes(args.host_memory) if args.host_memory else None
         context = parse_bytes(args.context_allowance)
         args.step_link = _model_link(args.link)
@@ -273,6 +295,7 @@ def _build_cases(args: argparse.Namespace) -> list:
             backend="nccl" if args.device == "cuda" else "gloo",
             checkpoint=args.checkpoint,
             checkpoint_optimizer=not args.checkpoint_model_only,
+            alloc_conf=_alloc_conf(args.alloc_conf),
             **{field: getattr(args, field) for field in CASE_FLAGS},
         )
         from fsdpbench.engine.knobs import check_knobs
@@ -305,6 +328,14 @@ def _predict_one(
         fit = fit_report(
             case, predict, device_memory, max_world_size=args.max_world_size, shard_multiple=shard
         )
+    if device_memory is not None and case.device == "cuda" and facts is not None:
+        out["notes"] = [
+            "--device-memory without --model: the analytic model states + a flat allowance; "
+            "the allocator model needs a model to trace"
+        ]
+    if device_memory is not None and case.device == "cuda" and facts is None:
+        out["allocator"] = _allocator_answer(args, case, device_memory)
+        fit = None  # the allocator model answers "fits?" on CUDA, not tracked bytes + an allowance
     out["fit"] = fit
     methods = METHODS[args.method]
     if "analytic" in methods:
@@ -319,6 +350,8 @@ def _predict_one(
 
         out["traced"] = est = estimate(case, rank=args.rank)
         out["json"].append(est.to_dict())
+    if "allocator" in out:
+        out["json"].append(out["allocator"].to_dict())
     return out
 
 
@@ -326,6 +359,49 @@ _NEEDS_MODEL = {
     "emulated": "a parameter count alone cannot run",
     "traced": "a parameter count alone cannot be traced",
 }
+
+
+def _units_asked(device_memory: str | None) -> str:
+    """The units to print in: those --device-memory was given in (binary or decimal), else GB."""
+    text = (device_memory or "").strip()
+    return "GiB" if text.lower().endswith(("kib", "mib", "gib", "tib")) else "GB"
+
+
+def _alloc_conf(text: str) -> str:
+    """--alloc-conf, checked by the allocator model's parser (a ValueError names the setting)."""
+    if text:
+        from fsdpbench.predictors.memory_model.allocator import parse_alloc_conf
+
+        parse_alloc_conf(text)
+    return text
+
+
+def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -> Any:
+    """--device-memory on CUDA: the step's allocation stream (traced) replayed through the caching
+    allocator model under the limit, then the largest batch and the smallest world size that fit."""
+    import sys
+
+    from fsdpbench.predictors.device_fit import AllocatorAnswer, DeviceModel
+    from fsdpbench.predictors.memory_model import resolve_shard_size
+    from fsdpbench.strategies import get_strategy
+
+    model = DeviceModel.for_case(
+        case, rank=args.rank, context_bytes=args.context_bytes, nccl_channels=args.nccl_channels
+    )
+    print(f"tracing {case.case_id} for the allocator model (seconds per trace) …", file=sys.stderr)
+    memory = model.memory(case)
+    fit = model.fit(case, device_memory)
+    print("searching the largest batch and the smallest world size that fit …", file=sys.stderr)
+    shard = resolve_shard_size(case, get_strategy(case.strategy).sharding) or 1
+    return AllocatorAnswer(
+        memory,
+        fit,
+        largest_batch=model.largest_batch(case, device_memory),
+        smallest_world_size=model.smallest_world_size(
+            case, device_memory, max_world_size=args.max_world_size, multiple=shard
+        ),
+        max_world_size=args.max_world_size,
+    )
 
 
 def _require_model(method: str, facts: Any) -> None:
@@ -416,6 +492,11 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
         _print_emulated(console, emu, res.get("emulated_fit"), units, args)
     if res.get("fit"):
         _print_fit(console, res["fit"], units, args.max_world_size)
+    for note in res.get("notes", ()):
+        console.print(f"  note: {note}", highlight=False)
+    if res.get("allocator"):
+        for line in res["allocator"].lines(lambda n: f"{_fmt(n, units)} {units}"):
+            print(f"  {line}")  # not rich: a long source note must not wrap the figures at 80 columns
 
 
 def _term_rows(pred: Any, est: Any, emu: Any, units: str) -> tuple[list[tuple[str, list[str]]], list[str]]:

@@ -170,7 +170,7 @@ def _case_rows(
             case, rows, store.case_dir(case.case_id), store.run_dir, link, launch_twin=launch_twin
         )
     if tracer is not None and outcome.status == OK:
-        rows = tracer.add_columns(case, rows)
+        rows = tracer.add_columns(case, rows, store.case_dir(case.case_id))
     return rows
 
 
@@ -269,6 +269,15 @@ def add_step_model(
     return rows
 
 
+def write_alloc_streams(traced: dict[int, dict[str, Any]], case_dir: Path) -> None:
+    """Each traced rank's allocation stream beside the case's other files (alloc_stream_rank{R}.json.gz)."""
+    from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, stream_file
+
+    for rank, t in traced.items():
+        if t.get("alloc_stream"):
+            AllocStream.from_json(t["alloc_stream"]).write(case_dir / stream_file(rank))
+
+
 def torch_device_type(device: str) -> str:
     """'cuda' for cuda and cuda:N, else the part before the colon."""
     return device.split(":", 1)[0]
@@ -282,11 +291,12 @@ class TracedPredictor:
         self.timeout_s = timeout_s
         self._pool: Any = None
 
-    def add_columns(self, case: Case, rows: pd.DataFrame) -> pd.DataFrame:
+    def add_columns(self, case: Case, rows: pd.DataFrame, case_dir: Path | None = None) -> pd.DataFrame:
+        """traced_* columns; a CUDA case's allocation streams go to ``case_dir`` (alloc_stream_rank{R})."""
         from concurrent.futures import ProcessPoolExecutor
         from multiprocessing import get_context
 
-        from fsdpbench.predictors.traced import trace_ranks, traced_columns
+        from fsdpbench.predictors.traced_columns import trace_ranks, traced_columns
 
         ranks = sorted({int(r) for r in rows[RANK] if int(r) >= 0})
         try:
@@ -302,6 +312,8 @@ class TracedPredictor:
             return rows
         for key, value in traced_columns(traced, rows).items():
             rows[key] = value
+        if case_dir is not None:
+            write_alloc_streams(traced, case_dir)
         return rows
 
     def close(self, kill: bool = False) -> None:

@@ -105,6 +105,16 @@ class CaseFields(BaseModel):
     checkpoint_optimizer: Flag | None = None
     keep_checkpoints: Flag | None = None
     checkpoint_max_bytes: Annotated[int, Field(strict=True, gt=0, le=2**50)] | None = None
+    alloc_conf: Annotated[str, Field(strict=True, max_length=MAX_TEXT)] | None = None  # "" = torch's defaults
+
+    @field_validator("alloc_conf")
+    @classmethod
+    def _known_alloc_conf(cls, value: str | None) -> str | None:
+        from fsdpbench.predictors.memory_model.allocator import parse_alloc_conf
+
+        if value:
+            parse_alloc_conf(value)  # ValueError names the setting
+        return value
 
     @field_validator("model")
     @classmethod

@@ -90,6 +90,8 @@ def run_rank(case: Case, out_dir: Path) -> RankResult:
     """Set up this rank, run every phase of the case, return (and write) its results."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if case.alloc_conf:  # read by the caching allocator when CUDA first allocates, which is later
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = case.alloc_conf
     rec = RankRecorder(out_dir, rank)
     t_start = time.perf_counter()
     try:

@@ -53,13 +53,6 @@ from fsdpbench.case import Case
 from fsdpbench.predictors.fake_pg import fake_pg_compat, init_fake_process_group, patch_ddp
 from fsdpbench.schema import (
     RANK,
-    TRACED_MODEL_STATES,
-    TRACED_MODEL_STATES_ERR,
-    TRACED_PEAK,
-    TRACED_PEAK_ERR,
-    TRACED_WALL_S,
-    TRACKER_MODEL_STATES,
-    TRACKER_PEAK,
     WALL_S,
 )
 
@@ -87,6 +80,7 @@ class TracedEstimate:
     wall_s: float
     peak_rss_bytes: int  # this process's peak resident memory so far (ru_maxrss)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    alloc_stream: Any = None  # the tracked step's allocation stream (AllocStream), when asked for
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,8 +100,11 @@ class TracedEstimate:
         }
 
 
-def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstimate:
-    """Trace one rank of ``case`` (any world size) and return the tracker's peak and model states."""
+def estimate(
+    case: Case, *, rank: int = 0, warmup_steps: int = 1, record_stream: bool = False
+) -> TracedEstimate:
+    """Trace one rank of ``case`` (any world size) and return the tracker's peak and model states; with
+    ``record_stream``, also the tracked step's allocation stream (``traced_stream.py``)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fsdpbench.engine.parallel import build_parallel
@@ -152,7 +149,10 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
             model, optimizer = parallel.model, parallel.optimizer
             tracker = build_tracker(model, optimizer, parallel.strategy.fsdp_root(model))
             states: dict[str, int] = {}
-            with tracker:
+            recorder = _recorder(record_stream, tracker, model, optimizer)
+            with recorder.attached() if recorder else contextlib.nullcontext(), tracker:
+                if recorder:
+                    recorder.begin_step(_host_step_counters(optimizer) if cuda_rules else [])
                 train_step(
                     parallel,
                     rank_batch(case, rank, warmup_steps, device),
@@ -180,7 +180,16 @@ def estimate(case: Case, *, rank: int = 0, warmup_steps: int = 1) -> TracedEstim
         wall_s=time.perf_counter() - t0,
         peak_rss_bytes=peak_rss_bytes(),
         notes=tuple(notes),
+        alloc_stream=recorder.stream(tuple(notes)) if recorder else None,
     )
+
+
+def _recorder(active: bool, tracker: Any, model: Any, optimizer: Any) -> Any:
+    if not active:
+        return None
+    from fsdpbench.predictors.traced_stream import StreamRecorder
+
+    return StreamRecorder(tracker, model, optimizer)
 
 
 def _trace_notes(case: Case, device: torch.device, cuda_rules: bool) -> list[str]:
@@ -249,19 +258,21 @@ def trace_device(case: Case) -> tuple[torch.device, bool]:
 
 
 # ---- helpers ------------------------------------------------------------------------------------------
+def _host_step_counters(optimizer: Any) -> list[torch.Tensor]:
+    """The optimizer's ``step`` counters: host tensors on CUDA (not capturable, not fused)."""
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
+    states = inner.state.values()
+    return [t for state in states for name, t in state.items() if name == "step" and torch.is_tensor(t)]
+
+
 def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
     """Take the optimizer's ``step`` counters out of a CPU-traced snapshot of a CUDA target: torch keeps
     them on the host unless the optimizer is capturable or fused (fsdpbench's are neither), so a GPU's
     tracker does not count them (states.py leaves them out of CUDA predictions for the same reason)."""
     from fsdpbench.predictors.memory_model.kernels import storage_bytes
 
-    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
-    counters = sum(
-        storage_bytes(t.untyped_storage().nbytes(), "cuda")
-        for state in inner.state.values()
-        for name, t in state.items()
-        if name == "step" and torch.is_tensor(t)
-    )
+    host = _host_step_counters(optimizer)
+    counters = sum(storage_bytes(t.untyped_storage().nbytes(), "cuda") for t in host)
     if snapshot.get("optim", 0) >= counters:
         snapshot["optim"] -= counters
         if "total" in snapshot:
@@ -282,39 +293,3 @@ def _cuda_rules(active: bool) -> Iterator[list[str]]:
 def _build(mdef: Any, margs: dict[str, Any], device: Any) -> torch.nn.Module:
     with torch.device(device):
         return mdef.build(**margs)
-
-
-# ---- traced predictions beside a run's measurements --------------------------------------------------
-TRACED_COLUMNS = (
-    TRACED_PEAK,
-    TRACED_MODEL_STATES,
-    TRACED_PEAK_ERR,
-    TRACED_MODEL_STATES_ERR,
-    TRACED_WALL_S,
-)
-
-
-def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[str, float]]:
-    """``estimate`` for each rank of a case (run in a child process by the runner: picklable in and out)."""
-    case = Case.from_dict(case_dict)
-    out = {}
-    for rank in ranks:
-        est = estimate(case, rank=rank)
-        out[rank] = {"peak": est.peak_bytes, "states": est.model_states_bytes, WALL_S: est.wall_s}
-    return out
-
-
-def traced_columns(traced: dict[int, dict[str, float]], rows: Any) -> dict[str, list[Any]]:
-    """traced_* columns for a case's rows, with the relative error against the same rank's tracker."""
-    from fsdpbench.predictors.memory_model.columns import relative_error
-
-    out: dict[str, list[Any]] = {c: [] for c in TRACED_COLUMNS}
-    for _, row in rows.iterrows():
-        t = traced.get(int(row[RANK]))
-        peak, states = (t["peak"], t["states"]) if t else (None, None)
-        out[TRACED_PEAK].append(peak)
-        out[TRACED_MODEL_STATES].append(states)
-        out[TRACED_PEAK_ERR].append(relative_error(peak, row.get(TRACKER_PEAK)))
-        out[TRACED_MODEL_STATES_ERR].append(relative_error(states, row.get(TRACKER_MODEL_STATES)))
-        out[TRACED_WALL_S].append(t[WALL_S] if t else None)
-    return out

@@ -39,6 +39,7 @@ from fsdpbench.schema import (
     MODEL_STEP_ERR,
     MODEL_STEP_TIME,
     MODEL_UNCHECKED_REASON,
+    NVML_PEAK,
     OK,
     OVERLAP_EXPOSED,
     OVERLAP_RATIO,
@@ -56,6 +57,12 @@ from fsdpbench.schema import (
     STEP_TIME_P10,
     STEP_TIME_P90,
     THROUGHPUT_SAMPLES,
+    TRACED_ALLOC_ALLOCATED,
+    TRACED_ALLOC_ALLOCATED_ERR,
+    TRACED_ALLOC_RESERVED,
+    TRACED_ALLOC_RESERVED_ERR,
+    TRACED_NVML,
+    TRACED_NVML_ERR,
     TRACED_PEAK,
     TRACED_PEAK_ERR,
     TRACKER_MODEL_STATES,
@@ -170,13 +177,22 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         predicted.index = list(cols)
     for group in BREAKDOWN_MEASURED:
         add(f"  {group} at peak", _cell(measured, group), _bytes_beside(predicted, group), None)
-    for col, name in (
-        (ALLOC_PEAK_ALLOCATED, "allocator peak allocated"),
-        (ALLOC_PEAK_RESERVED, "allocator peak reserved"),
-        (SAMPLED_PEAK.of("nvml"), "NVML peak (GPU)"),
-        (SAMPLED_PEAK.of("rss"), "RSS peak (process)"),
+    # the allocator model's predictions (a traced run of a CUDA case) beside the allocator and NVML
+    for col, name, pred, err in (
+        (
+            ALLOC_PEAK_ALLOCATED,
+            "allocator peak allocated",
+            TRACED_ALLOC_ALLOCATED,
+            TRACED_ALLOC_ALLOCATED_ERR,
+        ),
+        (ALLOC_PEAK_RESERVED, "allocator peak reserved", TRACED_ALLOC_RESERVED, TRACED_ALLOC_RESERVED_ERR),
+        (NVML_PEAK, "NVML peak (GPU)", TRACED_NVML, TRACED_NVML_ERR),
+        (SAMPLED_PEAK.of("rss"), "RSS peak (process)", None, None),
     ):
-        add(name, _column_value(col), lambda r, v: fmt_bytes(v), "low")
+        predicted_here = pred is not None and pred in cases and bool(cases[pred].notna().any())
+        label = f"{name}: measured / predicted" if predicted_here else name
+        fmt = mem_pair(pred, err) if pred is not None and predicted_here else (lambda r, v: fmt_bytes(v))
+        add(label, _column_value(col), fmt, "low")
     if _any_offload(cases):
         add(
             "params on host (CPU offload): measured / predicted",

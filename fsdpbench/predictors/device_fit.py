@@ -1,0 +1,289 @@
+"""Does a case fit on a GPU with this much memory? Answered the way the job would find out: the step's
+allocation stream (traced op by op, ``traced_stream.py``) replayed through the CUDA caching allocator model
+(``memory_model/allocator.py``) under the memory the allocator may take — the device's memory less what
+NVML shows besides it (CUDA context and libraries, NCCL's buffers: ``memory_model/nvml.py``) — freeing
+its cache and retrying before it gives up, as PyTorch does.
+
+    from fsdpbench.predictors.device_fit import fit_on_device, predict_device_memory
+    mem = predict_device_memory(case)            # tracked, allocated, reserved, NVML peaks (bytes)
+    fit = fit_on_device(case, 20 * 2**30)        # fits? which figure decided, by how much
+
+The analytic tracked peak (instant) is a necessary condition — the allocator holds at least the live
+tensors — so a case whose tracked peak alone does not fit is answered without a trace, and the searches
+(largest batch, smallest world size) start from the analytic answer and trace only near the boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fsdpbench.case import Case
+from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, CudaRuntime
+from fsdpbench.predictors.memory_model.allocator import AllocConf, OutOfMemory
+from fsdpbench.predictors.memory_model.nvml import NvmlTerms, nvml_terms
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMemory:
+    """One rank's predicted device memory, layer by layer (bytes; modelled figures)."""
+
+    tracked_peak: int  # live tensors at the peak (the traced tracker)
+    allocated_peak: int  # the allocator's max_memory_allocated
+    reserved_peak: int  # the allocator's max_memory_reserved
+    fragmentation: float  # at the allocated peak: reserved but free, as a share of reserved
+    terms: NvmlTerms
+    conf: AllocConf
+    reserved_by_stream: dict[str, int] = field(default_factory=dict)
+    peak_where: str = ""
+    notes: tuple[str, ...] = ()
+
+    @property
+    def nvml_peak(self) -> int:
+        return self.terms.nvml_bytes(self.reserved_peak)
+
+    def to_dict(self) -> dict:
+        return {
+            "tracked_peak_bytes": self.tracked_peak,
+            "allocated_peak_bytes": self.allocated_peak,
+            "reserved_peak_bytes": self.reserved_peak,
+            "nvml_peak_bytes": self.nvml_peak,
+            "fragmentation": round(self.fragmentation, 4),
+            "context_bytes": self.terms.context_bytes,
+            "context_source": self.terms.context_source,
+            "nccl_bytes": self.terms.nccl_bytes,
+            "nccl_source": self.terms.nccl_source,
+            "alloc_conf": self.conf.describe(),
+            "reserved_by_stream": dict(self.reserved_by_stream),
+            "peak_where": self.peak_where,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceFit:
+    device_memory_bytes: int
+    fits: bool
+    decided_by: str  # which figure decided
+    margin_bytes: int  # what is left (≥ 0) or missing (< 0) against the device memory
+    needed_bytes: int | None  # NVML-level need when known: reserved peak + context + NCCL
+    oom: OutOfMemory | None = None
+    retries: int = 0  # times the allocator freed its cache and retried (slow steps, still fits)
+
+    def describe(self, fmt) -> str:  # noqa: ANN001 — a bytes formatter
+        """One line: fits or not, by which figure, by how much."""
+        mem = fmt(self.device_memory_bytes)
+        if self.fits:
+            text = f"fits in {mem}: {self.decided_by}, {fmt(self.margin_bytes)} to spare"
+            if self.retries:
+                text += f" (only after freeing the allocator's cache {self.retries}×: slower steps)"
+            return text
+        if self.oom is not None:
+            return (
+                f"does NOT fit in {mem}: {self.decided_by} — out of memory allocating "
+                f"{fmt(self.oom.nbytes)} at {self.oom.where or '?'} with {fmt(self.oom.allocated)} allocated "
+                f"and {fmt(self.oom.reserved)} reserved of {fmt(self.oom.limit)} the allocator may use"
+            )
+        return f"does NOT fit in {mem}: {self.decided_by}, short by {fmt(-self.margin_bytes)}"
+
+
+@dataclass(frozen=True, slots=True)
+class AllocatorAnswer:
+    """``predict --device-memory`` on CUDA: one rank's device memory layer by layer, fits?, and the
+    largest batch and the smallest world size that fit (all modelled)."""
+
+    memory: DeviceMemory
+    fit: DeviceFit
+    largest_batch: int | None
+    smallest_world_size: int | None
+    max_world_size: int
+
+    def to_dict(self) -> dict:
+        fit = self.fit
+        return {
+            "method": "allocator model (traced allocation stream replayed; modelled)",
+            **self.memory.to_dict(),
+            "device_memory_bytes": fit.device_memory_bytes,
+            "fits": fit.fits,
+            "decided_by": fit.decided_by,
+            "margin_bytes": fit.margin_bytes if fit.oom is None else None,
+            "oom_where": fit.oom.where if fit.oom else None,
+            "alloc_retries": fit.retries,
+            "largest_batch": self.largest_batch,
+            "smallest_world_size": self.smallest_world_size,
+        }
+
+    def lines(self, fmt) -> list[str]:  # noqa: ANN001 — a bytes formatter
+        """The answer as the terminal shows it: each figure on its own line, then the verdict."""
+        m, t = self.memory, self.memory.terms
+        settings = m.conf.describe() or "torch's defaults"
+        rows = [
+            ("tracked peak (live tensors, traced tracker)", m.tracked_peak, ""),
+            ("allocated peak (max_memory_allocated)", m.allocated_peak, ""),
+            (
+                "reserved peak (max_memory_reserved, no limit)",
+                m.reserved_peak,
+                f"fragmentation at the allocated peak {m.fragmentation:.0%}",
+            ),
+            ("+ CUDA context & libraries", t.context_bytes, t.context_source),
+            ("+ NCCL buffers", t.nccl_bytes, t.nccl_source),
+            ("NVML used, no limit", m.nvml_peak, "reserved + context + NCCL"),
+        ]
+        width = max(len(label) for label, _, _ in rows)
+        out = [
+            "device memory, modelled: the step's allocation stream (traced) replayed through the CUDA "
+            f"caching allocator model (CUDACachingAllocator.cpp, torch 2.11 rules; settings: {settings})"
+        ]
+        out += [
+            f"  {label:<{width}}  {fmt(value):>12}" + (f"  ({why})" if why else "")
+            for label, value, why in rows
+        ]
+        out.append(
+            "  the optimizer as fsdpbench runs it (foreach=False: one parameter's temporaries at a time); "
+            "torch's default on CUDA (foreach) also holds its grouped temporaries"
+        )
+        out.append(self.fit.describe(fmt))
+        out.append(
+            f"largest per-rank batch that fits: {self.largest_batch or 'none'}; smallest world size that "
+            f"fits (powers of two ≤ {self.max_world_size}): {self.smallest_world_size or 'none'} "
+            "(allocator model)"
+        )
+        return out
+
+
+class DeviceModel:
+    """Traces and replays cases for one set of settings, each case traced once."""
+
+    def __init__(
+        self,
+        conf: AllocConf | None = None,
+        *,
+        rank: int = 0,
+        runtime: CudaRuntime | None = None,
+        context_bytes: int | None = None,
+        nccl_channels: int | None = None,
+    ) -> None:
+        self.conf = conf or AllocConf()  # a case's own alloc_conf: DeviceModel.for_case
+        self.rank = rank
+        self.runtime = runtime or CudaRuntime()
+        self.context_bytes = context_bytes
+        self.nccl_channels = nccl_channels
+        self._streams: dict[str, tuple[AllocStream, int]] = {}
+
+    @classmethod
+    def for_case(cls, case: Case, **kwargs) -> DeviceModel:  # noqa: ANN003 — DeviceModel's keywords
+        """A model with the case's own allocator settings (``alloc_conf``)."""
+        from fsdpbench.predictors.memory_model.allocator import parse_alloc_conf
+
+        return cls(parse_alloc_conf(case.alloc_conf), **kwargs)
+
+    def terms(self, case: Case) -> NvmlTerms:
+        from fsdpbench.predictors.memory_model import resolve_shard_size
+        from fsdpbench.strategies import get_strategy
+
+        shard = resolve_shard_size(case, get_strategy(case.strategy).sharding)
+        return nvml_terms(
+            case.world_size,
+            shard_group=shard,
+            backend=case.backend,
+            context_bytes=self.context_bytes,
+            nccl_channels=self.nccl_channels,
+        )
+
+    def stream(self, case: Case) -> tuple[AllocStream, int]:
+        """The case's traced allocation stream and tracked peak (traced once per case)."""
+        key = repr(sorted(case.to_dict().items()))
+        if key not in self._streams:
+            from fsdpbench.predictors.traced import estimate
+
+            est = estimate(case, rank=min(self.rank, case.world_size - 1), record_stream=True)
+            self._streams[key] = (est.alloc_stream, est.peak_bytes)
+        return self._streams[key]
+
+    def memory(self, case: Case) -> DeviceMemory:
+        stream, tracked = self.stream(case)
+        return self.replayed(case, stream, tracked)
+
+    def replayed(self, case: Case, stream: AllocStream, tracked: int) -> DeviceMemory:
+        """The device memory of a stream already traced (``tracked``: its tracker peak)."""
+        stats = stream.replay(self.conf, runtime=self.runtime)
+        return DeviceMemory(
+            tracked_peak=tracked,
+            allocated_peak=stats.peak_allocated,
+            reserved_peak=stats.peak_reserved,
+            fragmentation=stats.fragmentation,
+            terms=self.terms(case),
+            conf=self.conf,
+            reserved_by_stream=stats.reserved_by_stream,
+            peak_where=stats.peak_allocated_where,
+            notes=stream.notes,
+        )
+
+    def fit(self, case: Case, device_memory: int) -> DeviceFit:
+        """Fits? The analytic tracked peak first (a necessary condition), then the allocator model."""
+        from fsdpbench.predictors.memory_model import predict_memory
+
+        terms = self.terms(case)
+        budget = device_memory - terms.total  # what the caching allocator may reserve
+        analytic = predict_memory(case, rank=min(self.rank, case.world_size - 1), context_bytes=0)
+        tracked = analytic.device_peak_bytes
+        if tracked is not None and tracked > budget:
+            return DeviceFit(
+                device_memory,
+                False,
+                "the tracked peak alone (analytic) + context + NCCL",
+                budget - tracked,
+                None,
+            )
+        stream, _ = self.stream(case)
+        stats = stream.replay(self.conf, runtime=self.runtime, limit=max(0, budget))
+        if stats.oom is not None:
+            return DeviceFit(device_memory, False, "the allocator model", -1, None, stats.oom)
+        needed = terms.nvml_bytes(stats.peak_reserved)
+        return DeviceFit(
+            device_memory,
+            True,
+            "the allocator model's reserved peak + context + NCCL",
+            device_memory - needed,
+            needed,
+            retries=stats.num_alloc_retries,
+        )
+
+    # ---- searches -----------------------------------------------------------------------------------
+    def largest_batch(self, case: Case, device_memory: int, *, max_batch: int = 1 << 20) -> int | None:
+        """The largest per-rank batch that fits: bisection below the analytic answer (allocator ≥ tracker)."""
+        from fsdpbench.predictors.memory_model import predict_memory
+        from fsdpbench.predictors.memory_model.search import largest_batch
+
+        terms = self.terms(case)
+        rank = min(self.rank, case.world_size - 1)
+        bound = largest_batch(
+            case,
+            lambda c: predict_memory(c, rank=rank, context_bytes=terms.total),
+            device_memory,
+            max_batch=max_batch,
+        )
+        if bound is None or not self.fit(case.replace(batch_size=1), device_memory).fits:
+            return None
+        lo, hi = 1, bound + 1  # lo fits, hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.fit(case.replace(batch_size=mid), device_memory).fits else (lo, mid)
+        return lo
+
+    def smallest_world_size(
+        self, case: Case, device_memory: int, *, max_world_size: int = 65536, multiple: int = 1
+    ) -> int | None:
+        """Powers of two from the analytic answer up (the allocator needs at least what the tracker does)."""
+        from fsdpbench.predictors.memory_model import predict_memory
+        from fsdpbench.predictors.memory_model.search import smallest_world_size
+
+        def analytic(c: Case):  # noqa: ANN202 — a MemoryPrediction
+            return predict_memory(c, rank=min(self.rank, c.world_size - 1), context_bytes=self.terms(c).total)
+
+        n = smallest_world_size(
+            case, analytic, device_memory, max_world_size=max_world_size, multiple=multiple
+        )
+        while n is not None and n <= max_world_size:
+            if n % multiple == 0 and self.fit(case.replace(world_size=n), device_memory).fits:
+                return n
+            n *= 2
+        return None

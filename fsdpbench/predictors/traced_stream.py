@@ -1,0 +1,196 @@
+"""Record the allocation stream of a traced step (``memory_model/alloc_stream.py``): every storage the step
+creates and frees, op by op, in order, with the stream it is allocated on and the tracker's category.
+
+Where it comes from: PyTorch's memory tracker (``FSDPMemTracker``/``MemTracker``) already sees every storage
+come and go on the fake tensors — an op's outputs through its dispatch mode, FSDP2's ``resize_``-based
+unsharded parameters through its patched ``UntypedStorage.resize_``, deaths through weak references — and
+updates its snapshot for each. The recorder listens to those updates. The stream an allocation belongs to
+is the one FSDP2 makes current around it: FSDP2 enters ``device_handle.stream(s)`` for its all-gather
+copy-in (``foreach_all_gather``) and reduce-scatter (``foreach_reduce``) work, and the recorder follows
+that context manager, naming FSDP2's streams from its ``FSDPCommContext``. It also marks the first matmul
+of forward and of backward (cuBLAS's workspaces) and the optimizer step (the lazily created state).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from fsdpbench.predictors.memory_model.alloc_stream import (
+    DEFAULT_STREAM,
+    MATMUL_BACKWARD,
+    MATMUL_FORWARD,
+    OPTIMIZER_STEP,
+    AllocStream,
+)
+from fsdpbench.predictors.memory_model.allocator import AllocEvent, Free, Malloc, Mark
+
+# ops whose CUDA kernels call cuBLAS (and so take its workspace the first time a thread runs one)
+MATMUL_OPS = ("aten.mm.", "aten.addmm.", "aten.bmm.", "aten.baddbmm.", "aten._scaled_mm.")
+# FSDPCommContext's streams, by attribute
+FSDP_STREAMS = (
+    "all_gather_copy_in_stream",
+    "all_gather_stream",
+    "reduce_scatter_stream",
+    "all_reduce_stream",
+)
+LAZY_KINDS = ("opt",)  # tracker categories the first optimizer.step creates (the rest exists before)
+
+
+class StreamRecorder:
+    """Listens to a tracker's snapshot updates for one step; ``stream()`` gives the result."""
+
+    def __init__(self, tracker: Any, model: torch.nn.Module, optimizer: Any) -> None:
+        self.tracker = tracker
+        self.model = model
+        self.optimizer = optimizer
+        self.events: list[tuple[str, Any]] = []  # ("add"/"del", winfo id, ...) in order
+        self.keys: dict[int, str] = {}
+        self.serial = 0
+        self.entered = False  # False while the tracker registers what exists before the step
+        self.resident: list[Malloc] = []
+        self.lazy: list[Malloc] = []
+        self.step: list[AllocEvent] = []
+        self.local = threading.local()
+        self.stream_names: dict[int, str] = {}
+        self.matmul_seen = {"forward": False, "backward": False}
+
+    # ---- hooks into the tracker ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[StreamRecorder]:
+        """Record while the tracker runs; the resident state is what it registers on entering."""
+        tracker = self.tracker
+        base_update = tracker._update_snap
+        base_class = type(tracker)
+        recorder = self
+
+        def update(u_type: Any, winfo: Any, old_mem_consumed: int | None = None, old_reftype: Any = None):
+            base_update(u_type, winfo, old_mem_consumed=old_mem_consumed, old_reftype=old_reftype)
+            recorder._on_update(u_type.name, winfo, old_mem_consumed)
+
+        def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            recorder.local.op = str(func)
+            return base_class.__torch_dispatch__(self, func, types, args, kwargs)
+
+        tracker._update_snap = update
+        recording = type(f"Recording{base_class.__name__}", (base_class,), {"__torch_dispatch__": dispatch})
+        tracker.__class__ = recording
+        self._name_fsdp_streams()
+        hook = self.optimizer.register_step_pre_hook(lambda *_: self.step.append(Mark(OPTIMIZER_STEP)))
+        with self._following_streams():
+            try:
+                yield self
+            finally:
+                hook.remove()
+                tracker.__class__ = base_class
+                del tracker._update_snap
+
+    def begin_step(self, host_tensors: Sequence[torch.Tensor] = ()) -> None:
+        """Everything registered so far existed before the step, except ``host_tensors``: tensors the
+        target keeps in host memory although the trace made them on its device (a CPU trace of a CUDA
+        target: the optimizer's step counters)."""
+        self.entered = True
+        host = set()
+        for t in host_tensors:
+            winfo, _ = self.tracker._WINFO.get(t.untyped_storage(), (None, None))
+            if winfo is not None:
+                host.add(self.keys.get(id(winfo)))
+        self.resident = [m for m in self.resident if m.key not in host]
+        self.lazy = [m for m in self.lazy if m.key not in host]
+
+    def _name_fsdp_streams(self) -> None:
+        for module in self.model.modules():
+            state_fn = getattr(module, "_get_fsdp_state", None)
+            ctx = getattr(state_fn(), "_comm_ctx", None) if state_fn else None
+            for attr in FSDP_STREAMS:
+                stream = getattr(ctx, attr, None) if ctx is not None else None
+                if stream is not None:
+                    self.stream_names[id(stream)] = attr.removesuffix("_stream")
+
+    @contextlib.contextmanager
+    def _following_streams(self) -> Iterator[None]:
+        """Know the current stream: FSDP2 enters ``torch.<device>.stream(s)`` around its collectives' work."""
+        recorder = self
+        patched = {}
+        for handle in (torch.cpu, torch.cuda):
+            original = handle.stream
+
+            @contextlib.contextmanager
+            def stream(s: Any, _original: Any = original) -> Iterator[Any]:
+                previous = getattr(recorder.local, "stream", DEFAULT_STREAM)
+                if s is not None:
+                    recorder.local.stream = recorder.stream_names.get(id(s), previous)
+                try:
+                    with _original(s) as entered:
+                        yield entered
+                finally:
+                    recorder.local.stream = previous
+
+            patched[handle] = original
+            handle.stream = stream  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            for handle, original in patched.items():
+                handle.stream = original  # type: ignore[attr-defined]
+
+    # ---- what an update means -----------------------------------------------------------------------
+    def _on_update(self, kind: str, winfo: Any, old_mem_consumed: int | None) -> None:
+        nbytes = int(winfo.mem_consumed)
+        if kind == "ADD" or (kind == "SIZE" and not old_mem_consumed and nbytes):
+            self._alloc(winfo, nbytes)
+        elif kind == "DEL" or (kind == "SIZE" and old_mem_consumed and not nbytes):
+            self._free(winfo)
+        elif kind == "SIZE" and old_mem_consumed and nbytes:  # resized in place: a new allocation
+            self._free(winfo)
+            self._alloc(winfo, nbytes)
+
+    def _alloc(self, winfo: Any, nbytes: int) -> None:
+        if nbytes <= 0 or winfo.device.type not in ("cuda", "cpu"):
+            return
+        self.serial += 1
+        key = f"t{self.serial}"
+        self.keys[id(winfo)] = key
+        category = _category(winfo.reftype)
+        where = self._where()
+        malloc = Malloc(key, nbytes, getattr(self.local, "stream", DEFAULT_STREAM), category, where)
+        if not self.entered:
+            (self.lazy if category in LAZY_KINDS else self.resident).append(malloc)
+            return
+        phase = "backward" if self.tracker._mod_tracker.is_bw else "forward"
+        op = getattr(self.local, "op", "")
+        if not self.matmul_seen[phase] and op.startswith(MATMUL_OPS):
+            self.matmul_seen[phase] = True
+            self.step.append(Mark(MATMUL_FORWARD if phase == "forward" else MATMUL_BACKWARD))
+        self.step.append(malloc)
+
+    def _free(self, winfo: Any) -> None:
+        key = self.keys.pop(id(winfo), None)
+        if key is not None and self.entered:
+            self.step.append(Free(key))
+
+    def _where(self) -> str:
+        parents = getattr(self.tracker._mod_tracker, "parents", ())
+        deepest = max(parents, key=len, default="") if parents else ""
+        phase = "backward" if self.tracker._mod_tracker.is_bw else "forward"
+        return f"{phase}: {deepest}" if deepest else phase
+
+    def stream(self, notes: tuple[str, ...] = ()) -> AllocStream:
+        """The recorded step; anything it allocated and did not free (none in a steady state) is freed at
+        its end, as the next step would find it."""
+        alive = dict.fromkeys(e.key for e in self.step if isinstance(e, Malloc))
+        for e in self.step:
+            if isinstance(e, Free):
+                alive.pop(e.key, None)
+        step = [*self.step, *(Free(k) for k in alive)]
+        return AllocStream(tuple(self.resident), tuple(step), tuple(self.lazy), source="traced", notes=notes)
+
+
+def _category(reftype: Any) -> str:
+    """The tracker's category, lower case without its enum prefix ("sharded_param", "act", "opt", ...)."""
+    name = getattr(reftype, "name", str(reftype))
+    return name.lower()
