@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.case import Case
-from fsdpbench.pipeline.rank_result import RankResult
 from fsdpbench.predictors.emulate import EMULATION_LIMITS, check_emulation
 from fsdpbench.schema import (
     ALLOC_PEAK_ALLOCATED,
@@ -25,7 +24,6 @@ from fsdpbench.schema import (
     OK,
     SAMPLED_PEAK,
     SAMPLED_PEAK_CASE,
-    STEP_TIME,
 )
 
 
@@ -98,8 +96,8 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None, link
         wall = time.perf_counter() - t0
         if outcome.status != OK:
             raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
-        rec = RankResult.from_json(outcome.ranks[0])
-        step_ms = rec.timed.to_columns().get(STEP_TIME) if rec.timed else None
+        rec = outcome.ranks[0]
+        step_ms = rec.step_time_ms()
         modelled = None
         if link is not None and step_ms:
             modelled = _modelled_step(case, rank, case_dir / f"trace_rank{rank}.json.gz", step_ms, link)

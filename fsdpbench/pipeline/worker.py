@@ -43,7 +43,7 @@ from fsdpbench.metrics.reference import ReferenceWorkload, interleaved_steps
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
-from fsdpbench.pipeline.rank_result import RankResult, Setup
+from fsdpbench.pipeline.rank_result import RankResult, Setup, rank_file
 from fsdpbench.predictors.emulate import (
     build_rank_model,
     fake_collectives,
@@ -59,7 +59,7 @@ class RankRecorder:
     """This rank's ``RankResult``, written atomically to rank{R}.json after every phase."""
 
     def __init__(self, out_dir: Path, rank: int) -> None:
-        self.path = out_dir / f"rank{rank}.json"
+        self.path = out_dir / rank_file(rank)
         self.result = RankResult(rank=rank, pid=os.getpid())
         self.flush()
 
