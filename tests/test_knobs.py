@@ -151,11 +151,11 @@ def test_cpu_offload_on_two_ranks_trains_the_same(tmp_path: Path) -> None:
 
     for case, outcome in zip(cases, (base, off)):
         for rank in outcome.ranks:
-            got = {k: rank.metric_columns[f"mem_placement_params_{k}_bytes"] for k in ("host", "device")}
+            got = {k: rank.placement[f"mem_placement_params_{k}_bytes"] for k in ("host", "device")}
             pred = predict_memory(case, rank=rank.rank)
             assert got == {"host": pred.params_host_bytes, "device": pred.params_device_bytes}
-    assert off.ranks[0].metric_columns["mem_placement_params_host_bytes"] > 0
-    assert base.ranks[0].metric_columns["mem_placement_params_host_bytes"] == 0
+    assert off.ranks[0].placement["mem_placement_params_host_bytes"] > 0
+    assert base.ranks[0].placement["mem_placement_params_host_bytes"] == 0
 
 
 def _placement_rank(rank: int, world: int, port: int, out: str) -> None:
@@ -186,8 +186,14 @@ def test_cpu_offload_moves_the_sharded_parameters_to_the_host(tmp_path: Path) ->
     got = json.loads(out.read_text())
     psi = sum(p.numel() for p in build_model("mlp-tiny").parameters())
     assert psi == 64 * 64 * 2 + 64 * 2 + 650
-    sharded = got["zero3-offloadFalse"]["params_device_bytes"]
-    assert sharded >= psi * 4 // 2 and got["zero3-offloadFalse"]["params_host_bytes"] == 0
-    assert got["zero3-offloadTrue"] == {"params_host_bytes": sharded, "params_device_bytes": 0}
-    assert got["fsdp1_full-offloadFalse"]["params_host_bytes"] == 0
-    assert got["ddp-offloadFalse"] == {"params_host_bytes": 0, "params_device_bytes": psi * 4}
+    sharded = got["zero3-offloadFalse"]["mem_placement_params_device_bytes"]
+    assert sharded >= psi * 4 // 2 and got["zero3-offloadFalse"]["mem_placement_params_host_bytes"] == 0
+    assert got["zero3-offloadTrue"] == {
+        "mem_placement_params_host_bytes": sharded,
+        "mem_placement_params_device_bytes": 0,
+    }
+    assert got["fsdp1_full-offloadFalse"]["mem_placement_params_host_bytes"] == 0
+    assert got["ddp-offloadFalse"] == {
+        "mem_placement_params_host_bytes": 0,
+        "mem_placement_params_device_bytes": psi * 4,
+    }

@@ -104,7 +104,6 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None, link
     if rec.memory is None:
         raise RuntimeError(f"emulated rank {rank} recorded no memory-tracked step")
     peak = dict(rec.memory.peak)
-    extra = rec.metric_columns
     return EmulatedRank(
         case_id=case.case_id,
         rank=rank,
@@ -112,10 +111,10 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None, link
         peak_bytes=int(peak.pop("total")),
         peak_by_category=peak,
         states_by_category=dict(rec.memory.states_tracker),
-        alloc_peak_allocated_bytes=extra.get(ALLOC_PEAK_ALLOCATED),
-        alloc_peak_reserved_bytes=extra.get(ALLOC_PEAK_RESERVED),
-        nvml_peak_bytes=extra.get(SAMPLED_PEAK.of("nvml")),
-        rss_peak_bytes=extra.get(SAMPLED_PEAK_CASE.of("rss")),
+        alloc_peak_allocated_bytes=rec.allocator.get(ALLOC_PEAK_ALLOCATED),
+        alloc_peak_reserved_bytes=rec.allocator.get(ALLOC_PEAK_RESERVED),
+        nvml_peak_bytes=rec.sampled.get(SAMPLED_PEAK.of("nvml")),
+        rss_peak_bytes=rec.sampled.get(SAMPLED_PEAK_CASE.of("rss")),
         step_time_ms=step_ms,
         wall_s=wall,
         modelled_step=modelled,

@@ -15,10 +15,12 @@ from typing import Any, ClassVar
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory
 from fsdpbench.schema import (
+    BARE_STEP_TIME,
     ERROR,
     EXIT_CODE,
     FAILED,
     FIRST_STEP,
+    HARNESS_LEFTOVERS,
     INIT_PG_S,
     LOSSES,
     N_UNITS,
@@ -70,6 +72,21 @@ class Setup:
 
 
 @dataclass(kw_only=True, slots=True)
+class Harness:
+    """The harness measuring itself (docs/harness-overhead.md): the bare loop's step time and what the
+    instruments left installed when the rank finished."""
+
+    bare_step_time_ms: float | None = None  # the bare loop (``bare_steps``), no instrument
+    leftovers: str | None = None  # "" when nothing is left
+
+    def to_columns(self) -> dict[str, Any]:
+        columns: dict[str, Any] = {HARNESS_LEFTOVERS: self.leftovers}
+        if self.bare_step_time_ms is not None:
+            columns[BARE_STEP_TIME] = self.bare_step_time_ms
+        return columns
+
+
+@dataclass(kw_only=True, slots=True)
 class CheckpointRecord:
     """The checkpoint phase on this rank (fsdpbench/engine/checkpoint.py): save, load into a fresh model
     and optimizer, one more step. Host memory is RSS above the phase's baseline (sampled); device memory
@@ -97,6 +114,7 @@ class CheckpointRecord:
         return {column: getattr(self, name) for name, column in schema.CHECKPOINT_COLUMNS.items()}
 
 
+_SOURCES = ("allocator", "placement", "profiled", "sampled")  # column records, one per measuring module
 _HEAD = (RANK, "pid", STATUS, PHASE, ERROR)  # always in the file
 _OPTIONAL = ("traceback", "failed_at", EXIT_CODE, LOSSES, "steps_total", STEPS_WALL_S, WALL_S)
 
@@ -121,9 +139,12 @@ class RankResult:
     timed: StepTimes | None = None
     losses: list[float] | None = None  # every recorded step's loss, in step order
     memory: TrackedMemory | None = None
-    # columns named by the metric modules: the harness (bare loop, leftovers), the allocator, where
-    # the parameters are kept, the profiled step (communication, overlap), the samplers
-    metric_columns: dict[str, Any] = field(default_factory=dict)
+    # each source's own columns, named by the module that measures them (fsdpbench/schema.py declares each)
+    allocator: dict[str, int] = field(default_factory=dict)  # metrics.allocator: the CUDA caching allocator
+    placement: dict[str, int] = field(default_factory=dict)  # engine.knobs: where the parameters are kept
+    profiled: dict[str, Any] = field(default_factory=dict)  # metrics.profiled: communication, overlap
+    sampled: dict[str, Any] = field(default_factory=dict)  # metrics.samplers: RSS, NVML
+    harness: Harness | None = None
     paired: dict[str, list[float]] = field(default_factory=dict)  # metrics.reference.interleaved_steps
     checkpoint: CheckpointRecord | None = None
     steps_total: int | None = None
@@ -142,8 +163,11 @@ class RankResult:
             out.update({STEP_TIMES: self.timed.times_ms, **self.timed.to_columns()})
         if self.memory is not None:
             out["memory"] = self.memory.to_json()
-        if self.metric_columns:
-            out["metric_columns"] = self.metric_columns
+        for source in _SOURCES:
+            if getattr(self, source):
+                out[source] = getattr(self, source)
+        if self.harness is not None:
+            out["harness"] = dataclasses.asdict(self.harness)
         out.update({PAIRED.of(k): v for k, v in self.paired.items()})
         if self.checkpoint is not None:
             out["checkpoint"] = dataclasses.asdict(self.checkpoint)
@@ -160,7 +184,11 @@ class RankResult:
             warmup=StepTimes(times_ms=warmup) if warmup is not None else None,
             timed=StepTimes(times_ms=timed) if timed is not None else None,
             memory=TrackedMemory.from_json(data["memory"]) if "memory" in data else None,
-            metric_columns=dict(data.get("metric_columns") or {}),
+            allocator=dict(data.get("allocator") or {}),
+            placement=dict(data.get("placement") or {}),
+            profiled=dict(data.get("profiled") or {}),
+            sampled=dict(data.get("sampled") or {}),
+            harness=Harness(**data["harness"]) if data.get("harness") else None,
             paired={k: data[PAIRED.of(k)] for k in PAIRED_SERIES if PAIRED.of(k) in data},
             checkpoint=CheckpointRecord(**data["checkpoint"]) if data.get("checkpoint") else None,
         )
@@ -185,7 +213,11 @@ class RankResult:
             WARMUP_TIMES: warmup,
             **{PAIRED.of(k): self.paired.get(k) or [] for k in PAIRED_SERIES},
             **(self.memory or TrackedMemory()).to_columns(),
-            **self.metric_columns,
+            **self.allocator,
+            **self.placement,
+            **self.profiled,
+            **self.sampled,
+            **(self.harness.to_columns() if self.harness else {}),
             **(self.checkpoint.to_columns() if self.checkpoint else {}),
         }
 
@@ -246,7 +278,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     WARMUP_TIMES: (list,),
     STEP_TIMES: (list,),
     "memory": (dict,),
-    "metric_columns": (dict,),
+    **dict.fromkeys(_SOURCES, (dict,)),
+    "harness": (dict,),
     "checkpoint": (dict,),
 }
 
