@@ -65,7 +65,7 @@ def run_with_predictions(case: Case, tmp_path: Path) -> Any:
 
 def global_losses(outcome: CaseOutcome) -> list[float]:
     """Mean of the ranks' local losses per step: the loss over the global batch."""
-    per_rank = [r["losses"] for r in outcome.ranks]
+    per_rank = [r.losses for r in outcome.ranks]
     return [sum(step) / len(step) for step in zip(*per_rank)]
 
 

@@ -23,6 +23,6 @@ def test_cuda_stats_on_the_real_allocator():
     reset_cuda_peaks(0)
     x = torch.empty(1 << 20, device="cuda:0")
     stats = cuda_allocator_stats(0)
-    assert stats["alloc_peak_allocated_bytes"] >= x.numel() * 4
-    assert stats["alloc_peak_reserved_bytes"] >= stats["alloc_peak_allocated_bytes"]
-    assert stats["alloc_num_ooms"] == 0
+    assert stats["mem_alloc_peak_allocated_bytes"] >= x.numel() * 4
+    assert stats["mem_alloc_peak_reserved_bytes"] >= stats["mem_alloc_peak_allocated_bytes"]
+    assert stats["mem_alloc_num_ooms"] == 0

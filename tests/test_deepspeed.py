@@ -124,14 +124,14 @@ def test_two_ranks_match_one_rank_over_the_global_batch(strategy: str, ds_runs, 
 def test_stage12_states_are_filed_whole_params_and_a_master_partition(strategy: str, ds_runs) -> None:
     psi, n = DECODER_TINY_PARAMS, 2
     for rank in ds_runs[strategy].ranks:
-        local = rank["memory"]["states_local"]
+        local = rank.memory.states_local
         # the whole model in one flat fp32 buffer; fp32 master partition + Adam's two moments (+ step)
         assert local["params"] == 4 * psi
         assert local["optim"] == 4 * psi // n + 8 * psi // n + 4
-        tracked = rank["memory"]["states_tracker"]
+        tracked = rank.memory.states_tracker
         assert tracked["params"] == 4 * psi and tracked["optim"] == local["optim"]
         # the reduce bucket: reduce_bucket_size (5e8) fp32 elements, filed as reduce_scatter at the peak
-        assert rank["memory"]["peak"]["reduce_scatter"] == 4 * 500_000_000
+        assert rank.memory.peak["reduce_scatter"] == 4 * 500_000_000
 
 
 @pytest.mark.slow
@@ -139,9 +139,9 @@ def test_stage12_states_are_filed_whole_params_and_a_master_partition(strategy: 
 def test_stage3_keeps_parameters_below_the_persistence_threshold_whole(ds_runs) -> None:
     psi, n = DECODER_TINY_PARAMS, 2  # every decoder-tiny parameter is below the default threshold (1e5)
     for rank in ds_runs["ds_zero3"].ranks:
-        local = rank["memory"]["states_local"]
+        local = rank.memory.states_local
         assert local["params"] == 4 * psi + 4 * psi // n  # whole persistent params + the partition
         assert local["grads"] == 4 * psi // n  # grad_partitions_flat_buffer: allocated once, kept
         assert local["optim"] == 12 * psi // n + 4
-        tracked = rank["memory"]["states_tracker"]
+        tracked = rank.memory.states_tracker
         assert {k: tracked[k] for k in ("params", "grads", "optim")} == local

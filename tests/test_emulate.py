@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from fsdpbench.case import Case
+from fsdpbench.pipeline.rank_result import RankResult
 from fsdpbench.pipeline.results import build_rows
 from fsdpbench.predictors.emulate import check_emulation, fill_local_data, resolve_emulate_ranks
 from fsdpbench.schema import TRACKER_CATEGORIES
@@ -27,9 +28,9 @@ SHAPE = dict(
 )
 
 
-def _tracker(rank: dict) -> dict:
-    memory = rank["memory"]
-    return {"peak": memory["peak"], "states": memory["states_tracker"], "local": memory["states_local"]}
+def _tracker(rank: RankResult) -> dict:
+    memory = rank.memory
+    return {"peak": memory.peak, "states": memory.states_tracker, "local": memory.states_local}
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -41,16 +42,16 @@ def test_emulated_rank_equals_the_real_rank_category_by_category(strategy, world
     real_out, emu_out = run(real, tmp_path), run(emulated, tmp_path)
     assert real_out.status == "ok", real_out.error
     assert emu_out.status == "ok", emu_out.error
-    assert [r["rank"] for r in emu_out.ranks] == [0, world - 1]
+    assert [r.rank for r in emu_out.ranks] == [0, world - 1]
     for emu_rank in emu_out.ranks:
-        real_rank = real_out.ranks[emu_rank["rank"]]
+        real_rank = real_out.ranks[emu_rank.rank]
         got, want = _tracker(emu_rank), _tracker(real_rank)
         assert set(got["peak"]) == set(TRACKER_CATEGORIES) | {"total"}
         for cat in got["peak"]:  # one category at a time, so a failure names it
             assert (cat, got["peak"][cat]) == (cat, want["peak"][cat])
         assert got["states"] == want["states"]
         assert got["local"] == want["local"]
-        assert emu_rank["mode"] == "emulated" and real_rank["mode"] == "real"
+        assert emu_rank.setup.mode == "emulated" and real_rank.setup.mode == "real"
 
 
 def test_emulated_rows_say_so_and_skip_the_loss(tmp_path):

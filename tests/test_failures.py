@@ -19,7 +19,7 @@ def test_exception_on_one_rank_fails_the_case_with_its_error(tmp_path: Path) -> 
     outcome = run(tiny_case(strategy=f"{FAULTS}:CrashOnRank1", world_size=2), tmp_path)
     assert outcome.status == "failed"
     assert "rank 1" in outcome.error and "RuntimeError: injected failure on rank 1" in outcome.error
-    assert outcome.ranks[1]["status"] == "failed" and "Traceback" in outcome.ranks[1]["traceback"]
+    assert outcome.ranks[1].status == "failed" and "Traceback" in (outcome.ranks[1].traceback or "")
     assert_all_gone(outcome.pids)
 
 

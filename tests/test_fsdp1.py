@@ -3,6 +3,7 @@ same model as one rank over the global batch, and the FSDP1 memory tracker files
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -164,7 +165,7 @@ def test_tutorial_mnist_with_adadelta_matches_one_rank(tmp_path: Path) -> None:
     ref = run(tiny_case(strategy="ddp", world_size=1, batch_size=4, **common), tmp_path / "ref")
     outcome = run(tiny_case(strategy="fsdp1_full", world_size=2, **common), tmp_path)
     assert outcome.status == "ok", outcome.error
-    assert outcome.ranks[0]["n_units"] == 2  # fc1 + the root, as in the tutorial's printout
+    assert outcome.ranks[0].setup.n_units == 2  # fc1 + the root, as in the tutorial's printout
     assert global_losses(outcome) == pytest.approx(global_losses(ref), rel=RTOL)
 
 
@@ -175,7 +176,7 @@ BLOCK_BYTES = (128 * 128 + 128) * 4  # one MLP block's unsharded fp32 parameters
 
 def _rank0_memory(outcome) -> dict:
     assert outcome.status == "ok", f"{outcome.status}: {outcome.error}"
-    return outcome.ranks[0]["memory"]
+    return dataclasses.asdict(outcome.ranks[0].memory)
 
 
 @pytest.mark.slow

@@ -88,5 +88,5 @@ def test_hf_llama_sharded_by_its_layer_class_matches_one_rank(tmp_path: Path) ->
     for strategy in ("zero3", "fsdp1_full"):
         outcome = run(tiny_case(strategy=strategy, world_size=2, **common), tmp_path)
         assert outcome.status == "ok", outcome.error
-        assert outcome.ranks[0]["n_units"] == 3  # two decoder layers + the root
+        assert outcome.ranks[0].setup.n_units == 3  # two decoder layers + the root
         assert global_losses(outcome) == pytest.approx(global_losses(ref), rel=1e-5)

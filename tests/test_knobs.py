@@ -121,7 +121,7 @@ def test_activation_checkpointing_on_two_ranks(strategy: str, tmp_path: Path) ->
     ac = run(tiny_case(strategy=strategy, world_size=2, seq_len=64, activation_checkpointing=True), tmp_path)
     assert base.status == ac.status == "ok", base.error + ac.error
     assert global_losses(ac) == pytest.approx(global_losses(base), rel=1e-6)
-    act = [o.ranks[0]["memory"]["peak"]["activations"] for o in (base, ac)]
+    act = [o.ranks[0].memory.peak["activations"] for o in (base, ac)]
     assert act[1] < act[0] / 2
 
 
@@ -133,7 +133,7 @@ def test_compile_on_two_ranks_trains_the_same_and_records_the_compile_step(tmp_p
     assert eager.status == compiled.status == "ok", compiled.error
     assert global_losses(compiled) == pytest.approx(global_losses(eager), rel=1e-5)
     rank = compiled.ranks[0]
-    assert len(rank["warmup_times_ms"]) == 2 and rank["first_step_ms"] == rank["warmup_times_ms"][0]
+    assert len(rank.warmup.times_ms) == 2 and rank.to_columns()["first_step_ms"] == rank.warmup.times_ms[0]
 
 
 @pytest.mark.slow
@@ -145,17 +145,17 @@ def test_cpu_offload_on_two_ranks_trains_the_same(tmp_path: Path) -> None:
     assert base.status == off.status == "ok", off.error
     assert global_losses(off) == pytest.approx(global_losses(base), rel=1e-6)
     # on a CPU run host and device are one memory: the tracker sees the same bytes either way
-    assert off.ranks[0]["memory"]["states_local"] == base.ranks[0]["memory"]["states_local"]
+    assert off.ranks[0].memory.states_local == base.ranks[0].memory.states_local
     # ... and the run records where the strategy keeps the parameters, as the memory model predicts
     from fsdpbench.predictors.memory_model import predict_memory
 
     for case, outcome in zip(cases, (base, off)):
         for rank in outcome.ranks:
-            got = {k: rank["metric_columns"][f"mem_placement_params_{k}_bytes"] for k in ("host", "device")}
-            pred = predict_memory(case, rank=rank["rank"])
+            got = {k: rank.placement[f"mem_placement_params_{k}_bytes"] for k in ("host", "device")}
+            pred = predict_memory(case, rank=rank.rank)
             assert got == {"host": pred.params_host_bytes, "device": pred.params_device_bytes}
-    assert off.ranks[0]["metric_columns"]["mem_placement_params_host_bytes"] > 0
-    assert base.ranks[0]["metric_columns"]["mem_placement_params_host_bytes"] == 0
+    assert off.ranks[0].placement["mem_placement_params_host_bytes"] > 0
+    assert base.ranks[0].placement["mem_placement_params_host_bytes"] == 0
 
 
 def _placement_rank(rank: int, world: int, port: int, out: str) -> None:
@@ -186,8 +186,14 @@ def test_cpu_offload_moves_the_sharded_parameters_to_the_host(tmp_path: Path) ->
     got = json.loads(out.read_text())
     psi = sum(p.numel() for p in build_model("mlp-tiny").parameters())
     assert psi == 64 * 64 * 2 + 64 * 2 + 650
-    sharded = got["zero3-offloadFalse"]["params_device_bytes"]
-    assert sharded >= psi * 4 // 2 and got["zero3-offloadFalse"]["params_host_bytes"] == 0
-    assert got["zero3-offloadTrue"] == {"params_host_bytes": sharded, "params_device_bytes": 0}
-    assert got["fsdp1_full-offloadFalse"]["params_host_bytes"] == 0
-    assert got["ddp-offloadFalse"] == {"params_host_bytes": 0, "params_device_bytes": psi * 4}
+    sharded = got["zero3-offloadFalse"]["mem_placement_params_device_bytes"]
+    assert sharded >= psi * 4 // 2 and got["zero3-offloadFalse"]["mem_placement_params_host_bytes"] == 0
+    assert got["zero3-offloadTrue"] == {
+        "mem_placement_params_host_bytes": sharded,
+        "mem_placement_params_device_bytes": 0,
+    }
+    assert got["fsdp1_full-offloadFalse"]["mem_placement_params_host_bytes"] == 0
+    assert got["ddp-offloadFalse"] == {
+        "mem_placement_params_host_bytes": 0,
+        "mem_placement_params_device_bytes": psi * 4,
+    }

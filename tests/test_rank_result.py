@@ -11,8 +11,7 @@ import torch
 from fsdpbench.case import PRECISIONS, Case
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory
-from fsdpbench.pipeline.rank_result import RankResult, Setup
-from fsdpbench.pipeline.results import rank_columns
+from fsdpbench.pipeline.rank_result import Harness, RankResult, Setup
 from fsdpbench.precision import get_precision
 from fsdpbench.schema import TRACKER_CATEGORIES
 
@@ -32,7 +31,10 @@ def _finished_rank() -> RankResult:
             states_tracker={"params": 400, "grads": 400, "optim": 800},
             states_local={"params": 400, "grads": 400, "optim": 800},
         ),
-        metric_columns={"mem_placement_params_host_bytes": 0, "comm_pattern": "zero3"},
+        placement={"mem_placement_params_host_bytes": 0},
+        profiled={"comm_pattern": "zero3"},
+        sampled={"mem_rss_peak_bytes": 1 << 20},
+        harness=Harness(bare_step_time_ms=11.0, leftovers=""),
         paired={"step_ms": [1.0], "ref_ms": [2.0], "step_cpu_ms": [3.0], "ref_cpu_ms": [4.0]},
         steps_total=7,
         steps_wall_s=0.2,
@@ -45,12 +47,13 @@ def test_a_rank_record_reads_back_from_its_json() -> None:
     data = json.loads(json.dumps(result.to_json()))
     assert RankResult.from_json(data) == result
     assert data["first_step_ms"] == 30.0 and data["step_time_ms"] == 12.0  # what runner/launch/tests read
-    assert data["memory"]["peak"]["total"] == 500 and data["metric_columns"]["comm_pattern"] == "zero3"
+    assert data["memory"]["peak"]["total"] == 500 and data["profiled"]["comm_pattern"] == "zero3"
+    assert data["harness"] == {"bare_step_time_ms": 11.0, "leftovers": ""} and "allocator" not in data
 
 
 def test_a_rank_record_becomes_its_columns() -> None:
     data = {**_finished_rank().to_json(), "exit_code": 0}  # the launcher adds the exit code
-    row = rank_columns(data)
+    row = RankResult.from_json(data).to_columns()
     assert (row["rank"], row["status"], row["exit_code"]) == (1, "ok", 0)
     assert (row["params"], row["n_units"], row["threads"]) == (10, 3, 2)
     assert row["step_time_ms"] == 12.0 and row["first_step_ms"] == 30.0
@@ -61,10 +64,12 @@ def test_a_rank_record_becomes_its_columns() -> None:
     assert row["mem_tracker_peak_grads_bytes"] is None
     assert row["mem_tracker_model_states_bytes"] == 1600 and row["mem_local_optim_bytes"] == 800
     assert row["comm_pattern"] == "zero3" and row["steps_wall_s"] == 0.2
+    assert row["mem_placement_params_host_bytes"] == 0 and row["mem_rss_peak_bytes"] == 1 << 20
+    assert (row["bare_step_time_ms"], row["harness_leftovers"]) == (11.0, "")
 
 
 def test_a_rank_that_never_wrote_has_every_column_empty() -> None:
-    row = rank_columns({"rank": 3, "status": None, "phase": "start", "error": "no result written"})
+    row = RankResult.missing(3).to_columns()
     assert (row["rank"], row["status"], row["phase"]) == (3, None, "start")
     assert row["params"] is None and row["step_time_ms"] is None and row["step_times_ms"] == []
     assert all(row[f"mem_tracker_peak_{c}_bytes"] is None for c in TRACKER_CATEGORIES)

@@ -64,4 +64,4 @@ def test_a_cpu_sized_variant_runs(path: Path, tmp_path: Path) -> None:
     case = runnable[0]
     outcome = launch_case(case, tmp_path / case.case_id)
     assert outcome.status == "ok", f"{path.name} {case.case_id}: {outcome.error}"
-    assert outcome.ranks[0]["memory"]["peak"]["total"] > 0
+    assert outcome.ranks[0].memory.peak["total"] > 0

@@ -28,13 +28,6 @@ PACKAGE = REPO / "fsdpbench"
 REGISTRY = PACKAGE / "schema.py"
 MEASUREMENTS_DOC = REPO / "docs" / "measurements.md"
 NOT_A_COLUMN = "# not a column"  # on the line, or the line above: a literal that only looks like one
-# rank-record files that the typed-records half of issue 20 rewrites (RankResult end to end): their dict
-# keys become typed fields there. Exempt until that lands; each must still have a hit (the test below), so
-# the exemption goes as soon as it is not needed
-PENDING_RECORD_FILES = (
-    "pipeline/launch.py",
-    "pipeline/rank_result.py",
-)
 
 
 def guarded_names() -> set[str]:
@@ -102,14 +95,9 @@ def _package_hits() -> dict[str, list[tuple[int, str]]]:
 
 
 def test_no_column_name_or_status_is_spelled_outside_the_registry():
-    hits = {f: h for f, h in _package_hits().items() if f not in PENDING_RECORD_FILES}
+    hits = _package_hits()
     listing = "; ".join(f"fsdpbench/{f}:{line}: {text}" for f, h in hits.items() for line, text in h)
     assert not hits, f"use the constants of fsdpbench/schema.py: {listing}"
-
-
-def test_each_exempt_record_file_still_needs_its_exemption():
-    hits = _package_hits()
-    assert [f for f in PENDING_RECORD_FILES if f not in hits] == [], "remove it from PENDING_RECORD_FILES"
 
 
 def _bound_elsewhere(tree: ast.AST) -> tuple[set[str], dict[str, int]]:

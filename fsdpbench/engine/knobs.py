@@ -23,6 +23,7 @@ from torch import nn
 
 from fsdpbench.case import Case
 from fsdpbench.models import resolve_model
+from fsdpbench.schema import PLACEMENT
 
 _DEFAULT = Case()
 # knobs only FSDP1 reads (a strategy with ``fsdp_version = 1`` reads them)
@@ -156,7 +157,7 @@ def state_placement_bytes(model: nn.Module) -> dict[str, int]:
         for p in model.parameters():
             local = p.to_local() if hasattr(p, "to_local") else p
             add(local, False)
-    return {"params_host_bytes": host, "params_device_bytes": device}
+    return {PLACEMENT.of("host"): host, PLACEMENT.of("device"): device}
 
 
 def _fsdp1_handles(model: nn.Module) -> list[Any]:

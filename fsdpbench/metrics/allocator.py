@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from fsdpbench.schema import ALLOC_OOMS, ALLOC_PEAK_ALLOCATED, ALLOC_PEAK_RESERVED, ALLOC_RETRIES
+
 
 def _cuda_device(device: torch.device | str | int) -> torch.device | None:
     """The CUDA device ``device`` names, or None when it is not a usable CUDA device."""
@@ -14,16 +16,17 @@ def _cuda_device(device: torch.device | str | int) -> torch.device | None:
 
 
 def cuda_allocator_stats(device: torch.device | str | int) -> dict[str, int]:
-    """Allocated/reserved peaks, retries and OOMs since reset_cuda_peaks; {} on a CPU device."""
+    """Allocated/reserved peaks, retries and OOMs since reset_cuda_peaks, as their columns; {} on a CPU
+    device."""
     dev = _cuda_device(device)
     if dev is None:
         return {}
     stats = torch.cuda.memory_stats(dev)
     return {
-        "alloc_peak_allocated_bytes": int(torch.cuda.max_memory_allocated(dev)),
-        "alloc_peak_reserved_bytes": int(torch.cuda.max_memory_reserved(dev)),
-        "alloc_num_alloc_retries": int(stats.get("num_alloc_retries", 0)),
-        "alloc_num_ooms": int(stats.get("num_ooms", 0)),
+        ALLOC_PEAK_ALLOCATED: int(torch.cuda.max_memory_allocated(dev)),
+        ALLOC_PEAK_RESERVED: int(torch.cuda.max_memory_reserved(dev)),
+        ALLOC_RETRIES: int(stats.get("num_alloc_retries", 0)),
+        ALLOC_OOMS: int(stats.get("num_ooms", 0)),
     }
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.case import Case
-from fsdpbench.pipeline.rank_result import RankResult
 from fsdpbench.predictors.emulate import EMULATION_LIMITS, check_emulation
 from fsdpbench.schema import (
     ALLOC_PEAK_ALLOCATED,
@@ -25,7 +24,6 @@ from fsdpbench.schema import (
     OK,
     SAMPLED_PEAK,
     SAMPLED_PEAK_CASE,
-    STEP_TIME,
 )
 
 
@@ -98,15 +96,14 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None, link
         wall = time.perf_counter() - t0
         if outcome.status != OK:
             raise RuntimeError(f"emulated rank {rank} {outcome.status}: {outcome.error}")
-        rec = RankResult.from_json(outcome.ranks[0])
-        step_ms = rec.timed.to_columns().get(STEP_TIME) if rec.timed else None
+        rec = outcome.ranks[0]
+        step_ms = rec.step_time_ms()
         modelled = None
         if link is not None and step_ms:
             modelled = _modelled_step(case, rank, case_dir / f"trace_rank{rank}.json.gz", step_ms, link)
     if rec.memory is None:
         raise RuntimeError(f"emulated rank {rank} recorded no memory-tracked step")
     peak = dict(rec.memory.peak)
-    extra = rec.metric_columns
     return EmulatedRank(
         case_id=case.case_id,
         rank=rank,
@@ -114,10 +111,10 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None, link
         peak_bytes=int(peak.pop("total")),
         peak_by_category=peak,
         states_by_category=dict(rec.memory.states_tracker),
-        alloc_peak_allocated_bytes=extra.get(ALLOC_PEAK_ALLOCATED),
-        alloc_peak_reserved_bytes=extra.get(ALLOC_PEAK_RESERVED),
-        nvml_peak_bytes=extra.get(SAMPLED_PEAK.of("nvml")),
-        rss_peak_bytes=extra.get(SAMPLED_PEAK_CASE.of("rss")),
+        alloc_peak_allocated_bytes=rec.allocator.get(ALLOC_PEAK_ALLOCATED),
+        alloc_peak_reserved_bytes=rec.allocator.get(ALLOC_PEAK_RESERVED),
+        nvml_peak_bytes=rec.sampled.get(SAMPLED_PEAK.of("nvml")),
+        rss_peak_bytes=rec.sampled.get(SAMPLED_PEAK_CASE.of("rss")),
         step_time_ms=step_ms,
         wall_s=wall,
         modelled_step=modelled,

@@ -7,7 +7,6 @@ The orchestrating process never joins a process group.
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
@@ -22,6 +21,8 @@ from typing import Any
 
 from fsdpbench.case import Case
 from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, pid_alive
+from fsdpbench.pipeline.rank_result import RankResult, rank_file
+from fsdpbench.schema import FAILED, OK, SKIPPED, TIMEOUT
 
 # the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
 _PRELOAD = [
@@ -51,7 +52,7 @@ class CaseOutcome:
     exit_codes: dict[int, int | None] = field(
         default_factory=dict
     )  # per rank; negative: killed by that signal
-    ranks: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[RankResult] = field(default_factory=list)
     wall_s: float = 0.0
     spawn_s: float = 0.0  # from launch to the last rank's process group being ready
     pids: list[int] = field(default_factory=list)  # the rank processes (all gone when launch_case returns)
@@ -72,7 +73,7 @@ def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOu
 
     shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
     if shortfall:
-        return CaseOutcome(status="skipped", error=shortfall)
+        return CaseOutcome(status=SKIPPED, error=shortfall)
 
     global _preload_set
     if not _preload_set:
@@ -86,16 +87,16 @@ def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOu
     groups = [[r] for r in case.emulate_ranks] if case.emulate else [list(range(case.world_size))]
     if case.emulate and together:
         groups = [list(case.emulate_ranks)]
-    ranks: list[dict[str, Any]] = []
-    status, errors, pids, wall, exit_codes = "ok", [], [], 0.0, {}
+    ranks: list[RankResult] = []
+    status, errors, pids, wall, exit_codes = OK, [], [], 0.0, {}
     for group in groups:
         g_status, g_error, g_ranks, g_pids, g_wall, g_codes = _launch_group(case, case_dir, group)
         ranks += g_ranks
         pids += g_pids
         wall += g_wall
         exit_codes.update(g_codes)
-        if g_status != "ok":
-            status = g_status if status == "ok" else status
+        if g_status != OK:
+            status = g_status if status == OK else status
             errors.append(g_error)
     return CaseOutcome(
         status=status,
@@ -110,7 +111,7 @@ def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOu
 
 def _launch_group(
     case: Case, case_dir: Path, group: list[int]
-) -> tuple[str, str, list[dict[str, Any]], list[int], float, dict[int, int | None]]:
+) -> tuple[str, str, list[RankResult], list[int], float, dict[int, int | None]]:
     """Start the ranks in ``group`` together, wait for them (timeout), read what they wrote."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
@@ -162,20 +163,20 @@ def _launch_group(
     # the launcher numbers a group's processes 0..len-1; results name the case's ranks
     exitcodes = {group[i]: code for i, code in _exitcodes(pc).items()}
 
-    ranks = [_read_rank(case_dir, r) for r in group]
+    ranks = [RankResult.read(case_dir / rank_file(r), r) for r in group]
     for rank in ranks:
-        rank["exit_code"] = exitcodes.get(rank["rank"])
+        rank.exit_code = exitcodes.get(rank.rank)
     if result is None:
-        status = "timeout"
+        status = TIMEOUT
         error = f"timed out after {case.timeout_s:g} s; " + _phase_summary(ranks)
     elif result.is_failed():
         self_exited = {**own_exits, **{r: f.exitcode for r, f in result.failures.items()}}
         status, error = _failure(ranks, self_exited, exitcodes)
     else:
-        status, error = "ok", ""
+        status, error = OK, ""
     for rank in ranks:
-        if rank.get("status") in (None, "running"):
-            rank["status"] = status
+        if not rank.ended:
+            rank.status = status
     return status, error, ranks, pids, wall, exitcodes
 
 
@@ -233,10 +234,8 @@ def _clear_case_dir(case_dir: Path) -> None:
 def _live_rank_pids(case_dir: Path) -> list[int]:
     pids = []
     for path in case_dir.glob("rank*.json"):
-        try:
-            pid = int(json.loads(path.read_text()).get("pid") or 0)
-        except (OSError, ValueError, AttributeError):
-            continue
+        number = path.stem.removeprefix("rank")  # not a column: the file name's prefix
+        pid = (RankResult.read(path, int(number)).pid or 0) if number.isdigit() else 0
         if pid > 0 and pid != os.getpid() and pid_alive(pid):
             pids.append(pid)
     return sorted(pids)
@@ -246,31 +245,24 @@ def collect_case(case: Case, case_dir: Path) -> CaseOutcome:
     """The outcome of a case whose ranks ran elsewhere (torchrun/srun across nodes, writing into
     ``case_dir``): read their rank files; a rank that wrote nothing or stopped early is a failure."""
     ranks = [
-        _read_rank(case_dir, r) for r in (case.emulate_ranks if case.emulate else range(case.world_size))
+        RankResult.read(case_dir / rank_file(r), r)
+        for r in (case.emulate_ranks if case.emulate else range(case.world_size))
     ]
-    bad = [r for r in ranks if r.get("status") != "ok"]
+    bad = [r for r in ranks if r.status != OK]
     status: str
     if not bad:
-        status, error = "ok", ""
+        status, error = OK, ""
     else:
-        failed = [r for r in bad if r.get("status") in ("failed", "oom")]
-        first = min(failed, key=lambda r: r.get("failed_at", 0)) if failed else bad[0]
-        status = str(first["status"]) if first.get("status") in ("failed", "oom") else "failed"
-        error = f"rank {first['rank']} in {first.get('phase')}: {first.get('error') or 'no result written'}"
-    wall = max((r.get("wall_s") or 0.0 for r in ranks), default=0.0)
+        failed = [r for r in bad if r.failed_itself]
+        first = min(failed, key=lambda r: r.failed_at or 0) if failed else bad[0]
+        status = str(first.status) if first.failed_itself else FAILED
+        error = first.where()
+    wall = max((r.wall_s or 0.0 for r in ranks), default=0.0)
     return CaseOutcome(status=status, error=error, ranks=ranks, wall_s=wall, spawn_s=_spawn_s(ranks))
 
 
-def _read_rank(case_dir: Path, rank: int) -> dict[str, Any]:
-    path = case_dir / f"rank{rank}.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {"rank": rank, "status": None, "phase": "start", "error": "no result written"}
-
-
-def _phase_summary(ranks: list[dict[str, Any]]) -> str:
-    return "ranks stopped in phase: " + ", ".join(f"{r['rank']}:{r.get('phase', '?')}" for r in ranks)
+def _phase_summary(ranks: list[RankResult]) -> str:
+    return "ranks stopped in phase: " + ", ".join(f"{r.rank}:{r.phase or '?'}" for r in ranks)
 
 
 def _exitcodes(pc: Any) -> dict[int, int | None]:
@@ -280,28 +272,25 @@ def _exitcodes(pc: Any) -> dict[int, int | None]:
 
 
 def _failure(
-    ranks: list[dict[str, Any]], self_exited: dict[int, int | None], exitcodes: dict[int, int | None]
+    ranks: list[RankResult], self_exited: dict[int, int | None], exitcodes: dict[int, int | None]
 ) -> tuple[str, str]:
     """Name the root cause: a rank that died on its own without a Python error (a signal, os._exit,
     the OOM killer), else the rank whose error came first (the others usually fail because it left).
     A rank the launcher stopped after the first failure (SIGTERM, then SIGKILL) is never the cause."""
     silent = [
-        f"rank {ranks[r]['rank']} {_exit_text(code)} in phase {ranks[r].get('phase')} "
-        "without a Python exception"
+        f"rank {ranks[r].rank} {_exit_text(code)} in phase {ranks[r].phase} without a Python exception"
         for r, code in sorted(self_exited.items())
-        if ranks[r].get("status") in (None, "running") and code not in (0, None)
+        if not ranks[r].ended and code not in (0, None)
     ]
-    failed = sorted(
-        (r for r in ranks if r.get("status") in ("failed", "oom")), key=lambda r: r.get("failed_at", 0)
-    )
-    recorded = [f"rank {r['rank']} in {r.get('phase')}: {r['error']}" for r in failed]
+    failed = sorted((r for r in ranks if r.failed_itself), key=lambda r: r.failed_at or 0)
+    recorded = [r.where() for r in failed]
     if silent:
-        return "failed", "; ".join(silent + [f"then {m}" for m in recorded[:1]])
+        return FAILED, "; ".join(silent + [f"then {m}" for m in recorded[:1]])
     if failed:
         others = f" (then {len(failed) - 1} more rank(s) failed)" if len(failed) > 1 else ""
-        return failed[0]["status"], recorded[0] + others
+        return str(failed[0].status), recorded[0] + others
     text = ", ".join(f"rank {r}: {_exit_text(c)}" for r, c in sorted(exitcodes.items()))
-    return "failed", f"rank process died ({text}); " + _phase_summary(ranks)
+    return FAILED, f"rank process died ({text}); " + _phase_summary(ranks)
 
 
 def _exit_text(code: int | None) -> str:
@@ -316,5 +305,5 @@ def _exit_text(code: int | None) -> str:
     return f"killed by {name} (signal {-code}){hint}"
 
 
-def _spawn_s(ranks: list[dict[str, Any]]) -> float:
-    return max((r.get("init_pg_s", 0.0) for r in ranks), default=0.0)
+def _spawn_s(ranks: list[RankResult]) -> float:
+    return max((r.setup.init_pg_s if r.setup else 0.0 for r in ranks), default=0.0)

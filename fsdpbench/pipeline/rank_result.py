@@ -6,13 +6,51 @@ turns it into the rank's columns, each record giving its own.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory
+from fsdpbench.schema import (
+    BARE_STEP_TIME,
+    ERROR,
+    EXIT_CODE,
+    FAILED,
+    FIRST_STEP,
+    HARNESS_LEFTOVERS,
+    INIT_PG_S,
+    LOSSES,
+    N_UNITS,
+    OOM,
+    PAIRED,
+    PHASE,
+    RANK,
+    RUNNING,
+    SETUP_S,
+    STATUS,
+    STATUSES,
+    STEP_TIMES,
+    STEPS_WALL_S,
+    THREADS,
+    WALL_S,
+    WARMUP_TIMES,
+)
 
-PAIRED_SERIES = ("step_ms", "ref_ms", "step_cpu_ms", "ref_cpu_ms")  # metrics.reference.interleaved_steps
+PAIRED_SERIES = PAIRED.members  # metrics.reference.interleaved_steps
+NO_RESULT = "no result written"
+MAX_RANK_FILE_BYTES = 64 << 20  # a rank file holds per-step lists, not megabytes of them
+
+
+def rank_file(rank: int) -> str:
+    """A rank's record in its case directory."""
+    return f"rank{rank}.json"
+
+
+class RankFileError(ValueError):
+    """A rank file that is not a rank record: names the file and the field."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -27,10 +65,25 @@ class Setup:
     setup_s: float  # from the rank's start to the optimizer built
     samplers: dict[str, str]  # per background sampler: what it samples, or why it does not
 
-    COLUMNS: ClassVar[tuple[str, ...]] = ("params", "n_units", "threads", "init_pg_s", "setup_s")
+    COLUMNS: ClassVar[tuple[str, ...]] = ("params", N_UNITS, THREADS, INIT_PG_S, SETUP_S)
 
     def to_columns(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.COLUMNS}
+
+
+@dataclass(kw_only=True, slots=True)
+class Harness:
+    """The harness measuring itself (docs/harness-overhead.md): the bare loop's step time and what the
+    instruments left installed when the rank finished."""
+
+    bare_step_time_ms: float | None = None  # the bare loop (``bare_steps``), no instrument
+    leftovers: str | None = None  # "" when nothing is left
+
+    def to_columns(self) -> dict[str, Any]:
+        columns: dict[str, Any] = {HARNESS_LEFTOVERS: self.leftovers}
+        if self.bare_step_time_ms is not None:
+            columns[BARE_STEP_TIME] = self.bare_step_time_ms
+        return columns
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,7 +114,9 @@ class CheckpointRecord:
         return {column: getattr(self, name) for name, column in schema.CHECKPOINT_COLUMNS.items()}
 
 
-_OPTIONAL = ("traceback", "failed_at", "exit_code", "losses", "steps_total", "steps_wall_s", "wall_s")
+_SOURCES = ("allocator", "placement", "profiled", "sampled")  # column records, one per measuring module
+_HEAD = (RANK, "pid", STATUS, PHASE, ERROR)  # always in the file
+_OPTIONAL = ("traceback", "failed_at", EXIT_CODE, LOSSES, "steps_total", STEPS_WALL_S, WALL_S)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,7 +128,7 @@ class RankResult:
 
     rank: int
     pid: int | None = None
-    status: str | None = "running"  # running → ok | failed | oom (the launcher: timeout, a rank's death)
+    status: str | None = RUNNING  # running → ok | failed | oom (the launcher: timeout, a rank's death)
     phase: str | None = "setup"
     error: str | None = ""
     traceback: str | None = None
@@ -84,9 +139,12 @@ class RankResult:
     timed: StepTimes | None = None
     losses: list[float] | None = None  # every recorded step's loss, in step order
     memory: TrackedMemory | None = None
-    # columns named by the metric modules: the harness (bare loop, leftovers), the allocator, where
-    # the parameters are kept, the profiled step (communication, overlap), the samplers
-    metric_columns: dict[str, Any] = field(default_factory=dict)
+    # each source's own columns, named by the module that measures them (fsdpbench/schema.py declares each)
+    allocator: dict[str, int] = field(default_factory=dict)  # metrics.allocator: the CUDA caching allocator
+    placement: dict[str, int] = field(default_factory=dict)  # engine.knobs: where the parameters are kept
+    profiled: dict[str, Any] = field(default_factory=dict)  # metrics.profiled: communication, overlap
+    sampled: dict[str, Any] = field(default_factory=dict)  # metrics.samplers: RSS, NVML
+    harness: Harness | None = None
     paired: dict[str, list[float]] = field(default_factory=dict)  # metrics.reference.interleaved_steps
     checkpoint: CheckpointRecord | None = None
     steps_total: int | None = None
@@ -94,20 +152,23 @@ class RankResult:
     wall_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: getattr(self, k) for k in ("rank", "pid", "status", "phase", "error")}
+        out: dict[str, Any] = {k: getattr(self, k) for k in _HEAD}
         out.update({k: getattr(self, k) for k in _OPTIONAL if getattr(self, k) is not None})
         if self.setup is not None:
             out.update(dataclasses.asdict(self.setup))
         if self.warmup is not None:
             times = self.warmup.times_ms
-            out.update(warmup_times_ms=times, first_step_ms=times[0] if times else None)
+            out.update({WARMUP_TIMES: times, FIRST_STEP: times[0] if times else None})
         if self.timed is not None:
-            out.update(step_times_ms=self.timed.times_ms, **self.timed.to_columns())
+            out.update({STEP_TIMES: self.timed.times_ms, **self.timed.to_columns()})
         if self.memory is not None:
             out["memory"] = self.memory.to_json()
-        if self.metric_columns:
-            out["metric_columns"] = self.metric_columns
-        out.update({f"paired_{k}": v for k, v in self.paired.items()})
+        for source in _SOURCES:
+            if getattr(self, source):
+                out[source] = getattr(self, source)
+        if self.harness is not None:
+            out["harness"] = dataclasses.asdict(self.harness)
+        out.update({PAIRED.of(k): v for k, v in self.paired.items()})
         if self.checkpoint is not None:
             out["checkpoint"] = dataclasses.asdict(self.checkpoint)
         return out
@@ -115,16 +176,20 @@ class RankResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankResult:
         setup_names = [f.name for f in dataclasses.fields(Setup)]
-        warmup, timed = data.get("warmup_times_ms"), data.get("step_times_ms")
+        warmup, timed = data.get(WARMUP_TIMES), data.get(STEP_TIMES)
         return cls(
-            rank=data["rank"],
-            **{k: data.get(k) for k in ("pid", "status", "phase", "error", *_OPTIONAL)},
+            rank=data[RANK],
+            **{k: data.get(k) for k in (*_HEAD[1:], *_OPTIONAL)},
             setup=Setup(**{k: data[k] for k in setup_names}) if all(k in data for k in setup_names) else None,
             warmup=StepTimes(times_ms=warmup) if warmup is not None else None,
             timed=StepTimes(times_ms=timed) if timed is not None else None,
             memory=TrackedMemory.from_json(data["memory"]) if "memory" in data else None,
-            metric_columns=dict(data.get("metric_columns") or {}),
-            paired={k: data[f"paired_{k}"] for k in PAIRED_SERIES if f"paired_{k}" in data},
+            allocator=dict(data.get("allocator") or {}),
+            placement=dict(data.get("placement") or {}),
+            profiled=dict(data.get("profiled") or {}),
+            sampled=dict(data.get("sampled") or {}),
+            harness=Harness(**data["harness"]) if data.get("harness") else None,
+            paired={k: data[PAIRED.of(k)] for k in PAIRED_SERIES if PAIRED.of(k) in data},
             checkpoint=CheckpointRecord(**data["checkpoint"]) if data.get("checkpoint") else None,
         )
 
@@ -134,20 +199,118 @@ class RankResult:
         step_times = self.timed.to_columns() if self.timed else {}
         warmup = self.warmup.times_ms if self.warmup else []
         return {
-            "rank": self.rank,
-            "status": self.status,
-            "error": self.error,
-            "phase": self.phase,
+            RANK: self.rank,
+            STATUS: self.status,
+            ERROR: self.error,
+            PHASE: self.phase,
             **setup,
-            "wall_s": self.wall_s,
+            WALL_S: self.wall_s,
             **{k: step_times.get(k) for k in StepTimes.COLUMNS},
-            "first_step_ms": warmup[0] if warmup else None,
-            "steps_wall_s": self.steps_wall_s,
-            "exit_code": self.exit_code,
-            "step_times_ms": self.timed.times_ms if self.timed else [],
-            "warmup_times_ms": warmup,
-            **{f"paired_{k}": self.paired.get(k) or [] for k in PAIRED_SERIES},
+            FIRST_STEP: warmup[0] if warmup else None,
+            STEPS_WALL_S: self.steps_wall_s,
+            EXIT_CODE: self.exit_code,
+            STEP_TIMES: self.timed.times_ms if self.timed else [],
+            WARMUP_TIMES: warmup,
+            **{PAIRED.of(k): self.paired.get(k) or [] for k in PAIRED_SERIES},
             **(self.memory or TrackedMemory()).to_columns(),
-            **self.metric_columns,
+            **self.allocator,
+            **self.placement,
+            **self.profiled,
+            **self.sampled,
+            **(self.harness.to_columns() if self.harness else {}),
             **(self.checkpoint.to_columns() if self.checkpoint else {}),
         }
+
+    # ---- the record's state, as the launcher and the runner ask it ----------------------------------------
+    @property
+    def ended(self) -> bool:
+        """The rank recorded how it ended (ok, failed, oom): not still running, not silent."""
+        return self.status not in (None, RUNNING)
+
+    @property
+    def failed_itself(self) -> bool:
+        """The rank recorded its own failure (a Python error, an out-of-memory error)."""
+        return self.status in (FAILED, OOM)
+
+    def where(self) -> str:
+        """'rank R in PHASE: ERROR', the one line a failure is reported with."""
+        return f"rank {self.rank} in {self.phase}: {self.error or NO_RESULT}"
+
+    def step_time_ms(self) -> float | None:
+        """The median of the timed steps (None before the timed phase ended)."""
+        return self.timed.to_columns()[StepTimes.COLUMNS[0]] if self.timed and self.timed.times_ms else None
+
+    # ---- the file -----------------------------------------------------------------------------------------
+    @classmethod
+    def missing(cls, rank: int, error: str = NO_RESULT) -> RankResult:
+        """The record of a rank that wrote nothing usable."""
+        return cls(rank=rank, status=None, phase="start", error=error)
+
+    @classmethod
+    def read(cls, path: Path, rank: int) -> RankResult:
+        """``rank{R}.json``, checked: a missing, unreadable or malformed file is the record of a rank that
+        wrote nothing usable, its error naming the file and the field (a rank file is input from a
+        stranger: another run, a crashed rank, a hand edit)."""
+        try:
+            return cls.from_json(_checked_rank_json(path, rank))
+        except FileNotFoundError:
+            return cls.missing(rank)
+        except OSError as exc:
+            return cls.missing(rank, f"{path.name}: unreadable ({exc.strerror or exc})")
+        except RankFileError as exc:
+            return cls.missing(rank, str(exc))
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+            return cls.missing(rank, f"{path.name}: not a rank record ({type(exc).__name__}: {exc})")
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "pid": (int,),
+    STATUS: (str,),
+    PHASE: (str,),
+    ERROR: (str,),
+    "traceback": (str,),
+    "failed_at": (int, float),
+    EXIT_CODE: (int,),
+    LOSSES: (list,),
+    "steps_total": (int,),
+    STEPS_WALL_S: (int, float),
+    WALL_S: (int, float),
+    WARMUP_TIMES: (list,),
+    STEP_TIMES: (list,),
+    "memory": (dict,),
+    **dict.fromkeys(_SOURCES, (dict,)),
+    "harness": (dict,),
+    "checkpoint": (dict,),
+}
+
+
+def _checked_rank_json(path: Path, rank: int) -> dict[str, Any]:
+    """The rank file's JSON object, its fields of the right types and its numbers finite."""
+    if path.is_symlink():
+        raise RankFileError(f"{path.name}: a symbolic link, not a rank file")
+    if path.stat().st_size > MAX_RANK_FILE_BYTES:
+        raise RankFileError(f"{path.name}: larger than {MAX_RANK_FILE_BYTES >> 20} MiB")
+    try:
+        data = json.loads(path.read_bytes())
+    except RecursionError:
+        raise RankFileError(f"{path.name}: nested too deep") from None
+    except ValueError as exc:
+        raise RankFileError(f"{path.name}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise RankFileError(f"{path.name}: a JSON object expected, got {type(data).__name__}")
+    if data.get(RANK) != rank or isinstance(data.get(RANK), bool):
+        raise RankFileError(f"{path.name}: field {RANK!r} is {data.get(RANK)!r}, expected {rank}")
+    for name, types in _TYPES.items():
+        value = data.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, types)):
+            raise RankFileError(f"{path.name}: field {name!r} has type {type(value).__name__}")
+    if data.get(STATUS) not in (None, RUNNING, *STATUSES):
+        raise RankFileError(f"{path.name}: field {STATUS!r} is {data.get(STATUS)!r}")
+    for name in (LOSSES, WARMUP_TIMES, STEP_TIMES):
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in data.get(name) or ()):
+            raise RankFileError(f"{path.name}: field {name!r} holds a value that is not a number")
+    # a diverged run's loss may be NaN (a measurement); a step time never is
+    for name in (WARMUP_TIMES, STEP_TIMES):
+        if not all(math.isfinite(v) and v >= 0 for v in data.get(name) or ()):
+            raise RankFileError(f"{path.name}: field {name!r} holds a time that is not a finite number ≥ 0")
+    return data

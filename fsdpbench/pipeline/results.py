@@ -21,7 +21,7 @@ import pandas as pd
 
 from fsdpbench.case import Case
 from fsdpbench.metrics.reference import block_ratios, ratio_series
-from fsdpbench.pipeline.rank_result import RankResult
+from fsdpbench.pipeline.launch import CaseOutcome
 from fsdpbench.pipeline.rundir import RunLock, check_component, check_inside
 from fsdpbench.schema import (
     ACHIEVED_TFLOPS,
@@ -109,20 +109,17 @@ def _atomic_write(path: Path, write: Any) -> None:
         raise
 
 
-def rank_columns(rank: dict[str, Any]) -> dict[str, Any]:
-    """What one rank recorded (its rank{R}.json), as named columns (each memory column names its source)."""
-    return RankResult.from_json(rank).to_columns()
-
-
-def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
-    """One row per rank for a case that ran (whatever its status)."""
+def build_rows(case: Case, outcome: CaseOutcome, env: dict[str, Any]) -> pd.DataFrame:
+    """One row per rank for a case that ran (whatever its status): each rank's record as its columns
+    (``RankResult.to_columns``), with what the case's ranks measured together."""
     base = case.to_columns()
-    shared = _case_measurement_columns(case, outcome.ranks)
+    ranks = [rank.to_columns() for rank in outcome.ranks]
+    shared = _case_measurement_columns(case, ranks)
     rows = []
-    for rank in outcome.ranks:
-        row = {**base, **rank_columns(rank)}
-        row[STATUS] = rank.get(STATUS) or outcome.status
-        row[ERROR] = rank.get(ERROR) or (outcome.error if outcome.status != OK else "")
+    for rank in ranks:
+        row = {**base, **rank}
+        row[STATUS] = rank[STATUS] or outcome.status
+        row[ERROR] = rank[ERROR] or (outcome.error if outcome.status != OK else "")
         row[CASE_STATUS], row[CASE_ERROR] = outcome.status, outcome.error
         row.update(shared)
         row[CASE_WALL_S] = outcome.wall_s
@@ -135,8 +132,9 @@ def build_rows(case: Case, outcome: Any, env: dict[str, Any]) -> pd.DataFrame:
 
 
 def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the case's ranks measured together: the global losses, the case's step time (the slowest
-    rank's median), throughput, and the step-time ratios to the reference workload."""
+    """What the case's ranks measured together (``ranks``: each rank's columns): the global losses, the
+    case's step time (the slowest rank's median), throughput, and the step-time ratios to the reference
+    workload."""
     # an emulated rank's loss is of garbage on purpose: not a loss of the case (predictors/emulate.py)
     losses = [r.get(LOSSES) or [] for r in ranks] if not case.emulate else []
     n = min((len(x) for x in losses), default=0)

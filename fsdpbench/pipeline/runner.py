@@ -28,7 +28,6 @@ from fsdpbench.schema import (
     SKIPPED,
     STATUS,
     STEP_TIME,
-    STEPS_WALL_S,
     WALL_S,
 )
 
@@ -50,7 +49,7 @@ def latest_run_dir(scenario: str, root: str | Path = "reports") -> Path | None:
 
 def case_overhead(outcome: CaseOutcome) -> dict[str, Any]:
     """Launch overhead of a case: its wall time minus the slowest rank's time inside training steps."""
-    steps_s = max((r.get(STEPS_WALL_S) or 0.0 for r in outcome.ranks), default=0.0)
+    steps_s = max((r.steps_wall_s or 0.0 for r in outcome.ranks), default=0.0)
     return {
         STATUS: outcome.status,
         WALL_S: round(outcome.wall_s, 3),

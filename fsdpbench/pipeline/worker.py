@@ -43,7 +43,7 @@ from fsdpbench.metrics.reference import ReferenceWorkload, interleaved_steps
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
-from fsdpbench.pipeline.rank_result import RankResult, Setup
+from fsdpbench.pipeline.rank_result import Harness, RankResult, Setup, rank_file
 from fsdpbench.predictors.emulate import (
     build_rank_model,
     fake_collectives,
@@ -52,14 +52,14 @@ from fsdpbench.predictors.emulate import (
     without_overlap,
 )
 from fsdpbench.predictors.fake_pg import init_fake_process_group
-from fsdpbench.schema import BARE_STEP_TIME, FAILED, HARNESS_LEFTOVERS, OK, OOM
+from fsdpbench.schema import FAILED, OK, OOM
 
 
 class RankRecorder:
     """This rank's ``RankResult``, written atomically to rank{R}.json after every phase."""
 
     def __init__(self, out_dir: Path, rank: int) -> None:
-        self.path = out_dir / f"rank{rank}.json"
+        self.path = out_dir / rank_file(rank)
         self.result = RankResult(rank=rank, pid=os.getpid())
         self.flush()
 
@@ -234,7 +234,6 @@ def _run_phases(
             timed.times_ms += steps.timed(n)
         else:
             bare_ms += steps.bare(n)
-    columns: dict[str, Any] = {BARE_STEP_TIME: bare_ms / case.bare_steps} if case.bare_steps else {}
     rec.update(phase="memory", timed=timed, losses=list(steps.losses))
 
     # ---- phase 2: memory-tracked steps ---------------------------------------------------
@@ -242,10 +241,14 @@ def _run_phases(
     memory = TrackedMemory()  # of the last memory-tracked step
     for _ in range(case.memory_steps):
         memory = steps.tracked()
-    columns.update({f"mem_{k}": v for k, v in cuda_allocator_stats(device).items()})
-    # where the strategy keeps this rank's parameters (CPU offload: host), from its own bookkeeping
-    columns.update({f"mem_placement_{k}": v for k, v in state_placement_bytes(parallel.model).items()})
-    rec.update(phase="profile", memory=memory, losses=list(steps.losses), metric_columns=columns)
+    rec.update(
+        phase="profile",
+        memory=memory,
+        losses=list(steps.losses),
+        allocator=cuda_allocator_stats(device),
+        # where the strategy keeps this rank's parameters (CPU offload: host), from its own bookkeeping
+        placement=state_placement_bytes(parallel.model),
+    )
 
     # ---- phase 3: one profiled step: communication volume and overlap ----------------------
     samplers.set_phase("profile")
@@ -255,8 +258,7 @@ def _run_phases(
             for _ in range(case.profile_steps):
                 steps.instrumented()
         profiled = analyze_profile(trace_path, case, parallel.strategy.sharding, parallel.params)
-        columns.update(without_overlap(profiled) if case.emulate else profiled)
-        rec.flush()
+        rec.update(profiled=without_overlap(profiled) if case.emulate else profiled)
 
     # ---- optional: blocks of steps, each step paired with a fixed reference step (the CI time gate)
     if case.time_blocks:
@@ -291,8 +293,13 @@ def _run_phases(
 
     # ---- done ------------------------------------------------------------------------------
     samplers.stop()
-    columns[HARNESS_LEFTOVERS] = "; ".join(instruments_left_installed())  # "" when nothing is left
-    columns.update(samplers.columns())
+    rec.update(
+        harness=Harness(
+            bare_step_time_ms=bare_ms / case.bare_steps if case.bare_steps else None,
+            leftovers="; ".join(instruments_left_installed()),  # "" when nothing is left
+        ),
+        sampled=samplers.columns(),
+    )
     samplers.write_timeline(rec.path.parent / f"timeline_rank{rank}.parquet", case.case_id, rank)
     rec.update(
         losses=list(steps.losses),

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from fsdpbench.case import Case
-from fsdpbench.schema import OK, RANK, STEP_TIME
+from fsdpbench.schema import OK
 
 MIN_STEPS = 5  # a median of fewer is one noisy step
 
@@ -61,4 +61,5 @@ def twin_compute_ms(case: Case, out_dir: Path | None = None) -> dict[int, float]
         outcome = launch_case(twin, (out_dir or Path(tmp)) / "compute_twin", together=True)
     if outcome.status != OK:
         return {}
-    return {int(r[RANK]): float(r[STEP_TIME]) for r in outcome.ranks if r.get(STEP_TIME)}
+    medians = {r.rank: r.step_time_ms() for r in outcome.ranks}
+    return {rank: ms for rank, ms in medians.items() if ms}
