@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdpbench.predictors.memory_model.activations import ActivationProfile, Stage
-from fsdpbench.predictors.memory_model.facts import ModelFacts
+from fsdpbench.predictors.memory_model.activations import ActivationProfile, BwdMoment, Stage
+from fsdpbench.predictors.memory_model.facts import ModelFacts, ParamFact
 from fsdpbench.predictors.memory_model.precision import (
     STEP_TENSOR_BYTES,
     Precision,
@@ -51,8 +51,12 @@ from fsdpbench.strategies.base import FlatBufferZero
 
 NCCL_START_ALIGNMENT_FACTOR = 2  # stage_1_and_2.py: the flat buffer's partitions start 4-byte aligned
 MASTER_BYTES = 4  # the master partition and its gradient are fp32 (master_weights_and_grads_dtype)
-# alive through backward beside the batch: the loss and the seed gradient ``loss.backward()`` makes
+# alive until backward returns: the loss and the seed gradient ``loss.backward()`` makes (the activation
+# profile counts them in the last stage's backward only)
 IN_BACKWARD_BYTES = 2 * LOSS_BYTES
+# alive through the update: ``scaled_global_grad_norm`` and ``_global_grad_norm``, fp32 scalars
+# (``compute_grad_norm``, on by default)
+GRAD_NORM_BYTES = 2 * 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +73,9 @@ class FlatZeroStates:
     reduce_bucket: int  # one ipg bucket: reduce_bucket_size elements in the reduction dtype
     reduce_buckets: int  # the buckets backward holds (stage 1/2 with overlap_comm: two)
     reduce_elem: int  # bytes per element of the reduction dtype (the bucket's, its flattened copy's)
-    grads_in_partition: int  # stage 1/2: this rank's gradients out of the bucket (parameters touching
-    # its partition, whole), from the first reduction until the step
+    params_in_partition: frozenset[str]  # stage 1/2: the parameters touching this rank's partition
+    grads_in_partition: int  # stage 1/2: their gradients, whole, copied out of the bucket by the first
+    # reduction that holds one of them, kept until the step
     partition_numel: int  # elements of this rank's partition
     update_temp: int  # the optimizer update's temporaries (one flat partition tensor)
 
@@ -110,7 +115,7 @@ def flat_zero_states(
         flat, padding, persistent = rnd(flat_numel * elem), (flat_numel - sum(numels)) * elem, 0
         grad_partition = rnd(partition * MASTER_BYTES)
         buckets = 2 if engine.overlap_comm and engine.contiguous_gradients else 1
-        in_partition = rnd(_partition_overlap(numels, partition, rank) * elem)
+        in_partition = _params_in_partition(facts.params, partition, rank)
     else:
         parts = [-(-x // n) for x in numels]
         partition = sum(parts)
@@ -118,7 +123,7 @@ def flat_zero_states(
         flat, padding = rnd(partition * elem), (partition - local) * elem
         persistent = sum(rnd(x * elem) for x in numels if x <= engine.param_persistence_threshold)
         grad_partition = rnd(partition * MASTER_BYTES)
-        buckets, in_partition = 1, 0
+        buckets, in_partition = 1, frozenset()
     k = optimizer_k(optimizer, precision)
     n_state = max(1, k // 4) if k else 0
     step = STEP_TENSOR_BYTES if k and optimizer_has_step(optimizer) and device == "cpu" else 0
@@ -133,24 +138,83 @@ def flat_zero_states(
         reduce_bucket=rnd(engine.reduce_bucket_size * elem),
         reduce_buckets=buckets if engine.contiguous_gradients else 0,
         reduce_elem=elem,
-        grads_in_partition=in_partition,
+        params_in_partition=in_partition,
+        grads_in_partition=rnd(sum(p.numel for p in facts.params if p.name in in_partition) * elem),
         partition_numel=partition,
         update_temp=update_temporaries * rnd(partition * MASTER_BYTES),
     )
 
 
-def _partition_overlap(numels: list[int], partition: int, rank: int) -> int:
-    """Elements of the parameters that touch this rank's partition of the flat buffer, each whole
-    (``params_in_partition``: ``grads_in_partition`` holds their gradients whole)."""
-    lo, hi, offset, total = rank * partition, (rank + 1) * partition, 0, 0
-    for x in numels:
-        if offset < hi and offset + x > lo:
-            total += x
-        offset += x
-    return total
+def _params_in_partition(params: tuple[ParamFact, ...], partition: int, rank: int) -> frozenset[str]:
+    """The parameters that touch this rank's partition of the flat buffer (``params_in_partition``,
+    in ``model.parameters()`` order: ``round_robin_gradients`` is off by default)."""
+    lo, hi, offset, out = rank * partition, (rank + 1) * partition, 0, set()
+    for p in params:
+        if offset < hi and offset + p.numel > lo:
+            out.add(p.name)
+        offset += p.numel
+    return frozenset(out)
 
 
-class _Stage12Hooks(_Hooks):
+class _EngineHooks(_Hooks):
+    """What both engines' backward does with each gradient as it arrives: the engine's hook copies it
+    into the reduce bucket (immediately, or stage 1 at the epilogue), reducing the bucket first when it
+    would overflow. Until the copy, a gradient autograd just made is alive beside its op's temporaries.
+
+    The activation profile records a few moments per stage; a bucket reduced when a gradient arrives is
+    charged with the saved activations and temporaries of the moment the profile first has that gradient
+    at (the reduction happens between that moment and the one before: docs/memory-model.md says what
+    this granularity costs). The loss and its seed gradient stay alive until backward returns."""
+
+    schedule: _Schedule
+    numel: dict[str, int]
+    elem: int
+    immediate: bool  # the hook copies each gradient into the bucket as it arrives
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.arrived: list[str] = []  # gradients new at the coming moment
+        self.in_flight = False
+        self.loss_alive = False
+
+    def grads_ready(self, names: tuple[str, ...]) -> None:
+        self._land()
+        for name in names:
+            if name not in self.seen:  # a stage's later moments repeat the gradients done so far
+                self.seen.add(name)
+                self.arrived.append(name)
+
+    def pre_backward(self, stage: Stage, step: BwdMoment) -> None:
+        transient = {"activations": step.saved_left_bytes, "temp": step.temp_bytes}
+        for name in self.arrived:
+            self._arrive(name, transient)
+        if self.immediate and self.arrived:
+            largest = max(self.numel[x] for x in self.arrived) * self.elem
+            self.schedule.alloc("gradient before its copy", "temp", largest)
+            self.in_flight = True
+        self.arrived = []
+
+    def _land(self) -> None:
+        """The moment recorded: the gradients it saw arrive are in the bucket now."""
+        if self.in_flight:
+            self.in_flight = False
+            self.schedule.free("gradient before its copy")
+
+    def _arrive(self, name: str, transient: dict[str, int]) -> None: ...
+
+    def post_backward(self, stage: Stage, *, first_stage: bool) -> None:
+        self._land()
+        if not self.loss_alive:
+            self.loss_alive = True
+            self.schedule.alloc("loss and seed gradient", "activations", IN_BACKWARD_BYTES)
+
+    def free_loss(self) -> None:
+        self._land()
+        if self.loss_alive:
+            self.schedule.free("loss and seed gradient")
+
+
+class _Stage12Hooks(_EngineHooks):
     """DeepSpeedZeroOptimizer's backward: ``setup_buckets`` at the first gradient; stage 2 (and stage 1
     with ``overlap_comm``) copies each gradient into the bucket as it arrives, stage 1 keeps
     ``param.grad`` until the epilogue copies them in; a full bucket, and the epilogue, reduce it:
@@ -161,6 +225,7 @@ class _Stage12Hooks(_Hooks):
     def __init__(
         self, schedule: _Schedule, facts: ModelFacts, zs: FlatZeroStates, engine: FlatBufferZero, elem: int
     ) -> None:
+        super().__init__()
         self.schedule = schedule
         self.zs = zs
         self.engine = engine
@@ -168,56 +233,58 @@ class _Stage12Hooks(_Hooks):
         self.numel = {p.name: p.numel for p in facts.params or ()}
         self.immediate = zs.stage == 2 or engine.overlap_comm  # gradients into the bucket as they come
         self.held: list[str] = []  # stage 1: param.grad kept until the epilogue
-        self.seen: set[str] = set()
         self.bucket_elements = 0
+        self.in_bucket: list[str] = []
         self.partition_buffer = False
         self.started = False
 
-    def grads_ready(self, names: tuple[str, ...]) -> None:
+    def _arrive(self, name: str, transient: dict[str, int]) -> None:
         if not self.started:  # process_gradients → setup_buckets, at the first gradient
             self.started = True
             for i in range(self.zs.reduce_buckets):
                 self.schedule.alloc(f"reduce bucket {i}", "reduce_scatter", self.zs.reduce_bucket)
-        for name in names:
-            if name in self.seen:  # a stage's later moments repeat the gradients done so far
-                continue
-            self.seen.add(name)
-            if self.immediate:
-                self._into_bucket(name)
-            else:
-                self.held.append(name)
-                self.schedule.alloc(f"grad {name}", "grads_unsharded_in_bwd", self.numel[name] * self.elem)
+        if self.immediate:
+            self._into_bucket(name, transient)
+        else:
+            self.held.append(name)
+            self.schedule.alloc(f"grad {name}", "grads_unsharded_in_bwd", self.numel[name] * self.elem)
 
-    def _into_bucket(self, name: str) -> None:
+    def _into_bucket(self, name: str, transient: dict[str, int]) -> None:
         n = self.numel[name]
         if self.bucket_elements + n > self.engine.reduce_bucket_size:
-            self._reduce(f"backward: reduce bucket before {name}")
+            self._reduce(f"backward: reduce bucket before {name}", transient)
         self.bucket_elements += n
+        self.in_bucket.append(name)
         if name in self.held:  # its storage is replaced by a view of the bucket
             self.held.remove(name)
             self.schedule.free(f"grad {name}")
 
-    def _reduce(self, label: str) -> None:
+    def _reduce(self, label: str, transient: dict[str, int]) -> None:
         if not self.bucket_elements:
             return
         if self.engine.reduce_scatter and self.engine.contiguous_gradients:
             flat = self.bucket_elements * self.zs.reduce_elem
-            self.schedule.record(label, temp=flat, activations=IN_BACKWARD_BYTES)
-        if not self.partition_buffer:
+            self.schedule.record(label, **{**transient, "temp": transient.get("temp", 0) + flat})
+        mine = self.zs.params_in_partition.intersection(self.in_bucket)
+        if mine and not self.partition_buffer:  # copy_grads_in_partition, for this rank's gradients
             self.partition_buffer = True
             self.schedule.alloc("grads in partition", "grads_unsharded_in_bwd", self.zs.grads_in_partition)
         self.bucket_elements = 0
+        self.in_bucket = []
 
     def end_backward(self) -> None:
-        for name in list(self.held):  # reduce_gradients: the epilogue copies stage 1's gradients in
-            self._into_bucket(name)
-        self._reduce("backward: epilogue reduces the bucket")
+        self._land()
+        # reduce_gradients: the epilogue copies stage 1's gradients in, in the flat buffer's order
+        for name in [x for x in self.numel if x in self.held]:
+            self._into_bucket(name, {})
+        self._reduce("backward: epilogue reduces the bucket", {})
         if self.started:
             for i in range(self.zs.reduce_buckets):
                 self.schedule.free(f"reduce bucket {i}")
+        self.free_loss()
 
 
-class _Stage3Hooks(_Hooks):
+class _Stage3Hooks(_EngineHooks):
     """DeepSpeedZeroOptimizer_Stage3's hooks on every module (its own parameters, not its children's).
 
     Forward: a module's pre-forward all-gathers its parameters not yet gathered, waits for them, then
@@ -245,10 +312,12 @@ class _Stage3Hooks(_Hooks):
         world_size: int,
         gloo: bool,
     ) -> None:
+        super().__init__()
         self.schedule = schedule
         self.zs = zs
         self.engine = engine
         self.elem = elem
+        self.immediate = True  # __add_grad_to_ipg_bucket, from the gradient's hook
         self.n = world_size
         self.gloo = gloo
         self.numel = {p.name: p.numel for p in facts.params or ()}
@@ -263,7 +332,6 @@ class _Stage3Hooks(_Hooks):
         self.available = 0  # elements gathered or in flight
         self.bucket_elements = 0
         self.bucket_partitions = 0  # elements of the bucket's gradients, padded to N partitions each
-        self.seen: set[str] = set()
 
     # ---- forward ------------------------------------------------------------------------------------
     def _issue(self, names: list[str]) -> None:
@@ -322,35 +390,34 @@ class _Stage3Hooks(_Hooks):
         self.schedule.record(f"forward: {stage.name} (in the model)", activations=kept, fwd_temp=logits)
 
     # ---- backward -----------------------------------------------------------------------------------
-    def grads_ready(self, names: tuple[str, ...]) -> None:
-        for name in names:
-            if name in self.seen:
-                continue
-            self.seen.add(name)
-            n = self.numel[name]
-            if self.bucket_elements + n > self.engine.reduce_bucket_size and self.bucket_elements:
-                self._reduce(f"backward: reduce bucket before {name}")
-            self.bucket_elements += n
-            self.bucket_partitions += self.n * -(-n // self.n)
+    def _arrive(self, name: str, transient: dict[str, int]) -> None:
+        n = self.numel[name]
+        if self.bucket_elements + n > self.engine.reduce_bucket_size and self.bucket_elements:
+            self._reduce(f"backward: reduce bucket before {name}", transient)
+        self.bucket_elements += n
+        self.bucket_partitions += self.n * -(-n // self.n)
 
-    def _reduce(self, label: str) -> None:
+    def _reduce(self, label: str, transient: dict[str, int]) -> None:
         if not self.bucket_elements:
             return
-        interleaved = self.bucket_partitions * self.elem
-        self.schedule.record(label, temp=interleaved * (2 if self.gloo else 1), activations=IN_BACKWARD_BYTES)
+        interleaved = self.bucket_partitions * self.elem * (2 if self.gloo else 1)
+        self.schedule.record(label, **{**transient, "temp": transient.get("temp", 0) + interleaved})
         self.bucket_elements = self.bucket_partitions = 0
 
     def post_backward(self, stage: Stage, *, first_stage: bool) -> None:
+        super().post_backward(stage, first_stage=first_stage)
         for name in stage.params:
             if name in self.whole:
                 self.whole.discard(name)
                 self.schedule.free(f"gathered {name}")
 
     def end_backward(self) -> None:
-        self._reduce("backward: epilogue reduces the bucket")
+        self._land()
+        self._reduce("backward: epilogue reduces the bucket", {})
         for name in sorted(self.whole):
             self.schedule.free(f"gathered {name}")
         self.whole.clear()
+        self.free_loss()
 
 
 def _modules(names: tuple[str, ...]) -> list[list[str]]:
@@ -369,14 +436,18 @@ def _stage3_step(schedule: _Schedule, zs: FlatZeroStates, persistent_flat: int) 
         schedule.record("optimizer step: persistent parameters all-gathered", activations=persistent_flat)
 
 
-def _stage12_step(schedule: _Schedule, zs: FlatZeroStates) -> None:
-    """``step``: the gradient partition flattened to fp32 (``flatten(averaged_gradients)``) while
-    ``grads_in_partition`` is alive, then freed with it before the update."""
-    schedule.alloc("fp32 gradient partition", "grads", zs.grad_partition)
-    schedule.record("optimizer step: flat gradient partition")
-    schedule.free("grads in partition")
+def _stage12_step(schedule: _Schedule, zs: FlatZeroStates, *, partition_buffer: bool) -> None:
+    """``step``: the gradient norms, then the gradient partition flattened to fp32
+    (``flatten(averaged_gradients)``) while ``grads_in_partition`` is alive, freed with it before the
+    update."""
+    schedule.alloc("gradient norms", "step_temp", GRAD_NORM_BYTES)
+    schedule.alloc("fp32 gradient partition", "step_temp", zs.grad_partition)
+    schedule.record("optimizer step: flat gradient partition", activations=LOSS_BYTES)
+    if partition_buffer:
+        schedule.free("grads in partition")
     schedule.record("optimizer step", activations=LOSS_BYTES, optim_temp=zs.update_temp)
     schedule.free("fp32 gradient partition")
+    schedule.free("gradient norms")
 
 
 def flat_zero_schedule(
@@ -404,7 +475,7 @@ def flat_zero_schedule(
             schedule, facts, zs, engine, elem, world_size=world_size, gloo=backend == "gloo"
         )
     else:
-        hooks = _Stage12Hooks(schedule, facts, zs, engine, elem)
+        hooks = stage12 = _Stage12Hooks(schedule, facts, zs, engine, elem)
     _forward(schedule, profile.stages, hooks)
     _backward(schedule, profile.stages, hooks)
     hooks.end_backward()
@@ -412,7 +483,7 @@ def flat_zero_schedule(
         persistent = [p.numel for p in facts.params or () if p.numel <= engine.param_persistence_threshold]
         _stage3_step(schedule, zs, world_size * sum(-(-x // world_size) for x in persistent) * elem)
     else:
-        _stage12_step(schedule, zs)
+        _stage12_step(schedule, zs, partition_buffer=stage12.partition_buffer)
     return schedule.events
 
 

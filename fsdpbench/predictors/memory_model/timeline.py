@@ -51,6 +51,7 @@ CATEGORIES = (
     "temp",
     "fwd_temp",
     "optim_temp",
+    "step_temp",  # an engine's own step, outside the torch optimizer's (DeepSpeed's flat gradient partition)
 )
 RESIDENT_CATEGORIES = ("params", "padding", "optim")  # in every moment's bytes, zero or not
 UNTRACKED = "untracked"  # device memory the tracker does not count yet: DDP buckets backward has not written
