@@ -48,7 +48,7 @@ ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or it
     ("fwd_temp", "· forward temporaries (logits while the loss runs)"),
     ("temp", "· backward temporaries (gradients of activations)"),
     ("optim_temp", "· optimizer update temporaries"),
-    ("step_temp", "· the engine's step, beside the optimizer's (flat gradient partition, norms)"),
+    ("step_temp", "· engine step temporaries (DeepSpeed: flat gradients, norms)"),
     ("peak", "peak: live tensors (tracker view)"),
     ("untracked", "+ allocated, not yet seen by trackers"),
     ("context", "+ CUDA context / NCCL allowance"),
