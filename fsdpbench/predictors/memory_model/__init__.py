@@ -290,7 +290,7 @@ def predict_memory(
     states = setup.rank_states(case.device)
     # CPU offload: the same states as host tensors (no CUDA allocator rounding)
     host_states = None
-    if case.cpu_offload:
+    if case.cpu_offload and setup.flat_states(case.device) is None:  # DeepSpeed's offload: not modelled
         host_states = states if case.device == "cpu" else setup.rank_states("cpu")
     notes = _case_notes(case, setup.strategy)
     if not states.exact:
@@ -315,7 +315,7 @@ def predict_memory(
         context_bytes=context,
         host_bytes=host_states.model_states if host_states else 0,
         params_host_bytes=host_states.params + host_states.params_padding if host_states else 0,
-        params_device_bytes=0 if case.cpu_offload else states.params + states.params_padding,
+        params_device_bytes=0 if host_states else states.params + states.params_padding,
     )
     if not facts.known:
         notes.append(
@@ -335,7 +335,7 @@ def predict_memory(
     return replace(
         pred,
         **terms,
-        **_peak_terms(account(setup.schedule(states, profile)), offload=case.cpu_offload),
+        **_peak_terms(account(setup.schedule(states, profile)), offload=host_states is not None),
         activations_bytes=profile.inputs_bytes + profile.saved_bytes,
         notes=tuple(notes),
     )
@@ -362,10 +362,21 @@ def _case_notes(case: Case, strategy: Strategy) -> list[str]:
             "FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
             "unit and keeps the root unsharded between forward and backward): use --method traced"
         )
-    if case.cpu_offload:
+    flat = strategy.flat_buffers(case)
+    if case.cpu_offload and flat is not None:
+        notes.append(
+            "cpu_offload: DeepSpeed's offload (its pinned host buffers, CPU optimizer) is not modelled; "
+            "its buffers are laid out as without offload"
+        )
+    elif case.cpu_offload:
         notes.append(
             "cpu_offload: sharded params, grads and optimizer state are host memory (host_bytes), left "
             "out of the device peak on a GPU; the host-to-device staging copies are not modelled"
+        )
+    if flat is not None and case.precision_spec.casts:
+        notes.append(
+            f"{case.precision}: DeepSpeed's 16-bit gradient paths (a separate fp32 accumulator) are not "
+            "modelled; its buffers are laid out with fp32's mechanism in the 16-bit dtype"
         )
     if case.compile:
         notes.append("torch.compile is not modelled: activations are those of the eager model")
