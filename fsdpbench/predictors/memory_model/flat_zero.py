@@ -46,6 +46,7 @@ from fsdpbench.predictors.memory_model.timeline import (
     _forward,
     _Hooks,
     _Schedule,
+    alloc_resident,
 )
 from fsdpbench.strategies.base import FlatBufferZero
 
@@ -166,12 +167,16 @@ class _EngineHooks(_Hooks):
     at (the reduction happens between that moment and the one before: docs/memory-model.md says what
     this granularity costs). The loss and its seed gradient stay alive until backward returns."""
 
-    schedule: _Schedule
-    numel: dict[str, int]
-    elem: int
     immediate: bool  # the hook copies each gradient into the bucket as it arrives
 
-    def __init__(self) -> None:
+    def __init__(
+        self, schedule: _Schedule, facts: ModelFacts, zs: FlatZeroStates, engine: FlatBufferZero, elem: int
+    ) -> None:
+        self.schedule = schedule
+        self.zs = zs
+        self.engine = engine
+        self.elem = elem
+        self.numel = {p.name: p.numel for p in facts.params or ()}  # in model.parameters() order
         self.seen: set[str] = set()
         self.arrived: list[str] = []  # gradients new at the coming moment
         self.in_flight = False
@@ -225,12 +230,7 @@ class _Stage12Hooks(_EngineHooks):
     def __init__(
         self, schedule: _Schedule, facts: ModelFacts, zs: FlatZeroStates, engine: FlatBufferZero, elem: int
     ) -> None:
-        super().__init__()
-        self.schedule = schedule
-        self.zs = zs
-        self.engine = engine
-        self.elem = elem
-        self.numel = {p.name: p.numel for p in facts.params or ()}
+        super().__init__(schedule, facts, zs, engine, elem)
         self.immediate = zs.stage == 2 or engine.overlap_comm  # gradients into the bucket as they come
         self.held: list[str] = []  # stage 1: param.grad kept until the epilogue
         self.bucket_elements = 0
@@ -312,15 +312,10 @@ class _Stage3Hooks(_EngineHooks):
         world_size: int,
         gloo: bool,
     ) -> None:
-        super().__init__()
-        self.schedule = schedule
-        self.zs = zs
-        self.engine = engine
-        self.elem = elem
+        super().__init__(schedule, facts, zs, engine, elem)
         self.immediate = True  # __add_grad_to_ipg_bucket, from the gradient's hook
         self.n = world_size
         self.gloo = gloo
-        self.numel = {p.name: p.numel for p in facts.params or ()}
         self.gathered_kind = {
             name for name, x in self.numel.items() if x > engine.param_persistence_threshold
         }  # partitioned: gathered for use
@@ -462,11 +457,7 @@ def flat_zero_schedule(
 ) -> list[Event]:
     """The events of one DeepSpeed ZeRO step, as the tracker files them."""
     schedule = _Schedule()
-    states = zs.rank_states()
-    schedule.alloc("params", "params", states.params)
-    schedule.alloc("padding", "padding", states.params_padding)
-    schedule.alloc("optimizer state", "optim", states.optim)
-    schedule.alloc("batch", "inputs", profile.inputs_bytes)
+    alloc_resident(schedule, zs.rank_states(), profile)
     if zs.stage == 3:
         # resident from the engine's construction: the gradient partition and the bucket
         schedule.alloc("gradient partition", "grads", zs.grad_partition)
