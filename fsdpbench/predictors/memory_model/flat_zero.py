@@ -77,7 +77,6 @@ class FlatZeroStates:
     params_in_partition: frozenset[str]  # stage 1/2: the parameters touching this rank's partition
     grads_in_partition: int  # stage 1/2: their gradients, whole, copied out of the bucket by the first
     # reduction that holds one of them, kept until the step
-    partition_numel: int  # elements of this rank's partition
     update_temp: int  # the optimizer update's temporaries (one flat partition tensor)
 
     def rank_states(self) -> RankStates:
@@ -114,7 +113,6 @@ def flat_zero_states(
         flat_numel = -(-sum(numels) // alignment) * alignment
         partition = flat_numel // n
         flat, padding, persistent = rnd(flat_numel * elem), (flat_numel - sum(numels)) * elem, 0
-        grad_partition = rnd(partition * MASTER_BYTES)
         buckets = 2 if engine.overlap_comm and engine.contiguous_gradients else 1
         in_partition = _params_in_partition(facts.params, partition, rank)
     else:
@@ -123,7 +121,6 @@ def flat_zero_states(
         local = sum(max(0, min(part, x - rank * part)) for part, x in zip(parts, numels))
         flat, padding = rnd(partition * elem), (partition - local) * elem
         persistent = sum(rnd(x * elem) for x in numels if x <= engine.param_persistence_threshold)
-        grad_partition = rnd(partition * MASTER_BYTES)
         buckets, in_partition = 1, frozenset()
     k = optimizer_k(optimizer, precision)
     n_state = max(1, k // 4) if k else 0
@@ -135,13 +132,12 @@ def flat_zero_states(
         persistent_params=persistent,
         master=rnd(partition * MASTER_BYTES),
         optim_state=n_state * rnd(partition * k // n_state) + step if k else 0,
-        grad_partition=grad_partition,
+        grad_partition=rnd(partition * MASTER_BYTES),
         reduce_bucket=rnd(engine.reduce_bucket_size * elem),
         reduce_buckets=buckets if engine.contiguous_gradients else 0,
         reduce_elem=elem,
         params_in_partition=in_partition,
         grads_in_partition=rnd(sum(p.numel for p in facts.params if p.name in in_partition) * elem),
-        partition_numel=partition,
         update_temp=update_temporaries * rnd(partition * MASTER_BYTES),
     )
 
