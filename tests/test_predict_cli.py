@@ -173,3 +173,37 @@ def test_alloc_conf_is_checked_before_anything_runs(capsys):
         capsys, "--model", "decoder-small", "--world-size", "2", "--alloc-conf", "max_split_size_mb:10"
     )
     assert code == 2 and "max_split_size_mb:10" in err
+
+
+MNIST_DDP = ("--model", "mnist-cnn", "--world-size", "2", "--strategy", "ddp", "--device", "cpu")
+
+
+def test_a_model_without_an_activation_model_is_traced_instead(capsys):
+    """mnist-cnn has no analytic activation model: --method analytic still answers with a peak, the traced
+    one, and says so once."""
+    from fsdpbench.case import Case
+    from fsdpbench.predictors.traced import estimate
+
+    code, out, _ = run_cli(capsys, *MNIST_DDP, "--json")
+    assert code == 0
+    analytic, traced = json.loads(out)
+    assert (analytic["method"], traced["method"]) == ("analytic", "traced")
+    assert analytic["peak_bytes"] is None and analytic["model_states_bytes"] > 0
+    assert traced["fallback"] == "analytic activation model not available for mnist-cnn: traced instead"
+    case = Case(model="mnist-cnn", strategy="ddp", world_size=2, batch_size=1, seq_len=2048)
+    assert traced["peak_bytes"] == estimate(case).peak_bytes > analytic["model_states_bytes"]
+
+    code, out, _ = run_cli(capsys, *MNIST_DDP)
+    assert code == 0
+    lines = [" ".join(ln.split()) for ln in out.splitlines()]
+    assert lines.count("analytic activation model not available for mnist-cnn: traced instead") == 1
+    assert not any("no activation model" in ln for ln in lines)  # the analytic note it replaces
+    peak = next(ln for ln in lines if ln.startswith("│ peak: live tensors"))
+    assert peak.split("│")[-3].strip() == "not estimated" and peak.split("│")[-2].strip() != "—"
+
+
+def test_a_model_with_an_activation_model_is_not_traced(capsys):
+    code, out, _ = run_cli(capsys, "--model", "mlp-tiny", "--world-size", "2", "--device", "cpu", "--json")
+    assert code == 0
+    (analytic,) = json.loads(out)
+    assert analytic["method"] == "analytic" and analytic["peak_bytes"] > 0

@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.commands import running
+from fsdpbench.predictors.memory_model import NO_ACTIVATION_MODEL
 from fsdpbench.schema import MODEL_COMM, MODEL_COMPUTE, MODEL_EXPOSED_COMM, MODEL_LINK, MODEL_STEP_TIME
 from fsdpbench.strategies import FULL_SHARD_STRATEGY
 
@@ -47,6 +48,7 @@ ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or it
     ("fwd_temp", "· forward temporaries (logits while the loss runs)"),
     ("temp", "· backward temporaries (gradients of activations)"),
     ("optim_temp", "· optimizer update temporaries"),
+    ("step_temp", "· engine step temporaries (DeepSpeed: flat gradients, norms)"),
     ("peak", "peak: live tensors (tracker view)"),
     ("untracked", "+ allocated, not yet seen by trackers"),
     ("context", "+ CUDA context / NCCL allowance"),
@@ -341,6 +343,9 @@ def _predict_one(
     if "analytic" in methods:
         out["analytic"] = pred = predict(case)
         out["json"].append(_analytic_record(pred, fit))
+        if _no_activation_model(pred, case) and "traced" not in methods:
+            out["fallback"] = TRACED_INSTEAD.format(model=case.model)
+            methods = (*methods, "traced")
     if "emulated" in methods:
         _require_model("emulated", facts)
         _add_emulated(out, case, args.rank, device_memory, context, getattr(args, "step_link", None))
@@ -349,10 +354,19 @@ def _predict_one(
         from fsdpbench.predictors.traced import estimate
 
         out["traced"] = est = estimate(case, rank=args.rank)
-        out["json"].append(est.to_dict())
+        out["json"].append({**est.to_dict(), **({"fallback": out["fallback"]} if "fallback" in out else {})})
     if "allocator" in out:
         out["json"].append(out["allocator"].to_dict())
     return out
+
+
+# the line the output carries when the analytic column has no peak and the traced method stands in
+TRACED_INSTEAD = "analytic activation model not available for {model}: traced instead"
+
+
+def _no_activation_model(pred: Any, case: Any) -> bool:
+    """The analytic prediction has no peak because fsdpbench has no activation model for the model."""
+    return NO_ACTIVATION_MODEL.format(model=case.model) in pred.notes
 
 
 _NEEDS_MODEL = {
@@ -485,7 +499,11 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
         )
     console = Console()
     console.print(table)
+    if res.get("fallback"):
+        console.print(f"  {res['fallback']}", highlight=False)
     for note in (pred.notes if pred else ()) + (est.notes if est else ()):
+        if res.get("fallback") and note == NO_ACTIVATION_MODEL.format(model=case.model):
+            continue  # the fallback line above says what happened instead
         if not (skipped and "need a model" in note):
             console.print(f"  note: {note}", highlight=False)
     if emu:

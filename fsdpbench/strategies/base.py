@@ -102,6 +102,24 @@ FSDP_KEEP_PARAMS = dataclasses.replace(FSDP_FULL_SHARD, params_unsharded_fwd_to_
 FSDP_HYBRID_SHARD = dataclasses.replace(FSDP_FULL_SHARD, group="shard_group")
 
 
+@dataclass(frozen=True, kw_only=True)
+class FlatBufferZero:
+    """A ZeRO engine that keeps the model states in flat buffers of its own (DeepSpeed's ZeRO): its stage
+    and its memory knobs, resolved (the engine's defaults filled in). The memory model lays the buffers
+    out from these (fsdpbench/predictors/memory_model/flat_zero.py); elements, not bytes."""
+
+    stage: int  # 1: optimizer state sharded; 2: and gradients; 3: and parameters
+    reduce_bucket_size: int  # gradient elements per reduce bucket
+    allgather_bucket_size: int  # stage 1/2: parameter elements all-gathered per bucket after the step
+    overlap_comm: bool  # reduce while backward runs (stage 1/2: a second bucket)
+    contiguous_gradients: bool  # gradients copied into the bucket as backward produces them
+    reduce_scatter: bool  # stage 1/2: reduce-scatter (else all-reduce) the gradients
+    prefetch_bucket_size: int  # stage 3: parameter elements prefetched ahead
+    param_persistence_threshold: int  # stage 3: parameters of at most this many elements stay whole
+    max_live_parameters: int  # stage 3: most gathered elements alive at once
+    max_reuse_distance: int  # stage 3: a gathered parameter used again within this many elements is kept
+
+
 @dataclass(kw_only=True)
 class ApplyContext:
     """What a strategy gets to work with on one rank."""
@@ -151,6 +169,11 @@ class Strategy:
         from fsdpbench.strategies.optim import build_optimizer
 
         return build_optimizer(model.parameters(), case)
+
+    def flat_buffers(self, case: Case) -> FlatBufferZero | None:
+        """The engine's flat-buffer layout for this case when it keeps its states in flat buffers of its
+        own (DeepSpeed's ZeRO), else None: the memory model then lays states out from ``sharding``."""
+        return None
 
     def fsdp_root(self, model: nn.Module) -> nn.Module | None:
         """The FSDP2 root module if this strategy uses FSDP2 (memory tracking picks its tracker)."""

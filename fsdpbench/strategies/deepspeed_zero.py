@@ -33,7 +33,14 @@ import torch
 from torch import nn
 
 from fsdpbench.case import Case
-from fsdpbench.strategies.base import FSDP_FULL_SHARD, OPTIM_SHARDED, ApplyContext, Sharding, Strategy
+from fsdpbench.strategies.base import (
+    FSDP_FULL_SHARD,
+    OPTIM_SHARDED,
+    ApplyContext,
+    FlatBufferZero,
+    Sharding,
+    Strategy,
+)
 from fsdpbench.strategies.optim import build_optimizer
 
 # name -> (type, DeepSpeed 0.19's default, which stages read it, what it does)
@@ -194,6 +201,25 @@ class _DeepSpeedZero(Strategy):
 
     def build_optimizer(self, model: nn.Module, case: Case) -> Any:
         return DeepSpeedOptimizer(model)
+
+    def flat_buffers(self, case: Case) -> FlatBufferZero:
+        """This stage's knobs as DeepSpeed resolves them (``DS_KNOBS``' defaults for those a case leaves
+        out; ``overlap_comm`` unset: DeepSpeed turns it on for stage 3 only)."""
+        knobs = {name: spec[1] for name, spec in DS_KNOBS.items()}
+        knobs.update({k: v for k, v in case.strategy_args.items() if k in knobs})
+        overlap = knobs["overlap_comm"]
+        return FlatBufferZero(
+            stage=self.stage,
+            reduce_bucket_size=knobs["reduce_bucket_size"],
+            allgather_bucket_size=knobs["allgather_bucket_size"],
+            overlap_comm=self.stage == 3 if overlap is None else overlap,
+            contiguous_gradients=knobs["contiguous_gradients"],
+            reduce_scatter=knobs["reduce_scatter"],
+            prefetch_bucket_size=knobs["stage3_prefetch_bucket_size"],
+            param_persistence_threshold=knobs["stage3_param_persistence_threshold"],
+            max_live_parameters=knobs["stage3_max_live_parameters"],
+            max_reuse_distance=knobs["stage3_max_reuse_distance"],
+        )
 
     def vendor_model_states_bytes(self, case: Case) -> int | None:
         """DeepSpeed's own model-states estimate (the third prediction, ``ds_est_*`` columns)."""

@@ -27,7 +27,14 @@ from fsdpbench.predictors.memory_model.activations import (
     get_activation_profile,
 )
 from fsdpbench.predictors.memory_model.facts import ModelFacts, get_model_facts
-from fsdpbench.predictors.memory_model.precision import PRECISIONS, Precision, get_precision, optimizer_k
+from fsdpbench.predictors.memory_model.flat_zero import FlatZeroStates, flat_zero_schedule, flat_zero_states
+from fsdpbench.predictors.memory_model.precision import (
+    PRECISIONS,
+    Precision,
+    get_precision,
+    optimizer_k,
+    optimizer_update_temporaries,
+)
 from fsdpbench.predictors.memory_model.states import RankStates, get_rank_states
 from fsdpbench.predictors.memory_model.timeline import (
     CATEGORIES,
@@ -39,7 +46,7 @@ from fsdpbench.predictors.memory_model.timeline import (
 )
 from fsdpbench.schema import RANK
 from fsdpbench.strategies import get_strategy
-from fsdpbench.strategies.base import Sharding, Strategy
+from fsdpbench.strategies.base import FlatBufferZero, Sharding, Strategy
 
 GIB = 1024**3
 # what CPU offload keeps in host memory: the sharded parameters, their gradients and the optimizer state
@@ -47,6 +54,8 @@ HOST_CATEGORIES = ("params", "padding", "grads", "optim")
 # device memory no tensor tracker sees on a GPU: CUDA context (~0.5 GiB on recent drivers) and NCCL
 # communicator buffers; a stated allowance, not a measurement (override: --context-allowance)
 CUDA_CONTEXT_BYTES = 1 * GIB
+# the analytic note of a model without an activation model (``fsdpbench predict`` then traces instead)
+NO_ACTIVATION_MODEL = "no activation model for {model!r}: peak not estimated (use --method traced)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +202,28 @@ class _Setup:
     shard_size: int | None
     uses_units: bool  # FSDP units are all-gathered one by one (else the model is one unit)
     facts: ModelFacts
+    flat: FlatBufferZero | None  # the strategy keeps its states in flat buffers of its own (DeepSpeed)
+
+    def flat_states(self, device: str) -> FlatZeroStates | None:
+        """The engine's flat buffers, where the strategy has them and the model's parameters are known."""
+        if self.flat is None or not self.facts.known:
+            return None
+        return flat_zero_states(
+            self.facts,
+            self.flat,
+            self.precision,
+            self.case.optimizer,
+            world_size=self.case.world_size,
+            rank=self.rank,
+            device=device,
+            update_temporaries=optimizer_update_temporaries(self.case.optimizer),
+        )
 
     def rank_states(self, device: str) -> RankStates:
         """The rank's states, with ``device``'s storage rounding."""
+        flat = self.flat_states(device)
+        if flat is not None:
+            return flat.rank_states()
         return get_rank_states(
             self.facts,
             self.sharding,
@@ -210,6 +238,17 @@ class _Setup:
 
     def schedule(self, states: RankStates, profile: ActivationProfile) -> list[Event]:
         """The step's events for these states and activations."""
+        flat = self.flat_states(self.case.device)
+        if flat is not None and self.flat is not None:
+            return flat_zero_schedule(
+                self.facts,
+                flat,
+                profile,
+                self.flat,
+                self.precision.unsharded_bytes,
+                world_size=self.case.world_size,
+                backend=self.case.backend,
+            )
         world = self.case.world_size
         group = max(self.sharding.degrees(world, self.shard_size))
         config = StepConfig(
@@ -234,7 +273,7 @@ def _set_up(
             wrap_min_params=case.wrap_min_params,
             wrap_classes=tuple(case.wrap_classes),
         )
-    return _Setup(case, rank, strategy, sharding, prec, shard, uses_units, facts)
+    return _Setup(case, rank, strategy, sharding, prec, shard, uses_units, facts, strategy.flat_buffers(case))
 
 
 def predict_memory(
@@ -251,7 +290,7 @@ def predict_memory(
     states = setup.rank_states(case.device)
     # CPU offload: the same states as host tensors (no CUDA allocator rounding)
     host_states = None
-    if case.cpu_offload:
+    if case.cpu_offload and setup.flat_states(case.device) is None:  # DeepSpeed's offload: not modelled
         host_states = states if case.device == "cpu" else setup.rank_states("cpu")
     notes = _case_notes(case, setup.strategy)
     if not states.exact:
@@ -276,17 +315,18 @@ def predict_memory(
         context_bytes=context,
         host_bytes=host_states.model_states if host_states else 0,
         params_host_bytes=host_states.params + host_states.params_padding if host_states else 0,
-        params_device_bytes=0 if case.cpu_offload else states.params + states.params_padding,
+        params_device_bytes=0 if host_states else states.params + states.params_padding,
     )
     if not facts.known:
         notes.append(
             "activations, unsharded units and communication buffers need a model (--model): not estimated"
         )
         return replace(pred, notes=tuple(notes))
-    terms = _named_terms(facts, states, case.prefetch, setup.sharding)
+    flat = setup.flat_states(case.device)
+    terms = _named_terms(facts, states, case.prefetch, setup.sharding) if flat is None else _flat_terms(flat)
     profile = _profile(case, setup.strategy, prec)
     if profile is None:
-        notes.append(f"no activation model for {case.model!r}: peak not estimated (use --method traced)")
+        notes.append(NO_ACTIVATION_MODEL.format(model=case.model))
         return replace(pred, notes=tuple(notes), **terms)
     if profile.kernel_note:
         notes.append(profile.kernel_note)
@@ -295,7 +335,7 @@ def predict_memory(
     return replace(
         pred,
         **terms,
-        **_peak_terms(account(setup.schedule(states, profile)), offload=case.cpu_offload),
+        **_peak_terms(account(setup.schedule(states, profile)), offload=host_states is not None),
         activations_bytes=profile.inputs_bytes + profile.saved_bytes,
         notes=tuple(notes),
     )
@@ -322,10 +362,21 @@ def _case_notes(case: Case, strategy: Strategy) -> list[str]:
             "FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
             "unit and keeps the root unsharded between forward and backward): use --method traced"
         )
-    if case.cpu_offload:
+    flat = strategy.flat_buffers(case)
+    if case.cpu_offload and flat is not None:
+        notes.append(
+            "cpu_offload: DeepSpeed's offload (its pinned host buffers, CPU optimizer) is not modelled; "
+            "its buffers are laid out as without offload"
+        )
+    elif case.cpu_offload:
         notes.append(
             "cpu_offload: sharded params, grads and optimizer state are host memory (host_bytes), left "
             "out of the device peak on a GPU; the host-to-device staging copies are not modelled"
+        )
+    if flat is not None and case.precision_spec.casts:
+        notes.append(
+            f"{case.precision}: DeepSpeed's 16-bit gradient paths (a separate fp32 accumulator) are not "
+            "modelled; its buffers are laid out with fp32's mechanism in the 16-bit dtype"
         )
     if case.compile:
         notes.append("torch.compile is not modelled: activations are those of the eager model")
@@ -382,6 +433,16 @@ def _profile(case: Case, strategy: Strategy, prec: Precision) -> ActivationProfi
     return get_activation_profile(mdef.name, args, shape)
 
 
+def _flat_terms(flat: FlatZeroStates) -> dict[str, Any]:
+    """A flat-buffer engine's named terms: its reduce buckets; parameters gathered in flight (stage 3)
+    are in the peak's breakdown."""
+    return {
+        "unsharded_in_flight_bytes": 0,
+        "comm_buffers_bytes": flat.reduce_bucket * flat.reduce_buckets,
+        "optimizer_temp_bytes": flat.update_temp,
+    }
+
+
 def _named_terms(facts: ModelFacts, states: RankStates, prefetch: int, sharding: Sharding) -> dict[str, Any]:
     if states.unit_unsharded:
         blocks = {u: b for u, b in states.unit_unsharded.items() if u != facts.root}
@@ -408,6 +469,7 @@ __all__ = [
     "CUDA_CONTEXT_BYTES",
     "MemoryPrediction",
     "ModelFacts",
+    "NO_ACTIVATION_MODEL",
     "PRECISIONS",
     "Precision",
     "RankStates",

@@ -195,39 +195,50 @@ def _mlp(a: dict[str, Any], sh: Shape) -> ActivationProfile:
     w, depth, classes = a["width"], a["depth"], a["n_classes"]
     b = sh.batch
     e = 4 if sh.mode == FP32 else 2
+
+    def r(nbytes: int) -> int:  # one tensor's storage (CUDA: 512-byte blocks)
+        return storage_bytes(nbytes, sh.device)
+
+    act = r(e * b * w)  # one (b, w) activation or its gradient
     stages = []
     for i in range(depth):
         names = (f"blocks.{i}.fc.weight", f"blocks.{i}.fc.bias")
-        saved = e * b * w  # ReLU output (also the next Linear's input)
+        saved = act  # ReLU output (also the next Linear's input)
         if i == 0 and sh.mode != FP32:
-            saved += 2 * b * w  # the 16-bit copy of the fp32 input batch (autocast or FSDP input cast)
+            saved += r(2 * b * w)  # the 16-bit copy of the fp32 input batch (autocast or FSDP input cast)
         if sh.mode == AUTOCAST16:
-            saved += 2 * (w * w + w)  # autocast's cached 16-bit weight and bias
-        kept = (0 if i == 0 else e * b * w) if sh.checkpointing else saved
-        recomputed = e * b * w if sh.checkpointing else 0  # held by the checkpoint until the block is done
+            saved += r(2 * w * w) + r(2 * w)  # autocast's cached 16-bit weight and bias
+        kept = (0 if i == 0 else act) if sh.checkpointing else saved
+        recomputed = act if sh.checkpointing else 0  # held by the checkpoint until the block is done
         bwd = (
-            BwdMoment("start", saved, (), e * b * w, pre_backward=True),
-            BwdMoment("relu", saved, (), 2 * e * b * w),
-            BwdMoment("end", recomputed, names, 2 * e * b * w),  # Linear backward: grad out and grad in
+            BwdMoment("start", saved, (), act, pre_backward=True),
+            BwdMoment("relu", saved, (), 2 * act),
+            BwdMoment("end", recomputed, names, 2 * act),  # Linear backward: grad out and grad in
         )
         stages.append(Stage(f"block{i}", names, kept, 0, bwd))
     logsm_e = 4 if sh.mode != PURE16 else 2
-    head_saved = logsm_e * b * classes + 8 + (2 * (classes * w + classes) if sh.mode == AUTOCAST16 else 0)
+    logsm = r(logsm_e * b * classes)
+    loss_scalars = 2 * r(4)  # the loss and cross-entropy's total weight, fp32 scalars
+    logits = r(e * b * classes)
+    head_saved = logsm + loss_scalars + (r(2 * classes * w) + r(2 * classes) if sh.mode == AUTOCAST16 else 0)
     head = Stage(
         "head",
         ("head.weight", "head.bias"),
         head_saved,
-        e * b * classes,
+        logits,
         (
-            BwdMoment("loss", head_saved, (), 2 * logsm_e * b * classes),
-            BwdMoment(
-                "logits grad", head_saved - logsm_e * b * classes, (), e * b * classes, pre_backward=True
-            ),
-            BwdMoment("end", 0, ("head.weight", "head.bias"), e * b * w),
+            BwdMoment("loss", head_saved, (), 2 * logsm),
+            BwdMoment("logits grad", head_saved - logsm, (), logits, pre_backward=True),
+            BwdMoment("end", 0, ("head.weight", "head.bias"), act),
         ),
-        in_model=(head_saved - logsm_e * b * classes - 8, e * b * classes),
+        in_model=(head_saved - logsm - loss_scalars, logits),
     )
-    inputs = sh.global_batch * w * 4 + sh.global_batch * 8  # fp32 features, int64 labels
+    # what engine/step.rank_batch keeps: on a GPU, ``.to("cuda")`` copies the rank's rows (the global batch
+    # stays in host memory, which the device's tracker does not count); on the CPU the rows are views
+    if sh.device == "cuda":
+        inputs = r(b * w * 4) + r(b * 8)  # fp32 features, int64 labels
+    else:
+        inputs = sh.global_batch * w * 4 + sh.global_batch * 8
     return ActivationProfile(inputs, (*stages, head), sh.mode)
 
 

@@ -47,13 +47,14 @@ from fsdpbench.schema import (
 # their unit's post-backward (temp: FSDPMemTracker relabels them when post-backward starts), and the batch
 # (activations: the tracker's "inputs" are module inputs it registers, which the batch slices are not), as
 # are forward temporaries (the logits while the loss runs: anything made in forward is an activation to it)
+# and what an engine's own step makes outside the torch optimizer's (neither backward nor optimizer state)
 TRACKER_FILING = {
     "params": ("params", "padding"),
     "params_unsharded": ("params_unsharded",),
     "grads": ("grads",),
     "grads_unsharded": ("grads_unsharded",),
     "optim": ("optim", "optim_temp"),
-    "activations": ("activations", "inputs", "fwd_temp"),
+    "activations": ("activations", "inputs", "fwd_temp", "step_temp"),
     "inputs": (),
     "temp": ("temp", "ddp_buckets", "grads_unsharded_in_bwd"),
     "all_gather": ("all_gather",),
@@ -61,6 +62,8 @@ TRACKER_FILING = {
     "buffers": (),
     "other": (),
 }
+# the model's temporaries, summed for pred_temp_bytes
+TEMP_CATEGORIES = ("temp", "fwd_temp", "optim_temp", "step_temp")
 PRED_COLUMNS = (
     PRED_PARAMS,
     PRED_GRADS,
@@ -145,7 +148,7 @@ def prediction_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
             )
             if bd
             else None,
-            PRED_TEMP: bd.get("temp", 0) + bd.get("fwd_temp", 0) + bd.get("optim_temp", 0) if bd else None,
+            PRED_TEMP: sum(bd.get(c, 0) for c in TEMP_CATEGORIES) if bd else None,
             PRED_PEAK: p.peak_bytes,
             PRED_PEAK_MOMENT: p.peak_moment,
             PRED_DEVICE_PEAK: p.device_peak_bytes,

@@ -106,7 +106,7 @@ def get_rank_states(
         k=k,
         n_state=max(1, k // 4) if k else 0,
         step=STEP_TENSOR_BYTES if optimizer_has_step(optimizer) and device == "cpu" else 0,
-        storage=_rounder(device),
+        storage=storage_rounder(device),
     )
     if facts.params is None:  # not known: the textbook's states
         return _textbook_states(facts.n_params, layout)
@@ -201,7 +201,7 @@ def _update_temp_bytes(sizes: list[int], per_param: int) -> int:
     return max(per_param * cur + (prev if i else 0) for i, (prev, cur) in enumerate(zip([0, *sizes], sizes)))
 
 
-def _rounder(device: str):
+def storage_rounder(device: str) -> Callable[[int], int]:
     if device == "cuda":
         return lambda nbytes: -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES if nbytes else 0
     return lambda nbytes: nbytes

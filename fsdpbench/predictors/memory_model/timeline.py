@@ -51,6 +51,7 @@ CATEGORIES = (
     "temp",
     "fwd_temp",
     "optim_temp",
+    "step_temp",  # an engine's own step, outside the torch optimizer's (DeepSpeed's flat gradient partition)
 )
 RESIDENT_CATEGORIES = ("params", "padding", "optim")  # in every moment's bytes, zero or not
 UNTRACKED = "untracked"  # device memory the tracker does not count yet: DDP buckets backward has not written
@@ -151,10 +152,7 @@ def step_schedule(
 ) -> list[Event]:
     """The events of one step: resident states and batch, forward, backward, optimizer step."""
     schedule = _Schedule()
-    schedule.alloc("params", "params", states.params)
-    schedule.alloc("padding", "padding", states.params_padding)
-    schedule.alloc("optimizer state", "optim", states.optim)
-    schedule.alloc("batch", "inputs", profile.inputs_bytes)
+    alloc_resident(schedule, states, profile)
     if states.unit_unsharded:
         hooks: _Hooks = _FsdpHooks(schedule, facts, states, sharding, config, profile.stages)
     else:
@@ -166,6 +164,14 @@ def step_schedule(
     schedule.alloc("gradients", "grads", states.grads + states.grads_padding)
     schedule.record("optimizer step", activations=LOSS_BYTES, optim_temp=states.optim_temp)
     return schedule.events
+
+
+def alloc_resident(schedule: _Schedule, states: RankStates, profile: ActivationProfile) -> None:
+    """What every step starts with: the resident parameters (and padding), optimizer state, the batch."""
+    schedule.alloc("params", "params", states.params)
+    schedule.alloc("padding", "padding", states.params_padding)
+    schedule.alloc("optimizer state", "optim", states.optim)
+    schedule.alloc("batch", "inputs", profile.inputs_bytes)
 
 
 def _forward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> None:
