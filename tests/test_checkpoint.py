@@ -201,6 +201,39 @@ def test_full_state_dict_host_peak_is_the_whole_state_on_rank_0_only_when_sharde
     assert os.fspath(case.case_id)
 
 
+def test_fsdp1_host_peak_is_its_state_plus_one_gathered_flat_unit_gloo_receive_and_shard() -> None:
+    # mlp 256x4, wrap=block: the largest unit is a block's FlatParameter, 256*256 + 256 elements (every
+    # parameter 16-byte aligned already), a multiple of 2 ranks: no padding
+    case = Case(model="mlp", world_size=2, checkpoint="full", strategy="fsdp1_full", optimizer="adamw")
+    psi = 4 * (256 * 256 + 256) + 10 * 256 + 10
+    flat = (256 * 256 + 256) * 4
+    payload = 3 * 4 * psi + 4 * 10  # AdamW: param, exp_avg, exp_avg_sq in fp32 + a 4-byte step each
+    full = predict_checkpoint(case, get_strategy("fsdp1_full"))
+    # rank 0 (rank0_only) holds the whole state but the unit's last entries while the last flat state is
+    # gathered (P) into gloo's receive buffer (P), its own shard concatenated beside it (P/2)
+    assert full[0].save_host_peak_bytes == payload + flat + flat // 2
+    assert full[0].terms["gloo_allgather_receive_host"] == flat
+    assert full[1].save_host_peak_bytes == 2 * flat + flat // 2  # the gathers only
+    model_only = predict_checkpoint(case.replace(checkpoint_optimizer=False), get_strategy("fsdp1_full"))
+    assert model_only[0].save_host_peak_bytes == 4 * psi + flat
+    dcp = predict_checkpoint(case.replace(checkpoint="dcp"), get_strategy("fsdp1_full"))
+    local = 3 * (4 * (4 * (128 * 256 + 128) + 5 * 256 + 5)) + 4 * 10  # every entry's chunk, cloned
+    assert [p.save_host_peak_bytes for p in dcp] == [local + 2 * flat] * 2
+
+
+def test_the_kernel_high_water_mark_holds_a_transient_the_sampler_would_miss() -> None:
+    from fsdpbench.metrics.rss import read_status_bytes, reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("no /proc/self/clear_refs here: the checkpoint phase samples RSS instead")
+    start = read_status_bytes()
+    transient = torch.ones(8 * 2**20 // 4)  # 8 MiB, written, then freed before anything reads RSS
+    del transient
+    end = read_status_bytes()
+    assert end["VmHWM"] - start["VmRSS"] >= 8 * 2**20 * 0.95
+    assert end["VmRSS"] - start["VmRSS"] < 4 * 2**20  # the tensor itself is gone
+
+
 def test_predict_says_whether_rank_0_host_holds_a_full_save(capsys: pytest.CaptureFixture[str]) -> None:
     import json
 

@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from fsdpbench.engine.parallel import Parallel
 from fsdpbench.metrics.allocator import reset_cuda_peaks
-from fsdpbench.metrics.rss import read_rss_bytes
+from fsdpbench.metrics.rss import read_anon_rss_bytes, read_status_bytes, reset_peak_rss
 from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.pipeline.rank_result import CheckpointRecord
 
@@ -276,21 +276,36 @@ def allocations_visible_in_rss() -> Iterator[None]:
 
 
 class HostPeak:
-    """RSS sampled in a background thread (and at the points the caller names) above a baseline."""
+    """Host memory the phase adds above what it starts with: the kernel's RSS high-water mark (``VmHWM``,
+    reset here), less the file-backed pages faulted in meanwhile (code run for the first time, e.g. DCP's
+    modules on its first save: mapped, not allocated); where the mark cannot be reset, anonymous RSS
+    sampled every ``RSS_INTERVAL_S`` (which misses a transient shorter than that)."""
 
     def __init__(self) -> None:
         gc.collect()
-        self.baseline_bytes = read_rss_bytes()
-        self.sampler = BackgroundSampler(read_rss_bytes, interval_s=RSS_INTERVAL_S, name="rss_checkpoint")
-        self.sampler.start()
+        self.sampler = BackgroundSampler(
+            read_anon_rss_bytes, interval_s=RSS_INTERVAL_S, name="rss_checkpoint"
+        )
+        self.sampler.start()  # before the baseline: its thread's stack is not the phase's memory
+        self.baseline_bytes = read_anon_rss_bytes()
+        self.kernel_peak = reset_peak_rss()
+        self.status = read_status_bytes()
 
     def mark(self) -> None:
         self.sampler.sample_now()
 
     def stop(self) -> int:
-        """Peak RSS above the baseline, bytes (never negative)."""
+        """Peak host memory above the baseline, bytes (never negative)."""
         self.sampler.stop()
+        if self.kernel_peak:
+            end = read_status_bytes()
+            mapped_files = max(0, _file_backed(end) - _file_backed(self.status))
+            return max(0, end["VmHWM"] - self.status["VmRSS"] - mapped_files)
         return max(0, (self.sampler.peak_bytes or 0) - self.baseline_bytes)
+
+
+def _file_backed(status: dict[str, int]) -> int:
+    return status.get("RssFile", 0) + status.get("RssShmem", 0)
 
 
 def device_peak_bytes(device: torch.device) -> int | None:

@@ -220,20 +220,64 @@ def _rank_signature(params: list[_Param], world: int, rank: int, sharded: bool) 
     return tuple(_chunk_rows(p.shape[0], world, rank)[0] if p.shape else -1 for p in params)
 
 
-def _sharded_host_terms(
-    local_payload: int, local_model: int, model_payload: int, on_gpu: bool, regathers: bool
-) -> dict[str, int]:
+def _sharded_host_terms(local_payload: int, on_gpu: bool, regathers: bool) -> dict[str, int]:
     """What a sharded state dict holds in host memory beyond the training state.
 
     FSDP2 (and DDP): the local tensors themselves on a CPU rank, nothing new; a copy of them from a GPU.
-    FSDP1 (SHARDED_STATE_DICT, built from gathered flat parameters): on a CPU rank every unit's gathered
-    parameters stay allocated while the state dict lives (measured: the whole model's bytes at 2 and 4
-    ranks, docs/checkpointing.md), beside a new copy of the rank's optimizer state."""
-    if on_gpu:
+    FSDP1 (SHARDED_STATE_DICT and its sharded optimizer state dict): every parameter and every optimizer
+    state is rebuilt from the unit's gathered flat tensor and this rank's ``torch.chunk`` of it cloned
+    (``_shard_utils._create_chunk_sharded_tensor``): a new copy of the rank's local state."""
+    if on_gpu or regathers:
         return {"sharded_state_dict_host": local_payload}
-    if regathers:
-        return {"gathered_params_held_host": model_payload, "sharded_optim_host": local_payload - local_model}
     return {}
+
+
+def _fsdp1_flat_numel(params: list[_Param], unit: int, world: int) -> int:
+    """A unit's padded unsharded FlatParameter, elements: with ``use_orig_params`` every parameter starts
+    16-byte aligned (4 fp32 elements, ``FlatParamHandle``'s alignment padding), and the whole is padded
+    to a multiple of the world size (``_padded_unsharded_size``)."""
+    align = 16 // 4  # fp32 elements
+    offset = 0
+    for p in params:
+        if p.unit == unit:
+            offset = -(-offset // align) * align + _numel(p.shape)
+    return -(-offset // world) * world
+
+
+def _fsdp1_gather_terms(
+    params: list[_Param], world: int, rank: int, method: str, with_optim: bool
+) -> dict[str, int]:
+    """What FSDP1's state dicts add while a unit is gathered, on a CPU rank (gloo), beyond what they hold.
+
+    Each unit's flat parameter (model) and then each of its flat optimizer states (one buffer,
+    ``_allgather_orig_param_states``' ``gathered_tensor``, reused for every state name) is all-gathered
+    whole; gloo's all-gather receives into a flat buffer of the output's size of its own
+    (``ProcessGroupGloo``'s allgather: ``newLikeFlat``) and copies it out; the optimizer's gather also
+    concatenates this rank's shard first (``torch.cat``, 1/N of the flat). The peak is at the last gather
+    of the largest unit, before its own entries are cloned:
+
+    - full, rank 0 (``rank0_only``): the whole state held but the unit's last entries, plus the gathered
+      flat (P), the receive buffer (P) and with the optimizer the shard (P/N): above the full payload,
+      P with the model only, P + P/N with the optimizer;
+    - full, another rank: nothing held; 2P (model), 2P + P/N (optimizer);
+    - sharded and DCP: the local state held (a 1/N clone of each entry) but the last chunk: 2P (+ P/N with
+      the optimizer), less the last chunk not yet cloned (P/N)."""
+    units = {p.unit for p in params}
+    largest = max(units, key=lambda u: _fsdp1_flat_numel(params, u, world))
+    flat = 4 * _fsdp1_flat_numel(params, largest, world)
+    shard = flat // world
+    terms = {
+        "fsdp1_flat_gather_host": flat,
+        "gloo_allgather_receive_host": flat,
+        "fsdp1_flat_shard_host": shard if with_optim else 0,
+    }
+    if method == "full" and rank == 0:  # the unit's entries (of the state being gathered) not yet cloned
+        terms["fsdp1_entries_not_yet_cloned_host"] = -4 * sum(
+            _numel(p.shape) for p in params if p.unit == largest
+        )
+    elif method != "full":
+        terms["fsdp1_entries_not_yet_cloned_host"] = -shard
+    return terms
 
 
 def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPrediction]:
@@ -243,10 +287,8 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     params, _ = _params(case)
     world = case.world_size
     sharded = strategy.sharding.params
-    # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time,
-    # and its optimizer's from that unit's flat states, all of them gathered at once before unflattening
-    state_tensors = sum(not scalar for _, scalar in OPTIMIZER_STATE.get(case.optimizer, ()))
-    flat_gathered = 1 + (state_tensors if case.checkpoint_optimizer else 0)
+    # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
+    # (``_fsdp1_gather_terms``)
     regathers = strategy.fsdp_version == 1 and sharded
     full_graph = _state_graph(
         case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
@@ -258,9 +300,8 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + _numel(p.shape) * 4
     largest_tensor = max((_numel(p.shape) * 4 for p in params), default=0)
     largest_unit = max(unit_bytes.values(), default=0)
-    # what gathering adds while it runs: FSDP1 a unit's flat states, FSDP2 one DTensor's full tensor
-    gather_transient = flat_gathered * largest_unit if regathers else largest_tensor if sharded else 0
-    state_transient = (flat_gathered - 1) * largest_unit  # FSDP1's sharded optimizer state dict
+    # what FSDP2's gathering adds while it runs: gloo's receive buffer of one DTensor's full tensor
+    gather_transient = largest_tensor if sharded else 0
     on_gpu = case.device == "cuda"
     preds = []
     if case.checkpoint in ("dcp", "dcp_async"):
@@ -286,7 +327,10 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             # gathered shards are new memory; a whole tensor already on the host is its own entry
             held = full_payload if (sharded or on_gpu) else 0
             terms["full_state_dict_host"] = held if rank == 0 else 0
-            terms["gather_transient_host"] = 0 if on_gpu else gather_transient
+            if regathers and not on_gpu:
+                terms.update(_fsdp1_gather_terms(params, world, rank, "full", case.checkpoint_optimizer))
+            else:
+                terms["gather_transient_host"] = 0 if on_gpu else gather_transient
             if sharded and not regathers and rank != 0 and not on_gpu:
                 # get_state_dict drops a nested dict's gathered tensors on the other ranks only when
                 # that dict is done: the model's are all held at once
@@ -294,18 +338,18 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             device = largest_unit if (sharded and on_gpu) else 0
         elif case.checkpoint == "sharded":
             nbytes, payload = sharded_bytes, sharded_payload
-            terms.update(_sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers))
-            terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
+            terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
+            if regathers and not on_gpu:
+                terms.update(_fsdp1_gather_terms(params, world, rank, "sharded", case.checkpoint_optimizer))
             device = 0
         else:
             nbytes, payload = files[rank]
             terms["dcp_metadata"] = 0  # not modelled: a few bytes per item, rank 0's .metadata file
             terms["dcp_staged_copy_host"] = local_payload if case.checkpoint == "dcp_async" else 0
             if case.checkpoint == "dcp":
-                terms.update(
-                    _sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers)
-                )
-            terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
+                terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
+            if regathers and not on_gpu:
+                terms.update(_fsdp1_gather_terms(params, world, rank, "dcp", case.checkpoint_optimizer))
             device = 0
         preds.append(
             CheckpointPrediction(
