@@ -11,7 +11,10 @@ The methods (``Case.checkpoint``), as the engines' guides write them:
 - ``sharded``: the sharded state dict (FSDP2's DTensors, FSDP1's ``SHARDED_STATE_DICT``); each rank
   ``torch.save``s its own local shards into its own file.
 - ``dcp``: ``torch.distributed.checkpoint.save``/``load`` of the sharded state dict (a replicated state
-  is written once, by the rank DCP's planner picks).
+  is written once, by the rank DCP's planner picks), with its ``FileSystemWriter``/``FileSystemReader``
+  named, as DCP's examples do: given only ``checkpoint_id``, DCP tries every storage it knows
+  (``_storage_utils._storage_setup``) and so imports fsspec on its first save in a process, ~2 MB of
+  host memory once that is not the checkpoint's.
 - ``dcp_async``: ``torch.distributed.checkpoint.async_save`` (a thread writes; the loop is blocked only
   while the state is staged).
 
@@ -165,9 +168,10 @@ def save(
     elif method == "sharded":
         torch.save(_local(_state(parallel, with_optim)), directory / sharded_file(rank))
     elif method == "dcp":
-        dcp.save(_state(parallel, with_optim), checkpoint_id=directory)
+        dcp.save(_state(parallel, with_optim), storage_writer=dcp.FileSystemWriter(directory))
     elif method == "dcp_async":
-        return _Async(dcp.async_save(_state(parallel, with_optim), checkpoint_id=directory))
+        writer = dcp.FileSystemWriter(directory)
+        return _Async(dcp.async_save(_state(parallel, with_optim), storage_writer=writer))
     else:
         raise ValueError(f"unknown checkpoint method {method!r}")
     return None
@@ -197,7 +201,7 @@ def load(method: str, parallel: Parallel, directory: Path, rank: int, with_optim
         _apply_state(parallel, fresh)
     elif method in ("dcp", "dcp_async"):
         fresh = _state(parallel, with_optim)
-        dcp.load(fresh, checkpoint_id=directory)
+        dcp.load(fresh, storage_reader=dcp.FileSystemReader(directory))
         _apply_state(parallel, fresh)
     else:
         raise ValueError(f"unknown checkpoint method {method!r}")
