@@ -48,9 +48,9 @@ from fsdpbench.metrics.allocator import reset_cuda_peaks
 from fsdpbench.metrics.rss import read_anon_rss_bytes, read_status_bytes, reset_peak_rss
 from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.pipeline.rank_result import CheckpointRecord
+from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR
 
 FULL_FILE = "full.pt"  # rank 0's, for ``full``
-CHECKPOINT_DIR = "checkpoint"  # under the case directory
 RSS_INTERVAL_S = 0.0005  # the phase is short: sample often enough to see the state dict held
 
 

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsdpbench.case import Case
+from fsdpbench.predictors import dcp_metadata as dcp_md
 from fsdpbench.predictors import torch_save_format as fmt
 
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
 
+CHECKPOINT_DIR = "checkpoint"  # under the case directory (engine/checkpoint writes there)
 FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
 SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
 
@@ -158,14 +161,14 @@ def _payload(graph: Any) -> int:
     return graph.nbytes if isinstance(graph, fmt.Tensor) else 0
 
 
-def _flatten(graph: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """DCP's flatten_state_dict: dotted keys down to the leaves; every mapping is walked, a list only when
+def _flatten(graph: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str, tuple[str | int, ...], Any]]:
+    """DCP's flatten_state_dict: (dotted key, path of keys, leaf); every mapping is walked, a list only when
     it holds a container or a tensor (a list of names or a tuple of floats is one item)."""
     if isinstance(graph, dict):
-        return [item for k, v in graph.items() for item in _flatten(v, f"{prefix}{k}.")]
+        return [item for k, v in graph.items() for item in _flatten(v, (*path, k))]
     if isinstance(graph, list) and any(isinstance(v, (dict, list, fmt.Tensor)) for v in graph):
-        return [item for i, v in enumerate(graph) for item in _flatten(v, f"{prefix}{i}.")]
-    return [(prefix[:-1], graph)]
+        return [item for i, v in enumerate(graph) for item in _flatten(v, (*path, i))]
+    return [(".".join(str(k) for k in path), path, graph)]
 
 
 def _dcp_item_bytes(value: Any) -> tuple[int, int]:
@@ -173,8 +176,8 @@ def _dcp_item_bytes(value: Any) -> tuple[int, int]:
     return fmt.torch_save_bytes(value), _payload(value)
 
 
-def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[int, int]]:
-    """(file bytes, payload) per rank, as DCP's dedup_save_plans assigns the items.
+def _dcp_plan(case: Case, params: list[_Param], sharded: bool) -> list[list[tuple[dcp_md.Item, int]]]:
+    """Every rank's items (with their payload) in write order, as DCP's dedup_save_plans assigns them.
 
     It walks the items in first-seen order: rank 0's plan, then each next rank's items not seen before.
     An item one rank holds (its shard) stays with it and adds to its planned storage; an item several
@@ -182,16 +185,24 @@ def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[in
     replicated item is in rank 0's plan, so all of them are placed while rank 0's is walked, when the
     other ranks' planned storage is only the replicated items they were given."""
     world = case.world_size
-    out = [[0, 0] for _ in range(world)]
+    out: list[list[tuple[dcp_md.Item, int]]] = [[] for _ in range(world)]
     others = [(0, r) for r in range(1, world)]  # (planned storage, rank), a heap
     planned0 = 0
+    whole = {fqn: v for fqn, _, v in _flatten(_state_graph(case, params, False, world, 0, sharded, False))}
 
     def is_shard(value: Any) -> bool:
         return sharded and isinstance(value, fmt.Tensor) and bool(value.shape)
 
-    rank0 = _flatten(_state_graph(case, params, True, world, 0, sharded, padded_views=False))
-    for _, value in rank0:
+    def item(fqn: str, path: tuple[str | int, ...], value: Any, rank: int) -> tuple[dcp_md.Item, int]:
         nbytes, payload = _dcp_item_bytes(value)
+        if not isinstance(value, fmt.Tensor):
+            return dcp_md.Item(fqn, path, None, length=nbytes), payload
+        shape = whole[fqn].shape
+        first_row = rank * _chunk_rows(shape[0], world, rank)[1] if is_shard(value) else 0
+        offsets = (first_row, *([0] * (len(shape) - 1))) if shape else ()
+        return dcp_md.Item(fqn, path, shape, offsets, value.shape, nbytes), payload
+
+    for fqn, path, value in _flatten(_state_graph(case, params, True, world, 0, sharded, padded_views=False)):
         size = value.nbytes if isinstance(value, fmt.Tensor) else 1
         if is_shard(value) or not others or planned0 <= others[0][0]:
             rank = 0
@@ -199,18 +210,29 @@ def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[in
         else:
             planned, rank = heapq.heappop(others)
             heapq.heappush(others, (planned + size, rank))
-        out[rank][0] += nbytes
-        out[rank][1] += payload
-    shards: dict[tuple[int, ...], tuple[int, int]] = {}
+        out[rank].append(item(fqn, path, value, rank))
     for rank in range(1, world):
-        key = _rank_signature(params, world, rank, sharded)
-        if key not in shards:
-            items = _flatten(_state_graph(case, params, True, world, rank, sharded, padded_views=False))
-            sizes = [_dcp_item_bytes(v) for _, v in items if is_shard(v)]
-            shards[key] = (sum(b for b, _ in sizes), sum(p for _, p in sizes))
-        out[rank][0] += shards[key][0]
-        out[rank][1] += shards[key][1]
-    return [(b, p) for b, p in out]
+        for fqn, path, value in _flatten(_state_graph(case, params, True, world, rank, sharded, False)):
+            if is_shard(value):
+                out[rank].append(item(fqn, path, value, rank))
+    return out
+
+
+def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> tuple[list[tuple[int, int]], int]:
+    """(file bytes, payload) per rank of the ``.distcp`` files, and rank 0's ``.metadata`` bytes."""
+    plan = _dcp_plan(case, params, sharded)
+    paths = [
+        (fqn, path)
+        for fqn, path, _ in _flatten(_state_graph(case, params, True, case.world_size, 0, sharded, False))
+    ]
+    metadata = dcp_md.metadata_bytes([[i for i, _ in items] for items in plan], paths, _checkpoint_path(case))
+    return [(sum(i.length for i, _ in items), sum(p for _, p in items)) for items in plan], metadata
+
+
+def _checkpoint_path(case: Case) -> Path:
+    """The checkpoint directory as DCP records it in ``.metadata``, from the case's directory on (the run
+    directory's own path, unknown here, adds its length in bytes: tens of bytes)."""
+    return Path(case.case_id) / CHECKPOINT_DIR
 
 
 def _rank_signature(params: list[_Param], world: int, rank: int, sharded: bool) -> tuple[int, ...]:
@@ -305,7 +327,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     on_gpu = case.device == "cuda"
     preds = []
     if case.checkpoint in ("dcp", "dcp_async"):
-        files = _dcp_bytes(case, params, sharded)
+        files, metadata = _dcp_bytes(case, params, sharded)
     local: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}  # ranks alike are computed once
 
     def local_terms(rank: int) -> tuple[int, int, int, int]:
@@ -344,7 +366,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             device = 0
         else:
             nbytes, payload = files[rank]
-            terms["dcp_metadata"] = 0  # not modelled: a few bytes per item, rank 0's .metadata file
+            nbytes += metadata if rank == 0 else 0  # DCP's coordinator writes .metadata
             terms["dcp_staged_copy_host"] = local_payload if case.checkpoint == "dcp_async" else 0
             if case.checkpoint == "dcp":
                 terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
