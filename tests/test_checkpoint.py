@@ -84,7 +84,14 @@ CKPT_TINY = dict(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, method",
-    [("zero3", "dcp"), ("zero3", "dcp_async"), ("ddp", "dcp"), ("ddp", "full"), ("fsdp1_full", "full")],
+    [
+        ("zero3", "dcp"),
+        ("zero3", "dcp_async"),
+        ("ddp", "dcp"),
+        ("ddp", "full"),
+        ("fsdp1_full", "full"),
+        ("zero1", "full"),
+    ],
 )
 def test_round_trip_and_bytes_on_disk(strategy: str, method: str, tmp_path: Path) -> None:
     case = Case(**CKPT_TINY, strategy=strategy, world_size=2, checkpoint=method, keep_checkpoints=True)
@@ -154,10 +161,10 @@ sweep:
 def test_a_strategy_declares_its_methods_and_the_rest_are_skipped_with_the_reason() -> None:
     scenario = parse_scenario(SCENARIO)
     ran = {(c.strategy, c.checkpoint) for c in scenario.cases}
-    assert ran == {("ddp", "full"), ("zero3", "full"), ("zero3", "sharded")}
+    assert ran == {("ddp", "full"), ("zero1", "full"), ("zero3", "full"), ("zero3", "sharded")}
     reasons = {(s.case.strategy, s.case.checkpoint): s.reason for s in scenario.skipped}
     assert reasons[("ddp", "sharded")] == "checkpoint=sharded: ddp checkpoints with full, dcp, dcp_async"
-    assert reasons[("zero1", "full")] == "checkpoint=full: zero1 checkpoints with none fsdpbench runs"
+    assert reasons[("zero1", "sharded")] == "checkpoint=sharded: zero1 checkpoints with full"
 
 
 def test_a_case_over_the_size_limit_is_refused_before_it_runs() -> None:
@@ -221,6 +228,29 @@ def test_fsdp1_host_peak_is_its_state_plus_one_gathered_flat_unit_gloo_receive_a
     dcp = predict_checkpoint(case.replace(checkpoint="dcp"), get_strategy("fsdp1_full"))
     local = 3 * (4 * (4 * (128 * 256 + 128) + 5 * 256 + 5)) + 4 * 10  # every entry's chunk, cloned
     assert [p.save_host_peak_bytes for p in dcp] == [local + 2 * flat] * 2
+
+
+def test_zero1_full_consolidates_every_other_partition_onto_rank_0() -> None:
+    from fsdpbench.predictors.checkpoint import _params, _zero1_partitions
+
+    case = Case(model="mlp", world_size=2, checkpoint="full", strategy="zero1", optimizer="adamw")
+    params, _ = _params(case)
+    # largest first, each to the emptier rank (rank 0 on a tie): the four 256x256 weights alternate,
+    # the head's weight breaks the tie to rank 0, and every bias then fills rank 1
+    parts = [[p.name for p in part] for part in _zero1_partitions(params, 2)]
+    assert parts[0] == ["blocks.0.fc.weight", "blocks.2.fc.weight", "head.weight"]
+    assert set(parts[1]) == {"blocks.1.fc.weight", "blocks.3.fc.weight", "head.bias"} | {
+        f"blocks.{i}.fc.bias" for i in range(4)
+    }
+    preds = predict_checkpoint(case, get_strategy("zero1"))
+    partition1 = 2 * 4 * (2 * 256 * 256 + 4 * 256 + 10) + 7 * 4  # exp_avg, exp_avg_sq; a 4-byte step each
+    assert preds[0].terms["zero1_partitions_loaded_host"] == partition1
+    received = preds[0].terms["zero1_partition_received_host"]  # its bytes, received and copied
+    assert 2 * partition1 < received < 2 * partition1 + 2 * 16 * 1024  # + the format's own, twice
+    # the sender: BytesIO, bytearray, ByteTensor and the legacy constructor's 8-byte-per-element pass
+    assert preds[1].terms["zero1_partition_serialized_host"] == 11 * received // 2
+    assert preds[0].save_host_peak_bytes == partition1 + received
+    assert preds[0].bytes == predict_checkpoint(case.replace(strategy="ddp"), get_strategy("ddp"))[0].bytes
 
 
 def test_the_kernel_high_water_mark_holds_a_transient_the_sampler_would_miss() -> None:

@@ -4,7 +4,8 @@ and optimizer, and take one more step, measuring each part.
 The methods (``Case.checkpoint``), as the engines' guides write them:
 
 - ``full``: the whole state on rank 0's host. DDP: rank 0 ``torch.save``s ``module.state_dict()`` and
-  ``optimizer.state_dict()``. FSDP1/FSDP2: ``get_state_dict`` with ``StateDictOptions(full_state_dict=True,
+  ``optimizer.state_dict()`` (ZeRO-1: after ``consolidate_state_dict(to=0)`` on every rank; every rank
+  loads the file, ``ZeroRedundancyOptimizer.load_state_dict`` keeping its own partition). FSDP1/FSDP2: ``get_state_dict`` with ``StateDictOptions(full_state_dict=True,
   cpu_offload=True)`` (for FSDP1 that is ``FULL_STATE_DICT`` with ``FullStateDictConfig(offload_to_cpu=True,
   rank0_only=True)``), then rank 0 ``torch.save``s it; loading broadcasts it from rank 0
   (``broadcast_from_rank0=True``).
@@ -67,6 +68,13 @@ def checkpoint_dir(case_dir: Path) -> Path:
 
 def _is_replicated_engine(parallel: Parallel) -> bool:
     return parallel.strategy.fsdp_version == 0
+
+
+def _zero_optimizer(parallel: Parallel) -> Any | None:
+    """The case's ZeroRedundancyOptimizer (ZeRO-1), or None."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return parallel.optimizer if isinstance(parallel.optimizer, ZeroRedundancyOptimizer) else None
 
 
 def _local(value: Any) -> Any:
@@ -157,6 +165,9 @@ def save(
     """Save this rank's part of the checkpoint under ``directory`` (the async method: return its future)."""
     if method == "full":
         if _is_replicated_engine(parallel):
+            zero = _zero_optimizer(parallel)
+            if zero is not None and with_optim:
+                zero.consolidate_state_dict(to=0)  # every rank: each sends rank 0 its partition
             state = _plain_ddp_state(parallel, with_optim) if rank == 0 else None
         elif parallel.strategy.fsdp_version == 1:
             state = _fsdp1_full_state(parallel, with_optim, device)
@@ -251,7 +262,12 @@ def local_state_copy(parallel: Parallel, with_optim: bool) -> list[torch.Tensor]
         elif isinstance(value, torch.Tensor):
             out.append(value.detach().clone())
 
-    walk(_local(_state(parallel, with_optim)))
+    zero = _zero_optimizer(parallel)
+    if zero is not None:  # no get_state_dict of ZeRO-1: the model's and this rank's partition's own
+        module = getattr(parallel.model, "module", parallel.model)
+        walk({"model": module.state_dict(), **({"optim": zero.optim.state_dict()} if with_optim else {})})
+    else:
+        walk(_local(_state(parallel, with_optim)))
     return out
 
 

@@ -302,6 +302,53 @@ def _fsdp1_gather_terms(
     return terms
 
 
+def _zero1_partitions(params: list[_Param], world: int) -> list[list[_Param]]:
+    """ZeroRedundancyOptimizer's partition of the parameters (``_partition_parameters``): largest first
+    (a stable sort by numel), each to the rank with the fewest elements so far, the lowest on a tie."""
+    parts: list[list[_Param]] = [[] for _ in range(world)]
+    sizes = [0] * world
+    for p in sorted(params, key=lambda q: _numel(q.shape), reverse=True):
+        rank = sizes.index(min(sizes))
+        parts[rank].append(p)
+        sizes[rank] += _numel(p.shape)
+    return parts
+
+
+def _zero1_consolidation_terms(case: Case, params: list[_Param], rank: int) -> dict[str, int]:
+    """What ``consolidate_state_dict(to=0)`` adds in host memory (CPU ranks, gloo).
+
+    Rank by rank, the partition's owner ``torch.save``s its optimizer state dict into a BytesIO (S bytes),
+    copies it into a bytearray (S) and that into a ``torch.ByteTensor`` (S), and broadcasts it
+    (``_broadcast_object``); the legacy constructor reads the bytearray as a sequence of Python ints
+    through an 8-byte-per-element tensor first (8S, measured: 11S at its peak): 11S on the sender.
+    Rank 0 receives it into a new uint8 tensor (S), wraps it in a BytesIO, which copies
+    it (S), and ``torch.load``s it: the partition's tensors (O, kept in ``_all_state_dicts`` until the
+    state dict is saved). Rank 0's peak is at the end of a load: the partitions loaded before it, plus
+    2S + O of that one; its own partition is its optimizer's state itself (no copy on a CPU rank)."""
+    world = case.world_size
+    state = OPTIMIZER_STATE.get(case.optimizer, ())
+    group = {"lr": case.lr, **PARAM_GROUP.get(case.optimizer, {})}
+
+    def partition_state(part: list[_Param]) -> dict[str, Any]:
+        return {
+            "state": {
+                i: {n: fmt.Tensor(SAVED_DTYPE, () if scalar else p.shape) for n, scalar in state}
+                for i, p in enumerate(part)
+            },
+            "param_groups": [{**group, "params": list(range(len(part)))}],
+        }
+
+    parts = [partition_state(part) for part in _zero1_partitions(params, world)]
+    serialized = [fmt.torch_save_bytes(part) for part in parts]
+    if rank != 0:
+        return {"zero1_partition_serialized_host": 11 * serialized[rank]}
+    loaded, peak = 0, 0
+    for r in range(1, world):
+        peak = max(peak, loaded + 2 * serialized[r] + _payload(parts[r]))
+        loaded += _payload(parts[r])
+    return {"zero1_partitions_loaded_host": loaded, "zero1_partition_received_host": peak - loaded}
+
+
 def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPrediction]:
     """Every rank's checkpoint terms for the case's method (empty for ``checkpoint: none``)."""
     if case.checkpoint == "none":
@@ -312,6 +359,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
     # (``_fsdp1_gather_terms``)
     regathers = strategy.fsdp_version == 1 and sharded
+    zero1 = strategy.fsdp_version == 0 and strategy.sharding.optim  # ZeroRedundancyOptimizer
     full_graph = _state_graph(
         case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
     )
@@ -353,6 +401,8 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
                 terms.update(_fsdp1_gather_terms(params, world, rank, "full", case.checkpoint_optimizer))
             else:
                 terms["gather_transient_host"] = 0 if on_gpu else gather_transient
+            if zero1 and case.checkpoint_optimizer and not on_gpu:
+                terms.update(_zero1_consolidation_terms(case, params, rank))
             if sharded and not regathers and rank != 0 and not on_gpu:
                 # get_state_dict drops a nested dict's gathered tensors on the other ranks only when
                 # that dict is done: the model's are all held at once
