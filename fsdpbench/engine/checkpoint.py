@@ -5,10 +5,10 @@ The methods (``Case.checkpoint``), as the engines' guides write them:
 
 - ``full``: the whole state on rank 0's host. DDP: rank 0 ``torch.save``s ``module.state_dict()`` and
   ``optimizer.state_dict()`` (ZeRO-1: after ``consolidate_state_dict(to=0)`` on every rank; every rank
-  loads the file, ``ZeroRedundancyOptimizer.load_state_dict`` keeping its own partition). FSDP1/FSDP2: ``get_state_dict`` with ``StateDictOptions(full_state_dict=True,
-  cpu_offload=True)`` (for FSDP1 that is ``FULL_STATE_DICT`` with ``FullStateDictConfig(offload_to_cpu=True,
-  rank0_only=True)``), then rank 0 ``torch.save``s it; loading broadcasts it from rank 0
-  (``broadcast_from_rank0=True``).
+  loads the file, ``ZeroRedundancyOptimizer.load_state_dict`` keeping its own partition). FSDP1/FSDP2:
+  ``get_state_dict`` with ``StateDictOptions(full_state_dict=True, cpu_offload=True)`` (for FSDP1 that is
+  ``FULL_STATE_DICT`` with ``FullStateDictConfig(offload_to_cpu=True, rank0_only=True)``), then rank 0
+  ``torch.save``s it; loading broadcasts it from rank 0 (``broadcast_from_rank0=True``).
 - ``sharded``: the sharded state dict (FSDP2's DTensors, FSDP1's ``SHARDED_STATE_DICT``); each rank
   ``torch.save``s its own local shards into its own file.
 - ``dcp``: ``torch.distributed.checkpoint.save``/``load`` of the sharded state dict (a replicated state
