@@ -84,7 +84,14 @@ CKPT_TINY = dict(
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, method",
-    [("zero3", "dcp"), ("zero3", "dcp_async"), ("ddp", "dcp"), ("ddp", "full"), ("fsdp1_full", "full")],
+    [
+        ("zero3", "dcp"),
+        ("zero3", "dcp_async"),
+        ("ddp", "dcp"),
+        ("ddp", "full"),
+        ("fsdp1_full", "full"),
+        ("zero1", "full"),
+    ],
 )
 def test_round_trip_and_bytes_on_disk(strategy: str, method: str, tmp_path: Path) -> None:
     case = Case(**CKPT_TINY, strategy=strategy, world_size=2, checkpoint=method, keep_checkpoints=True)
@@ -94,11 +101,13 @@ def test_round_trip_and_bytes_on_disk(strategy: str, method: str, tmp_path: Path
     directory = tmp_path / case.case_id / "checkpoint"
     preds = predict_checkpoint(case, get_strategy(strategy))
     if method.startswith("dcp"):
-        # every rank's .distcp file to the byte; rank 0 also writes DCP's .metadata (not modelled)
-        for rank in range(2):
-            assert (directory / f"__{rank}_0.distcp").stat().st_size == preds[rank].bytes
+        # every rank's .distcp file to the byte; rank 0 also writes DCP's .metadata, modelled but for
+        # which strings the real pickle shares (identity) and the run directory's path
         metadata = (directory / ".metadata").stat().st_size
-        assert rows[schema.CKPT_BYTES].tolist() == [preds[0].bytes + metadata, preds[1].bytes]
+        distcp = [(directory / f"__{rank}_0.distcp").stat().st_size for rank in range(2)]
+        assert distcp[1] == preds[1].bytes
+        assert 0 <= preds[0].bytes - distcp[0] - metadata + len(os.fspath(tmp_path)) < 2048
+        assert rows[schema.CKPT_BYTES].tolist() == [distcp[0] + metadata, distcp[1]]
     else:
         # the state dict's own structure (the modules' _metadata, FSDP1's wrapped names) is pickled
         # approximately: the tensors and the zip framing exactly, the rest within 2 KiB
@@ -152,10 +161,10 @@ sweep:
 def test_a_strategy_declares_its_methods_and_the_rest_are_skipped_with_the_reason() -> None:
     scenario = parse_scenario(SCENARIO)
     ran = {(c.strategy, c.checkpoint) for c in scenario.cases}
-    assert ran == {("ddp", "full"), ("zero3", "full"), ("zero3", "sharded")}
+    assert ran == {("ddp", "full"), ("zero1", "full"), ("zero3", "full"), ("zero3", "sharded")}
     reasons = {(s.case.strategy, s.case.checkpoint): s.reason for s in scenario.skipped}
     assert reasons[("ddp", "sharded")] == "checkpoint=sharded: ddp checkpoints with full, dcp, dcp_async"
-    assert reasons[("zero1", "full")] == "checkpoint=full: zero1 checkpoints with none fsdpbench runs"
+    assert reasons[("zero1", "sharded")] == "checkpoint=sharded: zero1 checkpoints with full"
 
 
 def test_a_case_over_the_size_limit_is_refused_before_it_runs() -> None:
@@ -199,6 +208,62 @@ def test_full_state_dict_host_peak_is_the_whole_state_on_rank_0_only_when_sharde
     assert [p.save_host_peak_bytes for p in zero3[1:]] == [4 * psi + 2 * (256 + 1) * 4 + largest] * 3
     assert [p.save_host_peak_bytes for p in ddp] == [0] * 4  # on a CPU rank its entries are the tensors
     assert os.fspath(case.case_id)
+
+
+def test_fsdp1_host_peak_is_its_state_plus_one_gathered_flat_unit_gloo_receive_and_shard() -> None:
+    # mlp 256x4, wrap=block: the largest unit is a block's FlatParameter, 256*256 + 256 elements (every
+    # parameter 16-byte aligned already), a multiple of 2 ranks: no padding
+    case = Case(model="mlp", world_size=2, checkpoint="full", strategy="fsdp1_full", optimizer="adamw")
+    psi = 4 * (256 * 256 + 256) + 10 * 256 + 10
+    flat = (256 * 256 + 256) * 4
+    payload = 3 * 4 * psi + 4 * 10  # AdamW: param, exp_avg, exp_avg_sq in fp32 + a 4-byte step each
+    full = predict_checkpoint(case, get_strategy("fsdp1_full"))
+    # rank 0 (rank0_only) holds the whole state but the unit's last entries while the last flat state is
+    # gathered (P) into gloo's receive buffer (P), its own shard concatenated beside it (P/2)
+    assert full[0].save_host_peak_bytes == payload + flat + flat // 2
+    assert full[0].terms["gloo_allgather_receive_host"] == flat
+    assert full[1].save_host_peak_bytes == 2 * flat + flat // 2  # the gathers only
+    model_only = predict_checkpoint(case.replace(checkpoint_optimizer=False), get_strategy("fsdp1_full"))
+    assert model_only[0].save_host_peak_bytes == 4 * psi + flat
+    dcp = predict_checkpoint(case.replace(checkpoint="dcp"), get_strategy("fsdp1_full"))
+    local = 3 * (4 * (4 * (128 * 256 + 128) + 5 * 256 + 5)) + 4 * 10  # every entry's chunk, cloned
+    assert [p.save_host_peak_bytes for p in dcp] == [local + 2 * flat] * 2
+
+
+def test_zero1_full_consolidates_every_other_partition_onto_rank_0() -> None:
+    from fsdpbench.predictors.checkpoint import _params, _zero1_partitions
+
+    case = Case(model="mlp", world_size=2, checkpoint="full", strategy="zero1", optimizer="adamw")
+    params, _ = _params(case)
+    # largest first, each to the emptier rank (rank 0 on a tie): the four 256x256 weights alternate,
+    # the head's weight breaks the tie to rank 0, and every bias then fills rank 1
+    parts = [[p.name for p in part] for part in _zero1_partitions(params, 2)]
+    assert parts[0] == ["blocks.0.fc.weight", "blocks.2.fc.weight", "head.weight"]
+    assert set(parts[1]) == {"blocks.1.fc.weight", "blocks.3.fc.weight", "head.bias"} | {
+        f"blocks.{i}.fc.bias" for i in range(4)
+    }
+    preds = predict_checkpoint(case, get_strategy("zero1"))
+    partition1 = 2 * 4 * (2 * 256 * 256 + 4 * 256 + 10) + 7 * 4  # exp_avg, exp_avg_sq; a 4-byte step each
+    assert preds[0].terms["zero1_partitions_loaded_host"] == partition1
+    received = preds[0].terms["zero1_partition_received_host"]  # its bytes, received and copied
+    assert 2 * partition1 < received < 2 * partition1 + 2 * 16 * 1024  # + the format's own, twice
+    # the sender: BytesIO, bytearray, ByteTensor and the legacy constructor's 8-byte-per-element pass
+    assert preds[1].terms["zero1_partition_serialized_host"] == 11 * received // 2
+    assert preds[0].save_host_peak_bytes == partition1 + received
+    assert preds[0].bytes == predict_checkpoint(case.replace(strategy="ddp"), get_strategy("ddp"))[0].bytes
+
+
+def test_the_kernel_high_water_mark_holds_a_transient_the_sampler_would_miss() -> None:
+    from fsdpbench.metrics.rss import read_status_bytes, reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("no /proc/self/clear_refs here: the checkpoint phase samples RSS instead")
+    start = read_status_bytes()
+    transient = torch.ones(8 * 2**20 // 4)  # 8 MiB, written, then freed before anything reads RSS
+    del transient
+    end = read_status_bytes()
+    assert end["VmHWM"] - start["VmRSS"] >= 8 * 2**20 * 0.95
+    assert end["VmRSS"] - start["VmRSS"] < 4 * 2**20  # the tensor itself is gone
 
 
 def test_predict_says_whether_rank_0_host_holds_a_full_save(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,14 +4,18 @@ and optimizer, and take one more step, measuring each part.
 The methods (``Case.checkpoint``), as the engines' guides write them:
 
 - ``full``: the whole state on rank 0's host. DDP: rank 0 ``torch.save``s ``module.state_dict()`` and
-  ``optimizer.state_dict()``. FSDP1/FSDP2: ``get_state_dict`` with ``StateDictOptions(full_state_dict=True,
-  cpu_offload=True)`` (for FSDP1 that is ``FULL_STATE_DICT`` with ``FullStateDictConfig(offload_to_cpu=True,
-  rank0_only=True)``), then rank 0 ``torch.save``s it; loading broadcasts it from rank 0
-  (``broadcast_from_rank0=True``).
+  ``optimizer.state_dict()`` (ZeRO-1: after ``consolidate_state_dict(to=0)`` on every rank; every rank
+  loads the file, ``ZeroRedundancyOptimizer.load_state_dict`` keeping its own partition). FSDP1/FSDP2:
+  ``get_state_dict`` with ``StateDictOptions(full_state_dict=True, cpu_offload=True)`` (for FSDP1 that is
+  ``FULL_STATE_DICT`` with ``FullStateDictConfig(offload_to_cpu=True, rank0_only=True)``), then rank 0
+  ``torch.save``s it; loading broadcasts it from rank 0 (``broadcast_from_rank0=True``).
 - ``sharded``: the sharded state dict (FSDP2's DTensors, FSDP1's ``SHARDED_STATE_DICT``); each rank
   ``torch.save``s its own local shards into its own file.
 - ``dcp``: ``torch.distributed.checkpoint.save``/``load`` of the sharded state dict (a replicated state
-  is written once, by the rank DCP's planner picks).
+  is written once, by the rank DCP's planner picks), with its ``FileSystemWriter``/``FileSystemReader``
+  named, as DCP's examples do: given only ``checkpoint_id``, DCP tries every storage it knows
+  (``_storage_utils._storage_setup``) and so imports fsspec on its first save in a process, ~2 MB of
+  host memory once that is not the checkpoint's.
 - ``dcp_async``: ``torch.distributed.checkpoint.async_save`` (a thread writes; the loop is blocked only
   while the state is staged).
 
@@ -42,12 +46,12 @@ from torch.distributed.checkpoint.state_dict import (
 
 from fsdpbench.engine.parallel import Parallel
 from fsdpbench.metrics.allocator import reset_cuda_peaks
-from fsdpbench.metrics.rss import read_rss_bytes
+from fsdpbench.metrics.rss import read_anon_rss_bytes, read_status_bytes, reset_peak_rss
 from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.pipeline.rank_result import CheckpointRecord
+from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR
 
 FULL_FILE = "full.pt"  # rank 0's, for ``full``
-CHECKPOINT_DIR = "checkpoint"  # under the case directory
 RSS_INTERVAL_S = 0.0005  # the phase is short: sample often enough to see the state dict held
 
 
@@ -64,6 +68,13 @@ def checkpoint_dir(case_dir: Path) -> Path:
 
 def _is_replicated_engine(parallel: Parallel) -> bool:
     return parallel.strategy.fsdp_version == 0
+
+
+def _zero_optimizer(parallel: Parallel) -> Any | None:
+    """The case's ZeroRedundancyOptimizer (ZeRO-1), or None."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return parallel.optimizer if isinstance(parallel.optimizer, ZeroRedundancyOptimizer) else None
 
 
 def _local(value: Any) -> Any:
@@ -154,6 +165,9 @@ def save(
     """Save this rank's part of the checkpoint under ``directory`` (the async method: return its future)."""
     if method == "full":
         if _is_replicated_engine(parallel):
+            zero = _zero_optimizer(parallel)
+            if zero is not None and with_optim:
+                zero.consolidate_state_dict(to=0)  # every rank: each sends rank 0 its partition
             state = _plain_ddp_state(parallel, with_optim) if rank == 0 else None
         elif parallel.strategy.fsdp_version == 1:
             state = _fsdp1_full_state(parallel, with_optim, device)
@@ -165,9 +179,10 @@ def save(
     elif method == "sharded":
         torch.save(_local(_state(parallel, with_optim)), directory / sharded_file(rank))
     elif method == "dcp":
-        dcp.save(_state(parallel, with_optim), checkpoint_id=directory)
+        dcp.save(_state(parallel, with_optim), storage_writer=dcp.FileSystemWriter(directory))
     elif method == "dcp_async":
-        return _Async(dcp.async_save(_state(parallel, with_optim), checkpoint_id=directory))
+        writer = dcp.FileSystemWriter(directory)
+        return _Async(dcp.async_save(_state(parallel, with_optim), storage_writer=writer))
     else:
         raise ValueError(f"unknown checkpoint method {method!r}")
     return None
@@ -197,7 +212,7 @@ def load(method: str, parallel: Parallel, directory: Path, rank: int, with_optim
         _apply_state(parallel, fresh)
     elif method in ("dcp", "dcp_async"):
         fresh = _state(parallel, with_optim)
-        dcp.load(fresh, checkpoint_id=directory)
+        dcp.load(fresh, storage_reader=dcp.FileSystemReader(directory))
         _apply_state(parallel, fresh)
     else:
         raise ValueError(f"unknown checkpoint method {method!r}")
@@ -247,7 +262,12 @@ def local_state_copy(parallel: Parallel, with_optim: bool) -> list[torch.Tensor]
         elif isinstance(value, torch.Tensor):
             out.append(value.detach().clone())
 
-    walk(_local(_state(parallel, with_optim)))
+    zero = _zero_optimizer(parallel)
+    if zero is not None:  # no get_state_dict of ZeRO-1: the model's and this rank's partition's own
+        module = getattr(parallel.model, "module", parallel.model)
+        walk({"model": module.state_dict(), **({"optim": zero.optim.state_dict()} if with_optim else {})})
+    else:
+        walk(_local(_state(parallel, with_optim)))
     return out
 
 
@@ -276,21 +296,36 @@ def allocations_visible_in_rss() -> Iterator[None]:
 
 
 class HostPeak:
-    """RSS sampled in a background thread (and at the points the caller names) above a baseline."""
+    """Host memory the phase adds above what it starts with: the kernel's RSS high-water mark (``VmHWM``,
+    reset here), less the file-backed pages faulted in meanwhile (code run for the first time, e.g. DCP's
+    modules on its first save: mapped, not allocated); where the mark cannot be reset, anonymous RSS
+    sampled every ``RSS_INTERVAL_S`` (which misses a transient shorter than that)."""
 
     def __init__(self) -> None:
         gc.collect()
-        self.baseline_bytes = read_rss_bytes()
-        self.sampler = BackgroundSampler(read_rss_bytes, interval_s=RSS_INTERVAL_S, name="rss_checkpoint")
-        self.sampler.start()
+        self.sampler = BackgroundSampler(
+            read_anon_rss_bytes, interval_s=RSS_INTERVAL_S, name="rss_checkpoint"
+        )
+        self.sampler.start()  # before the baseline: its thread's stack is not the phase's memory
+        self.baseline_bytes = read_anon_rss_bytes()
+        self.kernel_peak = reset_peak_rss()
+        self.status = read_status_bytes()
 
     def mark(self) -> None:
         self.sampler.sample_now()
 
     def stop(self) -> int:
-        """Peak RSS above the baseline, bytes (never negative)."""
+        """Peak host memory above the baseline, bytes (never negative)."""
         self.sampler.stop()
+        if self.kernel_peak:
+            end = read_status_bytes()
+            mapped_files = max(0, _file_backed(end) - _file_backed(self.status))
+            return max(0, end["VmHWM"] - self.status["VmRSS"] - mapped_files)
         return max(0, (self.sampler.peak_bytes or 0) - self.baseline_bytes)
+
+
+def _file_backed(status: dict[str, int]) -> int:
+    return status.get("RssFile", 0) + status.get("RssShmem", 0)
 
 
 def device_peak_bytes(device: torch.device) -> int | None:

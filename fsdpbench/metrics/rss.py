@@ -8,6 +8,8 @@ import sys
 from fsdpbench.metrics.sampler import BackgroundSampler
 
 STATM_PATH = "/proc/self/statm"
+STATUS_PATH = "/proc/self/status"
+CLEAR_REFS_PATH = "/proc/self/clear_refs"
 
 
 def _ru_maxrss_bytes() -> int:
@@ -27,6 +29,47 @@ def read_rss_bytes(statm_path: str = STATM_PATH) -> int:
     except (OSError, ValueError, IndexError):
         # No /proc (macOS): only the high-water mark is available, which is >= current RSS.
         return _ru_maxrss_bytes()
+
+
+def read_anon_rss_bytes(statm_path: str = STATM_PATH) -> int:
+    """Current anonymous RSS (statm's resident minus its shared, file-backed pages): the memory this
+    process allocated, without the code and files it maps, whose pages fault in on first use (a code
+    path run for the first time grows RSS by its pages though nothing was allocated). Without /proc,
+    ``read_rss_bytes``'s fallback."""
+    try:
+        with open(statm_path, "rb") as f:
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return _ru_maxrss_bytes()
+
+
+def read_status_bytes(status_path: str = STATUS_PATH) -> dict[str, int]:
+    """The kernel's memory counters of this process from /proc/self/status (``VmHWM``, ``VmRSS``,
+    ``RssAnon``, ``RssFile``, ``RssShmem``, ...), in bytes; {} without /proc."""
+    out: dict[str, int] = {}
+    try:
+        with open(status_path, "rb") as f:
+            for line in f:
+                key, _, rest = line.partition(b":")
+                parts = rest.split()
+                if len(parts) == 2 and parts[1] == b"kB":
+                    out[key.decode()] = int(parts[0]) * 1024
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def reset_peak_rss(clear_refs_path: str = CLEAR_REFS_PATH) -> bool:
+    """Reset the kernel's RSS high-water mark (``VmHWM``) of this process to its current RSS (Linux >= 4.0:
+    "5" to /proc/self/clear_refs). The kernel updates the mark before it unmaps pages, so it holds a
+    transient that a sampler between two reads would miss. False where it cannot be reset."""
+    try:
+        with open(clear_refs_path, "w") as f:
+            f.write("5")
+        return "VmHWM" in read_status_bytes()
+    except OSError:
+        return False
 
 
 def rss_sampler(interval_s: float = 0.01) -> BackgroundSampler:

@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsdpbench.case import Case
+from fsdpbench.predictors import dcp_metadata as dcp_md
 from fsdpbench.predictors import torch_save_format as fmt
 
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
 
+CHECKPOINT_DIR = "checkpoint"  # under the case directory (engine/checkpoint writes there)
 FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
 SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
 
@@ -158,14 +161,14 @@ def _payload(graph: Any) -> int:
     return graph.nbytes if isinstance(graph, fmt.Tensor) else 0
 
 
-def _flatten(graph: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    """DCP's flatten_state_dict: dotted keys down to the leaves; every mapping is walked, a list only when
+def _flatten(graph: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str, tuple[str | int, ...], Any]]:
+    """DCP's flatten_state_dict: (dotted key, path of keys, leaf); every mapping is walked, a list only when
     it holds a container or a tensor (a list of names or a tuple of floats is one item)."""
     if isinstance(graph, dict):
-        return [item for k, v in graph.items() for item in _flatten(v, f"{prefix}{k}.")]
+        return [item for k, v in graph.items() for item in _flatten(v, (*path, k))]
     if isinstance(graph, list) and any(isinstance(v, (dict, list, fmt.Tensor)) for v in graph):
-        return [item for i, v in enumerate(graph) for item in _flatten(v, f"{prefix}{i}.")]
-    return [(prefix[:-1], graph)]
+        return [item for i, v in enumerate(graph) for item in _flatten(v, (*path, i))]
+    return [(".".join(str(k) for k in path), path, graph)]
 
 
 def _dcp_item_bytes(value: Any) -> tuple[int, int]:
@@ -173,8 +176,8 @@ def _dcp_item_bytes(value: Any) -> tuple[int, int]:
     return fmt.torch_save_bytes(value), _payload(value)
 
 
-def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[int, int]]:
-    """(file bytes, payload) per rank, as DCP's dedup_save_plans assigns the items.
+def _dcp_plan(case: Case, params: list[_Param], sharded: bool) -> list[list[tuple[dcp_md.Item, int]]]:
+    """Every rank's items (with their payload) in write order, as DCP's dedup_save_plans assigns them.
 
     It walks the items in first-seen order: rank 0's plan, then each next rank's items not seen before.
     An item one rank holds (its shard) stays with it and adds to its planned storage; an item several
@@ -182,16 +185,24 @@ def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[in
     replicated item is in rank 0's plan, so all of them are placed while rank 0's is walked, when the
     other ranks' planned storage is only the replicated items they were given."""
     world = case.world_size
-    out = [[0, 0] for _ in range(world)]
+    out: list[list[tuple[dcp_md.Item, int]]] = [[] for _ in range(world)]
     others = [(0, r) for r in range(1, world)]  # (planned storage, rank), a heap
     planned0 = 0
+    whole = {fqn: v for fqn, _, v in _flatten(_state_graph(case, params, False, world, 0, sharded, False))}
 
     def is_shard(value: Any) -> bool:
         return sharded and isinstance(value, fmt.Tensor) and bool(value.shape)
 
-    rank0 = _flatten(_state_graph(case, params, True, world, 0, sharded, padded_views=False))
-    for _, value in rank0:
+    def item(fqn: str, path: tuple[str | int, ...], value: Any, rank: int) -> tuple[dcp_md.Item, int]:
         nbytes, payload = _dcp_item_bytes(value)
+        if not isinstance(value, fmt.Tensor):
+            return dcp_md.Item(fqn, path, None, length=nbytes), payload
+        shape = whole[fqn].shape
+        first_row = rank * _chunk_rows(shape[0], world, rank)[1] if is_shard(value) else 0
+        offsets = (first_row, *([0] * (len(shape) - 1))) if shape else ()
+        return dcp_md.Item(fqn, path, shape, offsets, value.shape, nbytes), payload
+
+    for fqn, path, value in _flatten(_state_graph(case, params, True, world, 0, sharded, padded_views=False)):
         size = value.nbytes if isinstance(value, fmt.Tensor) else 1
         if is_shard(value) or not others or planned0 <= others[0][0]:
             rank = 0
@@ -199,18 +210,29 @@ def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> list[tuple[in
         else:
             planned, rank = heapq.heappop(others)
             heapq.heappush(others, (planned + size, rank))
-        out[rank][0] += nbytes
-        out[rank][1] += payload
-    shards: dict[tuple[int, ...], tuple[int, int]] = {}
+        out[rank].append(item(fqn, path, value, rank))
     for rank in range(1, world):
-        key = _rank_signature(params, world, rank, sharded)
-        if key not in shards:
-            items = _flatten(_state_graph(case, params, True, world, rank, sharded, padded_views=False))
-            sizes = [_dcp_item_bytes(v) for _, v in items if is_shard(v)]
-            shards[key] = (sum(b for b, _ in sizes), sum(p for _, p in sizes))
-        out[rank][0] += shards[key][0]
-        out[rank][1] += shards[key][1]
-    return [(b, p) for b, p in out]
+        for fqn, path, value in _flatten(_state_graph(case, params, True, world, rank, sharded, False)):
+            if is_shard(value):
+                out[rank].append(item(fqn, path, value, rank))
+    return out
+
+
+def _dcp_bytes(case: Case, params: list[_Param], sharded: bool) -> tuple[list[tuple[int, int]], int]:
+    """(file bytes, payload) per rank of the ``.distcp`` files, and rank 0's ``.metadata`` bytes."""
+    plan = _dcp_plan(case, params, sharded)
+    paths = [
+        (fqn, path)
+        for fqn, path, _ in _flatten(_state_graph(case, params, True, case.world_size, 0, sharded, False))
+    ]
+    metadata = dcp_md.metadata_bytes([[i for i, _ in items] for items in plan], paths, _checkpoint_path(case))
+    return [(sum(i.length for i, _ in items), sum(p for _, p in items)) for items in plan], metadata
+
+
+def _checkpoint_path(case: Case) -> Path:
+    """The checkpoint directory as DCP records it in ``.metadata``, from the case's directory on (the run
+    directory's own path, unknown here, adds its length in bytes: tens of bytes)."""
+    return Path(case.case_id) / CHECKPOINT_DIR
 
 
 def _rank_signature(params: list[_Param], world: int, rank: int, sharded: bool) -> tuple[int, ...]:
@@ -220,20 +242,111 @@ def _rank_signature(params: list[_Param], world: int, rank: int, sharded: bool) 
     return tuple(_chunk_rows(p.shape[0], world, rank)[0] if p.shape else -1 for p in params)
 
 
-def _sharded_host_terms(
-    local_payload: int, local_model: int, model_payload: int, on_gpu: bool, regathers: bool
-) -> dict[str, int]:
+def _sharded_host_terms(local_payload: int, on_gpu: bool, regathers: bool) -> dict[str, int]:
     """What a sharded state dict holds in host memory beyond the training state.
 
     FSDP2 (and DDP): the local tensors themselves on a CPU rank, nothing new; a copy of them from a GPU.
-    FSDP1 (SHARDED_STATE_DICT, built from gathered flat parameters): on a CPU rank every unit's gathered
-    parameters stay allocated while the state dict lives (measured: the whole model's bytes at 2 and 4
-    ranks, docs/checkpointing.md), beside a new copy of the rank's optimizer state."""
-    if on_gpu:
+    FSDP1 (SHARDED_STATE_DICT and its sharded optimizer state dict): every parameter and every optimizer
+    state is rebuilt from the unit's gathered flat tensor and this rank's ``torch.chunk`` of it cloned
+    (``_shard_utils._create_chunk_sharded_tensor``): a new copy of the rank's local state."""
+    if on_gpu or regathers:
         return {"sharded_state_dict_host": local_payload}
-    if regathers:
-        return {"gathered_params_held_host": model_payload, "sharded_optim_host": local_payload - local_model}
     return {}
+
+
+def _fsdp1_flat_numel(params: list[_Param], unit: int, world: int) -> int:
+    """A unit's padded unsharded FlatParameter, elements: with ``use_orig_params`` every parameter starts
+    16-byte aligned (4 fp32 elements, ``FlatParamHandle``'s alignment padding), and the whole is padded
+    to a multiple of the world size (``_padded_unsharded_size``)."""
+    align = 16 // 4  # fp32 elements
+    offset = 0
+    for p in params:
+        if p.unit == unit:
+            offset = -(-offset // align) * align + _numel(p.shape)
+    return -(-offset // world) * world
+
+
+def _fsdp1_gather_terms(
+    params: list[_Param], world: int, rank: int, method: str, with_optim: bool
+) -> dict[str, int]:
+    """What FSDP1's state dicts add while a unit is gathered, on a CPU rank (gloo), beyond what they hold.
+
+    Each unit's flat parameter (model) and then each of its flat optimizer states (one buffer,
+    ``_allgather_orig_param_states``' ``gathered_tensor``, reused for every state name) is all-gathered
+    whole; gloo's all-gather receives into a flat buffer of the output's size of its own
+    (``ProcessGroupGloo``'s allgather: ``newLikeFlat``) and copies it out; the optimizer's gather also
+    concatenates this rank's shard first (``torch.cat``, 1/N of the flat). The peak is at the last gather
+    of the largest unit, before its own entries are cloned:
+
+    - full, rank 0 (``rank0_only``): the whole state held but the unit's last entries, plus the gathered
+      flat (P), the receive buffer (P) and with the optimizer the shard (P/N): above the full payload,
+      P with the model only, P + P/N with the optimizer;
+    - full, another rank: nothing held; 2P (model), 2P + P/N (optimizer);
+    - sharded and DCP: the local state held (a 1/N clone of each entry) but the last chunk: 2P (+ P/N with
+      the optimizer), less the last chunk not yet cloned (P/N)."""
+    units = {p.unit for p in params}
+    largest = max(units, key=lambda u: _fsdp1_flat_numel(params, u, world))
+    flat = 4 * _fsdp1_flat_numel(params, largest, world)
+    shard = flat // world
+    terms = {
+        "fsdp1_flat_gather_host": flat,
+        "gloo_allgather_receive_host": flat,
+        "fsdp1_flat_shard_host": shard if with_optim else 0,
+    }
+    if method == "full" and rank == 0:  # the unit's entries (of the state being gathered) not yet cloned
+        terms["fsdp1_entries_not_yet_cloned_host"] = -4 * sum(
+            _numel(p.shape) for p in params if p.unit == largest
+        )
+    elif method != "full":
+        terms["fsdp1_entries_not_yet_cloned_host"] = -shard
+    return terms
+
+
+def _zero1_partitions(params: list[_Param], world: int) -> list[list[_Param]]:
+    """ZeroRedundancyOptimizer's partition of the parameters (``_partition_parameters``): largest first
+    (a stable sort by numel), each to the rank with the fewest elements so far, the lowest on a tie."""
+    parts: list[list[_Param]] = [[] for _ in range(world)]
+    sizes = [0] * world
+    for p in sorted(params, key=lambda q: _numel(q.shape), reverse=True):
+        rank = sizes.index(min(sizes))
+        parts[rank].append(p)
+        sizes[rank] += _numel(p.shape)
+    return parts
+
+
+def _zero1_consolidation_terms(case: Case, params: list[_Param], rank: int) -> dict[str, int]:
+    """What ``consolidate_state_dict(to=0)`` adds in host memory (CPU ranks, gloo).
+
+    Rank by rank, the partition's owner ``torch.save``s its optimizer state dict into a BytesIO (S bytes),
+    copies it into a bytearray (S) and that into a ``torch.ByteTensor`` (S), and broadcasts it
+    (``_broadcast_object``); the legacy constructor reads the bytearray as a sequence of Python ints
+    through an 8-byte-per-element tensor first (8S, measured: 11S at its peak): 11S on the sender.
+    Rank 0 receives it into a new uint8 tensor (S), wraps it in a BytesIO, which copies
+    it (S), and ``torch.load``s it: the partition's tensors (O, kept in ``_all_state_dicts`` until the
+    state dict is saved). Rank 0's peak is at the end of a load: the partitions loaded before it, plus
+    2S + O of that one; its own partition is its optimizer's state itself (no copy on a CPU rank)."""
+    world = case.world_size
+    state = OPTIMIZER_STATE.get(case.optimizer, ())
+    group = {"lr": case.lr, **PARAM_GROUP.get(case.optimizer, {})}
+
+    def partition_state(part: list[_Param]) -> dict[str, Any]:
+        return {
+            "state": {
+                i: {n: fmt.Tensor(SAVED_DTYPE, () if scalar else p.shape) for n, scalar in state}
+                for i, p in enumerate(part)
+            },
+            "param_groups": [{**group, "params": list(range(len(part)))}],
+        }
+
+    parts = [partition_state(part) for part in _zero1_partitions(params, world)]
+    serialized = [fmt.torch_save_bytes(part) for part in parts]
+    if rank != 0:
+        return {"zero1_partition_serialized_host": 11 * serialized[rank]}
+    loaded, peak = 0, 0
+    for r in range(1, world):
+        peak = max(peak, loaded + 2 * serialized[r] + _payload(parts[r]))
+        loaded += _payload(parts[r])
+    return {"zero1_partitions_loaded_host": loaded, "zero1_partition_received_host": peak - loaded}
 
 
 def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPrediction]:
@@ -243,11 +356,10 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     params, _ = _params(case)
     world = case.world_size
     sharded = strategy.sharding.params
-    # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time,
-    # and its optimizer's from that unit's flat states, all of them gathered at once before unflattening
-    state_tensors = sum(not scalar for _, scalar in OPTIMIZER_STATE.get(case.optimizer, ()))
-    flat_gathered = 1 + (state_tensors if case.checkpoint_optimizer else 0)
+    # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
+    # (``_fsdp1_gather_terms``)
     regathers = strategy.fsdp_version == 1 and sharded
+    zero1 = strategy.fsdp_version == 0 and strategy.sharding.optim  # ZeroRedundancyOptimizer
     full_graph = _state_graph(
         case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
     )
@@ -258,13 +370,12 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + _numel(p.shape) * 4
     largest_tensor = max((_numel(p.shape) * 4 for p in params), default=0)
     largest_unit = max(unit_bytes.values(), default=0)
-    # what gathering adds while it runs: FSDP1 a unit's flat states, FSDP2 one DTensor's full tensor
-    gather_transient = flat_gathered * largest_unit if regathers else largest_tensor if sharded else 0
-    state_transient = (flat_gathered - 1) * largest_unit  # FSDP1's sharded optimizer state dict
+    # what FSDP2's gathering adds while it runs: gloo's receive buffer of one DTensor's full tensor
+    gather_transient = largest_tensor if sharded else 0
     on_gpu = case.device == "cuda"
     preds = []
     if case.checkpoint in ("dcp", "dcp_async"):
-        files = _dcp_bytes(case, params, sharded)
+        files, metadata = _dcp_bytes(case, params, sharded)
     local: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}  # ranks alike are computed once
 
     def local_terms(rank: int) -> tuple[int, int, int, int]:
@@ -286,7 +397,12 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             # gathered shards are new memory; a whole tensor already on the host is its own entry
             held = full_payload if (sharded or on_gpu) else 0
             terms["full_state_dict_host"] = held if rank == 0 else 0
-            terms["gather_transient_host"] = 0 if on_gpu else gather_transient
+            if regathers and not on_gpu:
+                terms.update(_fsdp1_gather_terms(params, world, rank, "full", case.checkpoint_optimizer))
+            else:
+                terms["gather_transient_host"] = 0 if on_gpu else gather_transient
+            if zero1 and case.checkpoint_optimizer and not on_gpu:
+                terms.update(_zero1_consolidation_terms(case, params, rank))
             if sharded and not regathers and rank != 0 and not on_gpu:
                 # get_state_dict drops a nested dict's gathered tensors on the other ranks only when
                 # that dict is done: the model's are all held at once
@@ -294,18 +410,18 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             device = largest_unit if (sharded and on_gpu) else 0
         elif case.checkpoint == "sharded":
             nbytes, payload = sharded_bytes, sharded_payload
-            terms.update(_sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers))
-            terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
+            terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
+            if regathers and not on_gpu:
+                terms.update(_fsdp1_gather_terms(params, world, rank, "sharded", case.checkpoint_optimizer))
             device = 0
         else:
             nbytes, payload = files[rank]
-            terms["dcp_metadata"] = 0  # not modelled: a few bytes per item, rank 0's .metadata file
+            nbytes += metadata if rank == 0 else 0  # DCP's coordinator writes .metadata
             terms["dcp_staged_copy_host"] = local_payload if case.checkpoint == "dcp_async" else 0
             if case.checkpoint == "dcp":
-                terms.update(
-                    _sharded_host_terms(local_payload, local_model, model_payload, on_gpu, regathers)
-                )
-            terms["regather_transient_host"] = state_transient if regathers and not on_gpu else 0
+                terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
+            if regathers and not on_gpu:
+                terms.update(_fsdp1_gather_terms(params, world, rank, "dcp", case.checkpoint_optimizer))
             device = 0
         preds.append(
             CheckpointPrediction(

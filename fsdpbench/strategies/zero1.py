@@ -20,9 +20,10 @@ class Zero1(DDP):
     name = "zero1"
     sharding = OPTIM_SHARDED
     color = "#72B7B2"
-    # ZeroRedundancyOptimizer's state dict needs consolidate_state_dict onto one rank first, which
-    # torch.distributed.checkpoint.state_dict does not call: fsdpbench runs no checkpoint of it yet
-    checkpoint_methods: ClassVar[tuple[str, ...]] = ()
+    # ZeroRedundancyOptimizer's state dict exists only after consolidate_state_dict gathers every rank's
+    # partition onto one rank (torch.distributed.checkpoint.state_dict does not call it, so no DCP or
+    # sharded state dict): the full checkpoint, rank 0 writing it, every rank loading it
+    checkpoint_methods: ClassVar[tuple[str, ...]] = ("full",)
 
     def build_optimizer(self, model: nn.Module, case: Case) -> torch.optim.Optimizer:
         cls, kwargs = get_optimizer(case.optimizer)
