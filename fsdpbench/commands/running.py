@@ -136,16 +136,27 @@ def _ranks_text(case: Any) -> str:
 @contextmanager
 def case_progress(console: Console, n_cases: int) -> Iterator[tuple[OnStart, OnDone]]:
     """A progress bar over the cases; yields run_cases' (on_start, on_done), which move it and print
-    each finished case's line above it."""
+    each finished case's line above it.
+
+    The bar is live on a terminal only, and leaves when the cases are done (the finished cases' lines
+    stay): piped or logged output cannot redraw, and its one frame, printed at the end, would name the
+    last case as if it still ran. There each finished case's line is the progress."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    if not console.is_terminal:
+
+        def print_done(case: Any, outcome: Any, rows: Any) -> None:
+            console.print(outcome_line(case, outcome, rows), highlight=False)
+
+        yield (lambda case, index: None), print_done
+        return
     progress = Progress(
         TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
-        transient=False,
+        transient=True,
     )
     with progress:
         task = progress.add_task("cases", total=n_cases)
