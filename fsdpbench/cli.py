@@ -22,7 +22,9 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; given a command line, only its verb's module is imported (``predict`` answers
+    without importing what ``run`` needs); without one, or for ``--help``, every verb's."""
     from fsdpbench import __version__
 
     parser = argparse.ArgumentParser(
@@ -33,19 +35,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fsdpbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    chosen = _verb(argv)
     for verb, help_text in COMMANDS.items():
-        module = importlib.import_module(f"fsdpbench.commands.{verb}")
         p = sub.add_parser(verb, help=help_text, description=help_text)
-        module.add_arguments(p)
-        p.set_defaults(_main=module.main)
+        if chosen in (None, verb):
+            module = importlib.import_module(f"fsdpbench.commands.{verb}")
+            module.add_arguments(p)
+            p.set_defaults(_main=module.main)
     return parser
+
+
+def _verb(argv: list[str] | None) -> str | None:
+    """The verb of a command line: its first word that is not an option (None: no verb, or not one)."""
+    first = next((w for w in argv or () if not w.startswith("-")), None)
+    return first if first in COMMANDS else None
 
 
 def main(argv: list[str] | None = None) -> None:
     # the current directory is not put on sys.path: a scenario's plugin (module:Class) is imported only
     # with `run --allow-plugins`, which then searches the current directory last (README: "What a
     # scenario file can make happen")
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
     try:
         code = args._main(args)
     except KeyboardInterrupt:

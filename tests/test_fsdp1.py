@@ -12,14 +12,14 @@ import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
-from fsdpbench.case import Case
+from fsdpbench.case import BACKWARD_PREFETCH_POLICIES, Case
 from fsdpbench.engine.wrap import get_wrap_units
 from fsdpbench.models import build_model
 from fsdpbench.models.decoder import TransformerBlock
 from fsdpbench.pipeline.scenario import build_case, parse_scenario
 from fsdpbench.precision import get_precision
 from fsdpbench.strategies import ApplyContext, get_strategy
-from fsdpbench.strategies.fsdp1 import BACKWARD_PREFETCH_MODES, auto_wrap_policy_for, mixed_precision_for
+from fsdpbench.strategies.fsdp1 import auto_wrap_policy_for, backward_prefetch_for, mixed_precision_for
 from tests.helpers import CPU, global_losses, run, tiny_case
 
 RTOL = 1e-5
@@ -87,7 +87,7 @@ def test_precision_and_prefetch_map_to_fsdp1_arguments() -> None:
     assert (bf16.param_dtype, bf16.reduce_dtype, bf16.buffer_dtype) == (torch.bfloat16, torch.float32, None)
     low = mixed_precision_for(get_precision("fp16-lowreduce"))
     assert (low.param_dtype, low.reduce_dtype) == (torch.float16, torch.float16)
-    assert BACKWARD_PREFETCH_MODES == {
+    assert {mode: backward_prefetch_for(mode) for mode in BACKWARD_PREFETCH_POLICIES} == {
         "pre": BackwardPrefetch.BACKWARD_PRE,
         "post": BackwardPrefetch.BACKWARD_POST,
         "none": None,

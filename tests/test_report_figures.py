@@ -12,6 +12,7 @@ import pytest
 from fsdpbench.report import build_panels, write_report
 from fsdpbench.report.data import build_case_frame, load_runs, ranks_label
 from fsdpbench.report.figures import (
+    KEY_GROUP,
     build_memory_breakdown_panel,
     build_memory_scaling_panel,
     build_memory_timeline_panel,
@@ -68,7 +69,8 @@ def _case(
 
 
 def _traces(fig, name: str, group: str | None = None) -> list:
-    return [t for t in fig.data if t.name == name and (group is None or t.legendgroup == group)]
+    """The traces named ``name`` (or, in the memory-scaling figure, whose ``meta`` says so), of ``group``."""
+    return [t for t in fig.data if name in (t.name, t.meta) and (group is None or t.legendgroup == group)]
 
 
 # --- the case frame -----------------------------------------------------------------------------------------
@@ -150,7 +152,7 @@ def test_memory_scaling_draws_measured_markers_and_predicted_lines_per_strategy(
     panel = build_memory_scaling_panel(cases)
     fig = panel.figure
     assert fig is not None and panel.missing is None
-    groups = sorted(dict.fromkeys(t.legendgroup for t in fig.data))
+    groups = sorted(dict.fromkeys(t.legendgroup for t in fig.data if t.legendgroup != KEY_GROUP))
     assert groups == [
         "ddp prefetch=0 fp32",
         "zero2 prefetch=0 fp32",
@@ -186,10 +188,58 @@ def test_memory_scaling_draws_traced_lines_when_the_columns_exist(cases):
     assert not any("traced" in n for n in panel.notes)
 
 
+def test_memory_scaling_legend_has_one_entry_per_series_and_a_key(cases):
+    """Not six entries per series (30 that scroll, hsdp off-screen): one per series, then what marks mean."""
+    both = cases.assign(
+        traced_peak_bytes=cases["pred_peak_bytes"], traced_model_states_bytes=cases["pred_model_states_bytes"]
+    )
+    fig = build_memory_scaling_panel(both).figure
+    shown = [t for t in fig.data if t.showlegend is not False]
+    series = [t.name for t in shown if t.legendgroup != KEY_GROUP]
+    assert series == [
+        "ddp prefetch=0 fp32",
+        "zero2 prefetch=0 fp32",
+        "zero3 prefetch=0 fp32",
+        "zero3 prefetch=1 fp32",
+        "zero3 prefetch=0 bf16",
+    ] or sorted(series) == sorted(
+        dict.fromkeys(t.legendgroup for t in fig.data if t.legendgroup != KEY_GROUP)
+    )
+    assert len(series) == 5 and all(t.meta == "measured peak" for t in shown if t.legendgroup != KEY_GROUP)
+    key = [t.name for t in shown if t.legendgroup == KEY_GROUP]
+    assert key == [
+        "measured peak",
+        "measured model states",
+        "analytic peak",
+        "analytic model states",
+        "traced peak",
+        "traced model states",
+    ]
+    assert len(shown) == 11 and fig.layout.legend.groupclick == "togglegroup"
+
+
+def test_a_traced_line_on_the_analytic_one_stays_visible(cases):
+    """Traced = analytic to the byte (as in the quickstart): the traced line has markers of its own, drawn
+    after (above) the analytic line, and a dash of its own."""
+    same = cases.assign(traced_peak_bytes=cases["pred_peak_bytes"])
+    fig = build_memory_scaling_panel(same).figure
+    group = "zero3 prefetch=0 fp32"
+    (analytic,) = _traces(fig, "analytic peak", group)
+    (traced,) = _traces(fig, "traced peak", group)
+    (measured,) = _traces(fig, "measured peak", group)
+    assert list(traced.y) == list(analytic.y)
+    assert "markers" in traced.mode and traced.marker.symbol not in (
+        analytic.marker.symbol,
+        measured.marker.symbol,
+    )
+    assert traced.line.dash != analytic.line.dash
+    assert list(fig.data).index(traced) > list(fig.data).index(analytic)
+
+
 def test_memory_scaling_without_predictions_keeps_the_measurement_and_says_why(cases):
     bare = cases.drop(columns=[c for c in cases if c.startswith("pred_")])
     panel = build_memory_scaling_panel(bare)
-    assert {t.name for t in panel.figure.data} == {"measured peak", "measured model states"}
+    assert {t.meta for t in panel.figure.data} == {"measured peak", "measured model states", None}
     assert any(n.startswith("analytic prediction not in this run") for n in panel.notes)
 
 
@@ -309,13 +359,43 @@ def test_speedup_relative_to_ddp_at_the_same_world_size(cases):
 def test_comm_bytes_stacked_by_collective_with_the_analytic_total(cases):
     panel = build_comm_bytes_panel(cases)
     fig = panel.figure
-    assert [t.name for t in fig.data] == ["all_gather", "reduce_scatter", "all_reduce", "analytic total"]
+    assert [t.name for t in fig.data] == [
+        "all_gather",
+        "reduce_scatter",
+        "all_reduce",
+        "no communication",
+        "analytic total",
+    ]
     labels = list(fig.data[0].x)
     i = labels.index(_case(cases, "zero3", 4)["label"])
     assert fig.data[0].y[i] == pytest.approx(2 * 3 / 4 * 4 * PSI / MiB)  # ZeRO-3: two all-gathers
     j = labels.index(_case(cases, "ddp", 2)["label"])
     assert fig.data[2].y[j] == pytest.approx(2 * 1 / 2 * 4 * PSI / MiB)  # all-reduce 2(N-1)/N·S
     assert "(N−1)/N·S" in panel.caption
+
+
+def test_one_rank_cases_read_no_communication_where_their_bar_would_be(cases):
+    fig = build_comm_bytes_panel(cases).figure
+    (label,) = _traces(fig, "no communication")
+    one_rank = [r["label"] for _, r in cases.iterrows() if r["status"] == "ok" and r["world_size"] == 1]
+    assert list(label.x) == one_rank and len(one_rank) == 3
+    assert set(label.text) == {"no communication (1 rank)"} and label.mode == "text"
+    for bars in fig.data[:3]:  # their bars are empty: the label is what a reader sees there
+        assert all(y == 0 for x, y in zip(bars.x, bars.y) if x in one_rank)
+
+
+def test_tradeoff_keys_colour_and_shape_in_the_legend_without_overprinted_labels(cases):
+    fig = build_tradeoff_panel(cases).figure
+    points = [t for t in fig.data if t.legendgroup == "strategy"]
+    key = [t for t in fig.data if t.legendgroup == "world_size"]
+    assert [t.name for t in points] == ["ddp", "zero2", "zero3"]
+    assert all(t.mode == "markers" and t.text is None for t in points)  # no "n1" beside each marker
+    assert [t.name for t in key] == ["N = 1", "N = 2", "N = 4"]
+    shape = {t.name: t.marker.symbol for t in key}
+    (zero3,) = [t for t in points if t.name == "zero3"]
+    n = [int(label.split(" n")[1].split()[0]) for label in zero3.customdata]
+    assert list(zero3.marker.symbol) == [shape[f"N = {k}"] for k in n]
+    assert len(set(shape.values())) == 3
 
 
 def test_comm_and_overlap_absent_say_not_measured(cases):
@@ -467,3 +547,35 @@ def test_several_runs_are_overlaid_with_run_labels(tmp_path):
     assert data.cases["label"].is_unique and data.cases["label"].str.contains(r"\[a/run\]").sum() == 13
     path = write_report([a, b], tmp_path / "both.html")
     assert path.exists() and "a/run" in path.read_text()
+
+
+def _case_table_html(tmp_path, command: str, traced: bool) -> str:
+    from fsdpbench.report.page import render_case_table
+
+    data = load_runs([write_synthetic_run(tmp_path / "syn", timelines=False)])
+    if traced:
+        data.cases = data.cases.assign(traced_peak_bytes=2 * MiB, traced_peak_err=-0.0125)
+    data.runs[0].meta.update(command=command, predictions=["analytic", "traced"] if traced else ["analytic"])
+    return render_case_table(data)
+
+
+def _headers(html: str) -> list[str]:
+    return re.findall(r"<th[^>]*>(.*?)</th>", html)
+
+
+def test_every_case_table_has_no_empty_columns_and_traced_beside_analytic(tmp_path):
+    html = _case_table_html(tmp_path, "fsdpbench run scenarios/quickstart.yaml", traced=True)
+    headers = _headers(html)
+    assert not [h for h in headers if "DeepSpeed" in h]  # no ds_* case in the run: every cell was "—"
+    i = headers.index("peak error")
+    assert headers[i + 1 : i + 3] == ["peak traced", "traced error"]
+    assert headers[i - 2 : i] == ["peak measured (tracker)", "peak predicted"]
+
+
+def test_every_case_caption_says_where_the_traced_predictions_came_from(tmp_path):
+    scenario = _case_table_html(tmp_path / "a", "fsdpbench run scenarios/quickstart.yaml", traced=True)
+    assert "asked for by the scenario&#x27;s traced: true" in scenario and "--traced" not in scenario
+    flag = _case_table_html(tmp_path / "b", "fsdpbench compare --world-size 2 --traced", traced=True)
+    assert "asked for by --traced on the command line" in flag
+    none = _case_table_html(tmp_path / "c", "fsdpbench run scenarios/ci.yaml", traced=False)
+    assert "no traced predictions" in none and "peak traced" not in _headers(none)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -72,6 +75,42 @@ def _ok(x: object) -> bool:
     return x is not None and x == x
 
 
+def _cells(row: Any, *, gpu: bool, bare: bool) -> list[Text | str]:
+    """One case's cells, in the summary's column order."""
+    ms = row.step_time_ms
+    status = row.status if row.status == OK else f"{row.status}: {str(row.error)[:60]}"
+    spread = f" ({row.p10_ms:.0f}–{row.p90_ms:.0f})" if _ok(row.p10_ms) and _ok(row.p90_ms) else ""
+    return [  # Text: an error message is never read as markup
+        Text(str(row.case_id)),
+        Text(str(row.strategy)),
+        f"{row.world_size} {row.device}"
+        if row.mode != EMULATED
+        else f"{row.ranks_run} of {row.world_size} {row.device}, emulated",
+        f"{ms:.1f} ms{spread}" if _ok(ms) else "—",
+        row.throughput,
+        *([row.compute] if gpu else []),
+        *([row.harness_overhead] if bare else []),
+        fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
+        Text(str(status)),
+    ]
+
+
+def _print_stacked(console: Console, title: str, columns: list[str], rows: list[list[Text | str]]) -> None:
+    """The summary for a console narrower than its table: each case's id on a line of its own (whole,
+    to find its directory), then its cells as ``heading value`` pairs, each pair kept on one line."""
+    console.print(title, highlight=False)
+    for cells in rows:
+        console.print(Text(str(cells[0]), style="bold"), highlight=False, overflow="ignore", crop=False)
+        pairs = [f"{heading} {cell}" for heading, cell in zip(columns[1:], cells[1:], strict=True)]
+        line = Text("  ")
+        for pair in pairs:
+            if len(line) > 2 and len(line) + 3 + len(pair) > console.width:
+                console.print(line, highlight=False)
+                line = Text("  ")
+            line.append(("" if len(line) == 2 else " · ") + pair)
+        console.print(line, highlight=False)
+
+
 def print_summary(frame: pd.DataFrame, console: Console) -> None:
     cases = case_table(frame)
     counts = {(int(r.steps), int(r.warmup)) for r in cases.itertuples() if _ok(r.steps) and _ok(r.warmup)}
@@ -79,35 +118,29 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
     if len(counts) == 1:
         steps, warmup = next(iter(counts))
         how = f" of {steps} timed steps after {warmup} warm-up"
-    table = Table(
-        title=f"cases (step time: slowest rank's median{how}, p10–p90; "
-        "peak: live tensors, tracker, largest rank)"
+    title = (
+        f"cases (step time: slowest rank's median{how}, p10–p90; peak: live tensors, tracker, largest rank)"
     )
     gpu = (cases[DEVICE] != "cpu").any()
     bare = bool(cases["has_bare_loop"].any())
     columns = ["case", "strategy", "ranks", "step time (p10–p90)", "throughput"]
     columns += ["MFU (TFLOP/s)"] if gpu else []  # on CPU ranks not meaningful: said once below the table
     columns += ["harness overhead"] if bare else []  # only with a bare loop (bare_steps)
-    for col in (*columns, "peak / rank", STATUS):
-        table.add_column(col, justify="left" if col in ("case", "strategy", STATUS) else "right")
-    for row in cases.itertuples():
-        ms = row.step_time_ms
-        status = row.status if row.status == OK else f"{row.status}: {str(row.error)[:60]}"
-        spread = f" ({row.p10_ms:.0f}–{row.p90_ms:.0f})" if _ok(row.p10_ms) and _ok(row.p90_ms) else ""
-        table.add_row(  # Text: an error message is never read as markup
-            Text(str(row.case_id)),
-            Text(str(row.strategy)),
-            f"{row.world_size} {row.device}"
-            if row.mode != EMULATED
-            else f"{row.ranks_run} of {row.world_size} {row.device}, emulated",
-            f"{ms:.1f} ms{spread}" if _ok(ms) else "—",
-            row.throughput,
-            *([row.compute] if gpu else []),
-            *([row.harness_overhead] if bare else []),
-            fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
-            Text(str(status)),
+    columns += ["peak / rank", STATUS]
+    rows = [_cells(row, gpu=gpu, bare=bare) for row in cases.itertuples()]
+    table = Table(title=title)
+    for col in columns:
+        # a cell never wraps: a case id cut or folded cannot be found among the run's directories
+        table.add_column(
+            col, justify="left" if col in ("case", "strategy", STATUS) else "right", no_wrap=True
         )
-    console.print(table)
+    for cells in rows:
+        table.add_row(*cells)
+    natural = Measurement.get(console, console.options.update_width(10**6), table).maximum
+    if natural <= console.width:
+        console.print(table)
+    else:  # narrower than the table (80 columns, piped or logged): one block per case, nothing cut
+        _print_stacked(console, title, columns, rows)
     if (cases[DEVICE] == "cpu").any():
         console.print(
             "MFU and achieved TFLOP/s: not meaningful on CPU ranks (no datasheet peak)", highlight=False

@@ -16,10 +16,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from fsdpbench.pipeline.safe_yaml import YamlInputError, load_yaml
-from fsdpbench.pipeline.scenario import ScenarioError
 from fsdpbench.schema import CASE_STEP_TIME, OK, SKIPPED
 
 # run_cases' callbacks: on_start(case, index) and on_done(case, outcome, rows)
@@ -55,6 +52,9 @@ def link_spec(value: str) -> str | None:
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """--set FIELD=VALUE items as a dict, each value read as YAML."""
+    from fsdpbench.pipeline.safe_yaml import YamlInputError, load_yaml
+    from fsdpbench.pipeline.scenario import ScenarioError
+
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -71,7 +71,7 @@ def validate_overrides(overrides: dict[str, Any]) -> None:
     """Each --set field is a case field and its value valid for it (ScenarioError names which not)."""
     from pydantic import ValidationError
 
-    from fsdpbench.pipeline.scenario import CaseFields
+    from fsdpbench.pipeline.scenario import CaseFields, ScenarioError
 
     for key, value in overrides.items():
         if key not in CaseFields.model_fields:
@@ -136,14 +136,27 @@ def _ranks_text(case: Any) -> str:
 @contextmanager
 def case_progress(console: Console, n_cases: int) -> Iterator[tuple[OnStart, OnDone]]:
     """A progress bar over the cases; yields run_cases' (on_start, on_done), which move it and print
-    each finished case's line above it."""
+    each finished case's line above it.
+
+    The bar is live on a terminal only, and leaves when the cases are done (the finished cases' lines
+    stay): piped or logged output cannot redraw, and its one frame, printed at the end, would name the
+    last case as if it still ran. There each finished case's line is the progress."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not console.is_terminal:
+
+        def print_done(case: Any, outcome: Any, rows: Any) -> None:
+            console.print(outcome_line(case, outcome, rows), highlight=False)
+
+        yield (lambda case, index: None), print_done
+        return
     progress = Progress(
         TextColumn("{task.description}", markup=False),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
-        transient=False,
+        transient=True,
     )
     with progress:
         task = progress.add_task("cases", total=n_cases)

@@ -16,14 +16,15 @@ And one measurement: ``state_placement_bytes`` — where the strategy keeps this
 
 from __future__ import annotations
 
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from fsdpbench.case import Case
 from fsdpbench.models import resolve_model
 from fsdpbench.schema import PLACEMENT
+
+if TYPE_CHECKING:  # the case rules run without torch (scenario validation, the analytic prediction)
+    import torch
+    from torch import nn
 
 _DEFAULT = Case()
 # knobs only FSDP1 reads (a strategy with ``fsdp_version = 1`` reads them)
@@ -107,7 +108,7 @@ def check_knobs(case: Case, strategy: Any) -> str | None:
             f"cpu_offload applies to FSDP strategies (zero2, zero3, hsdp, fsdp1_*); "
             f"{strategy.name} keeps every state on the compute device"
         )
-    if (case.activation_checkpointing or case.compile) and not _blocks(case):
+    if (case.activation_checkpointing or case.compile) and not resolve_model(case.model)[0].block_class_names:
         knob = "activation_checkpointing" if case.activation_checkpointing else "compile"
         return f"{knob} is applied per block and model {case.model!r} declares no block classes"
     return None

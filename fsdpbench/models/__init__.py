@@ -1,9 +1,11 @@
-"""Models: the registry (``fsdpbench/models/registry.py``) and the families that register themselves in
-it, one file each, imported here."""
+"""Models: the registry (``fsdpbench/models/registry.py``) and the families declared in it
+(``fsdpbench/models/families/``), whose torch side (``decoder.py``, ``mlp.py``, …) is imported only
+when a model is built, fed or scored."""
 
-from fsdpbench.models import decoder, hf, mlp, mnist_cnn  # noqa: F401  (registration)
+from fsdpbench.models import families  # noqa: F401  (registration)
 from fsdpbench.models.registry import (
     ModelDef,
+    ParamShape,
     Preset,
     build_model,
     check_model_args,
@@ -17,6 +19,7 @@ from fsdpbench.models.registry import (
 
 __all__ = [
     "ModelDef",
+    "ParamShape",
     "Preset",
     "build_model",
     "check_model_args",

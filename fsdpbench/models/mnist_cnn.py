@@ -8,8 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fsdpbench.models.registry import ModelDef, register_model
-
 
 class Net(nn.Module):
     """As in the FSDP tutorial; input 1×28×28, log-probabilities out."""
@@ -35,20 +33,11 @@ class Net(nn.Module):
         return F.log_softmax(x, dim=1)
 
 
-def _make_batch(args: dict[str, Any], batch: int, seq_len: int, gen: torch.Generator):
+def make_batch(args: dict[str, Any], batch: int, seq_len: int, gen: torch.Generator):
     x = torch.randn(batch, 1, 28, 28, generator=gen)
     y = torch.randint(0, 10, (batch,), generator=gen)
     return x, y
 
 
-register_model(
-    ModelDef(
-        name="mnist-cnn",
-        build=Net,
-        defaults={"dropout": True},
-        make_batch=_make_batch,
-        loss=F.nll_loss,
-        block_classes=lambda args: (nn.Conv2d, nn.Linear),
-        description="FSDP tutorial MNIST CNN (1.2M params), synthetic 28×28 images",
-    )
-)
+def block_classes(args: dict[str, Any]) -> tuple[type[nn.Module], ...]:
+    return (nn.Conv2d, nn.Linear)

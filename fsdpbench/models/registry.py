@@ -1,23 +1,59 @@
 """The model registry: a model is a builder, a synthetic-batch maker, a loss and its block classes.
 
 Presets are named argument sets of a registered model (``decoder-tiny``, ``llama-7b``, …).
-A new model is one new file with one ``register_model`` call in it, plus one line in
-``fsdpbench/models/__init__.py`` that imports it.
+A family is declared in ``fsdpbench/models/families/<family>.py`` as plain data — its arguments,
+presets, block class names and, where it can say so without building the model, every parameter's
+shape — and names its torch side (``fsdpbench/models/<family>.py``: the modules, the batch, the loss)
+by ``"module:attr"`` references that are imported when first called. So the registry, a scenario's
+validation and the analytic memory model never import torch. A new model is one family file with one
+``register_model`` call, its torch module, and one line in ``fsdpbench/models/families/__init__.py``.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import torch
-from torch import nn
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+
+@dataclass(frozen=True, slots=True)
+class TorchSide:
+    """A callable of a family's torch side, named ``"module:attr"``: imported on its first call, so that
+    declaring (and validating, and predicting) a model costs no ``import torch``."""
+
+    path: str
+
+    def resolve(self) -> Callable[..., Any]:
+        return _resolve(self.path)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+
+@functools.cache
+def _resolve(path: str) -> Callable[..., Any]:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+class ParamShape(NamedTuple):
+    """One parameter as the analytic memory model sees it, declared without building the model."""
+
+    name: str
+    shape: tuple[int, ...]
+    block: int  # index of the block (wrap unit) that owns it, in forward order; -1: the root
+    autocast: bool = False  # weight of an op that autocast runs in 16 bits (Linear, Conv)
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelDef:
-    """How to build, feed and score one family of models."""
+    """How to build, feed and score one family of models, and what the memory model needs of it."""
 
     name: str
     build: Callable[..., nn.Module]
@@ -25,11 +61,16 @@ class ModelDef:
     make_batch: Callable[[dict[str, Any], int, int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     block_classes: Callable[[dict[str, Any]], tuple[type[nn.Module], ...]]
+    # the class names of ``block_classes`` (the per-block wrap units), known without importing them
+    block_class_names: tuple[str, ...]
     is_sequence: bool = False
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     # constraints between arguments (e.g. heads divide the width): why a full argument set is invalid
     check_args: Callable[[dict[str, Any]], str | None] | None = None
+    # every trainable parameter in ``model.parameters()`` order, and the number of blocks, from the
+    # arguments alone (a 70B decoder in microseconds); None: the memory model builds it on the meta device
+    param_shapes: Callable[[dict[str, Any]], tuple[tuple[ParamShape, ...], int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +164,8 @@ def build_model(
     name: str, overrides: dict[str, Any] | None = None, *, device: str | torch.device = "cpu"
 ) -> nn.Module:
     """Build a model (use device='meta' to get its structure without allocating)."""
+    import torch
+
     mdef, args = resolve_model(name, overrides)
     with torch.device(device):
         return mdef.build(**args)
@@ -138,6 +181,8 @@ def make_global_batch(
     name: str, overrides: dict[str, Any] | None, global_batch: int, seq_len: int, seed: int, step: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The synthetic global batch of one step: identical on every rank and in a 1-rank reference."""
+    import torch
+
     mdef, args = resolve_model(name, overrides)
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
     return mdef.make_batch(args, global_batch, seq_len, gen)

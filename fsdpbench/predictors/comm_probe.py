@@ -7,7 +7,9 @@ gloo's reduce-scatter, which is an all-reduce), all-gather (``all_gather_into_te
 warm-up. Per kind, a line through its (S·factor, time) points — the nccl-tests factor of
 comm_model.py — gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that
 the small messages, where α is everything, count as much as the large ones. A line through all the
-points is the link's fallback for other kinds. The processes write nothing to the terminal.
+points is the link's fallback for other kinds. The processes write nothing to the terminal: each
+one's file descriptors 1 and 2 (where gloo's, torch's and kineto's C++ log lines go) are its log,
+``<run dir>/comm_probe/gloo_n<N>_rank<r>.log``, as a case rank's are its ``rank<r>.log``.
 The result is cached as ``<run dir>/comm_probe/gloo_n<N>.json`` with its points, so a run's
 modelled figures can be traced to the measurement behind them, and re-used on resume.
 
@@ -40,11 +42,14 @@ PROBE_KINDS = ("all_reduce", "all_gather", "broadcast")
 PROBE_REPS = 8
 
 
-def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int) -> None:
+def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str) -> None:
     """One probe process: join the gloo group, time every (kind, size), rank 0 writes the medians."""
-    devnull = os.open(os.devnull, os.O_WRONLY)  # quiet: gloo's and torch's log lines are not the user's
-    os.dup2(devnull, 1)
-    os.dup2(devnull, 2)
+    # at the file-descriptor level, before torch is imported: the C++ libraries write to fds 1 and 2
+    # directly, past Python's sys.stdout; their lines are the run's record, not the user's terminal
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
     import warnings
 
     import torch
@@ -128,16 +133,28 @@ def fit_link(points: list[dict[str, Any]], world_size: int, name: str = "gloo") 
     )
 
 
-def run_probe(world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0) -> dict[str, Any]:
-    """Start ``world_size`` processes, run the probe, return rank 0's points."""
+def probe_log_path(log_dir: Path, world_size: int, rank: int) -> Path:
+    """Where probe process ``rank`` of a ``world_size``-process probe writes its output."""
+    return Path(log_dir) / f"gloo_n{world_size}_rank{rank}.log"
+
+
+def run_probe(
+    world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0, log_dir: Path | None = None
+) -> dict[str, Any]:
+    """Start ``world_size`` processes, run the probe, return rank 0's points. The processes' output goes
+    to ``probe_log_path(log_dir, …)`` (without ``log_dir``: nowhere)."""
     from multiprocessing import get_context
 
     ctx = get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "points.json")
+        logs = [
+            str(probe_log_path(log_dir, world_size, r)) if log_dir else os.devnull for r in range(world_size)
+        ]
         port = free_port()
         procs = [
-            ctx.Process(target=_probe_rank, args=(r, world_size, port, out, reps)) for r in range(world_size)
+            ctx.Process(target=_probe_rank, args=(r, world_size, port, out, reps, logs[r]))
+            for r in range(world_size)
         ]
         for p in procs:
             p.start()
@@ -149,7 +166,8 @@ def run_probe(world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0)
                 p.kill()
                 p.join()
         if any(p.exitcode != 0 for p in procs) or not Path(out).exists():
-            raise RuntimeError(f"gloo probe failed (exit codes {[p.exitcode for p in procs]})")
+            where = f"; their output: {Path(logs[0]).parent}" if log_dir else ""
+            raise RuntimeError(f"gloo probe failed (exit codes {[p.exitcode for p in procs]}{where})")
         return json.loads(Path(out).read_text())
 
 
@@ -161,10 +179,10 @@ def probe(run_dir: Path, world_size: int) -> dict[str, Any]:
     if path.exists():
         return json.loads(path.read_text())
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
-    measured = run_probe(world_size)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    measured = run_probe(world_size, log_dir=path.parent)
     link = fit_link(measured["points"], world_size)
     result = {"link": link.to_dict(), "world_size": world_size, **measured}
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1))
     tmp.replace(path)

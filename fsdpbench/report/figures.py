@@ -50,12 +50,20 @@ BREAKDOWN_COLORS = {
     "unsharded params/grads + comm buffers": "#E45756",
     "other": "#BAB0AC",
 }
-_SCALING_LINES = (  # (column, what, dash)
-    (PRED_PEAK, "analytic peak", "solid"),
-    (PRED_MODEL_STATES, "analytic model states", "dash"),
-    (TRACED_PEAK, "traced peak", "dot"),
-    (TRACED_MODEL_STATES, "traced model states", "dashdot"),
+# (column, what, dash, marker): a traced line often lies on the analytic one, so it has markers of its own
+# (drawn last, on top) that show where the lines coincide
+_SCALING_LINES: tuple[tuple[str, str, str, str | None], ...] = (
+    (PRED_PEAK, "analytic peak", "solid", None),
+    (PRED_MODEL_STATES, "analytic model states", "dash", None),
+    (TRACED_PEAK, "traced peak", "dot", "x-thin-open"),
+    (TRACED_MODEL_STATES, "traced model states", "dashdot", "cross-thin-open"),
 )
+_MEASURED_MARKS = (  # (column, what, marker symbol, size)
+    (TRACKER_PEAK, "measured peak", "circle", 11),
+    (TRACKER_MODEL_STATES, "measured model states", "diamond-open", 10),
+)
+KEY_GROUP = "key"  # the legend's entries that say what each mark and line is, in grey
+_KEY_COLOR = "#555"
 
 
 def series_key_axes(cases: pd.DataFrame) -> list[str]:
@@ -81,7 +89,7 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
             title,
             "not measured in this run: no case finished with a tracker peak (mem_tracker_peak_bytes)",
         )
-    value_cols = [TRACKER_PEAK, TRACKER_MODEL_STATES] + [c for c, _, _ in _SCALING_LINES]
+    value_cols = [TRACKER_PEAK, TRACKER_MODEL_STATES] + [c for c, *_ in _SCALING_LINES]
     unit, div = byte_unit([v for c in value_cols if c in ok for v in ok[c]])
     axes = series_key_axes(ok)
     several_runs = ok[RUN].nunique() > 1 if RUN in ok else False
@@ -90,6 +98,7 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
     fig = go.Figure()
     for name, sub in ok.groupby("_series", sort=False):
         fig.add_traces(_scaling_traces(sub.sort_values("world_size"), name, unit, div))
+    fig.add_traces(_scaling_key(ok))
     sizes = sorted({int(n) for n in ok["world_size"]})
     fig.update_layout(
         **base_layout(
@@ -98,6 +107,8 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
             ),
             yaxis=dict(title=f"memory per rank ({unit})", rangemode="tozero"),
             height=620,
+            # one entry per series (click: show or hide all its marks), then the key: never 6 per series
+            legend=dict(orientation="v", x=1.02, y=1, xanchor="left", groupclick="togglegroup"),
         )
     )
     notes = []
@@ -109,62 +120,90 @@ def build_memory_scaling_panel(cases: pd.DataFrame) -> Panel:
             "or traced: true in the scenario"
         )
     caption = (
-        f"Per-rank memory against world size N, one colour per strategy. Markers are measured by the "
-        f"{TRACKER_SOURCE} in the memory-tracked step: ● total at the peak of the largest rank, "
-        f"◇ model states (params + grads + optimizer state after optimizer.step). Lines are predictions for "
-        f"the same cases: solid = analytic peak, dashed = analytic model states (P+G+K)·Ψ/N, dotted = "
-        f"traced. Ranks: {describe_ranks(ok)}."
+        f"Per-rank memory against world size N, one colour per series (the legend names them; the key "
+        f"below them, in grey, says what each mark is). Markers are measured by the {TRACKER_SOURCE} in "
+        f"the memory-tracked step: ● total at the peak of the largest rank, ◇ model states (params + grads "
+        f"+ optimizer state after optimizer.step). Lines are predictions for the same cases: solid = "
+        f"analytic peak, dashed = analytic model states (P+G+K)·Ψ/N, dotted with × = traced peak, "
+        f"dash-dot with + = traced model states (where a traced line lies on the analytic one, its × and + "
+        f"show it). Ranks: {describe_ranks(ok)}."
     )
     return Panel(key="memory_scaling", title=title, caption=caption, figure=fig, notes=notes)
 
 
 def _scaling_traces(sub: pd.DataFrame, name: str, unit: str, div: float) -> list[go.Scatter]:
-    """One series of the scaling figure, grouped in the legend under ``name``: measured markers, predicted
-    lines."""
+    """One series of the scaling figure: measured markers, predicted lines, one legend entry (its measured
+    peak, named ``name``) for all of them; each trace's ``meta`` says what it is."""
     color = strategy_color(sub["strategy"].iloc[0])
-    group = dict(legendgroup=name, legendgrouptitle_text=name)
-    traces = [
-        _by_world_size(
-            sub,
-            TRACKER_PEAK,
-            div,
-            mode="markers",
-            name="measured peak",
-            marker=dict(color=color, size=11, symbol="circle"),
-            **group,
-            text=[_scaling_hover(r, unit, div) for _, r in sub.iterrows()],
-            hoverinfo="text",
-        )
-    ]
-    if has_values(sub, TRACKER_MODEL_STATES):
-        states_marker = dict(color=color, size=10, symbol="diamond-open", line=dict(width=2))
-        traces.append(
-            _by_world_size(
-                sub,
-                TRACKER_MODEL_STATES,
-                div,
-                mode="markers",
-                name="measured model states",
-                **group,
-                marker=states_marker,
+    traces = []
+    for col, what, symbol, size in _MEASURED_MARKS:
+        if col == TRACKER_PEAK or has_values(sub, col):
+            hover = dict(text=[_scaling_hover(r, unit, div) for _, r in sub.iterrows()], hoverinfo="text")
+            traces.append(
+                _by_world_size(
+                    sub,
+                    col,
+                    div,
+                    mode="markers",
+                    name=name if col == TRACKER_PEAK else what,
+                    meta=what,
+                    legendgroup=name,
+                    showlegend=col == TRACKER_PEAK,
+                    marker=_mark(color, symbol, size),
+                    **(hover if col == TRACKER_PEAK else {}),
+                )
             )
-        )
-    for col, what, dash in _SCALING_LINES:
+    for col, what, dash, line_symbol in _SCALING_LINES:
         if has_values(sub, col):
             pts = sub[sub[col].notna()]
+            marker = dict(symbol=line_symbol or "line-ew-open", size=14, color=color)
             traces.append(
                 _by_world_size(
                     pts,
                     col,
                     div,
-                    mode="lines+markers" if len(pts) == 1 else "lines",
+                    mode="lines+markers" if line_symbol or len(pts) == 1 else "lines",
                     name=what,
-                    line=dict(color=color, dash=dash, width=2),
-                    marker=dict(symbol="line-ew-open", size=14, color=color),
-                    **group,
+                    meta=what,
+                    legendgroup=name,
+                    showlegend=False,
+                    line=dict(color=color, dash=dash, width=3 if line_symbol else 2),
+                    marker=marker,
                 )
             )
     return traces
+
+
+def _mark(color: str, symbol: str, size: int) -> dict[str, Any]:
+    """A measured marker: an open symbol drawn with a 2-px outline in its colour."""
+    outline = dict(line=dict(width=2)) if symbol.endswith("-open") else {}
+    return dict(color=color, size=size, symbol=symbol, **outline)
+
+
+def _scaling_key(ok: pd.DataFrame) -> list[go.Scatter]:
+    """Legend-only grey entries for the marks and lines the figure draws: what ●, ◇ and each dash mean."""
+    key = []
+    for col, what, symbol, size in _MEASURED_MARKS:
+        if has_values(ok, col):
+            marker = _mark(_KEY_COLOR, symbol, size)
+            key.append(dict(name=what, mode="markers", marker=marker))
+    for col, what, dash, line_symbol in _SCALING_LINES:
+        if has_values(ok, col):
+            line = dict(color=_KEY_COLOR, dash=dash, width=3 if line_symbol else 2)
+            marker = dict(color=_KEY_COLOR, size=12, symbol=line_symbol or "line-ew-open")
+            mode = "lines+markers" if line_symbol else "lines"
+            key.append(dict(name=what, mode=mode, line=line, marker=marker))
+    return [
+        go.Scatter(
+            x=[None],
+            y=[None],
+            legendgroup=KEY_GROUP,
+            legendgrouptitle_text="key (every colour)",
+            hoverinfo="skip",
+            **entry,
+        )
+        for entry in key
+    ]
 
 
 def _by_world_size(rows: pd.DataFrame, column: str, div: float, **scatter: Any) -> go.Scatter:

@@ -46,6 +46,8 @@ COMM_COLORS = {
     "other": "#BAB0AC",
 }
 # the axes that get their own sweep view when a scenario varies them, with their natural order
+# the trade-off figure's marker shape per world size (in order of the sizes in the run)
+TRADEOFF_SYMBOLS = ("circle", "square", "diamond", "triangle-up", "cross", "x", "star", "hexagon")
 SWEEP_AXES = {"wrap": WRAPS, "prefetch": None, "precision": PRECISIONS, "activation_checkpointing": None}
 
 
@@ -184,26 +186,39 @@ def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
         )
     unit, div = byte_unit(ok[TRACKER_PEAK])
     fig = go.Figure()
-    symbols = ["circle", "square", "diamond", "triangle-up", "cross", "x", "star", "hexagon"]
     sizes = sorted({int(n) for n in ok["world_size"]})
+    symbol = {n: TRADEOFF_SYMBOLS[i % len(TRADEOFF_SYMBOLS)] for i, n in enumerate(sizes)}
     for strategy in ordered_strategies(ok):
         sub = ok[ok["strategy"] == strategy]
         fig.add_trace(
-            go.Scatter(
+            go.Scatter(  # no text beside the markers: at equal speed and memory labels overprint ("n1n1")
                 x=sub[STEP_TIME].tolist(),
                 y=(sub[TRACKER_PEAK] / div).tolist(),
-                mode="markers+text",
+                mode="markers",
                 name=strategy,
-                text=[f"n{int(n)}" for n in sub["world_size"]],
-                textposition="top center",
+                legendgroup="strategy",
+                legendgrouptitle_text="strategy (colour)",
                 marker=dict(
                     color=strategy_color(strategy),
                     size=12,
-                    symbol=[symbols[sizes.index(int(n)) % len(symbols)] for n in sub["world_size"]],
+                    symbol=[symbol[int(n)] for n in sub["world_size"]],
                 ),
                 customdata=sub["label"].tolist(),
                 hovertemplate="%{customdata}<br>%{x:.1f} ms/step"
                 f"<br>%{{y:.2f}} {unit} peak<extra></extra>",
+            )
+        )
+    for n in sizes:  # the shapes' key: legend only
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                name=f"N = {n}",
+                legendgroup="world_size",
+                legendgrouptitle_text="world size (shape)",
+                marker=dict(color="#555", size=12, symbol=symbol[n]),
+                hoverinfo="skip",
             )
         )
     fig.update_layout(
@@ -214,7 +229,8 @@ def build_tradeoff_panel(cases: pd.DataFrame) -> Panel:
     )
     caption = (
         f"Each case once: x = step time ({steps_text(ok)}, slowest rank's median), y = peak per rank "
-        f"measured by the {TRACKER_SOURCE} (largest rank). Lower left is better; nN = world size. "
+        f"measured by the {TRACKER_SOURCE} (largest rank). Lower left is better; colour = strategy, "
+        f"shape = world size N (both keyed in the legend; hover a marker for its case). "
         f"Ranks: {describe_ranks(ok)}."
     )
     return Panel(key="tradeoff", title=title, caption=caption, figure=fig)
@@ -256,6 +272,21 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
                 name=kind,
                 marker_color=COMM_COLORS[kind],
                 hovertemplate=f"%{{x}}<br>{kind}: %{{y:.2f}} {unit}<extra></extra>",
+            )
+        )
+    silent = [label for label, n in zip(labels, ok["world_size"], strict=True) if int(n) == 1]
+    if silent:  # a 1-rank case sends nothing: say so where its bar would be, not an empty slot
+        fig.add_trace(
+            go.Scatter(
+                x=silent,
+                y=[0] * len(silent),
+                mode="text",
+                text=["no communication (1 rank)"] * len(silent),
+                textposition="top center",
+                textfont=dict(color="#555"),
+                name="no communication",
+                showlegend=False,
+                hoverinfo="skip",
             )
         )
     if has_pred:

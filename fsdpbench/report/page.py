@@ -20,6 +20,7 @@ from fsdpbench.report.tables import (
     compare_rows,
     glance_groups,
     model_error_lines,
+    traced_origin,
     verdict_lines,
 )
 from fsdpbench.schema import COMMIT, FAILED, HOSTNAME, RUN, SKIPPED, STATUS, TORCH_VERSION
@@ -141,16 +142,22 @@ def render_glance(data: ReportData) -> str:
 
 def render_case_table(data: ReportData) -> str:
     table = case_table(data.cases, {r.run: r.meta for r in data.runs})
+    origin = traced_origin([r.meta for r in data.runs])
+    traced = (
+        f" (traced: the traced predictor, asked for by {origin})"
+        if origin
+        else " (no traced predictions: a run makes them with --traced or the scenario's traced: true)"
+    )
     parts = [
         '<section id="cases"><h2>Every case</h2>',
         '<p class="caption">All cases of the run, failed and skipped ones with their reason. Memory: tracker '
-        "peak of the largest rank; prediction: analytic model for the same case (traced: the traced "
-        "predictor, in runs made with --traced), error = (predicted − measured) / measured; wall: launch to "
+        f"peak of the largest rank; prediction: analytic model for the same case{_e(traced)}, "
+        "error = (predicted − measured) / measured; wall: launch to "
         "exit of the case's processes (from run.json); throughput: global batch / case step time; MFU: "
         "counted FLOPs / step time / the GPU's datasheet peak (not meaningful on CPU ranks); harness "
         "overhead (runs with bare_steps): mean timed step / mean bare-loop step − 1. Emulated cases (ranks "
         "column): only the named ranks ran, each alone with a fake process group: compute-only step time, "
-        "no NCCL buffers, no losses.</p>",
+        "no NCCL buffers, no losses. Columns no case has a value in are left out.</p>",
     ]
     if table.empty:
         parts.append('<p class="missing">no cases in this run</p></section>')

@@ -6,6 +6,7 @@ renders a rich table.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -437,6 +438,9 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
                 "peak measured (tracker)": fmt_bytes(number(r.get(TRACKER_PEAK))),
                 "peak predicted": fmt_bytes(number(r.get(PRED_PEAK))),
                 "peak error": fmt_pct(r.get(PRED_PEAK_ERR)),
+                # the traced predictor beside the analytic one (runs with traced predictions)
+                "peak traced": fmt_bytes(number(r.get(TRACED_PEAK))),
+                "traced error": fmt_pct(r.get(TRACED_PEAK_ERR)),
                 "model states measured": fmt_bytes(number(r.get(TRACKER_MODEL_STATES))),
                 "model states predicted": fmt_bytes(number(r.get(PRED_MODEL_STATES))),
                 "model states error": fmt_pct(r.get(PRED_MODEL_STATES_ERR)),
@@ -452,15 +456,38 @@ def case_table(cases: pd.DataFrame, metas: dict[str, dict[str, Any]] | None = No
         )
         if has_values(cases, HARNESS_OVERHEAD_RATIO):  # with a bare loop: the harness's own cost
             out[-1]["harness overhead"] = fmt_harness_overhead(r)
-        if TRACED_PEAK in cases and cases[TRACED_PEAK].notna().any():  # run with --traced
-            out[-1]["peak traced"] = fmt_bytes(number(r.get(TRACED_PEAK)))
-            out[-1]["traced error"] = fmt_pct(r.get(TRACED_PEAK_ERR))
         if _any_offload(cases):  # host memory apart from device memory: where the parameters live
             out[-1]["params on host: measured / predicted"] = (
                 f"{fmt_bytes(number(r.get(PLACEMENT.of('host'))))} / "
                 f"{fmt_bytes(number(r.get(PRED_PARAMS_HOST)))}"
             )
-    return pd.DataFrame(out)
+    return _without_empty_columns(pd.DataFrame(out))
+
+
+# columns a case table keeps even when no case has a value in them
+_ALWAYS = ("case", "case_id", STATUS, "ranks", "_failed")
+_EMPTY = ("—", "", "None", "nan")  # cells without a value
+
+
+def _without_empty_columns(table: pd.DataFrame) -> pd.DataFrame:
+    """The table less the columns no case has a value in (DeepSpeed's estimate in a run without
+    DeepSpeed, traced figures in a run without the traced predictor): they would only widen it."""
+    empty = [c for c in table if c not in _ALWAYS and table[c].astype(str).isin(_EMPTY).all()]
+    return table.drop(columns=empty)
+
+
+def traced_origin(metas: list[dict[str, Any]]) -> str | None:
+    """Where a report's traced predictions came from, in words (None: no run has them): ``--traced`` on
+    the command line, or the scenario's ``traced: true`` (``run`` takes either; ``compare`` the flag)."""
+    origins = []
+    for meta in metas:
+        if "traced" not in (meta.get("predictions") or ()):
+            continue
+        flag = "--traced" in shlex.split(str(meta.get("command") or ""))
+        origin = "--traced on the command line" if flag else "the scenario's traced: true"
+        if origin not in origins:
+            origins.append(origin)
+    return " or ".join(origins) or None
 
 
 def _any_offload(cases: pd.DataFrame) -> bool:

@@ -2,9 +2,10 @@
 plus one line in ``BUILTIN``; a user's own plugs in from a scenario as ``module:Class``, or in-process
 with ``register_strategy``.
 
-This module imports no torch until a strategy is looked up: torch-free code (the case, the regression
-gate) reads ``REFERENCE_STRATEGY`` from here (``names.py``: the case reads it there, so that the case
-and the strategies' base, which reads the case, form no import circle).
+No strategy module imports torch until a strategy is applied (``apply``, ``build_optimizer``): looking
+one up and reading its declaration (the analytic memory model) is torch-free, and so is the case and
+the regression gate, which read ``REFERENCE_STRATEGY`` from here (``names.py``: the case reads it
+there, so that the case and the strategies' base, which reads the case, form no import circle).
 """
 
 from __future__ import annotations

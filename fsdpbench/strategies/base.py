@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, ClassVar
 
 from fsdpbench.case import Case
+
+if TYPE_CHECKING:  # a strategy's declaration is read without torch (the analytic memory model)
+    import torch
+    from torch import nn
 
 GROUPS = ("world", "shard_group")
 GRAD_REDUCTIONS = ("all_reduce", "reduce_scatter")

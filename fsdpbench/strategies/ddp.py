@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from typing import TYPE_CHECKING, ClassVar
 
 from fsdpbench.case import Case
 from fsdpbench.strategies.base import REPLICATED, ApplyContext, Strategy
 
+if TYPE_CHECKING:  # torch is imported where a strategy is applied, not where it is declared
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
 
 def wrap_ddp(model: nn.Module, ctx: ApplyContext) -> DistributedDataParallel:
     """DistributedDataParallel on this rank's device, with low-precision gradient compression if asked."""
+    from torch.nn.parallel import DistributedDataParallel
+
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     ddp = DistributedDataParallel(model, device_ids=device_ids)
     precision = ctx.case.precision_spec

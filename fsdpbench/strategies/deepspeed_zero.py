@@ -27,10 +27,7 @@ import dataclasses
 import importlib.util
 import os
 from collections.abc import Callable
-from typing import Any
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from fsdpbench.case import Case
 from fsdpbench.strategies.base import (
@@ -42,6 +39,10 @@ from fsdpbench.strategies.base import (
     Strategy,
 )
 from fsdpbench.strategies.optim import build_optimizer
+
+if TYPE_CHECKING:  # torch is imported where a strategy is applied, not where it is declared
+    import torch
+    from torch import nn
 
 # name -> (type, DeepSpeed 0.19's default, which stages read it, what it does)
 DS_KNOBS: dict[str, tuple[type, Any, tuple[int, ...], str]] = {

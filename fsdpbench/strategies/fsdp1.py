@@ -5,21 +5,14 @@ knobs the FSDP1 guides name: ``auto_wrap_policy`` (from the wrap axis), ``backwa
 
 ``use_orig_params=True`` so that the optimizer, the memory tracker and ``local_state_bytes`` see the
 model's own parameters (views into FSDP1's flat parameters) rather than one ``FlatParameter`` per unit.
+
+FSDP1's enums are named here, not imported: a strategy's declaration is read without torch (the
+analytic memory model); ``apply`` imports FSDP1.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from torch import nn
-from torch.distributed.fsdp import (
-    BackwardPrefetch,
-    CPUOffload,
-    FullyShardedDataParallel,
-    MixedPrecision,
-    ShardingStrategy,
-)
-from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+from typing import TYPE_CHECKING, Any
 
 from fsdpbench.case import Case
 from fsdpbench.precision import Precision
@@ -33,11 +26,23 @@ from fsdpbench.strategies.base import (
     Strategy,
 )
 
-BACKWARD_PREFETCH_MODES = {
-    "pre": BackwardPrefetch.BACKWARD_PRE,
-    "post": BackwardPrefetch.BACKWARD_POST,
-    "none": None,
-}
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.fsdp import BackwardPrefetch, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+
+# Case.backward_prefetch -> the BackwardPrefetch member it names (None: no backward prefetch)
+BACKWARD_PREFETCH_MODES = {"pre": "BACKWARD_PRE", "post": "BACKWARD_POST", "none": None}
+
+
+def backward_prefetch_for(mode: str) -> BackwardPrefetch | None:
+    """FSDP1's ``backward_prefetch`` argument for ``Case.backward_prefetch``."""
+    from torch.distributed.fsdp import BackwardPrefetch
+
+    member = BACKWARD_PREFETCH_MODES[mode]
+    return None if member is None else BackwardPrefetch[member]
+
+
 STRATEGY_ARGS = {"use_orig_params": "bool, default true: the optimizer sees the model's own parameters"}
 
 
@@ -46,6 +51,8 @@ def mixed_precision_for(precision: Precision) -> MixedPrecision | None:
 
     The same casts as FSDP2's ``mp_policy_for`` (buffers are not cast), so FSDP1 and FSDP2 compare.
     """
+    from torch.distributed.fsdp import MixedPrecision
+
     if not precision.casts:
         return None
     param_dtype, reduce_dtype = precision.torch_dtypes()
@@ -60,6 +67,8 @@ def auto_wrap_policy_for(model: nn.Module, ctx: ApplyContext) -> CustomPolicy | 
     (tests/test_fsdp1.py checks it against FSDP1's recursive wrapper). With ``classes``, FSDP1 refuses
     a list of which no name is a module class of the model (FSDP2 runs it as one unit).
     """
+    from torch.distributed.fsdp.wrap import CustomPolicy, ModuleWrapPolicy
+
     case = ctx.case
     if case.wrap == "classes" and not ctx.units:
         names = list(case.wrap_classes)
@@ -78,6 +87,8 @@ def auto_wrap_policy_for(model: nn.Module, ctx: ApplyContext) -> CustomPolicy | 
 
 def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: ShardingStrategy) -> nn.Module:
     """Wrap ``model`` in ``FullyShardedDataParallel`` with every knob taken from the case."""
+    from torch.distributed.fsdp import CPUOffload, FullyShardedDataParallel, ShardingStrategy
+
     case = ctx.case
     kwargs: dict[str, Any] = {}
     if sharding_strategy in (ShardingStrategy.HYBRID_SHARD, ShardingStrategy._HYBRID_SHARD_ZERO2):
@@ -91,7 +102,7 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
         model,
         sharding_strategy=sharding_strategy,
         auto_wrap_policy=auto_wrap_policy_for(model, ctx),
-        backward_prefetch=BACKWARD_PREFETCH_MODES[case.backward_prefetch],
+        backward_prefetch=backward_prefetch_for(case.backward_prefetch),
         forward_prefetch=case.forward_prefetch,
         limit_all_gathers=case.limit_all_gathers,
         mixed_precision=mixed_precision_for(case.precision_spec),
@@ -102,12 +113,13 @@ def apply_fsdp1(model: nn.Module, ctx: ApplyContext, *, sharding_strategy: Shard
     )
 
 
-# FSDP1's sharding strategies as fsdpbench strategies: name, what is sharded, the report's colour
-VARIANTS: dict[ShardingStrategy, tuple[str, Sharding, str]] = {
-    ShardingStrategy.FULL_SHARD: ("fsdp1_full", FSDP_FULL_SHARD, "#B279A2"),
-    ShardingStrategy.SHARD_GRAD_OP: ("fsdp1_grad_op", FSDP_KEEP_PARAMS, "#D6A5C9"),
-    ShardingStrategy.NO_SHARD: ("fsdp1_no_shard", REPLICATED, "#9ECAE9"),
-    ShardingStrategy.HYBRID_SHARD: ("fsdp1_hybrid", FSDP_HYBRID_SHARD, "#88D27A"),
+# FSDP1's sharding strategies (ShardingStrategy members by name) as fsdpbench strategies: name, what is
+# sharded, the report's colour
+VARIANTS: dict[str, tuple[str, Sharding, str]] = {
+    "FULL_SHARD": ("fsdp1_full", FSDP_FULL_SHARD, "#B279A2"),
+    "SHARD_GRAD_OP": ("fsdp1_grad_op", FSDP_KEEP_PARAMS, "#D6A5C9"),
+    "NO_SHARD": ("fsdp1_no_shard", REPLICATED, "#9ECAE9"),
+    "HYBRID_SHARD": ("fsdp1_hybrid", FSDP_HYBRID_SHARD, "#88D27A"),
 }
 
 
@@ -117,15 +129,21 @@ class _FSDP1(Strategy):
     native_mixed_precision = True
     supports_cpu_offload = True
     fsdp_version = 1
-    sharding_strategy: ShardingStrategy
+    sharding_strategy_name: str  # the ShardingStrategy member
     # torch.distributed.checkpoint.state_dict drives FSDP1's own state_dict_type: full is FULL_STATE_DICT
     # with FullStateDictConfig(offload_to_cpu=True, rank0_only=True), sharded is SHARDED_STATE_DICT
     checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "sharding_strategy" in vars(cls):  # one of FSDP1's own: declared in VARIANTS
-            cls.name, cls.sharding, cls.color = VARIANTS[cls.sharding_strategy]
+        if "sharding_strategy_name" in vars(cls):  # one of FSDP1's own: declared in VARIANTS
+            cls.name, cls.sharding, cls.color = VARIANTS[cls.sharding_strategy_name]
+
+    @property
+    def sharding_strategy(self) -> ShardingStrategy:
+        from torch.distributed.fsdp import ShardingStrategy
+
+        return ShardingStrategy[self.sharding_strategy_name]
 
     def check(self, case: Case) -> str | None:
         shard = case.shard_group_size
@@ -154,22 +172,22 @@ class _FSDP1(Strategy):
 class FSDP1Full(_FSDP1):
     """FSDP1 FULL_SHARD: params, grads, optimizer state sharded (16Ψ/N), resharded after forward."""
 
-    sharding_strategy = ShardingStrategy.FULL_SHARD
+    sharding_strategy_name = "FULL_SHARD"
 
 
 class FSDP1GradOp(_FSDP1):
     """FSDP1 SHARD_GRAD_OP: grads+optimizer sharded, params unsharded from forward to backward."""
 
-    sharding_strategy = ShardingStrategy.SHARD_GRAD_OP
+    sharding_strategy_name = "SHARD_GRAD_OP"
 
 
 class FSDP1NoShard(_FSDP1):
     """FSDP1 NO_SHARD: nothing sharded, gradients all-reduced (DDP's memory, 16Ψ)."""
 
-    sharding_strategy = ShardingStrategy.NO_SHARD
+    sharding_strategy_name = "NO_SHARD"
 
 
 class FSDP1Hybrid(_FSDP1):
     """FSDP1 HYBRID_SHARD: FULL_SHARD within a shard group, replicated across groups."""
 
-    sharding_strategy = ShardingStrategy.HYBRID_SHARD
+    sharding_strategy_name = "HYBRID_SHARD"

@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
-
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import (
-    CPUOffloadPolicy,
-    FSDPModule,
-    MixedPrecisionPolicy,
-    OffloadPolicy,
-    fully_shard,
-)
+from typing import TYPE_CHECKING, Any, cast
 
 from fsdpbench.case import Case
 from fsdpbench.precision import Precision
@@ -24,9 +14,16 @@ from fsdpbench.strategies.base import (
     Strategy,
 )
 
+if TYPE_CHECKING:  # torch is imported where a strategy is applied, not where it is declared
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
 
 def mp_policy_for(precision: Precision) -> MixedPrecisionPolicy:
     """fp32 → no casting; bf16/fp16 → 16-bit unsharded params, fp32 reduction ('-lowreduce': 16-bit)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     if not precision.casts:
         return MixedPrecisionPolicy()
     param_dtype, reduce_dtype = precision.torch_dtypes()
@@ -37,6 +34,9 @@ def apply_fsdp2(
     model: nn.Module, ctx: ApplyContext, *, reshard_after_forward: bool, mesh: DeviceMesh | None = None
 ) -> nn.Module:
     """fully_shard every wrap unit, then the root; set explicit prefetch of depth ``case.prefetch``."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+
     case = ctx.case
     # always name the mesh: fully_shard's default mesh is on torch's current accelerator, so on a
     # machine with a GPU a `device: cpu` case would shard onto cuda:<rank> (invalid for rank >= GPUs)
@@ -64,6 +64,8 @@ def apply_fsdp2(
 
 def apply_prefetch(units: list[nn.Module], depth: int) -> None:
     """Explicit prefetch: each unit prefetches the next ``depth`` in forward and the previous in backward."""
+    from torch.distributed.fsdp import FSDPModule
+
     if depth <= 0 or len(units) < 2:
         return
     for i, unit in enumerate(units):
@@ -121,6 +123,8 @@ class HSDP(_FSDP2):
         return super().check(case)
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
+        from torch.distributed.device_mesh import init_device_mesh
+
         shard = ctx.case.shard_group_size
         mesh = init_device_mesh(
             ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")

@@ -1,30 +1,41 @@
-"""Optimizers by name, and their state bytes per parameter (K)."""
+"""Optimizers by name, and their state bytes per parameter (K).
+
+Each is named by its class in ``torch.optim``, imported only to build one: the memory model reads
+K and the class name without importing torch."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from fsdpbench.case import Case
 
-# name -> (class, kwargs beyond lr, fp32 state bytes per parameter)
-OPTIMIZERS: dict[str, tuple[type[torch.optim.Optimizer], dict[str, Any], int]] = {
-    "adam": (torch.optim.Adam, {}, 8),
-    "adamw": (torch.optim.AdamW, {}, 8),
-    "sgd": (torch.optim.SGD, {}, 0),
-    "sgd-momentum": (torch.optim.SGD, {"momentum": 0.9}, 4),
-    "adadelta": (torch.optim.Adadelta, {}, 8),
+if TYPE_CHECKING:
+    import torch
+
+# name -> (class name in torch.optim, kwargs beyond lr, fp32 state bytes per parameter)
+OPTIMIZERS: dict[str, tuple[str, dict[str, Any], int]] = {
+    "adam": ("Adam", {}, 8),
+    "adamw": ("AdamW", {}, 8),
+    "sgd": ("SGD", {}, 0),
+    "sgd-momentum": ("SGD", {"momentum": 0.9}, 4),
+    "adadelta": ("Adadelta", {}, 8),
 }
 
 
-def get_optimizer(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+def optimizer_class_name(name: str) -> str:
+    """The ``torch.optim`` class of a named optimizer (``"adamw"`` → ``"AdamW"``)."""
     try:
-        cls, kwargs, _ = OPTIMIZERS[name]
+        return OPTIMIZERS[name][0]
     except KeyError:
         raise KeyError(f"unknown optimizer {name!r}; known: {', '.join(OPTIMIZERS)}") from None
-    return cls, dict(kwargs)
+
+
+def get_optimizer(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    import torch
+
+    cls = getattr(torch.optim, optimizer_class_name(name))
+    return cls, dict(OPTIMIZERS[name][1])
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
@@ -35,5 +46,5 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], case: Case) -> torch.o
 
 def optimizer_state_bytes_per_param(name: str) -> int:
     """K for fp32 state, without a master copy (the ZeRO paper's K=12 adds a 4-byte fp32 master)."""
-    get_optimizer(name)
+    optimizer_class_name(name)  # KeyError names the known ones
     return OPTIMIZERS[name][2]

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
-import torch
-from torch import nn
-from torch.distributed.optim import ZeroRedundancyOptimizer
+from typing import TYPE_CHECKING, ClassVar
 
 from fsdpbench.case import Case
 from fsdpbench.strategies.base import OPTIM_SHARDED
 from fsdpbench.strategies.ddp import DDP
 from fsdpbench.strategies.optim import get_optimizer
+
+if TYPE_CHECKING:  # torch is imported where a strategy is applied, not where it is declared
+    import torch
+    from torch import nn
 
 
 class Zero1(DDP):
@@ -26,6 +26,8 @@ class Zero1(DDP):
     checkpoint_methods: ClassVar[tuple[str, ...]] = ("full",)
 
     def build_optimizer(self, model: nn.Module, case: Case) -> torch.optim.Optimizer:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         cls, kwargs = get_optimizer(case.optimizer)
         return ZeroRedundancyOptimizer(
             model.parameters(), optimizer_class=cls, lr=case.lr, foreach=False, **kwargs

@@ -1,7 +1,7 @@
 """How fast ``fsdpbench predict`` answers (pytest-benchmark).
 
-    python -m pytest tests/benchmarks/test_predict_speed.py -q                        # analytic (cheap)
-    FSDPBENCH_BENCH_TRACED=1 python -m pytest tests/benchmarks/test_predict_speed.py -q   # + 7B × 64 traced
+    python -m pytest tests/benchmarks/test_predict_speed.py -q --benchmark-enable        # analytic (cheap)
+    FSDPBENCH_BENCH_TRACED=1 python -m pytest tests/benchmarks/test_predict_speed.py -q --benchmark-enable
 
 Analytic: a 1T-parameter model on 4096 GPUs from its parameter count, a ~1T decoder and llama-70b on
 4096 GPUs with their full structure (every parameter's padding, every unit, the whole step timeline);

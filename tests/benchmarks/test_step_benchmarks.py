@@ -1,7 +1,8 @@
 """One training step per strategy (ddp, zero1, zero2, zero3) under pytest-benchmark.
 
-    python -m pytest tests/benchmarks -q --benchmark-autosave              # record
-    python -m pytest tests/benchmarks -q --benchmark-compare --benchmark-compare-fail=median:25%
+    python -m pytest tests/benchmarks -q --benchmark-enable --benchmark-autosave     # record
+    python -m pytest tests/benchmarks -q --benchmark-enable --benchmark-compare \\
+        --benchmark-compare-fail=median:25%
 
 What is timed, honestly: one forward+backward+optimizer step of the tiny decoder with each
 strategy applied on a **1-rank gloo group in this pytest process** (CPU). That is the per-step

@@ -2,7 +2,7 @@
 2 ranks (no more ranks than cores), modelled vs measured step time, in runs in a row.
 
     FSDPBENCH_BENCH_STEP_MODEL=1 python -m pytest tests/benchmarks/test_step_time_model.py -q -s \\
-        [--benchmark-json out.json]
+        --benchmark-enable [--benchmark-json out.json]
 
 Run it on an **idle** machine with at least 2 cores: the measured and the modelled step times come
 from different moments of the run (the timed steps, then the compute twin and the probe), so other

@@ -78,7 +78,7 @@ def get_activation_profile(family: str, args: dict[str, Any], shape: Shape) -> A
 
 # ---- decoder ---------------------------------------------------------------------------------------
 def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
-    from fsdpbench.models.decoder import default_ffn_dim
+    from fsdpbench.models.families.decoder import default_ffn_dim
 
     d, layers, heads, vocab = a["d_model"], a["n_layers"], a["n_heads"], a["vocab"]
     kv = a.get("n_kv_heads") or heads

@@ -1,6 +1,7 @@
 """What the memory model needs to know about a model: every parameter's shape, which wrap unit owns
-it, and whether autocast casts it. Derived analytically for the decoder and MLP families (a 70B
-decoder answers in microseconds), from a cached meta-device build for anything else.
+it, and whether autocast casts it. Read from the parameter shapes a family declares (decoder, MLP: a
+70B decoder answers in microseconds, and torch is not imported), from a cached meta-device build for
+anything else.
 """
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ import functools
 import json
 from dataclasses import dataclass
 from typing import Any
-
-from torch import nn
 
 from fsdpbench.models import resolve_model
 
@@ -72,17 +71,18 @@ def _facts(
     family: str, args_key: str, wrap: str, min_params: int, classes: tuple[str, ...], name: str
 ) -> ModelFacts:
     args = json.loads(args_key)
-    per_block = wrap == "block" or (wrap == "classes" and classes == _BLOCK_CLASS.get(family))
-    if family in _ANALYTIC and (per_block or wrap in ("none", "whole")):
-        params, n_blocks = _ANALYTIC[family](args)
+    mdef, _ = resolve_model(family)
+    per_block = wrap == "block" or (wrap == "classes" and classes == mdef.block_class_names)
+    if mdef.param_shapes is not None and (per_block or wrap in ("none", "whole")):
+        shapes, n_blocks = mdef.param_shapes(args)
         if per_block:
             units = tuple(f"block{i}" for i in range(n_blocks)) + ("<root>",)
             params = tuple(
-                ParamFact(p.name, p.shape, p.unit if p.unit >= 0 else n_blocks, p.autocast) for p in params
+                ParamFact(p.name, p.shape, p.block if p.block >= 0 else n_blocks, p.autocast) for p in shapes
             )
         else:
             units = ("<root>",)
-            params = tuple(ParamFact(p.name, p.shape, 0, p.autocast) for p in params)
+            params = tuple(ParamFact(p.name, p.shape, 0, p.autocast) for p in shapes)
     else:
         params, units = _from_meta_build(name, args, wrap, min_params, classes)
     items = tuple(sorted(args.items()))
@@ -91,51 +91,11 @@ def _facts(
     )
 
 
-# ---- analytic parameter lists (unit = block index, -1 = root) ------------------------------------
-def _decoder_params(a: dict[str, Any]) -> tuple[tuple[ParamFact, ...], int]:
-    from fsdpbench.models.decoder import default_ffn_dim
-
-    d, layers, heads, vocab = a["d_model"], a["n_layers"], a["n_heads"], a["vocab"]
-    kv = a.get("n_kv_heads") or heads
-    hd = d // heads
-    ffn = a.get("ffn_dim") or default_ffn_dim(d)
-    out = [ParamFact("tok_embeddings.weight", (vocab, d), -1)]
-    for i in range(layers):
-        p = f"layers.{i}."
-        out += [
-            ParamFact(p + "attention_norm.weight", (d,), i),
-            ParamFact(p + "attention.wq.weight", (heads * hd, d), i, True),
-            ParamFact(p + "attention.wk.weight", (kv * hd, d), i, True),
-            ParamFact(p + "attention.wv.weight", (kv * hd, d), i, True),
-            ParamFact(p + "attention.wo.weight", (d, heads * hd), i, True),
-            ParamFact(p + "ffn_norm.weight", (d,), i),
-            ParamFact(p + "feed_forward.w1.weight", (ffn, d), i, True),
-            ParamFact(p + "feed_forward.w3.weight", (ffn, d), i, True),
-            ParamFact(p + "feed_forward.w2.weight", (d, ffn), i, True),
-        ]
-    out += [ParamFact("norm.weight", (d,), -1), ParamFact("output.weight", (vocab, d), -1, True)]
-    return tuple(out), layers
-
-
-def _mlp_params(a: dict[str, Any]) -> tuple[tuple[ParamFact, ...], int]:
-    w, depth, classes = a["width"], a["depth"], a["n_classes"]
-    out = []
-    for i in range(depth):
-        out += [
-            ParamFact(f"blocks.{i}.fc.weight", (w, w), i, True),
-            ParamFact(f"blocks.{i}.fc.bias", (w,), i, True),
-        ]
-    out += [ParamFact("head.weight", (classes, w), -1, True), ParamFact("head.bias", (classes,), -1, True)]
-    return tuple(out), depth
-
-
-_ANALYTIC = {"decoder": _decoder_params, "mlp": _mlp_params}
-_BLOCK_CLASS = {"decoder": ("TransformerBlock",), "mlp": ("MLPBlock",)}
-
-
 def _from_meta_build(
     name: str, args: dict[str, Any], wrap: str, min_params: int, classes: tuple[str, ...]
 ) -> tuple[tuple[ParamFact, ...], tuple[str, ...]]:
+    from torch import nn
+
     from fsdpbench.case import Case
     from fsdpbench.engine.wrap import get_wrap_units
     from fsdpbench.models import build_model

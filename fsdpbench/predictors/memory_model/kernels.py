@@ -76,11 +76,17 @@ KERNELS: dict[tuple[str, bool], tuple[NormKernel, AttentionKernel]] = {
     ("cpu", False): (DECOMPOSED_RMS_NORM, CPU_FLASH_ATTENTION),
 }
 
+# the torch that ran the H100 measurements the CUDA rules come from and are checked against
+# (../shared/reference/gpu-h100/README.md; tests/test_cuda_predictions.py): the kernels it picked are the
+# ones assumed, whatever torch the predicting machine has
+REFERENCE_TORCH = "2.11"
 # the case a device's rules assume, where its kernel choice depends on versions, hardware or shapes (the
 # CPU's kernels do not vary: nothing to state)
 ASSUMED_CASE: dict[str, str] = {
     "cuda": (
-        "CUDA kernels as torch 2.11 picks them on an H100 (sm90): fused RMSNorm (saves its input and an fp32 "
+        f"CUDA kernels as torch {REFERENCE_TORCH} picks them on an H100 (sm90), the torch of the H100 "
+        "measurements these rules are checked against (a newer torch may pick others): fused RMSNorm "
+        "(saves its input and an fp32 "
         "rstd); SDPA = cuDNN attention in bf16/fp16 (before Hopper FlashAttention-2 runs instead, whose "
         "output reshape is a view: one b·s·d 16-bit tensor less per block) and memory-efficient attention in "
         "fp32; causal, no dropout, n_kv_heads = n_heads (grouped-query attention not checked on a GPU)"

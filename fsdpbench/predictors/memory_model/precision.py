@@ -1,21 +1,21 @@
 """K (optimizer bytes per parameter) and the optimizer's step-time temporaries, for a ``Precision``.
 
-The precision table itself is torch-free, in ``fsdpbench.precision`` (a ``Case`` carries its parsed
-record); the memory model's modules import it from here, beside what depends on the optimizer.
+Torch-free (optimizers are keyed by their class name), as is the precision table itself, in
+``fsdpbench.precision`` (a ``Case`` carries its parsed record); the memory model's modules import it
+from here, beside what depends on the optimizer.
 """
 
 from __future__ import annotations
 
-import torch
-
 from fsdpbench.precision import PRECISIONS, Precision, get_precision
-from fsdpbench.strategies.optim import get_optimizer, optimizer_state_bytes_per_param
+from fsdpbench.strategies.optim import optimizer_class_name, optimizer_state_bytes_per_param
 
-# optimizers whose per-parameter state includes a ``step`` tensor (fp32 scalar, on the CPU unless
-# capturable/fused), and how many parameter-sized temporaries their per-parameter update allocates at once
-# (torch/optim/adam.py ``_single_tensor_adam``: ``(exp_avg_sq.sqrt() / bc2).add_(eps)`` holds two)
-_STEP_TENSOR = {torch.optim.Adam: True, torch.optim.AdamW: True, torch.optim.Adadelta: True}
-_UPDATE_TEMPORARIES = {torch.optim.Adam: 2, torch.optim.AdamW: 2, torch.optim.Adadelta: 2}
+# optimizers (by their torch.optim class) whose per-parameter state includes a ``step`` tensor (fp32
+# scalar, on the CPU unless capturable/fused), and how many parameter-sized temporaries their
+# per-parameter update allocates at once (torch/optim/adam.py ``_single_tensor_adam``:
+# ``(exp_avg_sq.sqrt() / bc2).add_(eps)`` holds two)
+_STEP_TENSOR = {"Adam": True, "AdamW": True, "Adadelta": True}
+_UPDATE_TEMPORARIES = {"Adam": 2, "AdamW": 2, "Adadelta": 2}
 STEP_TENSOR_BYTES = 4
 
 
@@ -26,11 +26,11 @@ def optimizer_k(optimizer: str, precision: Precision) -> int:
 
 
 def optimizer_has_step(optimizer: str) -> bool:
-    return _STEP_TENSOR.get(get_optimizer(optimizer)[0], False)
+    return _STEP_TENSOR.get(optimizer_class_name(optimizer), False)
 
 
 def optimizer_update_temporaries(optimizer: str) -> int:
-    return _UPDATE_TEMPORARIES.get(get_optimizer(optimizer)[0], 0)
+    return _UPDATE_TEMPORARIES.get(optimizer_class_name(optimizer), 0)
 
 
 __all__ = [
