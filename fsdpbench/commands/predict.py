@@ -353,8 +353,16 @@ def _predict_one(
         _require_model("traced", facts)
         from fsdpbench.predictors.traced import estimate
 
-        out["traced"] = est = estimate(case, rank=args.rank)
-        out["json"].append({**est.to_dict(), **({"fallback": out["fallback"]} if "fallback" in out else {})})
+        try:
+            out["traced"] = est = estimate(case, rank=args.rank)
+            out["json"].append(
+                {**est.to_dict(), **({"fallback": out["fallback"]} if "fallback" in out else {})}
+            )
+        except Exception as exc:  # noqa: BLE001 — asked for: the error is the answer; a fallback: a note
+            if "fallback" not in out:
+                raise
+            out["fallback"] = TRACE_FAILED.format(model=case.model, error=f"{type(exc).__name__}: {exc}")
+            out["json"][-1]["notes"] = [*out["json"][-1].get("notes", ()), out["fallback"]]
     if "allocator" in out:
         out["json"].append(out["allocator"].to_dict())
     return out
@@ -362,6 +370,10 @@ def _predict_one(
 
 # the line the output carries when the analytic column has no peak and the traced method stands in
 TRACED_INSTEAD = "analytic activation model not available for {model}: traced instead"
+TRACE_FAILED = (
+    "analytic activation model not available for {model}, and tracing it failed on this machine ({error}): "
+    "no peak"
+)
 
 
 def _no_activation_model(pred: Any, case: Any) -> bool:
