@@ -376,7 +376,9 @@ def test_unsafe_values_never_reach_a_path(tmp_path: Path, monkeypatch: pytest.Mo
     case = Case(model_args={"vocab": traversal}, strategy="ddp")
     assert "/" not in case.case_id and ".." not in case.case_id
     monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", fake_launch)
-    for _ in range(2):  # the second run clears the case directory it made the first time
+    for attempt in range(2):  # the second run clears the case directory the first one made
+        if attempt:  # its stored rows gone (else a fresh run refuses a directory holding stored cases)
+            (out / "cases" / f"{case.case_id}.parquet").unlink()
         run_cases([case], [], RunStore(out), {"env": {}})
     assert target.read_text() == "keep me"
     assert [p.parent for p in (out / "cases").iterdir()] == [out / "cases"] * 2
