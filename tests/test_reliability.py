@@ -15,12 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-import pandas as pd
 import pytest
 
 from fsdpbench.case import Case
 from fsdpbench.cli import build_parser
+from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.pipeline.launch import CaseOutcome, _clear_case_dir
+from fsdpbench.pipeline.rank_result import RankResult
 from fsdpbench.pipeline.results import RunStore, load_results
 from fsdpbench.pipeline.rundir import RunDirError, RunLock, check_inside
 from fsdpbench.pipeline.runner import run_cases
@@ -225,7 +226,8 @@ def fake_launch(case: Case, case_dir: Path) -> CaseOutcome:
     """A case 'run' without processes: an empty, checked case directory and one ok rank."""
     _clear_case_dir(case_dir)
     (case_dir / "rank0.json").write_text("{}")
-    return CaseOutcome(status="ok", ranks=[{"rank": 0, "status": "ok", "step_time_ms": 1.0}], wall_s=0.1)
+    rank = RankResult(rank=0, status="ok", phase="done", timed=StepTimes(times_ms=[1.0]))
+    return CaseOutcome(status="ok", ranks=[rank], wall_s=0.1)
 
 
 def two_case_scenario(tmp_path: Path, extra: str = "") -> Path:
@@ -240,17 +242,41 @@ def test_disk_full_is_one_line_leaves_no_temporary_file_and_resume_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", fake_launch)
-    real = pd.DataFrame.to_parquet
-    writes = [0]
+    import fsdpbench.pipeline.results as results
+    import fsdpbench.pipeline.rundir as rundir
 
-    def to_parquet_until_full(self, path, *a, **kw):
-        writes[0] += 1
-        if writes[0] > 2:  # the first case and results.parquet are written, then the disk is full
-            Path(path).write_bytes(b"partial")
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        return real(self, path, *a, **kw)
+    real_write, parquet_writes, full = results.write_atomically, [0], [False]
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", to_parquet_until_full)
+    def write_until_full(path, data):  # the first case and results.parquet are written, then it fills
+        if path.suffix == ".parquet":
+            parquet_writes[0] += 1
+            full[0] = parquet_writes[0] > 2
+        return real_write(path, data)
+
+    class FullDisk:
+        """A file whose write stores a few bytes, then fails as a full disk does."""
+
+        def __init__(self, fd: int, mode: str) -> None:
+            self.file = os.fdopen(fd, mode)
+
+        def __enter__(self) -> FullDisk:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.file.close()
+
+        def write(self, data: bytes) -> int:
+            self.file.write(data[:7])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    class OsWithAFullDisk:
+        def __getattr__(self, name: str) -> object:
+            if name == "fdopen" and full[0]:
+                return FullDisk
+            return getattr(os, name)
+
+    monkeypatch.setattr(results, "write_atomically", write_until_full)
+    monkeypatch.setattr(rundir, "os", OsWithAFullDisk())
     scenario, out = two_case_scenario(tmp_path), tmp_path / "run"
     assert run_cli(str(scenario), "--out", str(out), "--no-report") == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -259,7 +285,7 @@ def test_disk_full_is_one_line_leaves_no_temporary_file_and_resume_completes(
     assert not list(out.rglob("*.tmp")), "temporary files left behind"
     assert len(load_results(out)) == 1  # the case stored before the disk filled is kept
 
-    monkeypatch.setattr(pd.DataFrame, "to_parquet", real)
+    monkeypatch.setattr(rundir, "os", os)
     assert run_cli(str(scenario), "--out", str(out), "--no-report", "--resume") == 0
     assert set(load_results(out)["strategy"]) == {"ddp", "zero3"}
 
@@ -321,7 +347,7 @@ def test_library_error_text_with_markup_is_printed_verbatim(
         return CaseOutcome(
             status="failed",
             error=f"rank 0 in timed: {gloo}",
-            ranks=[{"rank": 0, "status": "failed", "error": gloo}],
+            ranks=[RankResult(rank=0, status="failed", error=gloo)],
         )
 
     monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", failing_launch)
@@ -350,7 +376,9 @@ def test_unsafe_values_never_reach_a_path(tmp_path: Path, monkeypatch: pytest.Mo
     case = Case(model_args={"vocab": traversal}, strategy="ddp")
     assert "/" not in case.case_id and ".." not in case.case_id
     monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", fake_launch)
-    for _ in range(2):  # the second run clears the case directory it made the first time
+    for attempt in range(2):  # the second run clears the case directory the first one made
+        if attempt:  # its stored rows gone (else a fresh run refuses a directory holding stored cases)
+            (out / "cases" / f"{case.case_id}.parquet").unlink()
         run_cases([case], [], RunStore(out), {"env": {}})
     assert target.read_text() == "keep me"
     assert [p.parent for p in (out / "cases").iterdir()] == [out / "cases"] * 2

@@ -11,8 +11,8 @@ A crash or Ctrl-C loses nothing already measured; ``--resume`` runs only the cas
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -22,7 +22,7 @@ import pandas as pd
 from fsdpbench.case import Case
 from fsdpbench.metrics.reference import block_ratios, ratio_series
 from fsdpbench.pipeline.launch import CaseOutcome
-from fsdpbench.pipeline.rundir import RunLock, check_component, check_inside
+from fsdpbench.pipeline.rundir import RunLock, check_component, check_inside, write_atomically
 from fsdpbench.schema import (
     ACHIEVED_TFLOPS,
     BARE_STEP_TIME,
@@ -86,27 +86,17 @@ CORE_COLUMNS = [
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_bytes(data))
+    write_atomically(path, data)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_bytes(path, json.dumps(obj, indent=2, default=str).encode())
+    write_atomically(path, json.dumps(obj, indent=2, default=str).encode())
 
 
 def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
-    _atomic_write(path, lambda tmp: frame.to_parquet(tmp, index=False))
-
-
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write a temporary file beside ``path``, then rename it over; on any failure (a full disk)
-    the temporary file is removed and the old ``path`` is left as it was."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()  # serialised here, written by write_atomically: no path handed to pyarrow
+    frame.to_parquet(buffer, index=False)
+    write_atomically(path, buffer.getvalue())
 
 
 def build_rows(case: Case, outcome: CaseOutcome, env: dict[str, Any]) -> pd.DataFrame:

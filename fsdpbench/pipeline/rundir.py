@@ -14,6 +14,26 @@ class RunDirError(OSError):
     """The run directory cannot be used (busy, or a path would leave it); the message is one line."""
 
 
+def write_atomically(path: Path, data: bytes) -> None:
+    """The one way fsdpbench writes a file in a run directory: a new temporary file beside ``path``
+    (whatever had that name, a symbolic link included, is removed first, and the file is created with
+    ``O_EXCL | O_NOFOLLOW``, so no link planted there is ever written through), then renamed over
+    ``path`` (a rename replaces a link at ``path`` itself, never its target). On any failure the
+    temporary file is removed and ``path`` is left as it was."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def check_inside(path: Path, root: Path) -> Path:
     """``path`` itself, after checking that it resolves inside ``root`` (symbolic links followed)."""
     resolved, base = Path(path).resolve(), Path(root).resolve()
@@ -40,7 +60,11 @@ class RunLock:
     def acquire(self) -> None:
         import fcntl
 
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # O_NOFOLLOW: a link named .lock would make the PID overwrite whatever it points at
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            kind = "a symbolic link" if self.path.is_symlink() else exc.strerror
+            raise RunDirError(f"{self.path}: {kind}; refusing to use it as the run's lock") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

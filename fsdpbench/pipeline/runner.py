@@ -14,7 +14,7 @@ import pandas as pd
 from fsdpbench.case import Case
 from fsdpbench.pipeline.launch import CaseDirInUse, CaseOutcome, collect_case, launch_case
 from fsdpbench.pipeline.results import RunStore, build_rows, skipped_rows
-from fsdpbench.pipeline.rundir import check_component, check_inside
+from fsdpbench.pipeline.rundir import RunDirError, check_component, check_inside
 from fsdpbench.pipeline.scenario import Skipped
 from fsdpbench.schema import (
     CASE_MODEL_STEP_TIME,
@@ -126,7 +126,12 @@ def _start_run(
     meta["predictions"] = ["analytic", "traced"] if traced else ["analytic"]
     if link:
         meta["step_time_model"] = {"link": link}
-    done = store.completed_ids() if resume else set()
+    done = store.completed_ids()
+    if done and not resume:  # a fresh run must not take another run's rows into its results and gate
+        raise RunDirError(
+            f"{store.run_dir} already holds {len(done)} stored case(s) of another run; continue that run "
+            "with --resume, or choose an empty --out"
+        )
     meta.setdefault("cases", {})
     meta[STATUS] = "running"
     for item in skipped:

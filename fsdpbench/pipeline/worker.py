@@ -44,6 +44,7 @@ from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
 from fsdpbench.pipeline.rank_result import Harness, RankResult, Setup, rank_file
+from fsdpbench.pipeline.rundir import write_atomically
 from fsdpbench.predictors.emulate import (
     build_rank_model,
     fake_collectives,
@@ -69,9 +70,7 @@ class RankRecorder:
         self.flush()
 
     def flush(self) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.result.to_json(), default=str))
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps(self.result.to_json(), default=str).encode())
 
 
 def resolve_device(case: Case, local_rank: int) -> torch.device:

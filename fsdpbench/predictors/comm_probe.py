@@ -30,6 +30,7 @@ from typing import Any
 
 from fsdpbench.engine.threads import rank_threads
 from fsdpbench.pipeline.launch import free_port
+from fsdpbench.pipeline.rundir import write_atomically
 from fsdpbench.predictors.comm_model import Link, algorithm_factor
 
 PROBE_SIZES_BYTES = (
@@ -183,9 +184,7 @@ def probe(run_dir: Path, world_size: int) -> dict[str, Any]:
     measured = run_probe(world_size, log_dir=path.parent)
     link = fit_link(measured["points"], world_size)
     result = {"link": link.to_dict(), "world_size": world_size, **measured}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    tmp.replace(path)
+    write_atomically(path, json.dumps(result, indent=1).encode())
     return result
 
 
