@@ -23,6 +23,11 @@ from fsdpbench.schema import (
 )
 from fsdpbench.strategies.names import REFERENCE_STRATEGY
 
+# the largest values a case accepts, from a scenario (pipeline/scenario.py) or a command line (predict)
+MAX_BATCH_SIZE = 1_000_000
+MAX_SEQ_LEN = 10_000_000
+MAX_PREFETCH = 64
+
 PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
 WRAPS = ("none", "whole", "block", "size", "classes")

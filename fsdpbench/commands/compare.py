@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", help="run directory (default: reports/compare/<timestamp>)")
     parser.add_argument("--no-report", action="store_true", help="do not write report.html")
+    running.add_oversubscribe_argument(parser)
     parser.add_argument(
         "--traced",
         action="store_true",
@@ -120,7 +121,11 @@ def main(args: argparse.Namespace) -> int:
         if plugins:
             running.enable_plugin_imports()
         scenario = parse_scenario(
-            text, source="fsdpbench compare", overrides=overrides, allow_plugins=plugins or None
+            text,
+            source="fsdpbench compare",
+            overrides=overrides,
+            allow_plugins=plugins or None,
+            allow_oversubscribe=args.allow_oversubscribe,
         )
     except ScenarioError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from typing import Any
 
 from rich.console import Console
@@ -169,8 +170,6 @@ def main(args: argparse.Namespace) -> int:
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None
         args.units = args.units or _units_asked(args.device_memory)
         args.context_bytes = parse_bytes(args.context_bytes) if args.context_bytes else None
-        if args.nccl_channels is not None and args.nccl_channels < 0:
-            raise ValueError(f"--nccl-channels {args.nccl_channels}: must be ≥ 0")
         host_memory = parse_bytes(args.host_memory) if args.host_memory else None
         context = parse_bytes(args.context_allowance)
         args.step_link = _model_link(args.link)
@@ -270,6 +269,27 @@ CASE_FLAGS = (
 )
 
 
+MAX_PARAMS = 1e15  # a thousand times the largest models trained today: a typo, not a model, past it
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """The numeric options within the bounds a case accepts (fsdpbench/case.py), before anything runs."""
+    from fsdpbench.case import MAX_BATCH_SIZE, MAX_PREFETCH, MAX_SEQ_LEN
+
+    for flag, value, low, high in (
+        ("--batch-size", args.batch_size, 1, MAX_BATCH_SIZE),
+        ("--seq-len", args.seq_len, 1, MAX_SEQ_LEN),
+        ("--prefetch", args.prefetch, 0, MAX_PREFETCH),
+        ("--rank", args.rank, 0, None),
+        ("--shard-size", args.shard_size, 1, None),
+        ("--max-world-size", args.max_world_size, 1, None),
+        ("--nccl-channels", args.nccl_channels, 0, None),
+    ):
+        if value is not None and (value < low or (high is not None and value > high)):
+            bound = f"from {low} to {high:,}" if high is not None else f"≥ {low}"
+            raise ValueError(f"{flag} {value}: must be {bound}")
+
+
 def _build_cases(args: argparse.Namespace) -> list:
     from fsdpbench.case import Case
     from fsdpbench.models import model_names
@@ -279,8 +299,9 @@ def _build_cases(args: argparse.Namespace) -> list:
         raise ValueError(f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}")
     if args.world_size < 1:
         raise ValueError(f"--world-size {args.world_size}: must be ≥ 1")
-    if args.params is not None and args.params < 1:
-        raise ValueError(f"--params {args.params}: must be a positive parameter count, e.g. 7.5e9")
+    if args.params is not None and not (math.isfinite(args.params) and 1 <= args.params <= MAX_PARAMS):
+        raise ValueError(f"--params {args.params}: must be a parameter count from 1 to {MAX_PARAMS:.0e}")
+    _check_numbers(args)
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
     if any(":" in s for s in strategies):  # a module:Class typed here is explicit: cwd is searched last
         from fsdpbench.commands.running import enable_plugin_imports

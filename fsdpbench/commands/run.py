@@ -13,6 +13,7 @@ from rich.markup import escape
 
 from fsdpbench.commands.running import (
     add_link_argument,
+    add_oversubscribe_argument,
     case_progress,
     enable_plugin_imports,
     link_spec,
@@ -22,7 +23,7 @@ from fsdpbench.commands.running import (
     signals_as_interrupts,
     validate_overrides,
 )
-from fsdpbench.pipeline.scenario import CPU_RANKS_PER_CORE, ScenarioError, load_scenario
+from fsdpbench.pipeline.scenario import ScenarioError, load_scenario
 from fsdpbench.schema import FAILED, OOM, STATUS, TIMEOUT
 
 
@@ -70,11 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let the scenario name plugin strategies (module:Class): importing one runs its "
         "code; the current directory is searched last (also: FSDPBENCH_ALLOW_PLUGINS=1)",
     )
-    parser.add_argument(
-        "--allow-oversubscribe",
-        action="store_true",
-        help=f"run more than {CPU_RANKS_PER_CORE} CPU ranks per core",
-    )
+    add_oversubscribe_argument(parser)
     parser.add_argument(
         "--collect",
         action="store_true",

@@ -38,6 +38,17 @@ def add_link_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_oversubscribe_argument(parser: argparse.ArgumentParser) -> None:
+    """--allow-oversubscribe, for every command that starts CPU ranks (run, compare)."""
+    from fsdpbench.pipeline.scenario import CPU_RANKS_PER_CORE
+
+    parser.add_argument(
+        "--allow-oversubscribe",
+        action="store_true",
+        help=f"run more than {CPU_RANKS_PER_CORE} CPU ranks per core",
+    )
+
+
 def add_strategies_argument(parser: argparse.ArgumentParser, flag: str, default: str) -> None:
     """The comma-separated strategy list (compare's --strategies, predict's --strategy)."""
     parser.add_argument(flag, default=default, help=f"comma-separated strategies (default: {default})")

@@ -31,7 +31,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from fsdpbench.case import BACKWARD_PREFETCH_POLICIES, CHECKPOINT_METHODS, OPTIMIZERS, PRECISIONS, WRAPS, Case
+from fsdpbench.case import (
+    BACKWARD_PREFETCH_POLICIES,
+    CHECKPOINT_METHODS,
+    MAX_BATCH_SIZE,
+    MAX_PREFETCH,
+    MAX_SEQ_LEN,
+    OPTIMIZERS,
+    PRECISIONS,
+    WRAPS,
+    Case,
+)
 from fsdpbench.pipeline.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
@@ -70,12 +80,12 @@ class CaseFields(BaseModel):
     wrap: Literal[WRAPS] | None = None  # type: ignore[valid-type]
     wrap_min_params: Count | None = None
     wrap_classes: list[Text] | None = None
-    prefetch: Annotated[int, Field(strict=True, ge=0, le=64)] | None = None
+    prefetch: Annotated[int, Field(strict=True, ge=0, le=MAX_PREFETCH)] | None = None
     precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
     optimizer: Literal[OPTIMIZERS] | None = None  # type: ignore[valid-type]
     lr: Annotated[float, Field(strict=True, gt=0, le=1e3)] | None = None
-    batch_size: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
-    seq_len: Annotated[int, Field(strict=True, gt=0, le=10_000_000)] | None = None
+    batch_size: Annotated[int, Field(strict=True, gt=0, le=MAX_BATCH_SIZE)] | None = None
+    seq_len: Annotated[int, Field(strict=True, gt=0, le=MAX_SEQ_LEN)] | None = None
     warmup_steps: Steps | None = None
     steps: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
     memory_steps: Steps | None = None

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from fsdpbench.case import Case
 # what the searches ask of the memory model: a case's prediction (a MemoryPrediction)
 Predictor = Callable[[Case], object]
 
+MAX_BYTES = 2**60  # an exbibyte: more than any device or host holds; past it a number is a typo
 _UNITS = {
     "": 1,
     "b": 1,
@@ -43,7 +45,10 @@ def parse_bytes(text: str) -> int:
             f"cannot read {text!r} as a memory size; use a number with one of "
             "B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 80GiB"
         )
-    return int(float(m.group(1)) * _UNITS[unit])
+    value = float(m.group(1)) * _UNITS[unit]
+    if not math.isfinite(value) or value > MAX_BYTES:
+        raise ValueError(f"{text!r}: larger than any memory ({MAX_BYTES / 2**60:g} EiB at most)")
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)
