@@ -103,3 +103,17 @@ def test_a_running_record_has_not_ended():
     rec = RankResult(rank=0)
     assert rec.status == RUNNING and not rec.ended
     assert RankResult.missing(0).where() == f"rank 0 in start: {NO_RESULT}"
+
+
+def test_the_case_rows_carry_the_ranks_global_losses_and_the_slowest_median():
+    from fsdpbench.pipeline.launch import CaseOutcome
+    from fsdpbench.pipeline.results import build_rows
+
+    case = Case(model="mlp-tiny", strategy="zero2", world_size=2)
+    ranks = [_record(0), _record(1)]
+    ranks[1].losses = [2.75, 2.5]
+    ranks[1].timed = StepTimes(times_ms=[7.0, 8.0, 9.0])
+    rows = build_rows(case, CaseOutcome(status=OK, ranks=ranks, wall_s=4.0), {})
+    assert list(rows["rank"]) == [0, 1]
+    assert rows["losses"][0] == [2.625, 2.375] and rows["loss_final"][0] == 2.375  # the ranks' mean
+    assert list(rows["step_time_ms"]) == [5.0, 8.0] and rows["case_step_time_ms"][0] == 8.0

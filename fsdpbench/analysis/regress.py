@@ -170,9 +170,10 @@ def make_threshold(raw: Any, where: str) -> Threshold:
     except (TypeError, ValueError):
         raise BaselineError(f"{where}: tolerance {tol!r} is not a number (0.01 or 1%)") from None
     gate = raw.get("gate", "fail")
-    if gate not in GATES or not (tol >= 0):
+    if gate not in GATES or not (0 <= tol < math.inf):
         raise BaselineError(
-            f"{where}: gate must be one of {', '.join(GATES)} and tolerance >= 0 (got {raw!r})"
+            f"{where}: gate must be one of {', '.join(GATES)} and tolerance a finite number >= 0 "
+            f"(got {raw!r})"
         )
     return Threshold(tolerance=tol, gate=gate)
 
@@ -376,22 +377,34 @@ def write_baseline(path: str | Path, baseline: Mapping[str, Any]) -> None:
     path.write_text(json.dumps(baseline, indent=1, sort_keys=True) + "\n")
 
 
+MAX_BASELINE_BYTES = 64 << 20  # ci.json is ~100 KB for 12 cases: room for a 10,000-case study
+MAX_BASELINE_CASES = 10_000  # a scenario's own limit (pipeline/scenario.MAX_CASES)
+
+
 def load_baseline(path: str | Path) -> dict[str, Any]:
-    """Read and check a baseline file; errors name the file and the field."""
+    """Read and check a baseline file (input from a stranger: every number finite, every field of its
+    type, its size bounded); errors name the file and the field."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
+        if path.stat().st_size > MAX_BASELINE_BYTES:
+            raise BaselineError(f"{path}: larger than {MAX_BASELINE_BYTES >> 20} MiB; not a baseline")
+        data = json.loads(path.read_bytes())
     except OSError as exc:
         raise BaselineError(f"{path}: cannot read baseline: {exc.strerror}") from None
+    except RecursionError:
+        raise BaselineError(f"{path}: nested too deep to be a baseline") from None
     except ValueError as exc:
         raise BaselineError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("fsdpbench_baseline") != BASELINE_FORMAT:
+    version = data.get("fsdpbench_baseline") if isinstance(data, dict) else None
+    if type(version) is not int or version != BASELINE_FORMAT:  # True == 1 in Python, not here
         raise BaselineError(
             f"{path}: not a fsdpbench baseline (fsdpbench_baseline: {BASELINE_FORMAT} missing); "
             "write one with: fsdpbench regress RUN_DIR --write-baseline PATH"
         )
     if not isinstance(data.get("cases"), dict):
         raise BaselineError(f"{path}: cases: expected a mapping case_id → entry")
+    if len(data["cases"]) > MAX_BASELINE_CASES:
+        raise BaselineError(f"{path}: cases: {len(data['cases'])} entries, more than {MAX_BASELINE_CASES}")
     data["thresholds"] = _thresholds_of(data.get("thresholds") or {}, f"{path}: thresholds")
     for cid, entry in data["cases"].items():
         where = f"{path}: cases.{cid}"
@@ -401,10 +414,20 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
             or not isinstance(entry.get("metrics", {}), dict)
         ):
             raise BaselineError(f"{where}: expected {{status, metrics: {{...}}}}")
-        for name in entry.get("metrics", {}):
+        for name, value in entry.get("metrics", {}).items():
             check_metric_name(name, where=f"{where}.metrics")
+            _check_metric_value(value, f"{where}.metrics.{name}")
         entry["thresholds"] = _thresholds_of(entry.get("thresholds") or {}, f"{where}.thresholds")
     return data
+
+
+def _check_metric_value(value: Any, where: str) -> None:
+    """A baseline's metric is a finite number, or a list of them (losses, time samples): a NaN would
+    compare as neither larger nor smaller and pass every gate."""
+    values = value if isinstance(value, list) else [value]
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise BaselineError(f"{where}: {v!r} is not a finite number")
 
 
 def _as_thresholds(raw: Any, where: str) -> dict[str, Threshold]:

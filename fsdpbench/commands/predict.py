@@ -164,7 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from fsdpbench.predictors.memory_model.search import parse_bytes
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # an error is one line, never wrapped
     try:
         cases = _build_cases(args)
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None

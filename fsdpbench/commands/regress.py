@@ -112,7 +112,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from fsdpbench.analysis.regress import BaselineError
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)  # an error is one line, never wrapped
     try:
         return _write(args, err) if args.write_baseline else _gate(args, err)
     except BaselineError as exc:
@@ -122,14 +122,18 @@ def main(args: argparse.Namespace) -> int:
 
 def _load_run(run_dir: str) -> tuple[Any, dict[str, Any]]:
     from fsdpbench.analysis.regress import BaselineError
-    from fsdpbench.pipeline.results import RunStore, load_results
+    from fsdpbench.pipeline.results import ResultsFileError, RunStore, load_results
 
-    frame = load_results(run_dir)
+    try:  # an unusable run is exit 2 (its input), never 1 (a regression)
+        frame = load_results(run_dir)
+        meta = RunStore(run_dir).read_run_json()
+    except ResultsFileError as exc:
+        raise BaselineError(str(exc)) from None
     if frame.empty:
         raise BaselineError(
             f"{run_dir}: no results (results.parquet or cases/*.parquet); run fsdpbench run first"
         )
-    return frame, RunStore(run_dir).read_run_json()
+    return frame, meta
 
 
 def _threshold_args(items: list[str]) -> dict[str, Any]:

@@ -40,6 +40,12 @@ def main(args: argparse.Namespace) -> int:
                 highlight=False,
             )
             return 2
-    path = write_report(run_dirs, Path(args.out) if args.out else None)
+    from fsdpbench.pipeline.results import ResultsFileError
+
+    try:
+        path = write_report(run_dirs, Path(args.out) if args.out else None)
+    except ResultsFileError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
     print(f"report:  {path}")
     return 0

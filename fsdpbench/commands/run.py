@@ -115,11 +115,8 @@ def _main(args: argparse.Namespace, console: Console) -> int:
     resume_hint = f"fsdpbench run {shlex.quote(args.scenario)} --out {shlex.quote(str(run_dir))} --resume"
     try:
         meta = store.read_run_json() if args.resume else {}
-    except (OSError, ValueError) as exc:
-        console.print(
-            f"[red]error:[/] {escape(str(run_dir / 'run.json'))}: cannot read: {escape(str(exc))}",
-            highlight=False,
-        )
+    except (OSError, ValueError) as exc:  # ResultsFileError names the file and the field
+        console.print(f"[red]error:[/] cannot resume: {escape(str(exc))}", highlight=False)
         return 2
     _update_run_meta(meta, scenario, overrides)
     n_todo = len(scenario.cases) - (

@@ -104,7 +104,7 @@ def build_rows(case: Case, outcome: CaseOutcome, env: dict[str, Any]) -> pd.Data
     (``RankResult.to_columns``), with what the case's ranks measured together."""
     base = case.to_columns()
     ranks = [rank.to_columns() for rank in outcome.ranks]
-    shared = _case_measurement_columns(case, ranks)
+    shared = _case_measurement_columns(case, ranks, [rank.losses or [] for rank in outcome.ranks])
     rows = []
     for rank in ranks:
         row = {**base, **rank}
@@ -121,12 +121,14 @@ def build_rows(case: Case, outcome: CaseOutcome, env: dict[str, Any]) -> pd.Data
     return pd.DataFrame(rows)
 
 
-def _case_measurement_columns(case: Case, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+def _case_measurement_columns(
+    case: Case, ranks: list[dict[str, Any]], losses_by_rank: list[list[float]]
+) -> dict[str, Any]:
     """What the case's ranks measured together (``ranks``: each rank's columns): the global losses, the
     case's step time (the slowest rank's median), throughput, and the step-time ratios to the reference
     workload."""
     # an emulated rank's loss is of garbage on purpose: not a loss of the case (predictors/emulate.py)
-    losses = [r.get(LOSSES) or [] for r in ranks] if not case.emulate else []
+    losses = losses_by_rank if not case.emulate else []
     n = min((len(x) for x in losses), default=0)
     global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
     medians = [r[STEP_TIME] for r in ranks if r.get(STEP_TIME) is not None]
@@ -236,7 +238,9 @@ class RunStore:
                 part.unlink()
 
     def completed_ids(self) -> set[str]:
-        return {p.stem for p in self.cases_dir.glob("*.parquet")}
+        """The cases stored in full: a case file that is not readable parquet (cut short by a crash, or
+        not fsdpbench's) is not done, and --resume measures the case again."""
+        return {p.stem for p in self.cases_dir.glob("*.parquet") if _readable_parquet(p)}
 
     def consolidate(self) -> pd.DataFrame:
         frame = self.load_cases()
@@ -246,7 +250,7 @@ class RunStore:
 
     def load_cases(self) -> pd.DataFrame:
         files = sorted(self.cases_dir.glob("*.parquet"), key=lambda p: p.stat().st_mtime)
-        frames = [pd.read_parquet(p) for p in files]
+        frames = [read_results_file(p) for p in files]
         frames = [f for f in frames if not f.empty]
         if not frames:
             return pd.DataFrame(columns=CORE_COLUMNS)
@@ -258,14 +262,65 @@ class RunStore:
         atomic_write_json(self.run_dir / "run.json", meta)
 
     def read_run_json(self) -> dict[str, Any]:
+        """run.json, checked (input from a stranger): an object whose known fields have their types."""
         path = self.run_dir / "run.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        if not path.exists():
+            return {}
+        try:
+            if path.is_symlink() or path.stat().st_size > MAX_RUN_JSON_BYTES:
+                raise ResultsFileError(
+                    f"{path}: a symbolic link or larger than {MAX_RUN_JSON_BYTES >> 20} MiB"
+                )
+            meta = json.loads(path.read_bytes())
+        except RecursionError:
+            raise ResultsFileError(f"{path}: nested too deep to be a run.json") from None
+        except (OSError, ValueError) as exc:
+            raise ResultsFileError(f"{path}: not readable JSON ({exc})") from None
+        if not isinstance(meta, dict):
+            raise ResultsFileError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+        for field, kind in _RUN_JSON_FIELDS.items():
+            if field in meta and not isinstance(meta[field], kind):
+                raise ResultsFileError(f"{path}: field {field!r} has type {type(meta[field]).__name__}")
+        return meta
+
+
+class ResultsFileError(ValueError):
+    """A results file fsdpbench reads back is unusable: one line naming the file (and the field)."""
+
+
+MAX_RUN_JSON_BYTES = 64 << 20
+_RUN_JSON_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "cases": dict,
+    "env": dict,
+    STATUS: str,
+    "scenario": (str, dict),
+    "overrides": dict,
+    "predictions": list,
+}
+
+
+def _readable_parquet(path: Path) -> bool:
+    import pyarrow.parquet as pq
+
+    try:
+        pq.read_metadata(path)
+    except Exception:  # noqa: BLE001 — pyarrow raises its own ArrowInvalid, or OSError: unreadable either way
+        return False
+    return True
+
+
+def read_results_file(path: Path) -> pd.DataFrame:
+    """One parquet file of a run (results.parquet, cases/<id>.parquet); ResultsFileError if unreadable."""
+    try:
+        return pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 — ArrowInvalid, OSError, ValueError: all mean unusable
+        raise ResultsFileError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
 
 
 def load_results(run_dir: str | Path) -> pd.DataFrame:
-    """The results table of a run directory (pandas)."""
+    """The results table of a run directory (pandas); ResultsFileError names a file that is unusable."""
     run_dir = Path(run_dir)
     path = run_dir / "results.parquet"
     if path.exists():
-        return pd.read_parquet(path)
+        return read_results_file(path)
     return RunStore(run_dir).load_cases()
