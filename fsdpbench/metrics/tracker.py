@@ -8,10 +8,11 @@ are the only deterministic memory figures, so tests assert them exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # the record (TrackedMemory) is read back by processes that never import torch
+    import torch
+    from torch import nn
 
 from fsdpbench.schema import (
     LOCAL_STATES,
@@ -146,6 +147,8 @@ def with_active_module_peaks(tracker: Any) -> Any:
 
 def snapshot_by_category(tracker: Any, kind: str, device: torch.device) -> dict[str, int]:
     """Bytes per category ('peak' = at the moment of the total peak, or 'current'); plus 'total'."""
+    import torch
+
     snap = tracker.get_tracker_snapshot(kind)
     out = dict.fromkeys(TRACKER_CATEGORIES, 0)
     total = 0
@@ -164,6 +167,8 @@ def snapshot_by_category(tracker: Any, kind: str, device: torch.device) -> dict[
 
 def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Exact bytes of this rank's own params, grads and optimizer state, counted tensor by tensor."""
+    import torch
+
     from fsdpbench.metrics.deepspeed_tracker import deepspeed_storages, is_deepspeed_engine
 
     if is_deepspeed_engine(model):  # DeepSpeed's states live in its flat buffers, not in parameters()
