@@ -111,12 +111,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from fsdpbench.analysis.regress import BaselineError
+    from fsdpbench.commands.running import check_output_path
 
     err = Console(stderr=True, soft_wrap=True)  # an error is one line, never wrapped
     try:
+        for flag, value in (("--write-baseline", args.write_baseline), ("--json", args.json)):
+            if value and value != "-":
+                check_output_path(value, flag)
+        if args.markdown and args.markdown != "-":
+            check_output_path(args.markdown, "--markdown")
         return _write(args, err) if args.write_baseline else _gate(args, err)
-    except BaselineError as exc:
+    except (BaselineError, ValueError) as exc:  # its input or output is unusable: 2, never 1
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
+    except OSError as exc:
+        err.print(
+            f"[red]error:[/] cannot write {escape(str(exc.filename or exc))}: {exc.strerror}", highlight=False
+        )
         return 2
 
 

@@ -40,12 +40,19 @@ def main(args: argparse.Namespace) -> int:
                 highlight=False,
             )
             return 2
+    from fsdpbench.commands.running import check_output_path
     from fsdpbench.pipeline.results import ResultsFileError
 
     try:
-        path = write_report(run_dirs, Path(args.out) if args.out else None)
-    except ResultsFileError as exc:
+        out = check_output_path(args.out, "--out") if args.out else None
+        path = write_report(run_dirs, out)
+    except (ResultsFileError, ValueError) as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
+    except OSError as exc:
+        err.print(
+            f"[red]error:[/] cannot write {escape(str(exc.filename or exc))}: {exc.strerror}", highlight=False
+        )
         return 2
     print(f"report:  {path}")
     return 0

@@ -15,6 +15,7 @@ from fsdpbench.commands.running import (
     add_link_argument,
     add_oversubscribe_argument,
     case_progress,
+    check_output_path,
     enable_plugin_imports,
     link_spec,
     parse_overrides,
@@ -105,7 +106,19 @@ def _main(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         return _print_dry_run(scenario)
     if args.export_cases:
-        return _export_cases(scenario, Path(args.export_cases))
+        try:
+            return _export_cases(
+                scenario, check_output_path(args.export_cases, "--export-cases", directory=True)
+            )
+        except ValueError as exc:
+            console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+            return 2
+        except OSError as exc:
+            console.print(
+                f"[red]error:[/] cannot write {escape(str(exc.filename or exc))}: {exc.strerror}",
+                highlight=False,
+            )
+            return 2
     if args.collect and not args.out:
         console.print("[red]error:[/] --collect needs --out RUN_DIR (where the ranks wrote cases/<case_id>/)")
         return 2

@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -36,6 +37,25 @@ def add_link_argument(parser: argparse.ArgumentParser) -> None:
         f"communication): {link_choices()}, or none (default: {AUTO}: gloo, probed "
         "once per run, for gloo cases; nvlink4 for nccl cases)",
     )
+
+
+def check_output_path(text: str, flag: str, *, directory: bool = False) -> Path:
+    """An output path a command will write (a file, or with ``directory`` a directory), checked before
+    any work: not an existing directory (file) or file (directory), not under a file, its nearest
+    existing parent writable. ValueError names the option and the path."""
+    path = Path(text)
+    if directory and path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {text}: exists and is not a directory")
+    if not directory and path.is_dir():
+        raise ValueError(f"{flag} {text}: is a directory; give a file path")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {text}: {parent} is a file, not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {text}: {parent} is not writable")
+    return path
 
 
 def add_oversubscribe_argument(parser: argparse.ArgumentParser) -> None:
