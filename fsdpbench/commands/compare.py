@@ -25,6 +25,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.commands import running
+from fsdpbench.pipeline.interrupts import signals_as_interrupts
 from fsdpbench.schema import ERROR, FAILED, OK, OOM, STATUS, TIMEOUT
 
 DEFAULT_STRATEGIES = "ddp,zero2,zero3"
@@ -142,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
     running.print_skipped(err, scenario)
     try:
         with (
-            running.signals_as_interrupts(),
+            signals_as_interrupts(),
             running.case_progress(err, len(scenario.cases)) as (
                 on_start,
                 on_done,

@@ -21,9 +21,9 @@ from fsdpbench.commands.running import (
     parse_overrides,
     print_skipped,
     run_header,
-    signals_as_interrupts,
     validate_overrides,
 )
+from fsdpbench.pipeline.interrupts import signals_as_interrupts
 from fsdpbench.pipeline.scenario import ScenarioError, load_scenario
 from fsdpbench.schema import FAILED, OOM, STATUS, TIMEOUT
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -200,33 +198,3 @@ def case_progress(console: Console, n_cases: int) -> Iterator[tuple[OnStart, OnD
             progress.advance(task)
 
         yield on_start, on_done
-
-
-class Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP: stop the case's ranks, keep what is stored, exit 128 + the signal."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-@contextmanager
-def signals_as_interrupts() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP raise Interrupted (a KeyboardInterrupt) in the main thread.
-
-    SIGINT too, explicitly: a process started with SIGINT ignored (a background job of a script, or of
-    a parent that ignored it) inherits that, and Python then installs no KeyboardInterrupt handler, so
-    Ctrl-C sent to its process group would reach the ranks and leave the orchestrator waiting."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Interrupted(signum)
-
-    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, previous in old.items():
-            signal.signal(sig, previous)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.case import Case
+from fsdpbench.pipeline.interrupts import launcher_signal
 from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, pid_alive
 from fsdpbench.pipeline.rank_result import RankResult, rank_file
 from fsdpbench.schema import FAILED, OK, SKIPPED, TIMEOUT
@@ -147,6 +148,8 @@ def _launch_group(
             logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
             start_method="forkserver",
         )
+    except _signal_exception() as exc:  # the launcher's handlers caught a signal while it started ranks
+        raise launcher_signal(exc) from None
     finally:
         _restore_signal_handlers(handlers)  # Ctrl-C stays a KeyboardInterrupt that the sweep handles
     pids = sorted(pc.pids().values())
@@ -155,7 +158,7 @@ def _launch_group(
     try:
         result, own_exits = _wait(pc, case.timeout_s)
     except _signal_exception() as exc:  # a signal in the instant before the handlers were restored
-        raise KeyboardInterrupt(str(exc)) from None
+        raise launcher_signal(exc) from None
     finally:
         if result is None:  # timeout or interrupt: stop the ranks now
             pc.close(timeout=5)

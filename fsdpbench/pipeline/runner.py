@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.case import Case
+from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import CaseDirInUse, CaseOutcome, collect_case, launch_case
 from fsdpbench.pipeline.results import RunStore, build_rows, skipped_rows
 from fsdpbench.pipeline.rundir import RunDirError, check_component, check_inside
@@ -181,7 +182,7 @@ def _case_rows(
 def _end_run(store: RunStore, meta: dict[str, Any], tracer: TracedPredictor | None, *, failing: bool) -> None:
     """Close the tracer and store run.json's end; a write error is raised unless already failing."""
     if tracer is not None:
-        tracer.close()
+        tracer.close(kill=failing)  # interrupted: a trace under way is not waited for
     meta["ended"] = now_iso()
     try:
         store.write_run_json(meta)
@@ -305,7 +306,9 @@ class TracedPredictor:
         ranks = sorted({int(r) for r in rows[RANK] if int(r) >= 0})
         try:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+                self._pool = ProcessPoolExecutor(
+                    max_workers=1, mp_context=get_context("spawn"), initializer=ignore_sigint
+                )
             traced = self._pool.submit(trace_ranks, case.to_dict(), ranks).result(timeout=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 — a trace that fails must not lose the measurement
             print(

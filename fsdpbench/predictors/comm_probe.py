@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.engine.threads import rank_threads
+from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import free_port
 from fsdpbench.pipeline.rundir import write_atomically
 from fsdpbench.predictors.comm_model import Link, algorithm_factor
@@ -47,6 +48,7 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
     """One probe process: join the gloo group, time every (kind, size), rank 0 writes the medians."""
     # at the file-descriptor level, before torch is imported: the C++ libraries write to fds 1 and 2
     # directly, past Python's sys.stdout; their lines are the run's record, not the user's terminal
+    ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -157,15 +159,17 @@ def run_probe(
             ctx.Process(target=_probe_rank, args=(r, world_size, port, out, reps, logs[r]))
             for r in range(world_size)
         ]
-        for p in procs:
-            p.start()
-        deadline = time.monotonic() + timeout_s
-        for p in procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join()
+        try:
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + timeout_s
+            for p in procs:
+                p.join(max(0.0, deadline - time.monotonic()))
+        finally:  # past the timeout, or interrupted: the probe's processes end with it
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
         if any(p.exitcode != 0 for p in procs) or not Path(out).exists():
             where = f"; their output: {Path(logs[0]).parent}" if log_dir else ""
             raise RuntimeError(f"gloo probe failed (exit codes {[p.exitcode for p in procs]}{where})")
