@@ -5,10 +5,12 @@ directory, under a file, or somewhere that cannot be written give exit 2 and no 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from fsdpbench.cli import main
+from fsdpbench.pipeline.results import load_results
 from tests.test_regress import run_frame, write_run
 
 
@@ -62,3 +64,31 @@ def test_export_cases_into_a_file_is_exit_2(capsys, a_file, tmp_path):
     assert code == 2 and f"--export-cases {a_file}: exists and is not a directory" in text
     assert a_file.read_text() == "x"
     assert cli(capsys, "run", scenario, "--export-cases", tmp_path / "cases")[0] == 0
+
+
+NOT_UTF8 = os.fsdecode(b"run\xff")  # a name the file system allows and pyarrow and HTML cannot hold
+
+
+@pytest.mark.parametrize("verb", ["run", "compare"])
+def test_an_out_that_is_not_utf8_is_refused_before_any_case_runs(capsys, tmp_path, monkeypatch, verb):
+    # it failed after the case ran (UnicodeEncodeError in to_parquet): the measurement was lost and
+    # run.json stayed "running"
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nsweep: {strategy: [ddp]}\n")
+    launched = []
+    monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", lambda *a, **k: launched.append(a))
+    target = tmp_path / NOT_UTF8
+    argv = (scenario,) if verb == "run" else ("--world-size", "1", "--strategies", "ddp")
+    code, text = cli(capsys, verb, *argv, "--out", target)
+    assert code == 2 and "--out " in text and "is not valid UTF-8" in text and "Traceback" not in text
+    assert not launched and not os.path.lexists(target)
+
+
+def test_a_run_directory_named_in_another_encoding_is_read_and_reported(capsys, tmp_path):
+    run = write_run(tmp_path / "made", run_frame()).rename(tmp_path / NOT_UTF8)
+    (run / "run.json").write_text(json.dumps({"status": "complete", "cases": {}}))
+    assert len(load_results(run)) == len(run_frame())  # pyarrow never sees the path
+    code, text = cli(capsys, "report", run)
+    assert code == 0, text
+    page = (run / "report.html").read_text(encoding="utf-8")
+    assert "run\ufffd" in page  # the name shown with U+FFFD where it is not UTF-8

@@ -132,7 +132,12 @@ def main(args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
 
-    run_dir = Path(args.out) if args.out else default_run_dir("compare")
+    try:
+        run_dir = running.check_output_path(args.out, "--out", directory=True) if args.out else None
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
+    run_dir = run_dir or default_run_dir("compare")
     store = RunStore(run_dir)
     meta = running.run_header(scenario, path=None, text=text, overrides=overrides, started=now_iso())
     err.print(

@@ -54,5 +54,7 @@ def main(args: argparse.Namespace) -> int:
             f"[red]error:[/] cannot write {escape(str(exc.filename or exc))}: {exc.strerror}", highlight=False
         )
         return 2
-    print(f"report:  {path}")
+    from fsdpbench.report.data import shown_path
+
+    print(f"report:  {shown_path(path)}")
     return 0

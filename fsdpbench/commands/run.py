@@ -123,7 +123,11 @@ def _main(args: argparse.Namespace, console: Console) -> int:
         console.print("[red]error:[/] --collect needs --out RUN_DIR (where the ranks wrote cases/<case_id>/)")
         return 2
 
-    run_dir = _run_dir(args, scenario.name)
+    try:
+        run_dir = _run_dir(args, scenario.name)
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
     store = RunStore(run_dir)
     resume_hint = f"fsdpbench run {shlex.quote(args.scenario)} --out {shlex.quote(str(run_dir))} --resume"
     try:
@@ -206,7 +210,7 @@ def _run_dir(args: argparse.Namespace, scenario_name: str) -> Path:
     from fsdpbench.pipeline.runner import default_run_dir, latest_run_dir
 
     if args.out:
-        return Path(args.out)
+        return check_output_path(args.out, "--out", directory=True)
     if args.resume:
         return latest_run_dir(scenario_name) or default_run_dir(scenario_name)
     return default_run_dir(scenario_name)

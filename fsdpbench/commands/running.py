@@ -40,7 +40,11 @@ def add_link_argument(parser: argparse.ArgumentParser) -> None:
 def check_output_path(text: str, flag: str, *, directory: bool = False) -> Path:
     """An output path a command will write (a file, or with ``directory`` a directory), checked before
     any work: not an existing directory (file) or file (directory), not under a file, its nearest
-    existing parent writable. ValueError names the option and the path."""
+    existing parent writable, the name UTF-8. ValueError names the option and the path."""
+    try:  # pyarrow and the HTML report encode paths as UTF-8: refused now, not after the cases ran
+        os.fsencode(text).decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{flag} {text!r}: the path is not valid UTF-8; choose a UTF-8 name") from None
     path = Path(text)
     if directory and path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {text}: exists and is not a directory")

@@ -88,7 +88,8 @@ class Samplers:
         frame = pd.concat(frames, ignore_index=True)
         frame.insert(0, RANK, rank)
         frame.insert(0, "case_id", case_id)
-        frame.to_parquet(path, index=False)
+        with open(path, "wb") as file:  # pyarrow would encode the path as UTF-8, which it need not be
+            frame.to_parquet(file, index=False)
 
 
 @contextlib.contextmanager

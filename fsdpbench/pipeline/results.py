@@ -231,9 +231,7 @@ class RunStore:
         case_dir = self.case_dir(case_id)
         parts = sorted(case_dir.glob("timeline_rank*.parquet"))
         if parts:
-            atomic_write_parquet(
-                case_dir / "timeline.parquet", pd.concat([pd.read_parquet(p) for p in parts])
-            )
+            atomic_write_parquet(case_dir / "timeline.parquet", pd.concat([read_parquet(p) for p in parts]))
             for part in parts:
                 part.unlink()
 
@@ -303,16 +301,24 @@ def _readable_parquet(path: Path) -> bool:
     import pyarrow.parquet as pq
 
     try:
-        pq.read_metadata(path)
+        with open(path, "rb") as file:
+            pq.read_metadata(file)
     except Exception:  # noqa: BLE001 — pyarrow raises its own ArrowInvalid, or OSError: unreadable either way
         return False
     return True
 
 
+def read_parquet(path: Path) -> pd.DataFrame:
+    """A parquet file, opened by Python: pyarrow encodes a path as UTF-8 and fails on one that is not
+    (a run directory named in another encoding), which the file system itself accepts."""
+    with open(path, "rb") as file:
+        return pd.read_parquet(file)
+
+
 def read_results_file(path: Path) -> pd.DataFrame:
     """One parquet file of a run (results.parquet, cases/<id>.parquet); ResultsFileError if unreadable."""
     try:
-        return pd.read_parquet(path)
+        return read_parquet(path)
     except Exception as exc:  # noqa: BLE001 — ArrowInvalid, OSError, ValueError: all mean unusable
         raise ResultsFileError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
 

@@ -8,6 +8,7 @@ missing.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,7 +66,13 @@ class ReportData:
 
 def run_label(run_dir: Path) -> str:
     run_dir = Path(run_dir).resolve()
-    return f"{run_dir.parent.name}/{run_dir.name}" if run_dir.parent.name else run_dir.name
+    return shown_path(f"{run_dir.parent.name}/{run_dir.name}" if run_dir.parent.name else run_dir.name)
+
+
+def shown_path(path: str | Path) -> str:
+    """A path as the report shows it: a name in another encoding than UTF-8 (which the file system
+    allows) with U+FFFD where it cannot be decoded, since frames and the HTML hold UTF-8 only."""
+    return os.fsencode(str(path)).decode("utf-8", "replace")
 
 
 def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
@@ -86,10 +93,12 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
 
 def load_timelines(run_dir: Path, label: str) -> pd.DataFrame:
     """cases/<case_id>/timeline.parquet of every case (columns case_id, rank, t_s, bytes, phase, source)."""
+    from fsdpbench.pipeline.results import read_parquet
+
     frames = []
     for path in sorted(Path(run_dir).glob("cases/*/timeline.parquet")):
         try:
-            frame = pd.read_parquet(path)
+            frame = read_parquet(path)
         except (OSError, ValueError):
             continue
         if frame.empty:
@@ -108,7 +117,7 @@ def load_runs(run_dirs: Sequence[str | Path]) -> ReportData:
     """Several run directories, labelled so that their cases can be told apart."""
     labels = [run_label(Path(d)) for d in run_dirs]
     if len(set(labels)) < len(labels):  # same parent/name twice: fall back to full paths
-        labels = [str(Path(d).resolve()) for d in run_dirs]
+        labels = [shown_path(Path(d).resolve()) for d in run_dirs]
     runs = [load_run(d, label) for d, label in zip(run_dirs, labels)]
     results = pd.concat([r.results for r in runs], ignore_index=True) if runs else pd.DataFrame()
     timelines = [r.timelines for r in runs if not r.timelines.empty]

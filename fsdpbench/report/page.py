@@ -12,7 +12,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
-from fsdpbench.report.data import ReportData, RunData
+from fsdpbench.report.data import ReportData, RunData, shown_path
 from fsdpbench.report.panel import Panel, describe_ranks
 from fsdpbench.report.tables import (
     CompareRow,
@@ -204,7 +204,7 @@ def _run_items(run: RunData) -> list[tuple[str, Any]]:
     scenario = meta.get("scenario") or {}
     overrides = scenario.get("overrides")
     return [
-        (RUN, f"{run.run} ({run.run_dir})"),
+        (RUN, f"{run.run} ({shown_path(run.run_dir)})"),
         ("scenario", scenario.get("name")),
         ("description", scenario.get("description")),
         ("scenario file", scenario.get("path")),
