@@ -343,17 +343,62 @@ def test_resume_never_deletes_a_case_directory_a_live_rank_writes_to(
     monkeypatch.setattr("fsdpbench.pipeline.launch._LIVE_RANK_WAIT_S", 0.5)
     case_dir = tmp_path / "cases" / "c"
     case_dir.mkdir(parents=True)
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # a stand-in rank: it holds the case directory's lifeline lock, as a launched rank does
+    holds_the_lock = (
+        "import sys, time; from pathlib import Path; from fsdpbench.pipeline import lifeline; "
+        "lifeline.hold_while_alive(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)"
+    )
+    rank = subprocess.Popen(
+        [sys.executable, "-c", holds_the_lock, str(case_dir)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     try:
-        (case_dir / "rank0.json").write_text(json.dumps({"rank": 0, "pid": sleeper.pid}))
-        with pytest.raises(RuntimeError, match="in use by live rank process"):
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "held"
+        (case_dir / "rank0.json").write_text(json.dumps({"rank": 0, "pid": rank.pid}))
+        with pytest.raises(
+            RuntimeError, match=rf"in use by a live rank process \(pids in its rank files: \[{rank.pid}\]"
+        ):
             _clear_case_dir(case_dir)
         assert (case_dir / "rank0.json").exists()
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        rank.kill()
+        rank.wait()
     _clear_case_dir(case_dir)  # its rank is gone: the stale directory is cleared
     assert list(case_dir.iterdir()) == []
+
+
+def test_a_rank_file_naming_a_live_unrelated_process_does_not_block_its_case(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the pid was enough: the case was "in use" for good and the run still ended 0 "complete"
+    monkeypatch.setattr("fsdpbench.pipeline.launch._LIVE_RANK_WAIT_S", 0.5)
+    case_dir = tmp_path / "cases" / "c"
+    case_dir.mkdir(parents=True)
+    unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (case_dir / "rank0.json").write_text(json.dumps({"rank": 0, "pid": unrelated.pid}))
+        _clear_case_dir(case_dir)
+        assert list(case_dir.iterdir()) == [] and unrelated.poll() is None  # cleared; the process untouched
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
+def test_a_case_whose_directory_a_live_rank_holds_leaves_the_run_incomplete_and_exit_1(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from fsdpbench.pipeline.launch import CaseDirInUse
+
+    def held(case: Case, case_dir: Path) -> CaseOutcome:
+        if case.strategy == "zero3":
+            raise CaseDirInUse(f"{case_dir} is in use by a live rank process")
+        return fake_launch(case, case_dir)
+
+    monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", held)
+    out = tmp_path / "run"
+    assert run_cli(str(two_case_scenario(tmp_path)), "--out", str(out), "--no-report", "--link", "none") == 1
+    assert json.loads((out / "run.json").read_text())["status"] == "incomplete: 1 case(s) not run"
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "1 case(s) not run" in last and last.endswith("--resume")
 
 
 # ---- the input: error text, values and names that would leave --out ------------------------------

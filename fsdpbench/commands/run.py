@@ -186,7 +186,14 @@ def _main(args: argparse.Namespace, console: Console) -> int:
         _write_report(run_dir, console)
     print(f"results: {run_dir / 'results.parquet'}")
     failed = frame[frame[STATUS].isin([FAILED, TIMEOUT, OOM])]["case_id"].nunique()
-    return 1 if failed else 0
+    not_run = {c.case_id for c in scenario.cases} - set(frame["case_id"])
+    if not_run:  # their directories are held by live ranks of another run (a warning named each)
+        console.print(
+            f"[yellow]{len(not_run)} case(s) not run[/]: their directories are in use; "
+            f"continue with: {escape(resume_hint)}",
+            highlight=False,
+        )
+    return 1 if failed or not_run else 0
 
 
 def _load_scenario(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:

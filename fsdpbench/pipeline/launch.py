@@ -21,7 +21,7 @@ from typing import Any
 
 from fsdpbench.case import Case
 from fsdpbench.pipeline.interrupts import launcher_signal
-from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, pid_alive
+from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
 from fsdpbench.pipeline.rank_result import RankResult, rank_file
 from fsdpbench.schema import FAILED, OK, SKIPPED, TIMEOUT
 
@@ -223,18 +223,24 @@ def _clear_case_dir(case_dir: Path) -> None:
     if case_dir.is_symlink():
         raise CaseDirInUse(f"{case_dir} is a symbolic link; refusing to delete through it")
     if case_dir.exists():
-        live = _live_rank_pids(case_dir)
+        # whether a rank lives is the lock its ranks hold, not a pid read back from a rank file (which
+        # may name any process: reused since, or written by a stranger)
         deadline = time.monotonic() + _LIVE_RANK_WAIT_S
+        live = held_by_a_live_rank(case_dir)
         while live and time.monotonic() < deadline:  # ranks of a killed orchestrator die within moments
             time.sleep(0.2)
-            live = _live_rank_pids(case_dir)
+            live = held_by_a_live_rank(case_dir)
         if live:
-            raise CaseDirInUse(f"{case_dir} is in use by live rank process(es) {live}; not deleted")
+            raise CaseDirInUse(
+                f"{case_dir} is in use by a live rank process (pids in its rank files: "
+                f"{_live_rank_pids(case_dir) or 'none alive'}); not deleted"
+            )
         shutil.rmtree(case_dir)
     case_dir.mkdir(parents=True)
 
 
 def _live_rank_pids(case_dir: Path) -> list[int]:
+    """The pids the rank files of ``case_dir`` name that are alive: the message's detail only."""
     pids = []
     for path in case_dir.glob("rank*.json"):
         number = path.stem.removeprefix("rank")  # not a column: the file name's prefix

@@ -9,14 +9,19 @@ watchdog thread that exits when the orchestrator's pid is gone.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
 import signal
 import sys
 import threading
 import time
+from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 ORCHESTRATOR_PID_ENV = "FSDPBENCH_ORCHESTRATOR_PID"
+# in a case directory: every rank launched into it holds a shared lock on this file while it lives
+ALIVE_FILE = ".ranks.alive"
+_held: list[int] = []  # the lock's descriptor, open for the life of the rank
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> bool:
@@ -59,3 +64,29 @@ def watch_orchestrator(interval_s: float = 1.0) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="fsdpbench-lifeline", daemon=True).start()
+
+
+def hold_while_alive(case_dir: Path) -> None:
+    """In a rank: hold a shared lock on the case directory's ALIVE_FILE until this process ends (the
+    kernel drops it then, however the process ends)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(Path(case_dir) / ALIVE_FILE, flags, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    _held.append(fd)
+
+
+def held_by_a_live_rank(case_dir: Path) -> bool:
+    """Whether a live process holds the case directory's ALIVE_FILE lock: a rank of it still runs.
+    The lock, not a pid read back from a rank file: a file from disk may name any process (a pid
+    reused since, or one a stranger wrote), and such a process must not keep a case from running."""
+    try:
+        fd = os.open(Path(case_dir) / ALIVE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:  # no such file (no rank ever ran here), or a link: nothing holds it
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False

@@ -102,7 +102,9 @@ def run_cases(
                 store.write_run_json(meta)
                 if on_done:
                     on_done(case, outcome, rows)
-            meta[STATUS] = "complete"
+            not_run = [i for i, c in meta["cases"].items() if c.get(STATUS) == NOT_RUN]
+            # a case skipped because a live rank holds its directory is not done: --resume runs it
+            meta[STATUS] = f"incomplete: {len(not_run)} case(s) not run" if not_run else "complete"
         except KeyboardInterrupt:
             meta[STATUS] = "interrupted"
             raise
@@ -141,6 +143,9 @@ def _start_run(
     return done
 
 
+NOT_RUN = "not run"  # run.json's status of a case whose directory a live rank holds
+
+
 def _launch_or_collect(
     case: Case, store: RunStore, meta: dict[str, Any], *, collect: bool
 ) -> CaseOutcome | None:
@@ -151,7 +156,7 @@ def _launch_or_collect(
         return run(case, store.case_dir(case.case_id))
     except CaseDirInUse as exc:
         print(f"warning: {case.case_id} not run: {exc}", file=sys.stderr)
-        meta["cases"][case.case_id] = {STATUS: "not run", ERROR: str(exc)}
+        meta["cases"][case.case_id] = {STATUS: NOT_RUN, ERROR: str(exc)}
         return None
 
 

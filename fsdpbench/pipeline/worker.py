@@ -328,10 +328,11 @@ def _emulated_build(case: Case, device: torch.device, rank: int) -> Build:
 
 def rank_entry(case_json: str, out_dir: str) -> None:
     """Entry point for launch.py: stdout/stderr go to the case directory, results to rank{R}.json."""
-    from fsdpbench.pipeline.lifeline import die_with_parent, watch_orchestrator
+    from fsdpbench.pipeline.lifeline import die_with_parent, hold_while_alive, watch_orchestrator
 
     die_with_parent()  # the fork server is the parent; it dies with the orchestrator
     watch_orchestrator()
+    hold_while_alive(Path(out_dir))  # a --resume does not clear this directory while this rank lives
     rank = int(os.environ["RANK"])
     log = open(Path(out_dir) / f"rank{rank}.log", "w")  # noqa: SIM115 — lives as long as the process
     os.dup2(log.fileno(), 1)
