@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -129,8 +131,14 @@ def test_activation_checkpointing_on_two_ranks(strategy: str, tmp_path: Path) ->
 def test_compile_on_two_ranks_trains_the_same_and_records_the_compile_step(tmp_path: Path) -> None:
     small = dict(model="mlp-tiny", world_size=2, warmup_steps=2, steps=1, profile_steps=0)
     eager = run(tiny_case(strategy="zero3", **small), tmp_path)
-    compiled = run(tiny_case(strategy="zero3", compile=True, timeout_s=300, **small), tmp_path)
+    system_cache = Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"  # inductor's default
+    before = sorted(system_cache.rglob("*")) if system_cache.exists() else []
+    case = tiny_case(strategy="zero3", compile=True, timeout_s=300, **small)
+    compiled = run(case, tmp_path)
     assert eager.status == compiled.status == "ok", compiled.error
+    # the compile caches are the case's, under its directory; nothing is added to the system's
+    assert any((tmp_path / case.case_id / "compile_cache" / "inductor").rglob("*"))
+    assert (sorted(system_cache.rglob("*")) if system_cache.exists() else []) == before
     assert global_losses(compiled) == pytest.approx(global_losses(eager), rel=1e-5)
     rank = compiled.ranks[0]
     assert len(rank.warmup.times_ms) == 2 and rank.to_columns()["first_step_ms"] == rank.warmup.times_ms[0]

@@ -132,6 +132,7 @@ def _launch_group(
             "MASTER_PORT": str(port),
             "TORCHELASTIC_RUN_ID": case.case_id,
             ORCHESTRATOR_PID_ENV: str(os.getpid()),
+            **(compile_cache_env(case_dir) if case.compile else {}),
         }
         for i, r in enumerate(group)
     }
@@ -181,6 +182,22 @@ def _launch_group(
         if not rank.ended:
             rank.status = status
     return status, error, ranks, pids, wall, exitcodes
+
+
+COMPILE_CACHE = "compile_cache"  # in a case directory: torch.compile's caches of its ranks
+
+
+def compile_cache_env(case_dir: Path) -> dict[str, str]:
+    """The environment of a compiled case's ranks that puts torch.compile's caches in the case
+    directory: by default they go to the system's temporary directory, outside the run. TMPDIR too:
+    inductor's precompiled headers (~150 MB on the CPU) go to its default cache directory, which
+    follows the temporary directory and not TORCHINDUCTOR_CACHE_DIR."""
+    cache = Path(case_dir).resolve() / COMPILE_CACHE
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "TRITON_CACHE_DIR": str(cache / "triton"),
+        "TMPDIR": str(cache / "tmp"),
+    }
 
 
 def _wait(pc: Any, timeout_s: float) -> tuple[Any, dict[int, int]]:

@@ -22,6 +22,7 @@ import contextlib
 import json
 import os
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -333,6 +334,9 @@ def rank_entry(case_json: str, out_dir: str) -> None:
     die_with_parent()  # the fork server is the parent; it dies with the orchestrator
     watch_orchestrator()
     hold_while_alive(Path(out_dir))  # a --resume does not clear this directory while this rank lives
+    if os.environ.get("TMPDIR"):  # a compiled case's (launch.compile_cache_env): made, and read anew,
+        Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
+        tempfile.tempdir = None  # as the fork server cached the system's before the launcher set it
     rank = int(os.environ["RANK"])
     log = open(Path(out_dir) / f"rank{rank}.log", "w")  # noqa: SIM115 — lives as long as the process
     os.dup2(log.fileno(), 1)
