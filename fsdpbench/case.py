@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -297,7 +298,7 @@ class Case:
         if unknown:
             raise ValueError(f"unknown Case fields: {sorted(unknown)}")
         data = dict(data)
-        for name in ("wrap_classes", "emulate_ranks"):
+        for name in _TUPLE_FIELDS:  # a list in JSON
             if name in data:
                 data[name] = tuple(data[name])
         return cls(**data)
@@ -321,3 +322,6 @@ def _plain(value: Any) -> Any:
 
 
 _DEFAULTS = Case().to_dict()
+_TUPLE_FIELDS = tuple(
+    name for name, hint in typing.get_type_hints(Case).items() if typing.get_origin(hint) is tuple
+)
