@@ -30,7 +30,15 @@ from fsdpbench.case import Case
 from fsdpbench.pipeline.results import load_results
 from fsdpbench.predictors.memory_model import predict_memory
 from fsdpbench.predictors.memory_model.columns import tracker_filing
-from fsdpbench.schema import OK, RANK, STATUS, TRACKER_MODEL_STATES, TRACKER_PEAK, tracker_peak_column
+from fsdpbench.schema import (
+    OK,
+    RANK,
+    STATUS,
+    TRACKER_MODEL_STATES,
+    TRACKER_PEAK,
+    case_from_columns,
+    tracker_peak_column,
+)
 
 TRANSIENT = "transient"  # unsharded grads, temporaries, reduce-scatter buffers, DDP buckets
 # the tracker's categories (schema.TRACKER_CATEGORIES) compared, grouped (the model has no buffers or other)
@@ -51,7 +59,7 @@ def check_run(run_dir: str | Path, *, traced: bool = False) -> pd.DataFrame:
     ok = frame[(frame[STATUS] == OK) & frame[TRACKER_PEAK].notna()]
     out = []
     for _, row in ok.iterrows():
-        case = _ints(Case.from_columns(row))
+        case = _ints(case_from_columns(row))
         rank = int(row[RANK])
         pred = predict_memory(case, rank=rank)
         rec: dict[str, Any] = {

@@ -5,28 +5,22 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import re
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpbench.precision import Precision, get_precision, runnable_precisions
-from fsdpbench.schema import (
-    CASE_ID,
-    EMULATE_RANKS,
-    GLOBAL_BATCH_SIZE,
-    MODE,
-    MODEL_ARGS,
-    STRATEGY_ARGS,
-    TIMED_STEPS,
-    WRAP_CLASSES,
-)
 from fsdpbench.strategies.names import REFERENCE_STRATEGY
 
 # the largest values a case accepts, from a scenario (pipeline/scenario.py) or a command line (predict)
 MAX_BATCH_SIZE = 1_000_000
 MAX_SEQ_LEN = 10_000_000
 MAX_PREFETCH = 64
+MAX_WORLD_SIZE = 4096
+MAX_STEPS = 1_000_000
+MAX_TEXT = 200  # one name or value (model, strategy, class names)
 
 PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
@@ -50,59 +44,185 @@ _SAFE_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,199}")
 MAX_ID_CHARS = 200
 
 
-_JSON_FIELDS = (MODEL_ARGS, STRATEGY_ARGS)  # dicts, stored as JSON text
+# ---- what each field declares besides its type and default ----------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Accepts:
+    """What a scenario may set a case field to. ``pipeline/scenario.py`` builds its schema from these and
+    checks strictly (a bool is not an int, a string is not a number); the bounds are pydantic's
+    ``Field`` arguments of the same names. A dict field takes names to scalars (``model_args``)."""
+
+    gt: float | None = None
+    ge: float | None = None
+    le: float | None = None
+    min_length: int | None = None
+    max_length: int | None = None
+    choices: tuple[str, ...] = ()  # a text field: one of these; a list field: or one of these words
+    items: Accepts | None = None  # a list field (a tuple of the case): what each item may be
+    one_item: bool = False  # a list field: one item alone stands for the list of it
+
+    def bounds(self) -> dict[str, float]:
+        """The bounds that are set, as keyword arguments of pydantic's ``Field``."""
+        names = ("gt", "ge", "le", "min_length", "max_length")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+def case_field(
+    default: Any = dataclasses.MISSING,
+    *,
+    doc: str,
+    accepts: Accepts | None,
+    column: str | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
+    """A field of ``Case`` with what is derived from it: ``doc``, one line, is its column's doc in the
+    results (fsdpbench/schema.py declares a column per field, named ``column`` or the field's name);
+    ``accepts`` is what a scenario may set it to (None: a scenario cannot set it)."""
+    metadata = {"doc": doc, "accepts": accepts, "column": column}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def field_doc(f: dataclasses.Field[Any]) -> str:
+    """The one-line doc a ``case_field`` declares; TypeError naming a field declared without one."""
+    doc = f.metadata.get("doc")
+    if not isinstance(doc, str) or not doc:
+        raise TypeError(f"case field {f.name} has no doc: declare it with case_field(..., doc=...)")
+    if "\n" in doc or "|" in doc:
+        raise TypeError(f"case field {f.name}: its doc is one line of a table (no newline, no '|')")
+    return doc
+
+
+def field_column(f: dataclasses.Field[Any]) -> str:
+    """The name of the results column of a case field: its own, unless it declares another."""
+    return f.metadata.get("column") or f.name
+
+
+def field_accepts(f: dataclasses.Field[Any]) -> Accepts | None:
+    """What a scenario may set a case field to; None where a scenario cannot set it."""
+    field_doc(f)  # every field declares its doc and what a scenario may give it, together
+    if "accepts" not in f.metadata:
+        raise TypeError(f"case field {f.name}: declare what a scenario may set it to (accepts=...)")
+    accepts: Accepts | None = f.metadata["accepts"]
+    return accepts
+
+
+_TEXT = Accepts(min_length=1, max_length=MAX_TEXT)  # a registry name, a class name
+_FLAG = Accepts()  # true or false
+_COUNT = Accepts(gt=0)  # 1 and up
+_POSITIVE_STEPS = Accepts(gt=0, le=MAX_STEPS)
+_STEPS = Accepts(ge=0, le=MAX_STEPS)  # 0: the phase does not run
+_RANKS = Accepts(gt=0, le=MAX_WORLD_SIZE)
+_SECONDS = Accepts(gt=0, le=7 * 24 * 3600)
 
 
 @dataclass(kw_only=True, slots=True)
 class Case:
-    """Everything one run of one configuration needs; plain data, JSON-serialisable."""
+    """Everything one run of one configuration needs; plain data, JSON-serialisable.
 
-    scenario: str = "adhoc"
-    model: str = "decoder-tiny"
-    model_args: dict[str, Any] = field(default_factory=dict)
-    strategy: str = REFERENCE_STRATEGY
-    strategy_args: dict[str, Any] = field(default_factory=dict)
-    world_size: int = 1
-    shard_size: int | None = None  # HSDP: ranks per shard group (replicas = world_size / shard_size)
-    wrap: str = "block"
-    wrap_min_params: int = 100_000
-    wrap_classes: tuple[str, ...] = ()
-    prefetch: int = 0
-    precision: str = "fp32"
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    batch_size: int = 4
-    seq_len: int = 64
-    warmup_steps: int = 2
-    steps: int = 5
-    memory_steps: int = 1
-    profile_steps: int = 1
-    seed: int = 0
-    backend: str = "gloo"
-    device: str = "cpu"
-    timeout_s: float = 120.0
-    activation_checkpointing: bool = False
-    compile: bool = False
-    cpu_offload: bool = False
-    backward_prefetch: str = "pre"  # FSDP1 BackwardPrefetch
-    forward_prefetch: bool = False  # FSDP1
-    limit_all_gathers: bool = True  # FSDP1
-    nvml_interval_s: float = 0.01
-    bare_steps: int = 0  # >0: also time a bare loop of this many steps (the harness-overhead check)
-    time_blocks: int = 0  # >0: this many blocks of steps, each step paired with a fixed reference workload
-    time_block_steps: int = 3  # steps (and reference steps) per block: one step-time ratio sample per block
+    Each field is declared once, here: its type, default, one-line doc and what a scenario may set it
+    to. The scenario's schema (``pipeline/scenario.CaseFields``) and the configuration columns of the
+    results (``schema.CASE_FIELD_COLUMNS``, ``schema.case_to_columns``/``case_from_columns``) are
+    derived from these declarations."""
+
+    scenario: str = case_field("adhoc", doc="the scenario's name", accepts=None)  # the file's name
+    model: str = case_field("decoder-tiny", doc="the model's registry name", accepts=_TEXT)
+    model_args: dict[str, Any] = case_field(
+        factory=dict, doc="the model's arguments (JSON)", accepts=Accepts()
+    )
+    strategy: str = case_field(
+        REFERENCE_STRATEGY,
+        doc="the strategy's registry name (ddp, zero1, zero2, zero3, hsdp, fsdp1_*, ds_zero*, plugins)",
+        accepts=_TEXT,
+    )
+    strategy_args: dict[str, Any] = case_field(
+        factory=dict, doc="the strategy's arguments (JSON)", accepts=Accepts()
+    )
+    world_size: int = case_field(1, doc="ranks of the case", accepts=_RANKS)
+    # HSDP: ranks per shard group (replicas = world_size / shard_size)
+    shard_size: int | None = case_field(None, doc="HSDP: ranks per shard group", accepts=_RANKS)
+    wrap: str = case_field(
+        "block", doc="how FSDP units are chosen (none, block, ...)", accepts=Accepts(choices=WRAPS)
+    )
+    wrap_min_params: int = case_field(
+        100_000, doc="size-based wrapping: least parameters per unit", accepts=_COUNT
+    )
+    wrap_classes: tuple[str, ...] = case_field(
+        (), doc="module classes wrapped as units (comma-separated)", accepts=Accepts(items=_TEXT)
+    )
+    prefetch: int = case_field(0, doc="FSDP2 explicit prefetch depth", accepts=Accepts(ge=0, le=MAX_PREFETCH))
+    precision: str = case_field(
+        "fp32", doc="mixed-precision policy name", accepts=Accepts(choices=PRECISIONS)
+    )
+    optimizer: str = case_field("adamw", doc="the optimizer's name", accepts=Accepts(choices=OPTIMIZERS))
+    lr: float = case_field(1e-3, doc="learning rate", accepts=Accepts(gt=0, le=1e3))
+    batch_size: int = case_field(4, doc="samples per rank per step", accepts=Accepts(gt=0, le=MAX_BATCH_SIZE))
+    seq_len: int = case_field(
+        64, doc="tokens per sample (sequence models)", accepts=Accepts(gt=0, le=MAX_SEQ_LEN)
+    )
+    warmup_steps: int = case_field(2, doc="untimed steps before the timed ones", accepts=_STEPS)
+    steps: int = case_field(5, doc="timed steps", accepts=_POSITIVE_STEPS, column="timed_steps")
+    memory_steps: int = case_field(1, doc="memory-tracked steps", accepts=_STEPS)
+    profile_steps: int = case_field(1, doc="profiled steps", accepts=_STEPS)
+    seed: int = case_field(0, doc="random seed of the model and data", accepts=Accepts(ge=0, le=2**63 - 1))
+    backend: str = case_field(
+        "gloo",
+        doc="the process group's backend (gloo, nccl)",
+        accepts=Accepts(choices=("auto", "gloo", "nccl")),
+    )
+    device: str = case_field("cpu", doc="cpu or cuda", accepts=Accepts(choices=("auto", "cpu", "cuda")))
+    timeout_s: float = case_field(120.0, doc="the case's time limit (s)", accepts=_SECONDS)
+    activation_checkpointing: bool = case_field(False, doc="activation checkpointing applied", accepts=_FLAG)
+    compile: bool = case_field(False, doc="torch.compile applied", accepts=_FLAG)
+    cpu_offload: bool = case_field(
+        False, doc="parameters (and optimizer state) offloaded to the host", accepts=_FLAG
+    )
+    backward_prefetch: str = case_field(
+        "pre", doc="FSDP1 backward prefetch policy", accepts=Accepts(choices=BACKWARD_PREFETCH_POLICIES)
+    )
+    forward_prefetch: bool = case_field(False, doc="FSDP1 forward prefetch", accepts=_FLAG)
+    limit_all_gathers: bool = case_field(True, doc="FSDP1 rate limiter", accepts=_FLAG)
+    nvml_interval_s: float = case_field(
+        0.01, doc="the samplers' interval (s)", accepts=Accepts(ge=0.001, le=60)
+    )
+    # >0: also time a bare loop of this many steps (the harness-overhead check)
+    bare_steps: int = case_field(0, doc="steps of the bare loop (harness overhead); 0: none", accepts=_STEPS)
+    # >0: this many blocks of steps, each step paired with a fixed reference workload
+    time_blocks: int = case_field(
+        0, doc="blocks of steps paired with the reference step (CI time gate); 0: none", accepts=_STEPS
+    )
+    # steps (and reference steps) per block: one step-time ratio sample per block
+    time_block_steps: int = case_field(3, doc="step/reference pairs per block", accepts=_POSITIVE_STEPS)
     # run these ranks one at a time, each alone on one device with a fake process group of world_size
     # (collectives are no-ops, every allocation is real): see fsdpbench/predictors/emulate.py
-    emulate: bool = False
-    emulate_ranks: tuple[int, ...] = (0,)
+    emulate: bool = case_field(False, doc="emulation asked for (--emulate)", accepts=_FLAG)
+    emulate_ranks: tuple[int, ...] = case_field(
+        (0,),
+        doc="the ranks run alone under emulation (comma-separated)",
+        accepts=Accepts(choices=("all",), items=Accepts(ge=0, le=MAX_WORLD_SIZE), one_item=True),
+    )
     # after every other phase: save, load into a freshly built model and optimizer, one more step
-    checkpoint: str = "none"  # one of CHECKPOINT_METHODS
-    checkpoint_optimizer: bool = True  # save the optimizer state beside the model
-    keep_checkpoints: bool = False  # leave the files in the case directory (default: removed once measured)
-    checkpoint_max_bytes: int = 4 * 2**30  # refuse a case whose predicted files are larger than this
-    # the CUDA caching allocator's settings for the rank processes, PYTORCH_CUDA_ALLOC_CONF's syntax
-    # (fsdpbench/predictors/memory_model/allocator.py parses and models them; "" = torch's defaults)
-    alloc_conf: str = ""
+    checkpoint: str = case_field(
+        "none",
+        doc="the checkpoint phase's method (none: no phase; docs/checkpointing.md)",
+        accepts=Accepts(choices=CHECKPOINT_METHODS),
+    )
+    checkpoint_optimizer: bool = case_field(
+        True, doc="the optimizer state saved and loaded too", accepts=_FLAG
+    )
+    # (default: removed once measured)
+    keep_checkpoints: bool = case_field(
+        False, doc="the checkpoint files kept in the case directory", accepts=_FLAG
+    )
+    checkpoint_max_bytes: int = case_field(
+        4 * 2**30, doc="a case whose files would exceed this is refused", accepts=Accepts(gt=0, le=2**50)
+    )
+    # fsdpbench/predictors/memory_model/allocator.py parses and models them; "" = torch's defaults
+    alloc_conf: str = case_field(
+        "",
+        doc="the CUDA caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax)",
+        accepts=Accepts(max_length=MAX_TEXT),
+    )
 
     @property
     def global_batch_size(self) -> int:
@@ -171,43 +291,6 @@ class Case:
     def to_json(self, **kw: Any) -> str:
         return json.dumps(self.to_dict(), **kw)
 
-    # ---- the case as the configuration columns of its result rows, and back (the one place) ----------
-    def to_columns(self) -> dict[str, Any]:
-        """The configuration columns of the case's rows (fsdpbench/schema.py declares each)."""
-        d = self.to_dict()
-        for name in _JSON_FIELDS:
-            d[name] = json.dumps(d[name], sort_keys=True)
-        d[WRAP_CLASSES] = ",".join(d[WRAP_CLASSES])
-        d[EMULATE_RANKS] = ",".join(map(str, d[EMULATE_RANKS]))
-        d[MODE] = self.mode  # emulated: one rank alone with a fake process group (predictors/emulate.py)
-        d[CASE_ID] = self.case_id
-        d[GLOBAL_BATCH_SIZE] = self.global_batch_size
-        d[TIMED_STEPS] = d.pop("steps")
-        return d
-
-    @classmethod
-    def from_columns(cls, row: Any) -> Case:
-        """The case of a result row (a mapping or a pandas row, as read back from Parquet)."""
-        data: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            col = TIMED_STEPS if f.name == "steps" else f.name
-            if col not in row:
-                continue
-            value = row[col]
-            value = value.item() if hasattr(value, "item") else value
-            if f.name in _JSON_FIELDS and isinstance(value, str):
-                value = json.loads(value or "{}")
-            elif f.name == WRAP_CLASSES:
-                value = tuple(v for v in str(value or "").split(",") if v)
-            elif f.name == EMULATE_RANKS:
-                value = tuple(int(v) for v in str(value or "0").split(",") if v)
-            elif isinstance(value, float) and math.isnan(value):
-                value = None
-            elif isinstance(value, float) and value.is_integer() and "int" in str(f.type):
-                value = int(value)  # an int column with missing values comes back from Parquet as floats
-            data[f.name] = value
-        return cls(**data)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Case:
         names = {f.name for f in dataclasses.fields(cls)}
@@ -215,7 +298,7 @@ class Case:
         if unknown:
             raise ValueError(f"unknown Case fields: {sorted(unknown)}")
         data = dict(data)
-        for name in ("wrap_classes", "emulate_ranks"):
+        for name in _TUPLE_FIELDS:  # a list in JSON
             if name in data:
                 data[name] = tuple(data[name])
         return cls(**data)
@@ -239,3 +322,6 @@ def _plain(value: Any) -> Any:
 
 
 _DEFAULTS = Case().to_dict()
+_TUPLE_FIELDS = tuple(
+    name for name, hint in typing.get_type_hints(Case).items() if typing.get_origin(hint) is tuple
+)

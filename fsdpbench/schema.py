@@ -21,19 +21,29 @@ A ``# ---- issue N: ...`` section of plain constants with a comment (``X = "x_ms
 source``) becomes declarations by wrapping each: ``X = column("x_ms", MS, Agg.MAX, "source", "doc")``; the
 constant's name and every import of it stay as they are.
 
-Case fields (source "config") are the scenario's field names too, so the literal test leaves them to the
-Case dataclass; statuses and every other column are spelled only here. A literal that only looks like a
+A field of the case (source "config") is declared by the field itself, in ``fsdpbench.case.Case`` (its doc;
+its column's name where that differs): ``case_field_columns`` derives its column, and ``case_to_columns`` /
+``case_from_columns`` are the one conversion of a case to its columns and back. Those names are the
+scenario's field names too, so the literal test leaves them to the Case dataclass; statuses and every other
+column are spelled only here. A literal that only looks like a
 column (a git subcommand, a CLI command) carries ``# not a column`` on its line or the line above.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import json
+import math
 import re
 import sys
+import typing
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from fsdpbench.case import Case, field_column, field_doc
 
 # ---- statuses ----------------------------------------------------------------------------------------
 OK = "ok"
@@ -162,7 +172,8 @@ def column(name: str, unit: str, agg: Agg, source: str, doc: str) -> str:
 
 
 def _config(name: str, doc: str) -> str:
-    """A field of the case (fsdpbench.case.Case, as results.case_columns writes it): same on every rank."""
+    """A configuration column derived from a case (``case_to_columns``), not a field of it: same on every
+    rank. A field's column is declared by the field (``case_field_columns``)."""
     return column(name, CONFIG, Agg.SAME, "config", doc)
 
 
@@ -196,105 +207,103 @@ def undeclared(names: Iterable[str]) -> list[str]:
     return [n for n in names if n not in COLUMNS]
 
 
-# ---- a case's configuration (fsdpbench.case.Case fields as results.case_columns writes them) -----------
-SCENARIO = _config("scenario", "the scenario's name")
-STRATEGY = _config(
-    "strategy", "the strategy's registry name (ddp, zero1, zero2, zero3, hsdp, fsdp1_*, ds_zero*, plugins)"
-)
-WORLD_SIZE = _config("world_size", "ranks of the case")
-SHARD_SIZE = _config("shard_size", "HSDP: ranks per shard group")
-MODEL = _config("model", "the model's registry name")
-MODEL_ARGS = _config("model_args", "the model's arguments (JSON)")
-WRAP = _config("wrap", "how FSDP units are chosen (none, block, ...)")
-WRAP_CLASSES = _config("wrap_classes", "module classes wrapped as units (comma-separated)")
-WRAP_MIN_PARAMS = _config("wrap_min_params", "size-based wrapping: least parameters per unit")
-PREFETCH = _config("prefetch", "FSDP2 explicit prefetch depth")
-PRECISION = _config("precision", "mixed-precision policy name")
-OPTIMIZER = _config("optimizer", "the optimizer's name")
-LR = _config("lr", "learning rate")
-SEED = _config("seed", "random seed of the model and data")
-BATCH_SIZE = _config("batch_size", "samples per rank per step")
-SEQ_LEN = _config("seq_len", "tokens per sample (sequence models)")
-WARMUP_STEPS = _config("warmup_steps", "untimed steps before the timed ones")
-TIMED_STEPS = _config("timed_steps", "timed steps")
-MEMORY_STEPS = _config("memory_steps", "memory-tracked steps")
-PROFILE_STEPS = _config("profile_steps", "profiled steps")
-BARE_STEPS = _config("bare_steps", "steps of the bare loop (harness overhead); 0: none")
-TIME_BLOCKS = _config("time_blocks", "blocks of steps paired with the reference step (CI time gate); 0: none")
-TIME_BLOCK_STEPS = _config("time_block_steps", "step/reference pairs per block")
-TIMEOUT_S = _config("timeout_s", "the case's time limit (s)")
-NVML_INTERVAL_S = _config("nvml_interval_s", "the samplers' interval (s)")
-BACKEND = _config("backend", "the process group's backend (gloo, nccl)")
-DEVICE = _config("device", "cpu or cuda")
-ACTIVATION_CHECKPOINTING = _config("activation_checkpointing", "activation checkpointing applied")
-COMPILE = _config("compile", "torch.compile applied")
-CPU_OFFLOAD = _config("cpu_offload", "parameters (and optimizer state) offloaded to the host")
-BACKWARD_PREFETCH = _config("backward_prefetch", "FSDP1 backward prefetch policy")
-FORWARD_PREFETCH = _config("forward_prefetch", "FSDP1 forward prefetch")
-LIMIT_ALL_GATHERS = _config("limit_all_gathers", "FSDP1 rate limiter")
-STRATEGY_ARGS = _config("strategy_args", "the strategy's arguments (JSON)")
-EMULATE = _config("emulate", "emulation asked for (--emulate)")
-EMULATE_RANKS = _config("emulate_ranks", "the ranks run alone under emulation (comma-separated)")
+# ---- a case's configuration: a column per field of fsdpbench.case.Case, and the columns derived from it ----
+def case_field_columns(case_type: type[Any]) -> tuple[Column, ...]:
+    """The configuration columns of a dataclass of ``case_field``s, one per field in its order: named as
+    the field declares (its own name unless ``column=``), unit CONFIG, same on every rank, the field's doc."""
+    return tuple(
+        Column(field_column(f), CONFIG, Agg.SAME, "config", field_doc(f))
+        for f in dataclasses.fields(case_type)
+    )
+
+
+# field name → its column's name; the declarations are Case's fields (fsdpbench/case.py)
+CASE_FIELD_COLUMNS: dict[str, str] = {
+    f.name: column(c.name, c.unit, c.agg, c.source, c.doc)
+    for f, c in zip(dataclasses.fields(Case), case_field_columns(Case))
+}
+
+
+def _case_column(field_name: str) -> str:
+    """The column of a Case field, by the field's name: a handle for the modules that name it."""
+    return CASE_FIELD_COLUMNS[field_name]  # KeyError: not a field of Case
+
+
+STRATEGY = _case_column("strategy")
+WORLD_SIZE = _case_column("world_size")
+MODEL = _case_column("model")
+MODEL_ARGS = _case_column("model_args")
+PRECISION = _case_column("precision")
+OPTIMIZER = _case_column("optimizer")
+BATCH_SIZE = _case_column("batch_size")
+SEQ_LEN = _case_column("seq_len")
+WARMUP_STEPS = _case_column("warmup_steps")
+TIMED_STEPS = _case_column("steps")
+BACKEND = _case_column("backend")
+DEVICE = _case_column("device")
+ACTIVATION_CHECKPOINTING = _case_column("activation_checkpointing")
+COMPILE = _case_column("compile")
+CPU_OFFLOAD = _case_column("cpu_offload")
+# derived from the fields (Case's properties), or measured once per case (the model's size)
 MODE = _config("mode", "real, or emulated (one rank alone with a fake process group)")
 GLOBAL_BATCH_SIZE = _config("global_batch_size", "samples per step over all ranks")
 PARAMS = _config("params", "Ψ, the parameters of the whole model")
-CHECKPOINT = _config("checkpoint", "the checkpoint phase's method (none: no phase; docs/checkpointing.md)")
-CHECKPOINT_OPTIMIZER = _config("checkpoint_optimizer", "the optimizer state saved and loaded too")
-KEEP_CHECKPOINTS = _config("keep_checkpoints", "the checkpoint files kept in the case directory")
-CHECKPOINT_MAX_BYTES = _config("checkpoint_max_bytes", "a case whose files would exceed this is refused")
-ALLOC_CONF = _config("alloc_conf", "the CUDA caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax)")
-CONFIG_COLUMNS = (
-    SCENARIO,
-    STRATEGY,
-    WORLD_SIZE,
-    SHARD_SIZE,
-    MODEL,
-    MODEL_ARGS,
-    WRAP,
-    WRAP_CLASSES,
-    WRAP_MIN_PARAMS,
-    PREFETCH,
-    PRECISION,
-    OPTIMIZER,
-    LR,
-    SEED,
-    BATCH_SIZE,
-    SEQ_LEN,
-    WARMUP_STEPS,
-    TIMED_STEPS,
-    MEMORY_STEPS,
-    PROFILE_STEPS,
-    BARE_STEPS,
-    TIME_BLOCKS,
-    TIME_BLOCK_STEPS,
-    TIMEOUT_S,
-    NVML_INTERVAL_S,
-    BACKEND,
-    DEVICE,
-    ACTIVATION_CHECKPOINTING,
-    COMPILE,
-    CPU_OFFLOAD,
-    BACKWARD_PREFETCH,
-    FORWARD_PREFETCH,
-    LIMIT_ALL_GATHERS,
-    STRATEGY_ARGS,
-    EMULATE,
-    EMULATE_RANKS,
-    MODE,
-    GLOBAL_BATCH_SIZE,
-    PARAMS,
-    CHECKPOINT,
-    CHECKPOINT_OPTIMIZER,
-    KEEP_CHECKPOINTS,
-    CHECKPOINT_MAX_BYTES,
-    ALLOC_CONF,
-)
-
 CASE_ID = column("case_id", TEXT, Agg.SAME, "config", "the case's id (unique in a run)")
 RUN = column("run", TEXT, Agg.SAME, "analysis", "the run directory (when runs are compared)")
 RUN_CASE_ID = column(
     "run_case_id", TEXT, Agg.SAME, "analysis", "the case's id before --map-strategy renamed it"
 )
+
+
+# ---- Case ↔ its configuration columns (the one place): results write them, regress and remeasure read back
+def case_to_columns(case: Case) -> dict[str, Any]:
+    """The configuration columns of a case's rows: each field as its column (a dict as JSON text, a tuple
+    comma-separated), then the columns derived from the case."""
+    row = {CASE_FIELD_COLUMNS[f.name]: _cell(getattr(case, f.name)) for f in dataclasses.fields(case)}
+    row[MODE] = case.mode  # emulated: one rank alone with a fake process group (predictors/emulate.py)
+    row[CASE_ID] = case.case_id
+    row[GLOBAL_BATCH_SIZE] = case.global_batch_size
+    return row
+
+
+def case_from_columns(row: Any) -> Case:
+    """The case of a result row (a mapping or a pandas row, as read back from Parquet); a field whose
+    column the row lacks keeps its default."""
+    data: dict[str, Any] = {}
+    for f in dataclasses.fields(Case):
+        col = CASE_FIELD_COLUMNS[f.name]
+        if col in row:
+            data[f.name] = _field_value(row[col], _CASE_HINTS[f.name], f)
+    return Case(**data)
+
+
+_CASE_HINTS = typing.get_type_hints(Case)  # field name → its type
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return value
+
+
+def _field_value(value: Any, hint: Any, f: dataclasses.Field[Any]) -> Any:
+    """A cell back as the value of a field of type ``hint`` (its text decoded, Parquet's types undone)."""
+    value = value.item() if hasattr(value, "item") else value
+    origin = typing.get_origin(hint)
+    if origin is dict and isinstance(value, str):
+        return json.loads(value or "{}")
+    if origin is tuple:
+        (item, _) = typing.get_args(hint)
+        parts = [item(v) for v in str(value or "").split(",") if v]
+        return tuple(parts) if parts else f.default  # no items: the field's default
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, float) and value.is_integer() and int in (hint, *typing.get_args(hint)):
+        return int(value)  # an int column with missing values comes back from Parquet as floats
+    return value
+
 
 # ---- where and when ---------------------------------------------------------------------------------
 DEVICE_NAME = column("device_name", TEXT, Agg.SAME, "env", "the device's name (CPU ranks: the CPU)")

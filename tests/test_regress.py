@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from fsdpbench import schema
 from fsdpbench.analysis.regress import (
     BaselineError,
     Threshold,
@@ -38,7 +39,7 @@ def case_rows(case: Case, *, peak: list[int], step_ms: float, losses=LOSSES, sta
     for rank, p in enumerate(peak):
         rows.append(
             {
-                **case.to_columns(),
+                **schema.case_to_columns(case),
                 **MACHINE,
                 "rank": rank,
                 "status": status,
@@ -88,12 +89,12 @@ def test_a_case_comes_back_from_its_columns_with_its_case_id(tmp_path):
         ),
     ]
     for case in cases:
-        row = pd.DataFrame([case.to_columns()]).iloc[0]  # through pandas, as read from Parquet
-        assert Case.from_columns(row).case_id == case.case_id
+        row = pd.DataFrame([schema.case_to_columns(case)]).iloc[0]  # through pandas, as read from Parquet
+        assert schema.case_from_columns(row).case_id == case.case_id
     # all the cases in one Parquet file: shard_size (None beside 2) comes back as a float column
     path = tmp_path / "rows.parquet"
-    pd.DataFrame([c.to_columns() for c in cases]).to_parquet(path)
-    back = [Case.from_columns(r) for _, r in pd.read_parquet(path).iterrows()]
+    pd.DataFrame([schema.case_to_columns(c) for c in cases]).to_parquet(path)
+    back = [schema.case_from_columns(r) for _, r in pd.read_parquet(path).iterrows()]
     assert [c.case_id for c in back] == [c.case_id for c in cases]
     assert back[2].shard_size == 2 and isinstance(back[2].shard_size, int) and back[0].shard_size is None
 

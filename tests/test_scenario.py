@@ -171,3 +171,17 @@ def test_a_scenario_can_ask_for_traced_predictions() -> None:
     assert expand("name: q\nsweep: {world_size: 1}").traced is False
     with pytest.raises(ScenarioError, match="s.yaml: traced: Input should be a valid boolean"):
         expand("name: q\ntraced: maybe\nsweep: {world_size: 1}")
+
+
+def test_every_scenario_field_is_in_the_table_of_docs_scenarios_md():
+    """The scenario's fields (derived from Case) and the table users read agree, both ways."""
+    import re
+
+    from fsdpbench.pipeline.scenario import CASE_FIELDS
+
+    text = (ROOT / "docs" / "scenarios.md").read_text()
+    table = text[text.index("## Case fields") :].split("\n\n## ")[0]
+    documented = {
+        name for cell in re.findall(r"^\| ([^|]+) \|", table, re.M) for name in re.findall(r"`(\w+)`", cell)
+    }
+    assert documented - {"field"} == set(CASE_FIELDS)

@@ -4,6 +4,7 @@ column name or status is spelled outside the registry, and case_frame aggregates
 from __future__ import annotations
 
 import ast
+import dataclasses
 import os
 import re
 import subprocess
@@ -327,18 +328,85 @@ def test_compute_throughput_and_overhead_read_as_text():
     assert fmt_harness_overhead({}) == "—"
 
 
-def test_every_case_field_is_a_scenario_field_and_a_declared_column_of_its_rows():
-    """Case is the declaration: the scenario's schema and the rows' configuration columns follow it,
-    and a case comes back from its columns unchanged (Case.to_columns / Case.from_columns)."""
-    import dataclasses
+def test_a_field_added_to_case_appears_in_the_scenario_schema_and_the_columns_as_declared():
+    """Case is the one declaration: the scenario's schema (pipeline/scenario.case_fields_model) and the
+    configuration columns (schema.case_field_columns) are derived from its fields. A field added to a
+    Case (here on a subclass, so the registry stays as it is) appears in both, with its doc, its column's
+    name and the bounds it declares."""
+    from pydantic import ValidationError
 
+    from fsdpbench.case import Accepts, Case, case_field
+    from fsdpbench.pipeline.scenario import case_fields_model
+
+    @dataclasses.dataclass(kw_only=True)
+    class Widened(Case):
+        widgets: int = case_field(2, doc="widgets per rank", accepts=Accepts(gt=0, le=8), column="n_widgets")
+        colour: str = case_field("red", doc="the widgets' colour", accepts=Accepts(choices=("red", "blue")))
+        tags: tuple[str, ...] = case_field(
+            (), doc="tags (comma-separated)", accepts=Accepts(items=Accepts(min_length=1))
+        )
+        note: str = case_field("", doc="set by the run, not by a scenario", accepts=None)
+
+    columns = {c.name: c for c in schema.case_field_columns(Widened)}
+    assert list(columns)[-4:] == ["n_widgets", "colour", "tags", "note"]
+    assert columns["n_widgets"] == schema.Column(
+        "n_widgets", schema.CONFIG, schema.Agg.SAME, "config", "widgets per rank"
+    )
+    assert columns["tags"].doc == "tags (comma-separated)" and columns["timed_steps"].doc == "timed steps"
+    assert [c.name for c in schema.case_field_columns(Case)] == list(schema.CASE_FIELD_COLUMNS.values())
+
+    model = case_fields_model(Widened)
+    assert list(model.model_fields)[-3:] == ["widgets", "colour", "tags"]  # note: a scenario cannot set it
+    assert model.model_validate({"widgets": 8, "colour": "blue", "tags": ["a", "b"]}).widgets == 8
+    for bad, error in (
+        ({"widgets": 9}, "less than or equal to 8"),
+        ({"widgets": 0}, "greater than 0"),
+        ({"widgets": True}, "valid integer"),  # strict: a bool is not an int
+        ({"widgets": "3"}, "valid integer"),  # nor is a string
+        ({"colour": "green"}, "'red' or 'blue'"),
+        ({"tags": [""]}, "at least 1 character"),
+        ({"note": "x"}, "Extra inputs are not permitted"),
+        ({"scenario": "x"}, "Extra inputs are not permitted"),  # the scenario's name is its file's
+    ):
+        with pytest.raises(ValidationError, match=error):
+            model.model_validate(bad)
+
+
+def test_a_case_field_without_a_doc_or_a_scenario_bound_is_refused_by_both_derivations():
     from fsdpbench.case import Case
+    from fsdpbench.pipeline.scenario import case_fields_model
+
+    @dataclasses.dataclass(kw_only=True)
+    class Undocumented(Case):
+        widgets: int = 2
+
+    with pytest.raises(TypeError, match="case field widgets has no doc"):
+        schema.case_field_columns(Undocumented)
+    with pytest.raises(TypeError, match="case field widgets has no doc"):
+        case_fields_model(Undocumented)
+
+
+def test_the_real_case_declares_the_scenario_schema_and_its_rows_columns():
+    """The registry and the scenario schema are Case's: every field a column with the field's doc, every
+    field but the scenario's name a scenario field; a case comes back from its columns unchanged."""
+    from fsdpbench.case import Case, field_doc
     from fsdpbench.pipeline.scenario import CaseFields
 
-    fields = {f.name for f in dataclasses.fields(Case)}
-    assert set(CaseFields.model_fields) == fields - {"scenario"}  # the scenario's name is its file's
+    fields = dataclasses.fields(Case)
+    assert list(CaseFields.model_fields) == [f.name for f in fields if f.name != "scenario"]
+    for f in fields:
+        col = schema.COLUMNS[schema.CASE_FIELD_COLUMNS[f.name]]
+        assert (col.unit, col.agg, col.source, col.doc) == (
+            schema.CONFIG,
+            schema.Agg.SAME,
+            "config",
+            field_doc(f),
+        )
+    assert schema.CASE_FIELD_COLUMNS["steps"] == schema.TIMED_STEPS == "timed_steps"
     case = Case(model="mlp", strategy="zero3", world_size=4, wrap_classes=("Linear",), seed=7, lr=0.5)
-    columns = case.to_columns()
+    columns = schema.case_to_columns(case)
     assert schema.undeclared(columns) == []
     assert {schema.COLUMNS[c].agg for c in columns} == {schema.Agg.SAME}
-    assert Case.from_columns(columns) == case
+    assert columns[schema.CASE_ID] == case.case_id and columns[schema.MODE] == "real"
+    assert columns[schema.GLOBAL_BATCH_SIZE] == 16 and columns["wrap_classes"] == "Linear"
+    assert schema.case_from_columns(columns) == case

@@ -43,7 +43,6 @@ from fsdpbench.analysis.frame import (
     time_references,
 )
 from fsdpbench.analysis.timegate import ALPHA
-from fsdpbench.case import Case
 from fsdpbench.schema import (
     ALLOC_PEAK_ALLOCATED,
     CASE_STEP_TIME,
@@ -69,6 +68,7 @@ from fsdpbench.schema import (
     TRACKER_CATEGORIES,
     TRACKER_MODEL_STATES,
     TRACKER_PEAK,
+    case_from_columns,
     tracker_peak_column,
 )
 
@@ -215,7 +215,7 @@ def apply_strategy_map(frame: pd.DataFrame, mapping: Mapping[str, str]) -> pd.Da
     for i, row in frame.iterrows():
         if row["strategy"] not in mapping:
             continue
-        case = Case.from_columns(row)
+        case = case_from_columns(row)
         if case.case_id != row["case_id"]:
             raise BaselineError(
                 f"--map-strategy: case {row['case_id']}: its id cannot be rebuilt from the "

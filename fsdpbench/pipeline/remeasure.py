@@ -14,8 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from fsdpbench.analysis.regress import SAMPLED, Comparison
-from fsdpbench.case import Case
-from fsdpbench.schema import RUN_CASE_ID
+from fsdpbench.schema import RUN_CASE_ID, case_from_columns
 
 
 def suspects(result: Comparison) -> list[str]:
@@ -47,7 +46,7 @@ def remeasure(
     for cid in cases:
         rows = frame.index[frame["case_id"] == cid]
         run_id = frame.at[rows[0], RUN_CASE_ID]
-        case = Case.from_columns(run_frame[run_frame["case_id"] == run_id].iloc[0])
+        case = case_from_columns(run_frame[run_frame["case_id"] == run_id].iloc[0])
         pooled = list(frame.at[rows[0], SAMPLED])
         for i in range(repeat):
             outcome = launch_case(case, out_dir / run_id / f"repeat{i + 1}")

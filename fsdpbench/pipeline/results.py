@@ -52,6 +52,7 @@ from fsdpbench.schema import (
     THROUGHPUT_SAMPLES,
     THROUGHPUT_TOKENS,
     TORCH_VERSION,
+    case_to_columns,
 )
 
 # the columns every results table has, in order (measurements follow)
@@ -102,7 +103,7 @@ def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
 def build_rows(case: Case, outcome: CaseOutcome, env: dict[str, Any]) -> pd.DataFrame:
     """One row per rank for a case that ran (whatever its status): each rank's record as its columns
     (``RankResult.to_columns``), with what the case's ranks measured together."""
-    base = case.to_columns()
+    base = case_to_columns(case)
     ranks = [rank.to_columns() for rank in outcome.ranks]
     shared = _case_measurement_columns(case, ranks, [rank.losses or [] for rank in outcome.ranks])
     rows = []
@@ -179,7 +180,7 @@ def _flops_columns(case: Case, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def skipped_rows(case: Case, reason: str, env: dict[str, Any]) -> pd.DataFrame:
-    row = {**case.to_columns(), RANK: -1, STATUS: SKIPPED, ERROR: reason}
+    row = {**case_to_columns(case), RANK: -1, STATUS: SKIPPED, ERROR: reason}
     row.update(case_status=SKIPPED, case_error=reason, **_env_columns(env, case))
     return pd.DataFrame([row])
 

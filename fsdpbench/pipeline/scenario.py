@@ -25,31 +25,21 @@ import itertools
 import math
 import os
 import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from fsdpbench.case import (
-    BACKWARD_PREFETCH_POLICIES,
-    CHECKPOINT_METHODS,
-    MAX_BATCH_SIZE,
-    MAX_PREFETCH,
-    MAX_SEQ_LEN,
-    OPTIMIZERS,
-    PRECISIONS,
-    WRAPS,
-    Case,
-)
+from fsdpbench.case import MAX_TEXT, Accepts, Case, field_accepts
 from fsdpbench.pipeline.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
 
 # sanity limits: far beyond any real study, small enough that a typo cannot start a runaway
-MAX_WORLD_SIZE = 4096
 MAX_CASES = 10_000
-MAX_TEXT = 200  # one name or value (model, strategy, class names)
 MAX_DESCRIPTION = 10_000
 PLUGIN_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a directory name under reports/
@@ -58,98 +48,97 @@ CPU_RANKS_PER_CORE = 4
 ALLOW_PLUGINS_ENV = "FSDPBENCH_ALLOW_PLUGINS"
 
 # strict: a bool is not an int ('world_size: true'), a string is not a number ('steps: "5"')
-Count = Annotated[int, Field(strict=True, gt=0)]
-Steps = Annotated[int, Field(strict=True, ge=0, le=1_000_000)]
-Seconds = Annotated[float, Field(strict=True, gt=0, le=7 * 24 * 3600)]
 Flag = Annotated[bool, Field(strict=True)]
 Text = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_TEXT)]
 ArgValue = bool | int | float | Annotated[str, Field(max_length=MAX_TEXT)] | None
 
 
-class CaseFields(BaseModel):
-    """Every field a scenario may set for a case (defaults, sweep values, extra cases)."""
+def accepted_type(hint: Any, accepts: Accepts) -> Any:
+    """The pydantic type of what a scenario may give a case field of type ``hint`` (None aside), strict."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        (hint,) = [a for a in args if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        return Flag
+    if hint is str and accepts.choices:
+        return Literal[accepts.choices]
+    if hint in (int, float, str):
+        return Annotated[hint, Field(strict=True, **accepts.bounds())]  # type: ignore[call-overload]
+    if origin is dict:
+        return dict[Text, ArgValue]  # arguments: names to scalars
+    if origin is tuple:  # a list in YAML
+        item = accepted_type(typing.get_args(hint)[0], accepts.items or Accepts())
+        members = [Literal[accepts.choices]] if accepts.choices else []
+        members += [list[item]] + ([item] if accepts.one_item else [])  # type: ignore[valid-type]
+        return typing.Union[tuple(members)] if len(members) > 1 else members[0]  # noqa: UP007
+    raise TypeError(f"no scenario type for a case field of type {hint!r}")
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    model: Text | None = None
-    model_args: dict[Text, ArgValue] | None = None
-    strategy: Text | None = None
-    strategy_args: dict[Text, ArgValue] | None = None
-    world_size: Annotated[int, Field(strict=True, gt=0, le=MAX_WORLD_SIZE)] | None = None
-    shard_size: Annotated[int, Field(strict=True, gt=0, le=MAX_WORLD_SIZE)] | None = None
-    wrap: Literal[WRAPS] | None = None  # type: ignore[valid-type]
-    wrap_min_params: Count | None = None
-    wrap_classes: list[Text] | None = None
-    prefetch: Annotated[int, Field(strict=True, ge=0, le=MAX_PREFETCH)] | None = None
-    precision: Literal[PRECISIONS] | None = None  # type: ignore[valid-type]
-    optimizer: Literal[OPTIMIZERS] | None = None  # type: ignore[valid-type]
-    lr: Annotated[float, Field(strict=True, gt=0, le=1e3)] | None = None
-    batch_size: Annotated[int, Field(strict=True, gt=0, le=MAX_BATCH_SIZE)] | None = None
-    seq_len: Annotated[int, Field(strict=True, gt=0, le=MAX_SEQ_LEN)] | None = None
-    warmup_steps: Steps | None = None
-    steps: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
-    memory_steps: Steps | None = None
-    profile_steps: Steps | None = None
-    seed: Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)] | None = None
-    backend: Literal["auto", "gloo", "nccl"] | None = None
-    device: Literal["auto", "cpu", "cuda"] | None = None
-    timeout_s: Seconds | None = None
-    activation_checkpointing: Flag | None = None
-    compile: Flag | None = None
-    cpu_offload: Flag | None = None
-    backward_prefetch: Literal[BACKWARD_PREFETCH_POLICIES] | None = None  # type: ignore[valid-type]
-    forward_prefetch: Flag | None = None
-    limit_all_gathers: Flag | None = None
-    nvml_interval_s: Annotated[float, Field(strict=True, ge=0.001, le=60)] | None = None
-    bare_steps: Steps | None = None
-    time_blocks: Steps | None = None
-    time_block_steps: Annotated[int, Field(strict=True, gt=0, le=1_000_000)] | None = None
-    emulate: Flag | None = None
-    emulate_ranks: (
-        Literal["all"]
-        | list[Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)]]
-        | Annotated[int, Field(strict=True, ge=0, le=MAX_WORLD_SIZE)]
-        | None
-    ) = None
-    checkpoint: Literal[CHECKPOINT_METHODS] | None = None  # type: ignore[valid-type]
-    checkpoint_optimizer: Flag | None = None
-    keep_checkpoints: Flag | None = None
-    checkpoint_max_bytes: Annotated[int, Field(strict=True, gt=0, le=2**50)] | None = None
-    alloc_conf: Annotated[str, Field(strict=True, max_length=MAX_TEXT)] | None = None  # "" = torch's defaults
+def case_fields_model(case_type: type[Any], validators: dict[str, Any] | None = None) -> type[BaseModel]:
+    """The scenario's schema of a case: every field of ``case_type`` (a dataclass of ``case_field``s) that
+    a scenario may set, each optional (unset: the default, or the scenario's defaults), checked as its
+    ``accepts`` declares; an unknown field is an error. ``validators``: pydantic field validators."""
+    hints = typing.get_type_hints(case_type)
+    definitions: dict[str, Any] = {}
+    for f in dataclasses.fields(case_type):
+        accepts = field_accepts(f)
+        if accepts is not None:
+            definitions[f.name] = (accepted_type(hints[f.name], accepts) | None, None)
+    model: type[BaseModel] = create_model(
+        "CaseFields",
+        __config__=ConfigDict(extra="forbid", frozen=True),
+        __doc__="Every field a scenario may set for a case (defaults, sweep values, extra cases).",
+        __module__=__name__,
+        __validators__=validators or {},
+        **definitions,
+    )
+    return model
 
-    @field_validator("alloc_conf")
-    @classmethod
-    def _known_alloc_conf(cls, value: str | None) -> str | None:
-        from fsdpbench.predictors.memory_model.allocator import parse_alloc_conf
 
-        if value:
-            parse_alloc_conf(value)  # ValueError names the setting
+def _known_alloc_conf(cls: Any, value: str | None) -> str | None:
+    from fsdpbench.predictors.memory_model.allocator import parse_alloc_conf
+
+    if value:
+        parse_alloc_conf(value)  # ValueError names the setting
+    return value
+
+
+def _known_model(cls: Any, value: str | None) -> str | None:
+    from fsdpbench.models import model_names
+
+    if value is not None and value not in model_names():
+        raise ValueError(f"unknown model {value!r}; allowed: {', '.join(model_names())}")
+    return value
+
+
+def _known_strategy(cls: Any, value: str | None) -> str | None:
+    from fsdpbench.strategies import strategy_names
+
+    if value is None or value in strategy_names():
         return value
+    if ":" in value and not PLUGIN_PATTERN.fullmatch(value):
+        raise ValueError(f"plugin strategy {value!r} is not package.module:ClassName (absolute, no '/')")
+    if ":" not in value:
+        raise ValueError(
+            f"unknown strategy {value!r}; allowed: {', '.join(strategy_names())}, or module:Class"
+        )
+    return value
 
-    @field_validator("model")
-    @classmethod
-    def _known_model(cls, value: str | None) -> str | None:
-        from fsdpbench.models import model_names
 
-        if value is not None and value not in model_names():
-            raise ValueError(f"unknown model {value!r}; allowed: {', '.join(model_names())}")
-        return value
-
-    @field_validator("strategy")
-    @classmethod
-    def _known_strategy(cls, value: str | None) -> str | None:
-        from fsdpbench.strategies import strategy_names
-
-        if value is None or value in strategy_names():
-            return value
-        if ":" in value and not PLUGIN_PATTERN.fullmatch(value):
-            raise ValueError(f"plugin strategy {value!r} is not package.module:ClassName (absolute, no '/')")
-        if ":" not in value:
-            raise ValueError(
-                f"unknown strategy {value!r}; allowed: {', '.join(strategy_names())}, or module:Class"
-            )
-        return value
-
+# the schema of a case's fields in a scenario: derived from Case (fsdpbench/case.py declares each field's
+# bounds); to a type checker, a pydantic model
+if typing.TYPE_CHECKING:
+    CaseFields = BaseModel
+else:
+    CaseFields = case_fields_model(
+        Case,
+        validators={
+            "_known_alloc_conf": field_validator("alloc_conf")(_known_alloc_conf),
+            "_known_model": field_validator("model")(_known_model),
+            "_known_strategy": field_validator("strategy")(_known_strategy),
+        },
+    )
 
 CASE_FIELDS = tuple(CaseFields.model_fields)
 _ARG_AXES = ("model_args.", "strategy_args.")
