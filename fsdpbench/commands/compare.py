@@ -100,7 +100,7 @@ def _check_args(args: argparse.Namespace) -> str | None:
 def main(args: argparse.Namespace) -> int:
     from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import default_run_dir, now_iso, run_cases
-    from fsdpbench.pipeline.scenario import ScenarioError, parse_scenario
+    from fsdpbench.pipeline.scenario import ScenarioError, enable_plugin_imports, parse_scenario
     from fsdpbench.predictors.comm_model import LinkError
 
     err = Console(stderr=True, soft_wrap=True)
@@ -120,7 +120,7 @@ def main(args: argparse.Namespace) -> int:
         # a module:Class typed on this command line is the user's explicit act: allowed, cwd searched last
         plugins = any(":" in s for s in args.strategies.split(","))
         if plugins:
-            running.enable_plugin_imports()
+            enable_plugin_imports()
         scenario = parse_scenario(
             text,
             source="fsdpbench compare",

@@ -304,7 +304,7 @@ def _build_cases(args: argparse.Namespace) -> list:
     _check_numbers(args)
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
     if any(":" in s for s in strategies):  # a module:Class typed here is explicit: cwd is searched last
-        from fsdpbench.commands.running import enable_plugin_imports
+        from fsdpbench.pipeline.scenario import enable_plugin_imports
 
         enable_plugin_imports()
     if not strategies:

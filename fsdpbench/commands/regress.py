@@ -75,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "again on the pooled samples, before failing (asv-style; default 0)",
     )
     parser.add_argument(
+        "--allow-plugins",
+        action="store_true",
+        help="with --repeat: re-launch cases of plugin strategies (module:Class, their code runs; the "
+        "current directory is searched last); a --map-strategy naming one allows it too "
+        "(also: FSDPBENCH_ALLOW_PLUGINS=1)",
+    )
+    parser.add_argument(
         "--map-strategy",
         action="append",
         default=[],
@@ -215,6 +222,7 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
         raise BaselineError(f"--repeat {args.repeat}: expected K >= 0")
     if args.repeat:
         from fsdpbench.pipeline.remeasure import remeasure
+        from fsdpbench.pipeline.scenario import plugins_allowed
 
         result = remeasure(
             result,
@@ -224,6 +232,8 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
             Path(args.run_dir) / "remeasured",
             judge,
             log=lambda line: err.print(line, highlight=False),
+            # a plugin typed on this command line (--map-strategy mod:Class=zero3) is the user's act
+            allow_plugins=plugins_allowed(args.allow_plugins or None) or any(":" in run for run in mapping),
         )
 
     out = Console() if sys.stdout.isatty() else Console(width=250)  # CI logs: no folding

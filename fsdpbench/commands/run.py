@@ -16,7 +16,6 @@ from fsdpbench.commands.running import (
     add_oversubscribe_argument,
     case_progress,
     check_output_path,
-    enable_plugin_imports,
     link_spec,
     parse_overrides,
     print_skipped,
@@ -24,7 +23,7 @@ from fsdpbench.commands.running import (
     validate_overrides,
 )
 from fsdpbench.pipeline.interrupts import signals_as_interrupts
-from fsdpbench.pipeline.scenario import ScenarioError, load_scenario
+from fsdpbench.pipeline.scenario import ScenarioError, enable_plugin_imports, load_scenario
 from fsdpbench.schema import FAILED, OOM, STATUS, TIMEOUT
 
 

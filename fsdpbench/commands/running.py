@@ -115,14 +115,6 @@ def validate_overrides(overrides: dict[str, Any]) -> None:
             raise ScenarioError(f"--set {key}: {exc.errors()[0]['msg']}") from None
 
 
-def enable_plugin_imports() -> None:
-    """Plugins were allowed: let ``module:Class`` find modules in the current directory too, searched
-    after everything installed (so a file there cannot shadow an installed module)."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.append(cwd)
-
-
 def run_header(
     scenario: Any, *, path: str | None, text: str, overrides: dict[str, Any], started: str
 ) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from fsdpbench.analysis.regress import SAMPLED, Comparison
-from fsdpbench.schema import RUN_CASE_ID, case_from_columns
+from fsdpbench.schema import OK, RUN_CASE_ID, case_from_columns
 
 
 def suspects(result: Comparison) -> list[str]:
@@ -31,13 +31,17 @@ def remeasure(
     out_dir: Path,
     judge: Callable[[pd.DataFrame], Comparison],
     log: Callable[[str], None] = print,
+    *,
+    allow_plugins: bool = False,
 ) -> Comparison:
     """Re-launch each suspect case ``repeat`` times into ``out_dir``; ``judge`` the frame with pooled samples.
 
     ``frame`` is what was compared (strategies mapped); ``run_frame`` the run as it ran (to rebuild
-    each case as launched, a plugin strategy included)."""
+    each case as launched, a plugin strategy included: re-launched only with ``allow_plugins``, as
+    ``run`` launched it, its module then also searched for in the current directory)."""
     from fsdpbench.pipeline.launch import launch_case
     from fsdpbench.pipeline.results import build_rows
+    from fsdpbench.pipeline.scenario import enable_plugin_imports
 
     cases = suspects(result)
     if not cases or repeat <= 0:
@@ -48,10 +52,19 @@ def remeasure(
         run_id = frame.at[rows[0], RUN_CASE_ID]
         case = case_from_columns(run_frame[run_frame["case_id"] == run_id].iloc[0])
         pooled = list(frame.at[rows[0], SAMPLED])
+        if ":" in case.strategy and not allow_plugins:
+            log(
+                f"not re-measured {cid}: its strategy {case.strategy} is a plugin (module:Class), whose "
+                "code runs only when allowed: add --allow-plugins (it is judged on the run's samples)"
+            )
+            continue
+        if ":" in case.strategy:
+            enable_plugin_imports()  # before the first launch starts the fork server with this sys.path
         for i in range(repeat):
             outcome = launch_case(case, out_dir / run_id / f"repeat{i + 1}")
             again = build_rows(case, outcome, {}).iloc[0].get(SAMPLED)
-            log(f"re-measured {cid} ({i + 1}/{repeat}): {outcome.status}, {len(again or [])} samples")
+            why = f" ({outcome.error})" if outcome.status != OK and outcome.error else ""
+            log(f"re-measured {cid} ({i + 1}/{repeat}): {outcome.status}, {len(again or [])} samples{why}")
             pooled += list(again or [])
         for r in rows:
             frame.at[r, SAMPLED] = pooled

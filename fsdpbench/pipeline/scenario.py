@@ -25,6 +25,7 @@ import itertools
 import math
 import os
 import re
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -218,6 +219,14 @@ def load_scenario(
         allow_plugins=allow_plugins,
         allow_oversubscribe=allow_oversubscribe,
     )
+
+
+def enable_plugin_imports() -> None:
+    """Plugins were allowed: let ``module:Class`` find modules in the current directory too, searched
+    after everything installed (so a file there cannot shadow an installed module)."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
 
 
 def plugins_allowed(allow_plugins: bool | None = None) -> bool:
