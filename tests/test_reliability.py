@@ -178,8 +178,16 @@ def ignores_sigint(pid: int) -> bool:
     return bool(mask & (1 << (signal.SIGINT - 1)))
 
 
+# FSDPBENCH_CTRL_C_REPEAT=20: each Ctrl-C test 20 times in this run of the suite (how the issue asks
+# for it to be shown: 20 passes in a row inside the full suite, where it once failed 3 runs in 5)
+CTRL_C_ATTEMPTS = range(int(os.environ.get("FSDPBENCH_CTRL_C_REPEAT", "1")))
+
+
 @pytest.mark.slow
-def test_ctrl_c_stops_the_ranks_keeps_results_marks_interrupted_exits_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize("attempt", CTRL_C_ATTEMPTS)
+def test_ctrl_c_stops_the_ranks_keeps_results_marks_interrupted_exits_130(
+    tmp_path: Path, attempt: int
+) -> None:
     with hanging_run(tmp_path, with_ok_case=True) as hung:
         proc, out = hung.proc, hung.out
         # a second run on the same --out is refused while this one holds it, and deletes nothing
@@ -203,7 +211,10 @@ def test_ctrl_c_stops_the_ranks_keeps_results_marks_interrupted_exits_130(tmp_pa
 
 
 @pytest.mark.slow
-def test_three_ctrl_c_within_1_5_s_stop_the_run_once_without_a_traceback(tmp_path: Path) -> None:
+@pytest.mark.parametrize("attempt", CTRL_C_ATTEMPTS)
+def test_three_ctrl_c_within_1_5_s_stop_the_run_once_without_a_traceback(
+    tmp_path: Path, attempt: int
+) -> None:
     # the second and third Ctrl-C land while the ranks are stopped and run.json is written, and later
     # in multiprocessing's exit hooks, which printed a KeyboardInterrupt traceback after the resume line
     with hanging_run(tmp_path, with_ok_case=False) as hung:
