@@ -118,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from fsdpbench.analysis.regress import BaselineError
-    from fsdpbench.commands.running import check_output_path
+    from fsdpbench.commands.running import check_output_path, print_write_error
 
     err = Console(stderr=True, soft_wrap=True)  # an error is one line, never wrapped
     try:
@@ -132,9 +132,7 @@ def main(args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
     except OSError as exc:
-        err.print(
-            f"[red]error:[/] cannot write {escape(str(exc.filename or exc))}: {exc.strerror}", highlight=False
-        )
+        print_write_error(err, exc)
         return 2
 
 

@@ -40,7 +40,7 @@ def main(args: argparse.Namespace) -> int:
                 highlight=False,
             )
             return 2
-    from fsdpbench.commands.running import check_output_path
+    from fsdpbench.commands.running import check_output_path, print_write_error
     from fsdpbench.pipeline.results import ResultsFileError
 
     try:
@@ -50,9 +50,7 @@ def main(args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
     except OSError as exc:
-        err.print(
-            f"[red]error:[/] cannot write {escape(str(exc.filename or exc))}: {exc.strerror}", highlight=False
-        )
+        print_write_error(err, exc)
         return 2
     from fsdpbench.report.data import shown_path
 

@@ -19,6 +19,7 @@ from fsdpbench.commands.running import (
     link_spec,
     parse_overrides,
     print_skipped,
+    print_write_error,
     run_header,
     validate_overrides,
 )
@@ -113,10 +114,7 @@ def _main(args: argparse.Namespace, console: Console) -> int:
             console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
             return 2
         except OSError as exc:
-            console.print(
-                f"[red]error:[/] cannot write {escape(str(exc.filename or exc))}: {exc.strerror}",
-                highlight=False,
-            )
+            print_write_error(console, exc)
             return 2
     if args.collect and not args.out:
         console.print("[red]error:[/] --collect needs --out RUN_DIR (where the ranks wrote cases/<case_id>/)")

@@ -60,6 +60,14 @@ def check_output_path(text: str, flag: str, *, directory: bool = False) -> Path:
     return path
 
 
+def print_write_error(console: Console, exc: OSError) -> None:
+    """The one line of a write that failed (the path checks passed, the write did not)."""
+    console.print(
+        f"[red]error:[/] cannot write {escape(str(exc.filename or exc))}: {escape(exc.strerror or str(exc))}",
+        highlight=False,
+    )
+
+
 def add_oversubscribe_argument(parser: argparse.ArgumentParser) -> None:
     """--allow-oversubscribe, for every command that starts CPU ranks (run, compare)."""
     from fsdpbench.pipeline.scenario import CPU_RANKS_PER_CORE
