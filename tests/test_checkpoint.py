@@ -4,6 +4,7 @@ validation, and nothing written outside the run directory."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 from pathlib import Path
@@ -68,6 +69,7 @@ def test_zip_framing_aligns_every_record_to_64_bytes() -> None:
     assert fmt.zip_bytes([("a", 1)]) == 64 + 1 + 16 + 47 + fmt.END_RECORDS
 
 
+NO_DEEPSPEED = 'DeepSpeed not installed (optional extra: DS_BUILD_OPS=0 pip install -e ".[deepspeed]")'
 CKPT_TINY = dict(
     model="mlp",
     model_args={"width": 64, "depth": 2},
@@ -131,8 +133,19 @@ def _tensors(obj: object) -> list[torch.Tensor]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "strategy, method",
+    [
+        ("zero3", "dcp"),
+        pytest.param(
+            "ds_zero2",
+            "native",
+            marks=pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason=NO_DEEPSPEED),
+        ),
+    ],
+)
 def test_nothing_is_written_outside_the_case_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    strategy: str, method: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cwd, tmp, home = tmp_path / "cwd", tmp_path / "tmp", tmp_path / "home"
     for d in (cwd, tmp, home):
@@ -140,7 +153,7 @@ def test_nothing_is_written_outside_the_case_directory(
     monkeypatch.chdir(cwd)
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setenv("HOME", str(home))
-    case = Case(**CKPT_TINY, strategy="zero3", world_size=2, checkpoint="dcp")
+    case = Case(**CKPT_TINY, strategy=strategy, world_size=2, checkpoint=method)
     run_with_predictions(case, tmp_path / "run")
     assert [p for d in (cwd, home) for p in d.rglob("*")] == []
     leftovers = [p for p in tmp.rglob("*") if p.is_file()]

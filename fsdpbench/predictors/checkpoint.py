@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
 
 CHECKPOINT_DIR = "checkpoint"  # under the case directory (engine/checkpoint writes there)
+NATIVE_TAG = "native"  # the tag the engine's own checkpoint (DeepSpeed's) is saved under: its subdirectory
 FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
 SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
 
@@ -355,6 +356,8 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         return []
     params, _ = _params(case)
     world = case.world_size
+    if case.checkpoint == "native":
+        return _predict_native(case, strategy, params)
     sharded = strategy.sharding.params
     # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
     # (``_fsdp1_gather_terms``)
@@ -436,6 +439,33 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     return preds
 
 
+def _predict_native(case: Case, strategy: Strategy, params: list[_Param]) -> list[CheckpointPrediction]:
+    """The engine's own checkpoint (DeepSpeed's ``save_checkpoint``, ``predictors/deepspeed_checkpoint``).
+    Host memory: on a CPU rank the state dicts are the engine's own tensors (views of its flat buffers and
+    partitions), written where they are: nothing new; from a GPU every saved byte is a host copy."""
+    from fsdpbench.predictors import deepspeed_checkpoint as ds
+
+    flat = strategy.flat_buffers(case)
+    if flat is None:
+        raise ValueError(f"checkpoint=native: {strategy.name} has no engine checkpoint modelled")
+    shapes = [(p.name, p.shape) for p in params]
+    preds = []
+    for rank in range(case.world_size):
+        files = ds.native_files(case, shapes, flat.stage, rank, NATIVE_TAG)
+        host = files.payload if case.device == "cuda" else 0
+        preds.append(
+            CheckpointPrediction(
+                rank=rank,
+                bytes=files.total,
+                payload_bytes=files.payload,
+                save_host_peak_bytes=host,
+                device_transient_bytes=0,
+                terms={"native_state_dict_host": host},
+            )
+        )
+    return preds
+
+
 def check_checkpoint(case: Case, strategy: Strategy) -> str | None:
     """Why the case's checkpoint phase cannot run (a sentence), or None: an emulated case, or files
     predicted larger than ``checkpoint_max_bytes``."""
@@ -463,7 +493,10 @@ def checkpoint_columns(case: Case, rows: Any) -> dict[str, list[Any]]:
 
     if case.checkpoint == "none" or schema.RANK not in rows:
         return {}
-    preds = {p.rank: p for p in predict_checkpoint(case, get_strategy(case.strategy))}
+    try:
+        preds = {p.rank: p for p in predict_checkpoint(case, get_strategy(case.strategy))}
+    except ValueError:  # shapes or the format not modelled (e.g. DeepSpeed's bf16 files): no columns
+        return {}
     out: dict[str, list[Any]] = {
         name: []
         for name in (
