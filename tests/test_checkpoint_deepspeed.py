@@ -126,3 +126,26 @@ sweep:
             ("zero3", "dcp"),
         }
         assert reasons[("ds_zero2", "dcp")] == "checkpoint=dcp: ds_zero2 checkpoints with native"
+
+
+@needs_deepspeed
+@pytest.mark.parametrize("precision, modelled", [("fp32", True), ("bf16", False)])
+def test_predict_gives_deepspeeds_files_in_fp32_and_says_why_not_in_bf16(
+    precision: str, modelled: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from fsdpbench.cli import main
+
+    argv = ["predict", "--model", "mlp", "--world-size", "2", "--strategy", "ds_zero2", "--device", "cpu"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--precision", precision, "--checkpoint", "native", "--json"])
+    assert exit_.value.code == 0
+    record = [r for r in json.loads(capsys.readouterr().out) if r.get("checkpoint") == "native"][0]
+    if modelled:
+        case = Case(model="mlp", world_size=2, strategy="ds_zero2", checkpoint="native")
+        expected = [p.bytes for p in predict_checkpoint(case, get_strategy("ds_zero2"))]
+        assert [r["bytes"] for r in record["ranks"]] == expected
+        assert record["bytes_on_disk_total"] == sum(expected)
+    else:
+        assert record["not_applicable"] == "DeepSpeed's bf16 checkpoint files are not modelled (fp32 only)"
