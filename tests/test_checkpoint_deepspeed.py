@@ -43,9 +43,19 @@ PSI = 2 * (64 * 64 + 64) + 10 * 64 + 10
 
 @needs_deepspeed
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ds_zero2", "ds_zero3"])
-def test_native_round_trip_and_every_ranks_files_to_the_byte(strategy: str, tmp_path: Path) -> None:
-    case = Case(**TINY, strategy=strategy, world_size=2, checkpoint="native", keep_checkpoints=True)
+@pytest.mark.parametrize("strategy, offload", [("ds_zero2", False), ("ds_zero3", False), ("ds_zero3", True)])
+def test_native_round_trip_and_every_ranks_files_to_the_byte(
+    strategy: str, offload: bool, tmp_path: Path
+) -> None:
+    # with cpu_offload the files carry the offload config: the same layout, a few bytes more
+    case = Case(
+        **TINY,
+        strategy=strategy,
+        world_size=2,
+        checkpoint="native",
+        keep_checkpoints=True,
+        cpu_offload=offload,
+    )
     rows = run_with_predictions(case, tmp_path).sort_values("rank")
     assert rows[schema.CHECKPOINT_COLUMNS["state_equal"]].tolist() == [True, True]
     assert rows[schema.CHECKPOINT_COLUMNS["loss_equal"]].tolist() == [True, True]
