@@ -29,8 +29,6 @@ Every file goes under the case's ``checkpoint/`` directory; the phase removes it
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import gc
 import shutil
 import time
@@ -50,7 +48,13 @@ from torch.distributed.checkpoint.state_dict import (
 
 from fsdpbench.engine.parallel import Parallel
 from fsdpbench.metrics.allocator import reset_cuda_peaks
-from fsdpbench.metrics.rss import read_anon_rss_bytes, read_status_bytes, reset_peak_rss
+from fsdpbench.metrics.rss import (
+    fix_mmap_threshold,
+    read_anon_rss_bytes,
+    read_status_bytes,
+    reset_peak_rss,
+    trim_heap,
+)
 from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.pipeline.rank_result import CheckpointRecord
 from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR, NATIVE_TAG
@@ -308,18 +312,12 @@ def states_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 @contextlib.contextmanager
 def allocations_visible_in_rss() -> Iterator[None]:
-    """Make every large host allocation of the phase its own mapping, so RSS rises and falls with it.
-
-    glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), so after training
-    a state dict's tensors would come from heap already resident, and RSS would not show them. Setting
-    the threshold explicitly (mallopt M_MMAP_THRESHOLD) turns that adjustment off; malloc_trim returns
-    the free heap first. Not glibc (no mallopt): nothing changes."""
-    libc_name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(libc_name) if libc_name else None
-    if libc is not None and hasattr(libc, "mallopt"):
-        m_mmap_threshold = -3
-        libc.mallopt(m_mmap_threshold, 128 * 1024)  # glibc's own initial threshold, now fixed
-        libc.malloc_trim(0)
+    """Make every large host allocation of the phase its own mapping, so RSS rises and falls with it: the
+    mmap threshold fixed (the worker already fixed it when the rank started, ``metrics.rss.
+    fix_mmap_threshold``, so that training leaves no heap of large free chunks to serve the phase), then
+    the free heap returned to the system. Not glibc: nothing changes."""
+    fix_mmap_threshold()
+    trim_heap()
     yield
 
 

@@ -303,6 +303,17 @@ def _fsdp1_gather_terms(
     return terms
 
 
+def _fsdp1_freed_grad_bytes(params: list[_Param], world: int) -> int:
+    """This rank's sharded flat gradients, which an FSDP1 state dict frees before it gathers anything.
+
+    With ``use_orig_params=True``, ``zero_grad(set_to_none=True)`` frees the original parameters'
+    gradients but not each ``FlatParameter``'s sharded ``.grad`` (the unit's padded flat / N), which lives
+    until ``_reset_flat_param_grad_info_if_needed`` (torch 2.13, ``fsdp/_flat_param.py``): the state-dict
+    pre-hook calls it at the root (``_common_pre_state_dict_hook``), as ``FSDP.optim_state_dict`` does. The
+    memory was resident when the phase's baseline was read; on a CPU rank it is host memory, released."""
+    return sum(4 * _fsdp1_flat_numel(params, u, world) // world for u in {p.unit for p in params})
+
+
 def _zero1_partitions(params: list[_Param], world: int) -> list[list[_Param]]:
     """ZeroRedundancyOptimizer's partition of the parameters (``_partition_parameters``): largest first
     (a stable sort by numel), each to the rank with the fewest elements so far, the lowest on a tie."""
@@ -376,6 +387,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     # what FSDP2's gathering adds while it runs: gloo's receive buffer of one DTensor's full tensor
     gather_transient = largest_tensor if sharded else 0
     on_gpu = case.device == "cuda"
+    freed_grad = _fsdp1_freed_grad_bytes(params, world) if regathers else 0
     preds = []
     if case.checkpoint in ("dcp", "dcp_async"):
         files, metadata = _dcp_bytes(case, params, sharded)
@@ -402,6 +414,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             terms["full_state_dict_host"] = held if rank == 0 else 0
             if regathers and not on_gpu:
                 terms.update(_fsdp1_gather_terms(params, world, rank, "full", case.checkpoint_optimizer))
+                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
             else:
                 terms["gather_transient_host"] = 0 if on_gpu else gather_transient
             if zero1 and case.checkpoint_optimizer and not on_gpu:
@@ -416,6 +429,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
             if regathers and not on_gpu:
                 terms.update(_fsdp1_gather_terms(params, world, rank, "sharded", case.checkpoint_optimizer))
+                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
             device = 0
         else:
             nbytes, payload = files[rank]
@@ -425,6 +439,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
                 terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
             if regathers and not on_gpu:
                 terms.update(_fsdp1_gather_terms(params, world, rank, "dcp", case.checkpoint_optimizer))
+                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
             device = 0
         preds.append(
             CheckpointPrediction(
