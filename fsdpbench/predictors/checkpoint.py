@@ -4,8 +4,8 @@
   the installed torch writes them (``torch_save_format``): one ``torch.save`` archive for ``full`` (rank
   0) and for ``sharded`` (every rank); for DCP every item is its own ``torch.save`` archive inside the
   rank's ``.distcp`` file, a replicated item written once, by the rank DCP's planner gives it to (the
-  rank with the fewest bytes planned so far, ``dedup_save_plans``). DCP's ``.metadata`` file (rank 0) is
-  not modelled (a few bytes per item; named ``dcp_metadata`` in the terms, 0).
+  rank with the fewest bytes planned so far, ``dedup_save_plans``); DCP's ``.metadata`` file (rank 0) in
+  ``dcp_metadata``; DeepSpeed's own files (``native``) in ``deepspeed_checkpoint``.
 - **host memory the save adds** (RSS above the training baseline): what the method copies into host
   memory and holds. A full state dict gathers every sharded tensor into new memory and holds it on rank 0
   until written; a tensor already whole on the host (DDP on a CPU rank) is the state dict's entry itself.
