@@ -245,6 +245,10 @@ def test_fsdp1_host_peak_is_its_state_plus_one_gathered_flat_unit_gloo_receive_a
     dcp = predict_checkpoint(case.replace(checkpoint="dcp"), get_strategy("fsdp1_full"))
     local = 3 * (4 * (4 * (128 * 256 + 128) + 5 * 256 + 5)) + 4 * 10  # every entry's chunk, cloned
     assert [p.save_host_peak_bytes for p in dcp] == [local + 2 * flat - grad] * 2
+    flat_grads = case.replace(strategy_args={"use_orig_params": False})  # zero_grad frees them itself
+    assert (
+        predict_checkpoint(flat_grads, get_strategy("fsdp1_full"))[0].terms["fsdp1_flat_grad_freed_host"] == 0
+    )
     # the full state dict's spike exceeds the sharded one's on rank 0 by the rest of the state: the
     # freed gradient is in both
     assert full[0].save_host_peak_bytes - dcp[0].save_host_peak_bytes == payload - local + flat // 2 - flat

@@ -387,7 +387,9 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     # what FSDP2's gathering adds while it runs: gloo's receive buffer of one DTensor's full tensor
     gather_transient = largest_tensor if sharded else 0
     on_gpu = case.device == "cuda"
-    freed_grad = _fsdp1_freed_grad_bytes(params, world) if regathers else 0
+    # without use_orig_params the optimizer's zero_grad(set_to_none) frees the flat gradient itself
+    orig_params = bool(case.strategy_args.get("use_orig_params", True))
+    freed_grad = _fsdp1_freed_grad_bytes(params, world) if regathers and orig_params else 0
     preds = []
     if case.checkpoint in ("dcp", "dcp_async"):
         files, metadata = _dcp_bytes(case, params, sharded)
