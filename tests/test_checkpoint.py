@@ -218,7 +218,8 @@ def test_full_state_dict_host_peak_is_the_whole_state_on_rank_0_only_when_sharde
     padding = 3 * 2 * (256 + 1) * 4
     assert ddp[0].payload_bytes == payload and zero3[0].payload_bytes == payload + padding
     assert zero3[0].save_host_peak_bytes == payload + padding + largest
-    assert [p.save_host_peak_bytes for p in zero3[1:]] == [4 * psi + 2 * (256 + 1) * 4 + largest] * 3
+    # the other ranks hold the tensor being gathered and gloo's receive buffer, nothing more
+    assert [p.save_host_peak_bytes for p in zero3[1:]] == [2 * largest] * 3
     assert [p.save_host_peak_bytes for p in ddp] == [0] * 4  # on a CPU rank its entries are the tensors
     assert os.fspath(case.case_id)
 

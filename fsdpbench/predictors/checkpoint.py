@@ -378,7 +378,6 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
     )
     full_payload = _payload(full_graph)
-    model_payload = _payload(full_graph["model"])
     unit_bytes: dict[int, int] = {}
     for p in params:
         unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + _numel(p.shape) * 4
@@ -422,9 +421,10 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             if zero1 and case.checkpoint_optimizer and not on_gpu:
                 terms.update(_zero1_consolidation_terms(case, params, rank))
             if sharded and not regathers and rank != 0 and not on_gpu:
-                # get_state_dict drops a nested dict's gathered tensors on the other ranks only when
-                # that dict is done: the model's are all held at once
-                terms["other_rank_model_held_host"] = model_payload
+                # the other ranks drop each gathered tensor as soon as it is gathered (torch 2.13's
+                # _state_dict_utils._iterate_state_dict: a rank not in ranks_only=(0,) returns None for
+                # the leaf): the tensor being gathered is all they hold, beside gloo's receive buffer
+                terms["other_rank_gathered_tensor_host"] = gather_transient
             device = largest_unit if (sharded and on_gpu) else 0
         elif case.checkpoint == "sharded":
             nbytes, payload = sharded_bytes, sharded_payload
