@@ -46,6 +46,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+# imported with this module, before the phase's baseline: torch.distributed.optim's first import costs
+# ~4.7 MB of anonymous memory in a rank (its modules), which a save that first imports it would count
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
 from fsdpbench.engine.parallel import Parallel
 from fsdpbench.metrics.allocator import reset_cuda_peaks
 from fsdpbench.metrics.rss import (
@@ -80,8 +84,6 @@ def _is_replicated_engine(parallel: Parallel) -> bool:
 
 def _zero_optimizer(parallel: Parallel) -> Any | None:
     """The case's ZeroRedundancyOptimizer (ZeRO-1), or None."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
     return parallel.optimizer if isinstance(parallel.optimizer, ZeroRedundancyOptimizer) else None
 
 
