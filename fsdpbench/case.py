@@ -26,8 +26,9 @@ PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
 WRAPS = ("none", "whole", "block", "size", "classes")
 BACKWARD_PREFETCH_POLICIES = ("pre", "post", "none")
-# how the checkpoint phase saves and loads (fsdpbench/engine/checkpoint.py); a strategy declares which it runs
-CHECKPOINT_METHODS = ("none", "full", "sharded", "dcp", "dcp_async")
+# how the checkpoint phase saves and loads (fsdpbench/engine/checkpoint.py); a strategy declares which it
+# runs. "native": the engine's own checkpoint API (DeepSpeed's save_checkpoint/load_checkpoint)
+CHECKPOINT_METHODS = ("none", "full", "sharded", "dcp", "dcp_async", "native")
 # fields that do not change what is measured, so not part of a case id (resume finds the case again).
 # The reference-interleaved blocks run after every other phase and record no loss, so switching them on
 # changes no other column: a baseline's case ids stay valid (fsdpbench.metrics.reference).

@@ -211,7 +211,10 @@ def _checkpoint_record(case: Any, host_memory: int | None) -> dict[str, Any]:
     reason = strategy.check(case)
     if reason:
         return {"strategy": case.strategy, "checkpoint": case.checkpoint, "not_applicable": reason}
-    preds = predict_checkpoint(case, strategy)
+    try:
+        preds = predict_checkpoint(case, strategy)
+    except ValueError as exc:  # a layout not modelled (e.g. DeepSpeed's bf16 files)
+        return {"strategy": case.strategy, "checkpoint": case.checkpoint, "not_applicable": str(exc)}
     rank0 = preds[0]
     rec: dict[str, Any] = {
         "strategy": case.strategy,

@@ -18,6 +18,10 @@ The methods (``Case.checkpoint``), as the engines' guides write them:
   host memory once that is not the checkpoint's.
 - ``dcp_async``: ``torch.distributed.checkpoint.async_save`` (a thread writes; the loop is blocked only
   while the state is staged).
+- ``native``: the engine's own checkpoint API, DeepSpeed's ``engine.save_checkpoint(dir, tag)`` (every
+  rank: its ZeRO partition's ``*_optim_states.pt``; the model's ``*_model_states.pt`` on rank 0, on every
+  rank with ZeRO-3; rank 0 also ``latest`` and the recovery scripts) and ``engine.load_checkpoint(dir, tag,
+  load_optimizer_states=...)`` into the freshly built engine.
 
 Every file goes under the case's ``checkpoint/`` directory; the phase removes it unless the case keeps it.
 """
@@ -25,8 +29,6 @@ Every file goes under the case's ``checkpoint/`` directory; the phase removes it
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import gc
 import shutil
 import time
@@ -44,12 +46,22 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+# imported with this module, before the phase's baseline: torch.distributed.optim's first import costs
+# ~4.7 MB of anonymous memory in a rank (its modules), which a save that first imports it would count
+from torch.distributed.optim import ZeroRedundancyOptimizer
+
 from fsdpbench.engine.parallel import Parallel
 from fsdpbench.metrics.allocator import reset_cuda_peaks
-from fsdpbench.metrics.rss import read_anon_rss_bytes, read_status_bytes, reset_peak_rss
+from fsdpbench.metrics.rss import (
+    fix_mmap_threshold,
+    read_anon_rss_bytes,
+    read_status_bytes,
+    reset_peak_rss,
+    trim_heap,
+)
 from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.pipeline.rank_result import CheckpointRecord
-from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR
+from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR, NATIVE_TAG
 
 FULL_FILE = "full.pt"  # rank 0's, for ``full``
 RSS_INTERVAL_S = 0.0005  # the phase is short: sample often enough to see the state dict held
@@ -72,8 +84,6 @@ def _is_replicated_engine(parallel: Parallel) -> bool:
 
 def _zero_optimizer(parallel: Parallel) -> Any | None:
     """The case's ZeroRedundancyOptimizer (ZeRO-1), or None."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
     return parallel.optimizer if isinstance(parallel.optimizer, ZeroRedundancyOptimizer) else None
 
 
@@ -183,6 +193,9 @@ def save(
     elif method == "dcp_async":
         writer = dcp.FileSystemWriter(directory)
         return _Async(dcp.async_save(_state(parallel, with_optim), storage_writer=writer))
+    elif method == "native":  # DeepSpeed's engine: it always writes its optimizer partitions
+        engine: Any = parallel.model
+        engine.save_checkpoint(str(directory), tag=NATIVE_TAG)
     else:
         raise ValueError(f"unknown checkpoint method {method!r}")
     return None
@@ -214,6 +227,13 @@ def load(method: str, parallel: Parallel, directory: Path, rank: int, with_optim
         fresh = _state(parallel, with_optim)
         dcp.load(fresh, storage_reader=dcp.FileSystemReader(directory))
         _apply_state(parallel, fresh)
+    elif method == "native":
+        engine: Any = parallel.model
+        path, _ = engine.load_checkpoint(
+            str(directory), tag=NATIVE_TAG, load_optimizer_states=with_optim, load_lr_scheduler_states=False
+        )
+        if path is None:
+            raise RuntimeError(f"DeepSpeed's load_checkpoint found no checkpoint under {directory}")
     else:
         raise ValueError(f"unknown checkpoint method {method!r}")
 
@@ -241,6 +261,10 @@ def files_written(method: str, directory: Path, rank: int) -> list[Path]:
         return [directory / FULL_FILE] if rank == 0 else []
     if method == "sharded":
         return [directory / sharded_file(rank)]
+    if method == "native":  # DeepSpeed names a rank's files zero_pp_rank_{rank}_*; rank 0 writes the rest
+        files = sorted(p for p in directory.rglob("*") if p.is_file())
+        mine = [p for p in files if f"zero_pp_rank_{rank}_" in p.name]
+        return mine + ([p for p in files if "zero_pp_rank_" not in p.name] if rank == 0 else [])
     own = sorted(directory.glob(f"__{rank}_*.distcp"))
     return own + ([directory / ".metadata"] if rank == 0 else [])
 
@@ -248,8 +272,12 @@ def files_written(method: str, directory: Path, rank: int) -> list[Path]:
 # ---- the round trip ---------------------------------------------------------------------------------
 
 
-def local_state_copy(parallel: Parallel, with_optim: bool) -> list[torch.Tensor]:
-    """Every tensor this rank holds of the state, cloned, in state-dict order (the round trip's reference)."""
+def local_state_copy(parallel: Parallel, with_optim: bool, method: str = "full") -> list[torch.Tensor]:
+    """Every tensor this rank holds of the state, cloned, in state-dict order (the round trip's reference).
+
+    ``native`` (a DeepSpeed engine): the module's parameters (ZeRO-3: this rank's partitions,
+    ``ds_tensor``) and the ZeRO optimizer's own state dict (its fp32 partitions and the torch optimizer's
+    state), what ``save_checkpoint`` writes of this rank."""
     out: list[torch.Tensor] = []
 
     def walk(value: Any) -> None:
@@ -262,6 +290,12 @@ def local_state_copy(parallel: Parallel, with_optim: bool) -> list[torch.Tensor]
         elif isinstance(value, torch.Tensor):
             out.append(value.detach().clone())
 
+    if method == "native":  # the rank's parameters (ZeRO-3: its partitions) and ZeRO's state dict
+        engine: Any = parallel.model
+        zero_optim: Any = parallel.optimizer
+        params = {n: getattr(p, "ds_tensor", p) for n, p in engine.module.named_parameters()}
+        walk({"model": params, **({"optim": zero_optim.zero.state_dict()} if with_optim else {})})
+        return out
     zero = _zero_optimizer(parallel)
     if zero is not None:  # no get_state_dict of ZeRO-1: the model's and this rank's partition's own
         module = getattr(parallel.model, "module", parallel.model)
@@ -280,18 +314,12 @@ def states_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 @contextlib.contextmanager
 def allocations_visible_in_rss() -> Iterator[None]:
-    """Make every large host allocation of the phase its own mapping, so RSS rises and falls with it.
-
-    glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), so after training
-    a state dict's tensors would come from heap already resident, and RSS would not show them. Setting
-    the threshold explicitly (mallopt M_MMAP_THRESHOLD) turns that adjustment off; malloc_trim returns
-    the free heap first. Not glibc (no mallopt): nothing changes."""
-    libc_name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(libc_name) if libc_name else None
-    if libc is not None and hasattr(libc, "mallopt"):
-        m_mmap_threshold = -3
-        libc.mallopt(m_mmap_threshold, 128 * 1024)  # glibc's own initial threshold, now fixed
-        libc.malloc_trim(0)
+    """Make every large host allocation of the phase its own mapping, so RSS rises and falls with it: the
+    mmap threshold fixed (the worker already fixed it when the rank started, ``metrics.rss.
+    fix_mmap_threshold``, so that training leaves no heap of large free chunks to serve the phase), then
+    the free heap returned to the system. Not glibc: nothing changes."""
+    fix_mmap_threshold()
+    trim_heap()
     yield
 
 
@@ -372,7 +400,7 @@ def run_checkpoint_phase(
         record.bytes_written = _dir_bytes(written)
 
         # ---- the reference: the saved state, and the step the uninterrupted run takes next
-        reference = local_state_copy(parallel, with_optim)
+        reference = local_state_copy(parallel, with_optim, method)
         record.loss_uninterrupted = float(step(parallel))
 
         # ---- load into a fresh model and optimizer
@@ -385,7 +413,7 @@ def run_checkpoint_phase(
         record.load_s = time.perf_counter() - t0
         record.load_host_peak_bytes = host.stop()
         record.load_device_peak_bytes = device_peak_bytes(device)
-        record.state_equal = states_equal(reference, local_state_copy(fresh, with_optim))
+        record.state_equal = states_equal(reference, local_state_copy(fresh, with_optim, method))
         record.loss_after_load = float(step(fresh))
         record.loss_equal = record.loss_after_load == record.loss_uninterrupted
     dist.barrier()

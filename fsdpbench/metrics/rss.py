@@ -80,3 +80,31 @@ def rss_sampler(interval_s: float = 0.01) -> BackgroundSampler:
 def peak_rss_bytes() -> int:
     """Peak RSS of this process since it started (ru_maxrss), in bytes."""
     return _ru_maxrss_bytes()
+
+
+def fix_mmap_threshold(threshold: int = 128 * 1024) -> bool:
+    """Fix glibc's mmap threshold (``mallopt(M_MMAP_THRESHOLD)``), which turns its dynamic adjustment off:
+    from then on every allocation over ``threshold`` is a mapping of its own, returned to the system when
+    freed, so RSS rises and falls with it. Left dynamic, glibc raises the threshold each time a mapped
+    block is freed (up to 32 MiB), after which large blocks come from the heap and a freed one stays there,
+    resident, to serve a later allocation unseen by RSS. False where there is no mallopt (not glibc)."""
+    import ctypes
+    import ctypes.util
+
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name) if libc_name else None
+    if libc is None or not hasattr(libc, "mallopt"):
+        return False
+    m_mmap_threshold = -3
+    return bool(libc.mallopt(m_mmap_threshold, threshold))
+
+
+def trim_heap() -> None:
+    """Return glibc's free heap pages to the system (``malloc_trim(0)``); nothing elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    libc_name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(libc_name) if libc_name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)

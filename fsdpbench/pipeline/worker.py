@@ -41,6 +41,7 @@ from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
 from fsdpbench.metrics.reference import ReferenceWorkload, interleaved_steps
+from fsdpbench.metrics.rss import fix_mmap_threshold
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
@@ -190,6 +191,10 @@ def _run_phases(
 ) -> None:
     # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
+    if case.checkpoint != "none":
+        # before any training allocation: a fixed mmap threshold, so that training leaves no heap of large
+        # free chunks for the checkpoint phase's transients to land on unseen (docs/checkpointing.md)
+        fix_mmap_threshold()
     # cores ÷ local ranks: the same rule the gloo probe runs with (so its α is this rank's)
     torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world))))
     if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/predictors/emulate.py)

@@ -4,8 +4,8 @@
   the installed torch writes them (``torch_save_format``): one ``torch.save`` archive for ``full`` (rank
   0) and for ``sharded`` (every rank); for DCP every item is its own ``torch.save`` archive inside the
   rank's ``.distcp`` file, a replicated item written once, by the rank DCP's planner gives it to (the
-  rank with the fewest bytes planned so far, ``dedup_save_plans``). DCP's ``.metadata`` file (rank 0) is
-  not modelled (a few bytes per item; named ``dcp_metadata`` in the terms, 0).
+  rank with the fewest bytes planned so far, ``dedup_save_plans``); DCP's ``.metadata`` file (rank 0) in
+  ``dcp_metadata``; DeepSpeed's own files (``native``) in ``deepspeed_checkpoint``.
 - **host memory the save adds** (RSS above the training baseline): what the method copies into host
   memory and holds. A full state dict gathers every sharded tensor into new memory and holds it on rank 0
   until written; a tensor already whole on the host (DDP on a CPU rank) is the state dict's entry itself.
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
 
 CHECKPOINT_DIR = "checkpoint"  # under the case directory (engine/checkpoint writes there)
+NATIVE_TAG = "native"  # the tag the engine's own checkpoint (DeepSpeed's) is saved under: its subdirectory
 FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
 SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
 
@@ -302,6 +303,17 @@ def _fsdp1_gather_terms(
     return terms
 
 
+def _fsdp1_freed_grad_bytes(params: list[_Param], world: int) -> int:
+    """This rank's sharded flat gradients, which an FSDP1 state dict frees before it gathers anything.
+
+    With ``use_orig_params=True``, ``zero_grad(set_to_none=True)`` frees the original parameters'
+    gradients but not each ``FlatParameter``'s sharded ``.grad`` (the unit's padded flat / N), which lives
+    until ``_reset_flat_param_grad_info_if_needed`` (torch 2.13, ``fsdp/_flat_param.py``): the state-dict
+    pre-hook calls it at the root (``_common_pre_state_dict_hook``), as ``FSDP.optim_state_dict`` does. The
+    memory was resident when the phase's baseline was read; on a CPU rank it is host memory, released."""
+    return sum(4 * _fsdp1_flat_numel(params, u, world) // world for u in {p.unit for p in params})
+
+
 def _zero1_partitions(params: list[_Param], world: int) -> list[list[_Param]]:
     """ZeroRedundancyOptimizer's partition of the parameters (``_partition_parameters``): largest first
     (a stable sort by numel), each to the rank with the fewest elements so far, the lowest on a tie."""
@@ -355,6 +367,8 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         return []
     params, _ = _params(case)
     world = case.world_size
+    if case.checkpoint == "native":
+        return _predict_native(case, strategy, params)
     sharded = strategy.sharding.params
     # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
     # (``_fsdp1_gather_terms``)
@@ -364,7 +378,6 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
     )
     full_payload = _payload(full_graph)
-    model_payload = _payload(full_graph["model"])
     unit_bytes: dict[int, int] = {}
     for p in params:
         unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + _numel(p.shape) * 4
@@ -373,6 +386,9 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     # what FSDP2's gathering adds while it runs: gloo's receive buffer of one DTensor's full tensor
     gather_transient = largest_tensor if sharded else 0
     on_gpu = case.device == "cuda"
+    # without use_orig_params the optimizer's zero_grad(set_to_none) frees the flat gradient itself
+    orig_params = bool(case.strategy_args.get("use_orig_params", True))
+    freed_grad = _fsdp1_freed_grad_bytes(params, world) if regathers and orig_params else 0
     preds = []
     if case.checkpoint in ("dcp", "dcp_async"):
         files, metadata = _dcp_bytes(case, params, sharded)
@@ -399,20 +415,23 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
             terms["full_state_dict_host"] = held if rank == 0 else 0
             if regathers and not on_gpu:
                 terms.update(_fsdp1_gather_terms(params, world, rank, "full", case.checkpoint_optimizer))
+                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
             else:
                 terms["gather_transient_host"] = 0 if on_gpu else gather_transient
             if zero1 and case.checkpoint_optimizer and not on_gpu:
                 terms.update(_zero1_consolidation_terms(case, params, rank))
             if sharded and not regathers and rank != 0 and not on_gpu:
-                # get_state_dict drops a nested dict's gathered tensors on the other ranks only when
-                # that dict is done: the model's are all held at once
-                terms["other_rank_model_held_host"] = model_payload
+                # the other ranks drop each gathered tensor as soon as it is gathered (torch 2.13's
+                # _state_dict_utils._iterate_state_dict: a rank not in ranks_only=(0,) returns None for
+                # the leaf): the tensor being gathered is all they hold, beside gloo's receive buffer
+                terms["other_rank_gathered_tensor_host"] = gather_transient
             device = largest_unit if (sharded and on_gpu) else 0
         elif case.checkpoint == "sharded":
             nbytes, payload = sharded_bytes, sharded_payload
             terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
             if regathers and not on_gpu:
                 terms.update(_fsdp1_gather_terms(params, world, rank, "sharded", case.checkpoint_optimizer))
+                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
             device = 0
         else:
             nbytes, payload = files[rank]
@@ -422,6 +441,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
                 terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
             if regathers and not on_gpu:
                 terms.update(_fsdp1_gather_terms(params, world, rank, "dcp", case.checkpoint_optimizer))
+                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
             device = 0
         preds.append(
             CheckpointPrediction(
@@ -431,6 +451,33 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
                 save_host_peak_bytes=sum(terms.values()),
                 device_transient_bytes=device,
                 terms=terms,
+            )
+        )
+    return preds
+
+
+def _predict_native(case: Case, strategy: Strategy, params: list[_Param]) -> list[CheckpointPrediction]:
+    """The engine's own checkpoint (DeepSpeed's ``save_checkpoint``, ``predictors/deepspeed_checkpoint``).
+    Host memory: on a CPU rank the state dicts are the engine's own tensors (views of its flat buffers and
+    partitions), written where they are: nothing new; from a GPU every saved byte is a host copy."""
+    from fsdpbench.predictors import deepspeed_checkpoint as ds
+
+    flat = strategy.flat_buffers(case)
+    if flat is None:
+        raise ValueError(f"checkpoint=native: {strategy.name} has no engine checkpoint modelled")
+    shapes = [(p.name, p.shape) for p in params]
+    preds = []
+    for rank in range(case.world_size):
+        files = ds.native_files(case, shapes, flat.stage, rank, NATIVE_TAG)
+        host = files.payload if case.device == "cuda" else 0
+        preds.append(
+            CheckpointPrediction(
+                rank=rank,
+                bytes=files.total,
+                payload_bytes=files.payload,
+                save_host_peak_bytes=host,
+                device_transient_bytes=0,
+                terms={"native_state_dict_host": host},
             )
         )
     return preds
@@ -463,7 +510,10 @@ def checkpoint_columns(case: Case, rows: Any) -> dict[str, list[Any]]:
 
     if case.checkpoint == "none" or schema.RANK not in rows:
         return {}
-    preds = {p.rank: p for p in predict_checkpoint(case, get_strategy(case.strategy))}
+    try:
+        preds = {p.rank: p for p in predict_checkpoint(case, get_strategy(case.strategy))}
+    except ValueError:  # shapes or the format not modelled (e.g. DeepSpeed's bf16 files): no columns
+        return {}
     out: dict[str, list[Any]] = {
         name: []
         for name in (

@@ -92,6 +92,9 @@ class Global:
 
 
 REBUILD_TENSOR = Global("torch._utils", "_rebuild_tensor_v2")
+REBUILD_FROM_TYPE = Global("torch._tensor", "_rebuild_from_type_v2")
+TORCH_TENSOR = Global("torch", "Tensor")
+TORCH_SIZE = Global("torch", "Size")
 
 
 class Storage:
@@ -106,14 +109,23 @@ class Storage:
 
 
 class Tensor:
-    """A contiguous tensor of ``shape`` viewing ``storage`` (its own, of exactly its size, by default)."""
+    """A contiguous tensor of ``shape`` viewing ``storage`` (its own, of exactly its size, by default) from
+    element ``offset``; ``requires_grad`` as the saved tensor has it (a leaf that requires grad)."""
 
-    def __init__(self, dtype: str, shape: tuple[int, ...], storage: Storage | None = None) -> None:
+    def __init__(
+        self,
+        dtype: str,
+        shape: tuple[int, ...],
+        storage: Storage | None = None,
+        offset: int = 0,
+        requires_grad: bool = False,
+    ) -> None:
         numel = 1
         for d in shape:
             numel *= d
         self.dtype, self.shape = dtype, tuple(shape)
         self.storage = storage or Storage(dtype, numel)
+        self.offset, self.requires_grad = offset, requires_grad
 
     @property
     def nbytes(self) -> int:
@@ -131,7 +143,43 @@ class Tensor:
         hooks: collections.OrderedDict[str, Any] = collections.OrderedDict()
         # a new size tuple per tensor, as tuple(tensor.size()) is: never memoised across tensors
         size = tuple(list(self.shape))
-        return (REBUILD_TENSOR, (self.storage, 0, size, self.stride(), False, hooks))
+        return (REBUILD_TENSOR, (self.storage, self.offset, size, self.stride(), self.requires_grad, hooks))
+
+
+class TypedTensor(Tensor):
+    """A tensor carrying Python attributes (``state``, e.g. DeepSpeed's ``ds_id``): ``Tensor.__reduce_ex__``
+    wraps its rebuild in ``torch._tensor._rebuild_from_type_v2(func, type, args, state)``."""
+
+    def __init__(self, dtype: str, shape: tuple[int, ...], state: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(dtype, shape, **kwargs)
+        self.state = state
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        func, args = super().__reduce_ex__(protocol)
+        return (REBUILD_FROM_TYPE, (func, TORCH_TENSOR, args, self.state))
+
+
+class Reduced:
+    """An object pickled as ``callable(*args)`` (REDUCE): ``torch.Size``, an enum member."""
+
+    def __init__(self, func: Global, args: tuple[Any, ...]) -> None:
+        self.func, self.args = func, args
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return (self.func, self.args)
+
+
+class Instance:
+    """An instance of a plain class pickled by protocol 2's default: NEWOBJ of the class, then BUILD of
+    its ``__dict__`` (a dataclass, a loss scaler)."""
+
+    def __init__(self, cls: Global, state: dict[str, Any]) -> None:
+        self.cls, self.state = cls, state
+
+
+def torch_size(shape: tuple[int, ...]) -> Reduced:
+    """``torch.Size(shape)`` as pickled: ``torch.Size((d0, d1, ...))``."""
+    return Reduced(TORCH_SIZE, (tuple(list(shape)),))
 
 
 # torch.save's persistent id strings are literals in torch/serialization.py: one object each, so the
@@ -179,6 +227,18 @@ class _StandInPickler(pickle._Pickler):  # the pure-Python pickler: its save() c
             self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode())
             self.memoize(obj)
             return
+        if isinstance(obj, Instance):  # save_reduce of copyreg.__newobj__: class, (), NEWOBJ, state, BUILD
+            memo = self.memo.get(id(obj))
+            if memo is not None:
+                self.write(self.get(memo[0]))
+                return
+            self.save(obj.cls)
+            self.save(())
+            self.write(pickle.NEWOBJ)
+            self.memoize(obj)
+            self.save(obj.state)
+            self.write(pickle.BUILD)
+            return
         super().save(obj, save_persistent_id)  # type: ignore[misc]  # _Pickler.save: undeclared in typeshed
 
 
@@ -193,7 +253,7 @@ def pickled(obj: Any) -> tuple[int, list[Storage]]:
 def torch_save_bytes(obj: Any, archive: str = "archive") -> int:
     """Bytes of ``torch.save(obj, f)`` for a stand-in graph; ``archive``: the file's stem ("archive"
     when saved to a stream)."""
-    if isinstance(obj, Tensor):  # one tensor alone (a DCP item): the same bytes for the same layout
+    if type(obj) is Tensor and not obj.offset and not obj.requires_grad:  # one tensor alone (a DCP item)
         return _tensor_archive_bytes(obj.dtype, obj.shape, obj.storage.numel, archive)
     pickle_bytes, storages = pickled(obj)
     return zip_bytes(archive_records(archive, pickle_bytes, [s.nbytes for s in storages]))

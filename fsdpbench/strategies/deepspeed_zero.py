@@ -163,6 +163,8 @@ class _DeepSpeedZero(Strategy):
     stage: int
     native_mixed_precision = True  # DeepSpeed's bf16/fp16 config casts; the worker must not autocast
     supports_cpu_offload = True
+    # the engine's save_checkpoint/load_checkpoint (fsdpbench/engine/checkpoint.py, "native")
+    checkpoint_methods = ("native",)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
