@@ -89,21 +89,28 @@ class StepTimeline:
     scale: float = 1.0  # bare / profiled compute (1: not scaled)
 
 
-def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]]:
+def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False) -> list[dict[str, float]]:
     """Each rank's step time, communication, exposed communication and overlap per step, in ms, on
     ``link``, simulated jointly: collective k (the k-th issued; every rank issues the same ones in
     the same order) starts once every rank has issued it and the previous collective has finished,
-    and ends for all ranks at once. One rank's timeline (an emulated run) is the same with no peers."""
+    and ends for all ranks at once. One rank's timeline (an emulated run) is the same with no peers.
+
+    ``serial``: no core is left idle for the collectives' own work (CPU ranks whose threads fill
+    every core, ``no_idle_core``): gloo's threads then run on the cores the rank computes on, so a
+    collective cannot overlap its rank's compute: every collective is needed where it is issued."""
     if not timelines:
         return []
     counts = {len(t.collectives) for t in timelines}
     if len(counts) > 1:  # ranks disagree (should not happen): model each rank on its own
-        return [simulate([t], link)[0] for t in timelines]
+        return [simulate([t], link, serial=serial)[0] for t in timelines]
     first = timelines[0].collectives
     durations = [collective_time_us(link, c.kind, c.payload_bytes, c.group_size) for c in first]
     stall = [0.0] * len(timelines)
     pending = [
-        sorted((max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives)) for t in timelines
+        sorted(
+            (c.issue_us if serial else max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives)
+        )
+        for t in timelines
     ]
     ends: list[float] = []
     starts: list[float] = []
@@ -329,6 +336,18 @@ def build_timeline(
     return StepTimeline(compute_us, tuple(placed), removed, steps, raw_compute - compute_us, scale=scale)
 
 
+def no_idle_core(device_type: str, world_size: int, threads_per_rank: int, cores: int | None) -> bool:
+    """Whether CPU ranks' threads fill every core, leaving none idle for gloo's threads (their copies,
+    reductions and socket work): then communication cannot overlap compute (``simulate(serial=True)``).
+    Only for real ranks of more than one on this machine; GPU ranks compute on the device."""
+    return (
+        device_type == "cpu"
+        and world_size > 1
+        and bool(cores)
+        and world_size * threads_per_rank >= (cores or 0)
+    )
+
+
 def checkable(device_type: str, world_size: int, emulated: bool, cores: int | None) -> str:
     """Why this case's modelled step time cannot be checked against its measured one ("" if it can).
     CPU ranks beyond the cores contend for them, which the model does not describe; an emulated rank's
@@ -343,10 +362,10 @@ def checkable(device_type: str, world_size: int, emulated: bool, cores: int | No
     return ""
 
 
-def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, Any]]:
+def model_columns(timelines: list[StepTimeline], link: Link, *, serial: bool = False) -> list[dict[str, Any]]:
     """The model_* columns of each rank whose timeline is given (modelled figures: every name says so)."""
     out = []
-    for timeline, figures in zip(timelines, simulate(timelines, link)):
+    for timeline, figures in zip(timelines, simulate(timelines, link, serial=serial)):
         steps = max(1, timeline.steps)
         out.append(
             {
@@ -381,6 +400,11 @@ METHOD_PROFILED = (
     "modelled: compute = the profiled step's, the profiler's cost included (no bare measurement); "
     "α–β communication on one stream"
 )
+# appended to the method where simulate(serial=True) applied
+METHOD_NO_IDLE_CORE = (
+    "; no idle core (ranks × threads ≥ cores): gloo's work shares the ranks' cores, so no collective "
+    "overlaps compute (each is waited for where it is issued)"
+)
 
 
 def case_model_columns(
@@ -393,8 +417,10 @@ def case_model_columns(
     group_size: int | None = None,
     bare_compute_ms: dict[int, float] | None = None,
     method: str = METHOD_PROFILED,
+    serial: bool = False,
 ) -> dict[int, dict[str, Any]]:
-    """model_* columns per rank from each rank's profiled trace, simulated jointly.
+    """model_* columns per rank from each rank's profiled trace, simulated jointly (``serial``: no
+    collective overlaps compute, see ``simulate``; said in model_method).
 
     ``bare_compute_ms``: per rank, one step's compute timed without the profiler. A rank without
     one is scaled by the factor of the first rank that has one (ranks of one SPMD job run the same
@@ -428,7 +454,8 @@ def case_model_columns(
         )
         for r in ranks
     ]
+    method = method + METHOD_NO_IDLE_CORE if serial else method
     return {
         r: {**cols, MODEL_METHOD: method, MODEL_COMPUTE_BARE: bare.get(r)}
-        for r, cols in zip(ranks, model_columns(timelines, link))
+        for r, cols in zip(ranks, model_columns(timelines, link, serial=serial))
     }

@@ -3,18 +3,23 @@
 A one-shot probe: ``world_size`` fresh CPU processes (each with the torch threads a rank of the run
 gets) join a gloo group and time every collective kind the model places — all-reduce (and so
 gloo's reduce-scatter, which is an all-reduce), all-gather (``all_gather_into_tensor``), broadcast
-(ZeRO-1) — over sizes spanning the runs' messages, each the median of ``reps`` calls after a
-warm-up. Per kind, a line through its (S·factor, time) points — the nccl-tests factor of
-comm_model.py — gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that
-the small messages, where α is everything, count as much as the large ones. A line through all the
-points is the link's fallback for other kinds. The processes write nothing to the terminal: each
-one's file descriptors 1 and 2 (where gloo's, torch's and kineto's C++ log lines go) are its log,
+(ZeRO-1) — over sizes spanning the runs' messages, **in context**: as a rank of a training step
+meets a collective, not back to back. Rank 0 issues it at once; every other rank first computes a
+fixed burst (``PROBE_COMPUTE_MS`` of matmuls on its threads), during which rank 0's data arrives and
+gloo's threads work on the cores that rank computes on; the collective's time is how much later the
+last of them finishes than its burst alone takes (``in_context_time_us``), the **mean** of ``reps``
+repetitions after a warm-up (a step's time is a sum of its collectives: a sum follows the mean,
+not the median). The back-to-back times (every rank issues at once after a barrier; the probe's
+earlier method) are kept beside them in the cache, ``points_back_to_back``, not used.
+
+Per kind, a line through its (S·factor, time) points — the nccl-tests factor of comm_model.py —
+gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that the small
+messages, where α is everything, count as much as the large ones. A line through all the points is
+the link's fallback for other kinds. The processes write nothing to the terminal: each one's file
+descriptors 1 and 2 (where gloo's, torch's and kineto's C++ log lines go) are its log,
 ``<run dir>/comm_probe/gloo_n<N>_rank<r>.log``, as a case rank's are its ``rank<r>.log``.
 The result is cached as ``<run dir>/comm_probe/gloo_n<N>.json`` with its points, so a run's
 modelled figures can be traced to the measurement behind them, and re-used on resume.
-
-The probe measures gloo with nothing else of the run running; in a run the same cores also compute
-(the residual this leaves is discussed in docs/step-time-model.md).
 """
 
 from __future__ import annotations
@@ -41,10 +46,49 @@ PROBE_SIZES_BYTES = (
 )  # the largest long enough that bandwidth, not noise, sets the slope
 PROBE_KINDS = ("all_reduce", "all_gather", "broadcast")
 PROBE_REPS = 8
+PROBE_COMPUTE_MS = (
+    2.0  # the late ranks' compute before they issue: of the order of a step's gap between collectives
+)
+
+
+def in_context_time_us(alone_s: list[list[float]], within_s: list[list[float]]) -> float:
+    """A collective's time as a step meets it, in µs, from each rank's repetitions (index: rank):
+    ``alone_s[r][i]``, rank r's fixed compute burst with nothing else running (rank 0: none);
+    ``within_s[r][i]``, rank r's burst then the collective, rank 0 having issued it at once. Per
+    repetition, the latest-finishing late rank's extra time over its burst alone (its median): the
+    collective after it joined plus the work its gloo threads did on its cores during its burst
+    (rank 0's data arriving). The mean over repetitions, not the median: a step sums its collectives."""
+    late = range(1, len(within_s))
+    if not late:
+        raise ValueError("an in-context probe needs at least two ranks")
+    base = {r: statistics.median(alone_s[r]) for r in late}
+    reps = min(len(within_s[r]) for r in late)
+    extra = [max(within_s[r][i] - base[r] for r in late) for i in range(reps)]
+    return max(0.0, statistics.fmean(extra)) * 1e6
+
+
+def _burst(ms: float):
+    """A fixed amount of compute (matmuls on this process's torch threads) that takes about ``ms``
+    alone: calibrated once, then always the same work, so that its slow-down is measurable."""
+    import torch
+
+    a = torch.randn(128, 128)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.05:
+        a @ a
+        n += 1
+    ops = max(1, round(n * ms / 50.0))
+
+    def work() -> None:
+        for _ in range(ops):
+            a @ a
+
+    return work
 
 
 def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str) -> None:
-    """One probe process: join the gloo group, time every (kind, size), rank 0 writes the medians."""
+    """One probe process: join the gloo group, time every (kind, size) in context and back to back;
+    rank 0 writes the points."""
     # at the file-descriptor level, before torch is imported: the C++ libraries write to fds 1 and 2
     # directly, past Python's sys.stdout; their lines are the run's record, not the user's terminal
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -60,7 +104,8 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
     torch.set_num_threads(rank_threads(world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    points = []
+    work = _burst(PROBE_COMPUTE_MS)
+    mine: list[dict[str, Any]] = []  # this rank's repetitions per (kind, size)
     try:
         for kind in PROBE_KINDS:
             for size in PROBE_SIZES_BYTES:
@@ -68,18 +113,50 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
                 full = torch.ones(numel)
                 shard = torch.ones(numel // world_size)
                 _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
-                times = []
+                alone, within, plain = [], [], []
                 for _ in range(reps):
-                    dist.barrier()
+                    dist.barrier()  # the late ranks' burst with no collective in flight
+                    t0 = time.perf_counter()
+                    if rank:
+                        work()
+                    alone.append(time.perf_counter() - t0)
+                    dist.barrier()  # rank 0 issues at once, the others after their burst
+                    t0 = time.perf_counter()
+                    if rank:
+                        work()
+                    _collective_once(kind, full, shard)
+                    within.append(time.perf_counter() - t0)
+                    dist.barrier()  # back to back: every rank issues at once
                     t0 = time.perf_counter()
                     _collective_once(kind, full, shard)
-                    times.append((time.perf_counter() - t0) * 1e6)
-                points.append({"kind": kind, "payload_bytes": numel * 4, "time_us": statistics.median(times)})
-        dist.barrier()
+                    plain.append(time.perf_counter() - t0)
+                mine.append(
+                    {"kind": kind, "bytes": numel * 4, "alone": alone, "within": within, "plain": plain}
+                )
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, mine)
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"points": points}))
+        points, back_to_back = [], []
+        for i, p in enumerate(mine):
+            alone_s = [g[i]["alone"] for g in gathered]
+            within_s = [g[i]["within"] for g in gathered]
+            points.append(
+                {
+                    "kind": p["kind"],
+                    "payload_bytes": p["bytes"],
+                    "time_us": in_context_time_us(alone_s, within_s),
+                }
+            )
+            back_to_back.append(
+                {
+                    "kind": p["kind"],
+                    "payload_bytes": p["bytes"],
+                    "time_us": statistics.median(p["plain"]) * 1e6,
+                }
+            )
+        Path(out_path).write_text(json.dumps({"points": points, "points_back_to_back": back_to_back}))
 
 
 def _collective_once(kind: str, full, shard) -> None:
@@ -119,14 +196,18 @@ def fit_link(points: list[dict[str, Any]], world_size: int, name: str = "gloo") 
     for kind in dict.fromkeys(p["kind"] for p in points):
         of_kind = [p for p in points if p["kind"] == kind]
         if len({p["payload_bytes"] for p in of_kind}) >= 2:
-            k_alpha, k_slope = _fit_line(of_kind, world_size)
+            try:
+                k_alpha, k_slope = _fit_line(of_kind, world_size)
+            except ValueError:  # its times do not grow with size (a loaded machine): the line through all
+                continue
             per_kind.append((kind, k_alpha, 1.0 / k_slope / 1e3))
     return Link(
         name,
         alpha_us=alpha,
         busbw_GBps=1.0 / slope / 1e3,
         source=(
-            f"probed: gloo, {world_size} CPU processes on this machine, "
+            f"probed: gloo, {world_size} CPU processes on this machine, each collective timed as a "
+            f"late rank meets it after {PROBE_COMPUTE_MS:g} ms of compute (mean of the repetitions), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
         ),
         reduce_scatter_as_all_reduce=True,
