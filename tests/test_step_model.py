@@ -16,6 +16,7 @@ from fsdpbench.metrics.step_model import (
     build_timeline,
     case_model_columns,
     checkable,
+    collective_durations,
     compute_scale,
     no_idle_core,
     simulate,
@@ -208,12 +209,18 @@ def test_no_idle_core_serialises_every_collective_with_compute() -> None:
     r0, r1 = simulate([StepTimeline(1000.0, buckets), StepTimeline(1000.0, late)], link)
     assert r0["model_step_time_ms"] == pytest.approx(1.0) and r1["model_step_time_ms"] == pytest.approx(1.0)
     s0, s1 = simulate([StepTimeline(1000.0, buckets), StepTimeline(1000.0, late)], link, serial=True)
-    # serialised: the first runs 250–350 (from rank 1's issue); rank 0 stalls 200–350 (50 waiting for
-    # rank 1, 100 exposed), rank 1 250–350; both issue the second at wall 300 + 150 = 350 + 100 = 450,
-    # it runs 450–550, and each stalls for it again
-    assert s0["model_step_time_ms"] == pytest.approx(1.25)  # 1000 + 150 + 100
-    assert s0["model_peer_wait_ms"] == pytest.approx(0.05)
-    assert s1["model_step_time_ms"] == pytest.approx(1.2)  # 1000 + 100 + 100
+    # serialised: the first runs 250–350 (from rank 1's issue); rank 0, having issued at 200, computes
+    # on until 250 (waiting for a peer costs no core), then both pause for it, 250–350; they issue the
+    # second at wall 300 + 100 = 400 and 350 + 100 = 450, it runs 450–550, and both pause again
+    assert s0["model_step_time_ms"] == pytest.approx(1.2)  # 1000 + 100 + 100
+    assert s0["model_peer_wait_ms"] == pytest.approx(0.0)
+    assert s1["model_step_time_ms"] == pytest.approx(1.2)
+    # a rank that needs the collective before it starts still waits for its peer there (blocking)
+    block0 = StepTimeline(1000.0, (PlacedCollective("all_gather", 8, 2, 200.0, 200.0),))
+    block1 = StepTimeline(1000.0, (PlacedCollective("all_gather", 8, 2, 250.0, 250.0),))
+    b0, b1 = simulate([block0, block1], link, serial=True)
+    assert b0["model_step_time_ms"] == pytest.approx(1.15) and b0["model_peer_wait_ms"] == pytest.approx(0.05)
+    assert b1["model_step_time_ms"] == pytest.approx(1.1)
     assert s1["model_exposed_comm_ms"] == pytest.approx(0.2) and s0["model_exposed_comm_ms"] == pytest.approx(
         0.2
     )
@@ -263,21 +270,21 @@ def test_case_model_columns_serial_says_so_in_model_method(tmp_path: Path) -> No
     assert "no idle core" in busy[1]["model_method"]
 
 
-def test_in_context_probe_time_is_the_late_ranks_extra_time_averaged() -> None:
-    # rank 0 issues at once (no burst); rank 1's burst alone takes 2 ms; with the collective after it,
-    # 2.5, 2.7 and 2.6 ms: the collective costs it 0.5, 0.7, 0.6 ms, mean 600 µs
-    alone = [[0.0, 0.0, 0.0], [2.0e-3, 2.1e-3, 1.9e-3]]
-    within = [[2.6e-3, 2.8e-3, 2.7e-3], [2.5e-3, 2.7e-3, 2.6e-3]]
-    assert in_context_time_us(alone, within) == pytest.approx(600.0)
+def test_in_context_probe_time_is_the_slowest_ranks_extra_time_per_collective_averaged() -> None:
+    # 4 collectives per sequence; two ranks, three repetitions (seconds). Bursts alone 8 ms; with a
+    # collective after each: rank 0 10, 11, 10.4 ms; rank 1 10.4, 10.6, 11.2 ms. The slowest rank's
+    # extra time per repetition: 2.4, 3.0, 3.2 ms → per collective 0.6, 0.75, 0.8 ms, mean 716.7 µs
+    compute = [[8e-3, 8e-3, 8e-3], [8e-3, 8e-3, 8e-3]]
+    sequence = [[10e-3, 11e-3, 10.4e-3], [10.4e-3, 10.6e-3, 11.2e-3]]
+    assert in_context_time_us(compute, sequence, 4) == pytest.approx((600 + 750 + 800) / 3)
+    # each repetition against its own bursts alone (paired): a slow burst repetition is taken out
+    assert in_context_time_us([[8e-3, 9e-3]], [[10e-3, 11e-3]], 4) == pytest.approx(500.0)
     # the mean, not the median: one slow repetition of four moves it (a step sums its collectives)
-    within_slow = [[0.0] * 4, [2.5e-3, 2.5e-3, 2.5e-3, 4.5e-3]]
-    assert in_context_time_us([[0.0] * 4, [2.0e-3] * 4], within_slow) == pytest.approx(1000.0)
-    # three ranks: per repetition the last late rank to finish (its own burst's median subtracted)
-    alone3 = [[0.0, 0.0], [2.0e-3, 2.0e-3], [1.0e-3, 1.0e-3]]
-    within3 = [[0.0, 0.0], [2.3e-3, 2.9e-3], [1.8e-3, 1.1e-3]]
-    assert in_context_time_us(alone3, within3) == pytest.approx((800.0 + 900.0) / 2)
+    slow = [[10e-3, 10e-3, 10e-3, 18e-3]]
+    assert in_context_time_us([[8e-3] * 4], slow, 4) == pytest.approx((500 * 3 + 2500) / 4)
+    assert in_context_time_us([[8e-3]], [[7e-3]], 4) == 0.0  # faster than the bursts alone: noise, 0
     with pytest.raises(ValueError):
-        in_context_time_us([[0.0]], [[1e-3]])
+        in_context_time_us([], [], 4)
 
 
 def test_checkable_only_where_the_model_describes_the_measurement() -> None:
@@ -330,6 +337,47 @@ def test_fit_link_recovers_alpha_and_busbw_per_kind_from_exact_points() -> None:
     # one kind alone: the fallback line is that kind's
     single = fit_link([p for p in points if p["kind"] == "all_gather"], world_size=4)
     assert (single.alpha_us, single.busbw_GBps) == pytest.approx((200.0, 1.0))
+
+
+def test_queued_collectives_take_the_back_to_back_line() -> None:
+    # in context (after compute) α 100 µs; queued behind the previous one (no compute between) α 10 µs
+    link = Link(
+        "gloo",
+        alpha_us=1000.0,
+        busbw_GBps=1e9,
+        per_kind=(("broadcast", 100.0, 1e9), ("all_reduce", 200.0, 1e9)),
+        per_kind_queued=(("broadcast", 10.0, 1e9),),
+    )
+    at = [0.0, 50.0, 55.0, 500.0, 510.0]  # a burst of three, compute, then two more
+    kinds = ["broadcast", "broadcast", "broadcast", "broadcast", "all_reduce"]
+    placed = tuple(PlacedCollective(k, 8, 2, t, t) for k, t in zip(kinds, at))
+    # 0: after compute (100, ends 100); 50 < 100: queued (10, ends 110); 55 < 110: queued (10);
+    # 500: after compute (100, ends 600); 510 < 600 but no queued all-reduce line: in context (200)
+    assert collective_durations(placed, link) == pytest.approx([100.0, 10.0, 10.0, 100.0, 200.0])
+    assert collective_time_us(link, "broadcast", 8, 2, queued=True) == pytest.approx(10.0)
+    assert collective_time_us(link, "all_gather", 8, 2, queued=True) == pytest.approx(1000.0)  # fallback
+    (out,) = simulate([StepTimeline(1000.0, placed)], link, serial=True)
+    assert out["model_comm_ms"] == pytest.approx(0.42)
+    assert out["model_step_time_ms"] == pytest.approx(1.42)  # serialised: every one stalls compute
+
+
+def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache(tmp_path: Path) -> None:
+    from fsdpbench.predictors.comm_probe import gloo_link
+
+    in_context = [
+        {"kind": k, "payload_bytes": s, "time_us": a + s / 1e3}
+        for k, a in (("all_reduce", 500.0), ("broadcast", 300.0))
+        for s in (4096, 1 << 20)
+    ]
+    back_to_back = [{**p, "time_us": p["time_us"] - 250.0} for p in in_context]  # α 250 and 50 µs
+    link = fit_link(in_context, world_size=2, queued_points=back_to_back)
+    assert link.alpha_busbw("broadcast") == pytest.approx((300.0, 1.0))
+    assert link.alpha_busbw("broadcast", queued=True) == pytest.approx((50.0, 1.0))
+    assert link.alpha_busbw("all_reduce", queued=True) == pytest.approx((250.0, 1.0))  # factor 2(N−1)/N = 1
+    cache = tmp_path / "comm_probe" / "gloo_n2.json"
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({"link": link.to_dict(), "world_size": 2, "points": in_context}))
+    assert gloo_link(tmp_path, 2) == link  # per_kind and per_kind_queued back as tuples
 
 
 def test_link_specs() -> None:

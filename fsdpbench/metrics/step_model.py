@@ -29,10 +29,15 @@ collective's needed point until it has finished. Then
     model_step_time = compute + stalls,  model_exposed_comm = stalls,
     model_overlap_ratio = 1 − stalls / Σ collective times   (HTA's definition, as in overlap.py)
 
-**Not modelled** (named, so a residual error can be explained): contention between compute and
-communication for the same cores or memory bandwidth (on 2 CPU cores, 4 ranks' compute and gloo
-threads share them), gloo's second worker thread (two collectives can run at once there), and an
-uneven profiler cost across the step (the scaling spreads it evenly).
+**No idle core** (``simulate(serial=True)``, ``no_idle_core``): CPU ranks whose threads fill every
+core leave none for gloo's threads, so no collective overlaps compute: each is waited for where it
+is issued (model_method says so). The probed gloo link times a collective in context (in a step's
+rhythm, after compute: comm_probe.py), so what gloo's threads take from compute is in its time.
+
+**Not modelled** (named, so a residual error can be explained): partial contention (a core idle for
+some of gloo's work but not all; memory bandwidth), more CPU ranks than cores (not checkable),
+gloo's second worker thread (two collectives can run at once there), and an uneven profiler cost
+across the step (the scaling spreads it evenly).
 """
 
 from __future__ import annotations
@@ -97,19 +102,20 @@ def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False)
 
     ``serial``: no core is left idle for the collectives' own work (CPU ranks whose threads fill
     every core, ``no_idle_core``): gloo's threads then run on the cores the rank computes on, so a
-    collective cannot overlap its rank's compute: every collective is needed where it is issued."""
+    collective cannot overlap its rank's compute: while it runs (from its last rank's issue to its
+    end) every rank's compute pauses, where it has got to by then (its needed point, if earlier,
+    still holds). Waiting for a peer to issue costs no core (gloo's thread sleeps), so a rank that
+    issued early computes on until the collective starts."""
     if not timelines:
         return []
     counts = {len(t.collectives) for t in timelines}
     if len(counts) > 1:  # ranks disagree (should not happen): model each rank on its own
         return [simulate([t], link, serial=serial)[0] for t in timelines]
-    first = timelines[0].collectives
-    durations = [collective_time_us(link, c.kind, c.payload_bytes, c.group_size) for c in first]
+    durations = collective_durations(timelines[0].collectives, link)
     stall = [0.0] * len(timelines)
+    # (compute-clock point where the rank needs collective k, k), in order; serial: added as each starts
     pending = [
-        sorted(
-            (c.issue_us if serial else max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives)
-        )
+        [] if serial else sorted((max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives))
         for t in timelines
     ]
     ends: list[float] = []
@@ -138,6 +144,11 @@ def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False)
         starts.append(start)
         comm_free = start + durations[k]
         ends.append(comm_free)
+        if serial:  # each rank pauses where its compute has got to when the collective starts
+            for r, t in enumerate(timelines):
+                c = t.collectives[k]
+                running_at = c.issue_us + max(0.0, start - issued[r])
+                bisect.insort(pending[r], (min(max(c.needed_us, c.issue_us), running_at), k))
     comm = sum(durations)
     out = []
     for r, t in enumerate(timelines):
@@ -153,6 +164,20 @@ def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False)
                 MODEL_OVERLAP_RATIO: 1.0 - exposed[r] / comm if comm > 0 else 0.0,
             }
         )
+    return out
+
+
+def collective_durations(collectives: tuple[PlacedCollective, ...], link: Link) -> list[float]:
+    """Each collective's α–β time on ``link``, µs. A collective issued (on the compute clock) before
+    the previous one would have ended is *queued* behind it, with no compute between them, and takes
+    the link's queued time (``Link.per_kind_queued``: on gloo, the probe's back-to-back times); the
+    others follow compute and take its in-context time."""
+    out: list[float] = []
+    prev_end = float("-inf")
+    for c in collectives:
+        queued = c.issue_us < prev_end
+        out.append(collective_time_us(link, c.kind, c.payload_bytes, c.group_size, queued))
+        prev_end = max(prev_end, c.issue_us) + out[-1]
     return out
 
 
