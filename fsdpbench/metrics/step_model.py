@@ -30,9 +30,10 @@ collective's needed point until it has finished. Then
     model_overlap_ratio = 1 − stalls / Σ collective times   (HTA's definition, as in overlap.py)
 
 **No idle core** (``simulate(serial=True)``, ``no_idle_core``): CPU ranks whose threads fill every
-core leave none for gloo's threads, so no collective overlaps compute: each is waited for where it
-is issued (model_method says so). The probed gloo link times a collective in context (in a step's
-rhythm, after compute: comm_probe.py), so what gloo's threads take from compute is in its time.
+core leave none for gloo's threads, so no collective overlaps compute: every rank's compute pauses
+while a collective runs (model_method says so). The probed gloo link times a collective in context
+(in a step's rhythm, after compute: comm_probe.py), so what gloo's threads take from compute is in
+its time.
 
 **Not modelled** (named, so a residual error can be explained): partial contention (a core idle for
 some of gloo's work but not all; memory bandwidth), more CPU ranks than cores (not checkable),
@@ -428,7 +429,7 @@ METHOD_PROFILED = (
 # appended to the method where simulate(serial=True) applied
 METHOD_NO_IDLE_CORE = (
     "; no idle core (ranks × threads ≥ cores): gloo's work shares the ranks' cores, so no collective "
-    "overlaps compute (each is waited for where it is issued)"
+    "overlaps compute (compute pauses while each runs)"
 )
 
 
