@@ -9,12 +9,16 @@ from pathlib import Path
 import pytest
 
 from fsdpbench.metrics.step_model import (
+    METHOD_NO_IDLE_CORE,
     METHOD_TWIN,
     PlacedCollective,
     StepTimeline,
     build_timeline,
+    case_model_columns,
     checkable,
+    collective_durations,
     compute_scale,
+    no_idle_core,
     simulate,
 )
 from fsdpbench.predictors.comm_model import (
@@ -24,7 +28,7 @@ from fsdpbench.predictors.comm_model import (
     collective_time_us,
     validate_link_spec,
 )
-from fsdpbench.predictors.comm_probe import fit_link
+from fsdpbench.predictors.comm_probe import fit_link, in_context_time_us
 from fsdpbench.schema import MODEL_CHECKABLE, MODEL_COMPUTE_BARE, MODEL_UNCHECKED_REASON
 from fsdpbench.strategies import get_strategy
 from tests.helpers import trace_event
@@ -183,6 +187,106 @@ def test_a_collective_fully_hidden_and_fully_exposed() -> None:
     assert out["model_exposed_comm_ms"] == pytest.approx(0.06)
 
 
+def test_no_idle_core_serialises_every_collective_with_compute() -> None:
+    link = Link("l", alpha_us=100.0, busbw_GBps=1e9)  # every collective 100 µs
+    # issued at 100, needed at 900 of 1000 µs: hidden when a core is free for gloo's threads ...
+    hidden = StepTimeline(1000.0, (PlacedCollective("all_reduce", 8, 2, 100.0, 900.0),))
+    (free,) = simulate([hidden], link)
+    assert free["model_step_time_ms"] == pytest.approx(1.0)
+    # ... waited for where it is issued when the ranks' threads fill every core: all of it exposed
+    (busy,) = simulate([hidden], link, serial=True)
+    assert busy["model_step_time_ms"] == pytest.approx(1.1)
+    assert busy["model_exposed_comm_ms"] == pytest.approx(0.1) and busy[
+        "model_overlap_ratio"
+    ] == pytest.approx(0.0)
+    # two ranks, two asynchronous collectives (DDP buckets issued at 200 and 300 of the compute
+    # clock, rank 1 50 µs later; needed at the optimizer, 900): overlapped, the step is the compute
+    buckets = (
+        PlacedCollective("all_reduce", 8, 2, 200.0, 900.0),
+        PlacedCollective("all_reduce", 8, 2, 300.0, 900.0),
+    )
+    late = tuple(PlacedCollective(c.kind, 8, 2, c.issue_us + 50.0, c.needed_us) for c in buckets)
+    r0, r1 = simulate([StepTimeline(1000.0, buckets), StepTimeline(1000.0, late)], link)
+    assert r0["model_step_time_ms"] == pytest.approx(1.0) and r1["model_step_time_ms"] == pytest.approx(1.0)
+    s0, s1 = simulate([StepTimeline(1000.0, buckets), StepTimeline(1000.0, late)], link, serial=True)
+    # serialised: the first runs 250–350 (from rank 1's issue); rank 0, having issued at 200, computes
+    # on until 250 (waiting for a peer costs no core), then both pause for it, 250–350; they issue the
+    # second at wall 300 + 100 = 400 and 350 + 100 = 450, it runs 450–550, and both pause again
+    assert s0["model_step_time_ms"] == pytest.approx(1.2)  # 1000 + 100 + 100
+    assert s0["model_peer_wait_ms"] == pytest.approx(0.0)
+    assert s1["model_step_time_ms"] == pytest.approx(1.2)
+    # a rank that needs the collective before it starts still waits for its peer there (blocking)
+    block0 = StepTimeline(1000.0, (PlacedCollective("all_gather", 8, 2, 200.0, 200.0),))
+    block1 = StepTimeline(1000.0, (PlacedCollective("all_gather", 8, 2, 250.0, 250.0),))
+    b0, b1 = simulate([block0, block1], link, serial=True)
+    assert b0["model_step_time_ms"] == pytest.approx(1.15) and b0["model_peer_wait_ms"] == pytest.approx(0.05)
+    assert b1["model_step_time_ms"] == pytest.approx(1.1)
+    assert s1["model_exposed_comm_ms"] == pytest.approx(0.2) and s0["model_exposed_comm_ms"] == pytest.approx(
+        0.2
+    )
+
+
+def test_no_idle_core_only_where_cpu_ranks_threads_fill_the_cores() -> None:
+    assert no_idle_core("cpu", 2, 1, 2)  # quickstart's 2 ranks × 1 thread on 2 cores
+    assert no_idle_core("cpu", 4, 1, 2)  # more ranks than cores
+    assert not no_idle_core("cpu", 1, 2, 2)  # one rank: nothing to overlap with a peer's collective
+    assert not no_idle_core("cpu", 3, 1, 4)  # a core left for gloo's threads
+    assert not no_idle_core("cuda", 8, 1, 2)  # GPU ranks compute on the device
+    assert not no_idle_core("cpu", 2, 1, None)  # cores unknown: the model as it was
+
+
+def _ddp_trace(rank: int) -> dict:
+    """A 2-rank DDP step on gloo: one bucket all-reduce issued at 400 (asynchronous, its gloo work
+    405–505), more backward until 710, the optimizer 710–800."""
+    dims = {"Input Dims": [[1000]], "Input type": ["float"]}
+    return {
+        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2},
+        "traceEvents": [
+            trace_event("aten::mm", 0, 400, 1),
+            trace_event("c10d::allreduce_", 400, 10, 1, **dims),
+            trace_event("gloo:all_reduce", 405, 100, 2, **dims),
+            trace_event("aten::mm", 410, 300, 1),
+            trace_event("Optimizer.step#AdamW.step", 710, 90, 1, cat="user_annotation"),
+            trace_event("aten::add_", 710, 90, 1),
+        ],
+    }
+
+
+def test_case_model_columns_serial_says_so_in_model_method(tmp_path: Path) -> None:
+    ddp = get_strategy("ddp").sharding
+    paths = {}
+    for r in (0, 1):
+        paths[r] = tmp_path / f"trace_rank{r}.json"
+        paths[r].write_text(json.dumps(_ddp_trace(r)))
+    link = Link("l", alpha_us=200.0, busbw_GBps=1e9)  # the bucket: 200 µs (its 4000 B are nothing)
+    bare = {0: 0.8, 1: 0.8}  # ms: the profiled compute as it is (scale 1)
+    free = case_model_columns(paths, ddp, "cpu", link, bare_compute_ms=bare, method=METHOD_TWIN)
+    busy = case_model_columns(paths, ddp, "cpu", link, bare_compute_ms=bare, method=METHOD_TWIN, serial=True)
+    # issued at 400 of 800 µs of compute, needed at 710: hidden; serialised: 200 µs more
+    assert free[0]["model_step_time_ms"] == pytest.approx(0.8)
+    assert busy[0]["model_step_time_ms"] == pytest.approx(1.0)
+    assert free[0]["model_method"] == METHOD_TWIN
+    assert busy[0]["model_method"] == METHOD_TWIN + METHOD_NO_IDLE_CORE
+    assert "no idle core" in busy[1]["model_method"]
+
+
+def test_in_context_probe_time_is_the_slowest_ranks_extra_time_per_collective_averaged() -> None:
+    # 4 collectives per sequence; two ranks, three repetitions (seconds). Bursts alone 8 ms; with a
+    # collective after each: rank 0 10, 11, 10.4 ms; rank 1 10.4, 10.6, 11.2 ms. The slowest rank's
+    # extra time per repetition: 2.4, 3.0, 3.2 ms → per collective 0.6, 0.75, 0.8 ms, mean 716.7 µs
+    compute = [[8e-3, 8e-3, 8e-3], [8e-3, 8e-3, 8e-3]]
+    sequence = [[10e-3, 11e-3, 10.4e-3], [10.4e-3, 10.6e-3, 11.2e-3]]
+    assert in_context_time_us(compute, sequence, 4) == pytest.approx((600 + 750 + 800) / 3)
+    # each repetition against its own bursts alone (paired): a slow burst repetition is taken out
+    assert in_context_time_us([[8e-3, 9e-3]], [[10e-3, 11e-3]], 4) == pytest.approx(500.0)
+    # the mean, not the median: one slow repetition of four moves it (a step sums its collectives)
+    slow = [[10e-3, 10e-3, 10e-3, 18e-3]]
+    assert in_context_time_us([[8e-3] * 4], slow, 4) == pytest.approx((500 * 3 + 2500) / 4)
+    assert in_context_time_us([[8e-3]], [[7e-3]], 4) == 0.0  # faster than the bursts alone: noise, 0
+    with pytest.raises(ValueError):
+        in_context_time_us([], [], 4)
+
+
 def test_checkable_only_where_the_model_describes_the_measurement() -> None:
     assert checkable("cpu", 2, emulated=False, cores=2) == ""
     assert "contend for cores" in checkable("cpu", 4, emulated=False, cores=2)
@@ -225,9 +329,55 @@ def test_fit_link_recovers_alpha_and_busbw_per_kind_from_exact_points() -> None:
     # gloo's reduce-scatter is its all-reduce: timed with the all-reduce line
     s = 1 << 20
     assert collective_time_us(link, "reduce_scatter", s, 4) == pytest.approx(300 + s * 1.5 / 500)
+    # a kind whose times do not grow with size (noise) is timed by the line through all the points
+    flat = [{**p, "time_us": 500.0} if p["kind"] == "broadcast" else p for p in points]
+    no_bcast = fit_link(flat, world_size=4)
+    assert "broadcast" not in {k for k, _, _ in no_bcast.per_kind}
+    assert no_bcast.alpha_busbw("broadcast") == (no_bcast.alpha_us, no_bcast.busbw_GBps)
     # one kind alone: the fallback line is that kind's
     single = fit_link([p for p in points if p["kind"] == "all_gather"], world_size=4)
     assert (single.alpha_us, single.busbw_GBps) == pytest.approx((200.0, 1.0))
+
+
+def test_queued_collectives_take_the_back_to_back_line() -> None:
+    # in context (after compute) α 100 µs; queued behind the previous one (no compute between) α 10 µs
+    link = Link(
+        "gloo",
+        alpha_us=1000.0,
+        busbw_GBps=1e9,
+        per_kind=(("broadcast", 100.0, 1e9), ("all_reduce", 200.0, 1e9)),
+        per_kind_queued=(("broadcast", 10.0, 1e9),),
+    )
+    at = [0.0, 50.0, 55.0, 500.0, 510.0]  # a burst of three, compute, then two more
+    kinds = ["broadcast", "broadcast", "broadcast", "broadcast", "all_reduce"]
+    placed = tuple(PlacedCollective(k, 8, 2, t, t) for k, t in zip(kinds, at))
+    # 0: after compute (100, ends 100); 50 < 100: queued (10, ends 110); 55 < 110: queued (10);
+    # 500: after compute (100, ends 600); 510 < 600 but no queued all-reduce line: in context (200)
+    assert collective_durations(placed, link) == pytest.approx([100.0, 10.0, 10.0, 100.0, 200.0])
+    assert collective_time_us(link, "broadcast", 8, 2, queued=True) == pytest.approx(10.0)
+    assert collective_time_us(link, "all_gather", 8, 2, queued=True) == pytest.approx(1000.0)  # fallback
+    (out,) = simulate([StepTimeline(1000.0, placed)], link, serial=True)
+    assert out["model_comm_ms"] == pytest.approx(0.42)
+    assert out["model_step_time_ms"] == pytest.approx(1.42)  # serialised: every one stalls compute
+
+
+def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache(tmp_path: Path) -> None:
+    from fsdpbench.predictors.comm_probe import gloo_link
+
+    in_context = [
+        {"kind": k, "payload_bytes": s, "time_us": a + s / 1e3}
+        for k, a in (("all_reduce", 500.0), ("broadcast", 300.0))
+        for s in (4096, 1 << 20)
+    ]
+    back_to_back = [{**p, "time_us": p["time_us"] - 250.0} for p in in_context]  # α 250 and 50 µs
+    link = fit_link(in_context, world_size=2, queued_points=back_to_back)
+    assert link.alpha_busbw("broadcast") == pytest.approx((300.0, 1.0))
+    assert link.alpha_busbw("broadcast", queued=True) == pytest.approx((50.0, 1.0))
+    assert link.alpha_busbw("all_reduce", queued=True) == pytest.approx((250.0, 1.0))  # factor 2(N−1)/N = 1
+    cache = tmp_path / "comm_probe" / "gloo_n2.json"
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({"link": link.to_dict(), "world_size": 2, "points": in_context}))
+    assert gloo_link(tmp_path, 2) == link  # per_kind and per_kind_queued back as tuples
 
 
 def test_link_specs() -> None:
@@ -273,7 +423,13 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
         assert frame[col].notna().all() and (frame[col] >= 0).all(), col
     assert (frame["model_step_time_ms"] >= frame["model_compute_ms"]).all()
     assert frame["case_model_step_time_ms"].iloc[0] == pytest.approx(frame["model_step_time_ms"].max())
-    assert (frame["model_method"] == METHOD_TWIN).all()
+    # 2 ranks × 1 thread on this 2-core machine: no idle core, said in the method
+    import os
+
+    from fsdpbench.engine.threads import rank_threads
+
+    serial = no_idle_core("cpu", 2, rank_threads(2), os.cpu_count())
+    assert (frame["model_method"] == METHOD_TWIN + (METHOD_NO_IDLE_CORE if serial else "")).all()
     # the compute twin timed every rank; the profiled step's compute was scaled to it
     assert frame[MODEL_COMPUTE_BARE].notna().all()
     assert frame["model_compute_ms"].to_numpy() == pytest.approx(frame[MODEL_COMPUTE_BARE].to_numpy())
@@ -282,6 +438,9 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert frame["model_link_source"].str.startswith("probed: gloo, 2 CPU processes").all()
     probed = json.loads(probe.read_text())
     assert {k for k, _, _ in probed["link"]["per_kind"]} == {"all_reduce", "all_gather", "broadcast"}
+    # the fit's points are timed in context; the back-to-back times are kept beside them
+    assert len(probed["points"]) == len(probed["points_back_to_back"]) == 12
+    assert all(p["time_us"] >= 0 for p in probed["points"] + probed["points_back_to_back"])
     # zero3 on decoder-tiny's 2 blocks + root: 3 all-gathers forward, 3 backward, 3 reduce-scatters
     assert (frame["model_collectives"] == 9).all()
     table = case_table(build_case_frame(frame))

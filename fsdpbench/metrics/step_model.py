@@ -29,10 +29,16 @@ collective's needed point until it has finished. Then
     model_step_time = compute + stalls,  model_exposed_comm = stalls,
     model_overlap_ratio = 1 − stalls / Σ collective times   (HTA's definition, as in overlap.py)
 
-**Not modelled** (named, so a residual error can be explained): contention between compute and
-communication for the same cores or memory bandwidth (on 2 CPU cores, 4 ranks' compute and gloo
-threads share them), gloo's second worker thread (two collectives can run at once there), and an
-uneven profiler cost across the step (the scaling spreads it evenly).
+**No idle core** (``simulate(serial=True)``, ``no_idle_core``): CPU ranks whose threads fill every
+core leave none for gloo's threads, so no collective overlaps compute: every rank's compute pauses
+while a collective runs (model_method says so). The probed gloo link times a collective in context
+(in a step's rhythm, after compute: comm_probe.py), so what gloo's threads take from compute is in
+its time.
+
+**Not modelled** (named, so a residual error can be explained): partial contention (a core idle for
+some of gloo's work but not all; memory bandwidth), more CPU ranks than cores (not checkable),
+gloo's second worker thread (two collectives can run at once there), and an uneven profiler cost
+across the step (the scaling spreads it evenly).
 """
 
 from __future__ import annotations
@@ -89,21 +95,29 @@ class StepTimeline:
     scale: float = 1.0  # bare / profiled compute (1: not scaled)
 
 
-def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]]:
+def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False) -> list[dict[str, float]]:
     """Each rank's step time, communication, exposed communication and overlap per step, in ms, on
     ``link``, simulated jointly: collective k (the k-th issued; every rank issues the same ones in
     the same order) starts once every rank has issued it and the previous collective has finished,
-    and ends for all ranks at once. One rank's timeline (an emulated run) is the same with no peers."""
+    and ends for all ranks at once. One rank's timeline (an emulated run) is the same with no peers.
+
+    ``serial``: no core is left idle for the collectives' own work (CPU ranks whose threads fill
+    every core, ``no_idle_core``): gloo's threads then run on the cores the rank computes on, so a
+    collective cannot overlap its rank's compute: while it runs (from its last rank's issue to its
+    end) every rank's compute pauses, where it has got to by then (its needed point, if earlier,
+    still holds). Waiting for a peer to issue costs no core (gloo's thread sleeps), so a rank that
+    issued early computes on until the collective starts."""
     if not timelines:
         return []
     counts = {len(t.collectives) for t in timelines}
     if len(counts) > 1:  # ranks disagree (should not happen): model each rank on its own
-        return [simulate([t], link)[0] for t in timelines]
-    first = timelines[0].collectives
-    durations = [collective_time_us(link, c.kind, c.payload_bytes, c.group_size) for c in first]
+        return [simulate([t], link, serial=serial)[0] for t in timelines]
+    durations = collective_durations(timelines[0].collectives, link)
     stall = [0.0] * len(timelines)
+    # (compute-clock point where the rank needs collective k, k), in order; serial: added as each starts
     pending = [
-        sorted((max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives)) for t in timelines
+        [] if serial else sorted((max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives))
+        for t in timelines
     ]
     ends: list[float] = []
     starts: list[float] = []
@@ -131,6 +145,11 @@ def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]
         starts.append(start)
         comm_free = start + durations[k]
         ends.append(comm_free)
+        if serial:  # each rank pauses where its compute has got to when the collective starts
+            for r, t in enumerate(timelines):
+                c = t.collectives[k]
+                running_at = c.issue_us + max(0.0, start - issued[r])
+                bisect.insort(pending[r], (min(max(c.needed_us, c.issue_us), running_at), k))
     comm = sum(durations)
     out = []
     for r, t in enumerate(timelines):
@@ -146,6 +165,20 @@ def simulate(timelines: list[StepTimeline], link: Link) -> list[dict[str, float]
                 MODEL_OVERLAP_RATIO: 1.0 - exposed[r] / comm if comm > 0 else 0.0,
             }
         )
+    return out
+
+
+def collective_durations(collectives: tuple[PlacedCollective, ...], link: Link) -> list[float]:
+    """Each collective's α–β time on ``link``, µs. A collective issued (on the compute clock) before
+    the previous one would have ended is *queued* behind it, with no compute between them, and takes
+    the link's queued time (``Link.per_kind_queued``: on gloo, the probe's back-to-back times); the
+    others follow compute and take its in-context time."""
+    out: list[float] = []
+    prev_end = float("-inf")
+    for c in collectives:
+        queued = c.issue_us < prev_end
+        out.append(collective_time_us(link, c.kind, c.payload_bytes, c.group_size, queued))
+        prev_end = max(prev_end, c.issue_us) + out[-1]
     return out
 
 
@@ -329,6 +362,18 @@ def build_timeline(
     return StepTimeline(compute_us, tuple(placed), removed, steps, raw_compute - compute_us, scale=scale)
 
 
+def no_idle_core(device_type: str, world_size: int, threads_per_rank: int, cores: int | None) -> bool:
+    """Whether CPU ranks' threads fill every core, leaving none idle for gloo's threads (their copies,
+    reductions and socket work): then communication cannot overlap compute (``simulate(serial=True)``).
+    Only for real ranks of more than one on this machine; GPU ranks compute on the device."""
+    return (
+        device_type == "cpu"
+        and world_size > 1
+        and bool(cores)
+        and world_size * threads_per_rank >= (cores or 0)
+    )
+
+
 def checkable(device_type: str, world_size: int, emulated: bool, cores: int | None) -> str:
     """Why this case's modelled step time cannot be checked against its measured one ("" if it can).
     CPU ranks beyond the cores contend for them, which the model does not describe; an emulated rank's
@@ -343,10 +388,10 @@ def checkable(device_type: str, world_size: int, emulated: bool, cores: int | No
     return ""
 
 
-def model_columns(timelines: list[StepTimeline], link: Link) -> list[dict[str, Any]]:
+def model_columns(timelines: list[StepTimeline], link: Link, *, serial: bool = False) -> list[dict[str, Any]]:
     """The model_* columns of each rank whose timeline is given (modelled figures: every name says so)."""
     out = []
-    for timeline, figures in zip(timelines, simulate(timelines, link)):
+    for timeline, figures in zip(timelines, simulate(timelines, link, serial=serial)):
         steps = max(1, timeline.steps)
         out.append(
             {
@@ -381,6 +426,11 @@ METHOD_PROFILED = (
     "modelled: compute = the profiled step's, the profiler's cost included (no bare measurement); "
     "α–β communication on one stream"
 )
+# appended to the method where simulate(serial=True) applied
+METHOD_NO_IDLE_CORE = (
+    "; no idle core (ranks × threads ≥ cores): gloo's work shares the ranks' cores, so no collective "
+    "overlaps compute (compute pauses while each runs)"
+)
 
 
 def case_model_columns(
@@ -393,8 +443,10 @@ def case_model_columns(
     group_size: int | None = None,
     bare_compute_ms: dict[int, float] | None = None,
     method: str = METHOD_PROFILED,
+    serial: bool = False,
 ) -> dict[int, dict[str, Any]]:
-    """model_* columns per rank from each rank's profiled trace, simulated jointly.
+    """model_* columns per rank from each rank's profiled trace, simulated jointly (``serial``: no
+    collective overlaps compute, see ``simulate``; said in model_method).
 
     ``bare_compute_ms``: per rank, one step's compute timed without the profiler. A rank without
     one is scaled by the factor of the first rank that has one (ranks of one SPMD job run the same
@@ -428,7 +480,8 @@ def case_model_columns(
         )
         for r in ranks
     ]
+    method = method + METHOD_NO_IDLE_CORE if serial else method
     return {
         r: {**cols, MODEL_METHOD: method, MODEL_COMPUTE_BARE: bare.get(r)}
-        for r, cols in zip(ranks, model_columns(timelines, link))
+        for r, cols in zip(ranks, model_columns(timelines, link, serial=serial))
     }

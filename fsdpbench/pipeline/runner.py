@@ -226,6 +226,7 @@ def add_step_model(
     compute twin; an emulated rank's own timed steps), placed by the ranks' profiled traces.
     ``launch_twin`` False (``--collect``: the ranks ran elsewhere, the twin would time this machine):
     the profiled compute, said so in model_method."""
+    from fsdpbench.engine.threads import rank_threads
     from fsdpbench.metrics import step_model
     from fsdpbench.metrics.profiled import shard_group_sizes
     from fsdpbench.predictors.comm_probe import resolve_link
@@ -252,6 +253,14 @@ def add_step_model(
             method = step_model.METHOD_TWIN
         if device_type != "cuda" and not bare:
             method = step_model.METHOD_PROFILED
+        # real ranks on this machine whose threads fill its cores: no collective overlaps compute
+        serial = (
+            launch_twin
+            and not case.emulate
+            and step_model.no_idle_core(
+                device_type, case.world_size, rank_threads(case.world_size), os.cpu_count()
+            )
+        )
         per_rank = step_model.case_model_columns(
             traces,
             sharding,
@@ -261,6 +270,7 @@ def add_step_model(
             group_size=shard_group_sizes(case, sharding)[1],
             bare_compute_ms=bare,
             method=method,
+            serial=serial,
         )
     except Exception as exc:  # noqa: BLE001 — a model bug must not lose the measurement
         print(

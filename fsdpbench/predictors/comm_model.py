@@ -36,10 +36,14 @@ class Link:
     # (kind, α µs, busbw GB/s) of the kinds measured one by one (the gloo probe: gloo runs each kind
     # with its own algorithm, so one line does not fit all); α and busbw above are for the others
     per_kind: tuple[tuple[str, float, float], ...] = ()
+    # the same for a collective *queued* behind the previous one (issued with no compute between
+    # them: ZeRO-1's broadcasts); the gloo probe times these back to back, ``per_kind`` in context
+    per_kind_queued: tuple[tuple[str, float, float], ...] = ()
 
-    def alpha_busbw(self, kind: str) -> tuple[float, float]:
-        """(α µs, busbw GB/s) for a collective of ``kind`` on this link."""
-        for name, alpha, busbw in self.per_kind:
+    def alpha_busbw(self, kind: str, queued: bool = False) -> tuple[float, float]:
+        """(α µs, busbw GB/s) for a collective of ``kind`` on this link (``queued``: issued while the
+        previous collective was still running)."""
+        for name, alpha, busbw in (self.per_kind_queued if queued else ()) + self.per_kind:
             if name == kind:
                 return float(alpha), float(busbw)
         return self.alpha_us, self.busbw_GBps
@@ -115,11 +119,13 @@ def algorithm_factor(kind: str, group_size: int) -> float:
     raise ValueError(f"unknown collective kind {kind!r}")
 
 
-def collective_time_us(link: Link, kind: str, payload_bytes: float, group_size: int) -> float:
+def collective_time_us(
+    link: Link, kind: str, payload_bytes: float, group_size: int, queued: bool = False
+) -> float:
     """Modelled time of one collective on ``link``: α + S·factor/busbw (0 for a 1-rank group)."""
     if group_size <= 1:
         return 0.0
     if kind == "reduce_scatter" and link.reduce_scatter_as_all_reduce:
         kind = "all_reduce"
-    alpha, busbw = link.alpha_busbw(kind)
+    alpha, busbw = link.alpha_busbw(kind, queued)
     return alpha + payload_bytes * algorithm_factor(kind, group_size) / (busbw * 1e3)

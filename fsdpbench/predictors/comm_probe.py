@@ -3,18 +3,25 @@
 A one-shot probe: ``world_size`` fresh CPU processes (each with the torch threads a rank of the run
 gets) join a gloo group and time every collective kind the model places — all-reduce (and so
 gloo's reduce-scatter, which is an all-reduce), all-gather (``all_gather_into_tensor``), broadcast
-(ZeRO-1) — over sizes spanning the runs' messages, each the median of ``reps`` calls after a
-warm-up. Per kind, a line through its (S·factor, time) points — the nccl-tests factor of
-comm_model.py — gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that
-the small messages, where α is everything, count as much as the large ones. A line through all the
-points is the link's fallback for other kinds. The processes write nothing to the terminal: each
-one's file descriptors 1 and 2 (where gloo's, torch's and kineto's C++ log lines go) are its log,
+(ZeRO-1) — over sizes spanning the runs' messages, **in context**: in a step's rhythm, not back to
+back. Every rank runs ``PROBE_SEQUENCE`` fixed compute bursts (``PROBE_COMPUTE_MS`` of matmuls on its
+threads), then the same bursts each followed by the collective, with no barrier in between, so
+the ranks drift apart and gloo's threads work on the cores the ranks compute on, as in a step. A
+collective's time is the slowest rank's extra time per collective (``in_context_time_us``), the
+**mean** of ``reps`` repetitions after a warm-up (a step's time is a sum of its collectives: a sum
+follows the mean, not the median). The back-to-back times (every rank issues at once after a
+barrier) are kept beside them, ``points_back_to_back``, and time the collectives a step issues
+*queued* behind the previous one, with no compute between them (``Link.per_kind_queued``; ZeRO-1's
+burst of broadcasts at the end of its step).
+
+Per kind, a line through its (S·factor, time) points — the nccl-tests factor of comm_model.py —
+gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that the small
+messages, where α is everything, count as much as the large ones. A line through all the points is
+the link's fallback for other kinds. The processes write nothing to the terminal: each one's file
+descriptors 1 and 2 (where gloo's, torch's and kineto's C++ log lines go) are its log,
 ``<run dir>/comm_probe/gloo_n<N>_rank<r>.log``, as a case rank's are its ``rank<r>.log``.
 The result is cached as ``<run dir>/comm_probe/gloo_n<N>.json`` with its points, so a run's
 modelled figures can be traced to the measurement behind them, and re-used on resume.
-
-The probe measures gloo with nothing else of the run running; in a run the same cores also compute
-(the residual this leaves is discussed in docs/step-time-model.md).
 """
 
 from __future__ import annotations
@@ -41,11 +48,50 @@ PROBE_SIZES_BYTES = (
     8 << 20,
 )  # the largest long enough that bandwidth, not noise, sets the slope
 PROBE_KINDS = ("all_reduce", "all_gather", "broadcast")
-PROBE_REPS = 8
+PROBE_REPS = 4  # repetitions of each sequence
+PROBE_SEQUENCE = 8  # collectives per sequence, each after a compute burst
+PROBE_COMPUTE_MS = 2.0  # each burst: of the order of a step's compute between two collectives
+
+
+def in_context_time_us(
+    compute_s: list[list[float]], sequence_s: list[list[float]], per_sequence: int
+) -> float:
+    """A collective's time as a step meets it, in µs, from each rank's repetitions (index: rank, then
+    repetition): ``compute_s``, a sequence of ``per_sequence`` fixed compute bursts; ``sequence_s``,
+    the same bursts each followed by the collective, no barrier between them (the ranks drift apart
+    as in a step). Per repetition, the slowest rank's extra time over its bursts alone, per
+    collective: what the collective added to a rank whose cores compute — the collective itself, the
+    waits for a peer it brings, and what gloo's threads took from the compute. The mean over
+    repetitions, not the median: a step sums its collectives."""
+    if not sequence_s or per_sequence < 1:
+        raise ValueError("no repetitions to time")
+    reps = min(len(r) for r in sequence_s + compute_s)
+    extra = [max(sequence_s[r][i] - compute_s[r][i] for r in range(len(sequence_s))) for i in range(reps)]
+    return max(0.0, statistics.fmean(extra) / per_sequence) * 1e6
+
+
+def _burst(ms: float):
+    """A fixed amount of compute (matmuls on this process's torch threads) that takes about ``ms``
+    alone: calibrated once, then always the same work, so that its slow-down is measurable."""
+    import torch
+
+    a = torch.randn(128, 128)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < 0.05:
+        a @ a
+        n += 1
+    ops = max(1, round(n * ms / 50.0))
+
+    def work() -> None:
+        for _ in range(ops):
+            a @ a
+
+    return work
 
 
 def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str) -> None:
-    """One probe process: join the gloo group, time every (kind, size), rank 0 writes the medians."""
+    """One probe process: join the gloo group, time every (kind, size) in context and back to back;
+    rank 0 writes the points."""
     # at the file-descriptor level, before torch is imported: the C++ libraries write to fds 1 and 2
     # directly, past Python's sys.stdout; their lines are the run's record, not the user's terminal
     ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
@@ -62,7 +108,8 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
     torch.set_num_threads(rank_threads(world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    points = []
+    work = _burst(PROBE_COMPUTE_MS)
+    mine: list[dict[str, Any]] = []  # this rank's repetitions per (kind, size)
     try:
         for kind in PROBE_KINDS:
             for size in PROBE_SIZES_BYTES:
@@ -70,18 +117,52 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
                 full = torch.ones(numel)
                 shard = torch.ones(numel // world_size)
                 _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
-                times = []
+                compute, sequence, plain = [], [], []
                 for _ in range(reps):
-                    dist.barrier()
+                    dist.barrier()  # the bursts alone
                     t0 = time.perf_counter()
-                    _collective_once(kind, full, shard)
-                    times.append((time.perf_counter() - t0) * 1e6)
-                points.append({"kind": kind, "payload_bytes": numel * 4, "time_us": statistics.median(times)})
-        dist.barrier()
+                    for _ in range(PROBE_SEQUENCE):
+                        work()
+                    compute.append(time.perf_counter() - t0)
+                    dist.barrier()  # a step's rhythm: burst, collective, burst, collective, ...
+                    t0 = time.perf_counter()
+                    for _ in range(PROBE_SEQUENCE):
+                        work()
+                        _collective_once(kind, full, shard)
+                    sequence.append(time.perf_counter() - t0)
+                    for _ in range(2):  # back to back: every rank issues at once after a barrier
+                        dist.barrier()
+                        t0 = time.perf_counter()
+                        _collective_once(kind, full, shard)
+                        plain.append(time.perf_counter() - t0)
+                mine.append(
+                    {
+                        "kind": kind,
+                        "bytes": numel * 4,
+                        "compute": compute,
+                        "sequence": sequence,
+                        "plain": plain,
+                    }
+                )
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, mine)
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"points": points}))
+        points, back_to_back = [], []
+        for i, p in enumerate(mine):
+            compute_s = [g[i]["compute"] for g in gathered]
+            sequence_s = [g[i]["sequence"] for g in gathered]
+            t = in_context_time_us(compute_s, sequence_s, PROBE_SEQUENCE)
+            points.append({"kind": p["kind"], "payload_bytes": p["bytes"], "time_us": t})
+            back_to_back.append(
+                {
+                    "kind": p["kind"],
+                    "payload_bytes": p["bytes"],
+                    "time_us": statistics.median(p["plain"]) * 1e6,
+                }
+            )
+        Path(out_path).write_text(json.dumps({"points": points, "points_back_to_back": back_to_back}))
 
 
 def _collective_once(kind: str, full, shard) -> None:
@@ -114,25 +195,44 @@ def _fit_line(points: list[dict[str, Any]], world_size: int) -> tuple[float, flo
     return max(0.0, mean_y - slope * mean_x), slope
 
 
-def fit_link(points: list[dict[str, Any]], world_size: int, name: str = "gloo") -> Link:
-    """One α–β line per probed kind (``Link.per_kind``), and one through every point for the rest."""
-    alpha, slope = _fit_line(points, world_size)
+def _per_kind(points: list[dict[str, Any]], world_size: int) -> list[tuple[str, float, float]]:
+    """(kind, α µs, busbw GB/s) of every kind whose points give a line."""
     per_kind = []
     for kind in dict.fromkeys(p["kind"] for p in points):
         of_kind = [p for p in points if p["kind"] == kind]
         if len({p["payload_bytes"] for p in of_kind}) >= 2:
-            k_alpha, k_slope = _fit_line(of_kind, world_size)
+            try:
+                k_alpha, k_slope = _fit_line(of_kind, world_size)
+            except ValueError:  # its times do not grow with size (a loaded machine): the line through all
+                continue
             per_kind.append((kind, k_alpha, 1.0 / k_slope / 1e3))
+    return per_kind
+
+
+def fit_link(
+    points: list[dict[str, Any]],
+    world_size: int,
+    name: str = "gloo",
+    queued_points: list[dict[str, Any]] | None = None,
+) -> Link:
+    """One α–β line per probed kind (``Link.per_kind``), and one through every point for the rest;
+    ``queued_points`` (the back-to-back times) give the lines of queued collectives
+    (``Link.per_kind_queued``; without them, queued collectives take the in-context lines)."""
+    alpha, slope = _fit_line(points, world_size)
+    per_kind = _per_kind(points, world_size)
     return Link(
         name,
         alpha_us=alpha,
         busbw_GBps=1.0 / slope / 1e3,
         source=(
-            f"probed: gloo, {world_size} CPU processes on this machine, "
+            f"probed: gloo, {world_size} CPU processes on this machine, each collective timed in a "
+            f"step's rhythm (after {PROBE_COMPUTE_MS:g} ms of compute, {PROBE_SEQUENCE} in a row; the "
+            "mean extra time), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
         ),
         reduce_scatter_as_all_reduce=True,
         per_kind=tuple(per_kind),
+        per_kind_queued=tuple(_per_kind(queued_points, world_size)) if queued_points else (),
     )
 
 
@@ -186,7 +286,7 @@ def probe(run_dir: Path, world_size: int) -> dict[str, Any]:
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     measured = run_probe(world_size, log_dir=path.parent)
-    link = fit_link(measured["points"], world_size)
+    link = fit_link(measured["points"], world_size, queued_points=measured.get("points_back_to_back"))
     result = {"link": link.to_dict(), "world_size": world_size, **measured}
     write_atomically(path, json.dumps(result, indent=1).encode())
     return result
@@ -195,7 +295,8 @@ def probe(run_dir: Path, world_size: int) -> dict[str, Any]:
 def gloo_link(run_dir: Path, world_size: int) -> Link:
     """The probed gloo link for ``world_size`` ranks."""
     fields = dict(probe(run_dir, world_size)["link"])
-    fields["per_kind"] = tuple(tuple(k) for k in fields.get("per_kind") or ())  # JSON gave lists
+    for key in ("per_kind", "per_kind_queued"):  # JSON gave lists
+        fields[key] = tuple(tuple(k) for k in fields.get(key) or ())
     return Link(**fields)
 
 

@@ -62,6 +62,8 @@ def one_run(out: Path) -> list[dict[str, Any]]:
             "compute_ms": float(r["model_compute_ms"]),
             "exposed_ms": float(r["model_exposed_comm_ms"]),
             "error": float(r["model_step_err"]),
+            "link": str(r["model_link"]),
+            "no_idle_core": "no idle core" in str(r["model_method"]),
         }
         for _, r in cases.iterrows()
     ]
@@ -85,7 +87,8 @@ def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
             f"\nrun {k + 1}: mean |error| {mean:.1%}, worst {worst:.1%} — "
             f"{'meets' if ok else 'misses'} the target "
             f"(every case ≤ {CASE_LIMIT:.0%}, mean ≤ {MEAN_LIMIT:.0%}); "
-            f"load average at its start {load[k]}"
+            f"load average at its start {load[k]}; link {rows[-1]['link']}; "
+            f"{sum(r['no_idle_core'] for r in rows)} of {len(rows)} cases modelled with no idle core"
         )
     return "\n".join(lines)
 
