@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from fsdpbench.case import Case
 from fsdpbench.predictors import dcp_metadata as dcp_md
 from fsdpbench.predictors import torch_save_format as fmt
+from fsdpbench.predictors.optimizer_state_dict import OPTIMIZER_STATE, PARAM_GROUP
 
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
@@ -33,30 +34,6 @@ CHECKPOINT_DIR = "checkpoint"  # under the case directory (engine/checkpoint wri
 NATIVE_TAG = "native"  # the tag the engine's own checkpoint (DeepSpeed's) is saved under: its subdirectory
 FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
 SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
-
-# per optimizer, torch 2.13's state per parameter (name, scalar?) and its param_group entries, in the
-# order optimizer.state_dict() writes them
-OPTIMIZER_STATE: dict[str, tuple[tuple[str, bool], ...]] = {
-    "adamw": (("step", True), ("exp_avg", False), ("exp_avg_sq", False)),
-    "adam": (("step", True), ("exp_avg", False), ("exp_avg_sq", False)),
-    "sgd": (),
-    "sgd-momentum": (("momentum_buffer", False),),
-    "adadelta": (("step", True), ("square_avg", False), ("acc_delta", False)),
-}
-_ADAM_GROUP = {
-    "betas": (0.9, 0.999),
-    "eps": 1e-08,
-    "amsgrad": False,
-    "maximize": False,
-    "foreach": False,
-    "capturable": False,
-    "differentiable": False,
-    "fused": None,
-}
-PARAM_GROUP: dict[str, dict[str, Any]] = {
-    "adamw": {**_ADAM_GROUP, "weight_decay": 0.01, "decoupled_weight_decay": True},
-    "adam": {**_ADAM_GROUP, "weight_decay": 0, "decoupled_weight_decay": False},
-}
 
 
 @dataclass(kw_only=True)

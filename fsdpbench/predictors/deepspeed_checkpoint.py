@@ -172,7 +172,7 @@ def _loss_scaler() -> fmt.Instance:
 
 def _torch_optimizer_state(case: Case, partition: int) -> dict[str, Any]:
     """The torch optimizer's state_dict over the one flat fp32 partition (parameter 0)."""
-    from fsdpbench.predictors.checkpoint import OPTIMIZER_STATE, PARAM_GROUP
+    from fsdpbench.predictors.optimizer_state_dict import OPTIMIZER_STATE, PARAM_GROUP
 
     state = {
         name: fmt.Tensor(DTYPE, () if scalar else (partition,))
