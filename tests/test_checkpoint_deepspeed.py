@@ -19,25 +19,17 @@ from fsdpbench.pipeline.scenario import parse_scenario
 from fsdpbench.predictors import deepspeed_checkpoint as dsc
 from fsdpbench.predictors.checkpoint import NATIVE_TAG, predict_checkpoint
 from fsdpbench.strategies import get_strategy
-from tests.helpers import CPU, run_with_predictions
+from tests.helpers import run_with_predictions
+from tests.test_checkpoint import CKPT_TINY, NO_DEEPSPEED
 
 needs_deepspeed = pytest.mark.skipif(
     importlib.util.find_spec("deepspeed") is None,
-    reason='DeepSpeed not installed (optional extra: DS_BUILD_OPS=0 pip install -e ".[deepspeed]")',
+    reason=NO_DEEPSPEED,
 )
 
-# mlp width 64, depth 2: blocks.{0,1}.fc (64x64 + 64) and head (10x64 + 10): 8970 parameters
-TINY = dict(
-    model="mlp",
-    model_args={"width": 64, "depth": 2},
-    warmup_steps=1,
-    steps=1,
-    memory_steps=1,
-    profile_steps=0,
-    batch_size=2,
-    timeout_s=300,
-    **CPU,
-)
+# mlp width 64, depth 2: blocks.{0,1}.fc (64x64 + 64) and head (10x64 + 10): 8970 parameters; a longer
+# limit for DeepSpeed's import and engine set-up
+TINY = {**CKPT_TINY, "timeout_s": 300}
 PSI = 2 * (64 * 64 + 64) + 10 * 64 + 10
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +55,7 @@ class _P:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 def model_state_file(stage: int, rank: int) -> str | None:
