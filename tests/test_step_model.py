@@ -187,6 +187,17 @@ def test_a_collective_fully_hidden_and_fully_exposed() -> None:
     assert out["model_exposed_comm_ms"] == pytest.approx(0.06)
 
 
+def test_every_collective_exposed_is_an_overlap_of_zero_not_a_rounding_error_below_it() -> None:
+    # three blocking collectives of 0.1 µs each: the exposed intervals summed came to 6e-15 more than
+    # the collectives' sum, and the overlap ratio read -6e-15 (a run's column failed its >= 0 check)
+    link = Link("l", alpha_us=0.1, busbw_GBps=1e9)
+    cols = tuple(PlacedCollective("all_gather", 8, 2, 10.1 * i, 10.1 * i) for i in range(3))
+    for serial in (False, True):
+        (out,) = simulate([StepTimeline(35.0, cols)], link, serial=serial)
+        assert out["model_overlap_ratio"] == 0.0 and out["model_peer_wait_ms"] >= 0.0
+        assert out["model_exposed_comm_ms"] == pytest.approx(out["model_comm_ms"])
+
+
 def test_no_idle_core_serialises_every_collective_with_compute() -> None:
     link = Link("l", alpha_us=100.0, busbw_GBps=1e9)  # every collective 100 µs
     # issued at 100, needed at 900 of 1000 µs: hidden when a core is free for gloo's threads ...

@@ -161,8 +161,10 @@ def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False)
                 MODEL_COMPUTE: t.compute_us / steps / 1e3,
                 MODEL_COMM: comm / steps / 1e3,
                 MODEL_EXPOSED_COMM: exposed[r] / steps / 1e3,
-                MODEL_PEER_WAIT: (stall[r] - exposed[r]) / steps / 1e3,
-                MODEL_OVERLAP_RATIO: 1.0 - exposed[r] / comm if comm > 0 else 0.0,
+                # exposed ≤ stall and exposed ≤ comm by construction; the sums of the intervals can
+                # overshoot by a rounding error, which must not read as a negative wait or overlap
+                MODEL_PEER_WAIT: max(0.0, stall[r] - exposed[r]) / steps / 1e3,
+                MODEL_OVERLAP_RATIO: max(0.0, 1.0 - exposed[r] / comm) if comm > 0 else 0.0,
             }
         )
     return out
