@@ -20,6 +20,7 @@ from pathlib import Path
 def main() -> None:
     from fsdpbench.case import Case
     from fsdpbench.pipeline.launch import launch_case
+    from fsdpbench.schema import ALLOC_PEAK_ALLOCATED, SAMPLED_PEAK_CASE
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -60,23 +61,29 @@ def main() -> None:
         wall = time.perf_counter() - t0
     if outcome.status != "ok":
         raise SystemExit(f"{outcome.status}: {outcome.error}")
-    rank = outcome.ranks[0]
-    extra = rank.get("metric_columns") or {}
+    rank = outcome.ranks[0]  # a RankResult: the worker's typed record of the emulated rank
+    columns = rank.to_columns()
+    setup = rank.setup
+    step_ms = rank.step_time_ms()
+    if setup is None or step_ms is None:
+        raise SystemExit(f"rank 0 recorded no setup or step time (phase {rank.phase})")
     gb = 1e9
     print(
         f"{case.case_id}: rank 0 of {case.world_size}, emulated on {args.device}, "
-        f"{rank['threads']} thread(s), batch {case.batch_size} x seq {case.seq_len}, {case.precision}"
+        f"{setup.threads} thread(s), batch {case.batch_size} x seq {case.seq_len}, {case.precision}"
     )
     print(
         f"  case wall time (fresh process, setup + {1 + int(args.tracked)} step(s)): {wall:.1f} s; "
-        f"setup {rank['setup_s']:.1f} s"
+        f"setup {setup.setup_s:.1f} s"
     )
-    print(f"  emulated step time (compute only, 1 step, no warm-up): {rank['step_time_ms'] / 1e3:.1f} s")
-    if args.tracked:
-        print(f"  tracker peak (live tensors, memory step): {rank['memory']['peak']['total'] / gb:.2f} GB")
-    print(f"  RSS peak (process, whole case): {(extra.get('mem_rss_peak_case_bytes') or 0) / gb:.2f} GB")
-    if extra.get("mem_alloc_peak_allocated_bytes"):
-        print(f"  CUDA allocator peak allocated: {extra['mem_alloc_peak_allocated_bytes'] / gb:.2f} GB")
+    print(f"  emulated step time (compute only, 1 step, no warm-up): {step_ms / 1e3:.3f} s")
+    if args.tracked and rank.memory is not None:
+        peak = rank.memory.peak["total"]
+        print(f"  tracker peak (live tensors, memory step): {peak / gb:.3f} GB ({peak:,} B)")
+    rss = columns.get(SAMPLED_PEAK_CASE.of("rss")) or 0
+    print(f"  RSS peak (process, whole case): {rss / gb:.2f} GB")
+    if columns.get(ALLOC_PEAK_ALLOCATED):
+        print(f"  CUDA allocator peak allocated: {columns[ALLOC_PEAK_ALLOCATED] / gb:.2f} GB")
 
 
 if __name__ == "__main__":
