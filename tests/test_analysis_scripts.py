@@ -1,5 +1,6 @@
-"""The scripts under analysis/ that the docs tell users to run, run as the docs say (on a small case):
-analysis/emulate_cost.py (docs/emulation.md) read the rank's record as a dict, which it no longer is."""
+"""The scripts under analysis/ that the README and the docs tell users to run, run as they say (on a
+small case): analysis/emulate_cost.py (docs/emulation.md) read the rank's record as a dict, which it no
+longer is."""
 
 from __future__ import annotations
 
@@ -16,16 +17,29 @@ from fsdpbench.predictors.memory_model import predict_memory
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.slow
-def test_emulate_cost_runs_as_the_docs_say_and_reports_the_emulated_rank() -> None:
-    argv = ["--model", "decoder-tiny", "--world-size", "4", "--strategy", "zero3", "--tracked"]
-    done = subprocess.run(
-        [sys.executable, "analysis/emulate_cost.py", *argv],
+def run_script(script: str, *argv: str) -> subprocess.CompletedProcess:
+    """``python analysis/SCRIPT ARGV`` from the repository's root, as the docs show it."""
+    return subprocess.run(
+        [sys.executable, f"analysis/{script}", *argv],
         capture_output=True,
         text=True,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         timeout=300,
+    )
+
+
+def test_check_model_runs_as_the_readme_says(one_case_run: Path) -> None:
+    done = run_script("check_model.py", str(one_case_run), "--traced", "--terms")
+    assert done.returncode == 0, done.stderr
+    assert "measured/predicted MiB at the peak: params" in done.stdout
+    assert "1 rows; worst |error|" in done.stdout and "peak (traced)" in done.stdout
+
+
+@pytest.mark.slow
+def test_emulate_cost_runs_as_the_docs_say_and_reports_the_emulated_rank() -> None:
+    done = run_script(
+        "emulate_cost.py", "--model", "decoder-tiny", "--world-size", "4", "--strategy", "zero3", "--tracked"
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import os
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -242,20 +239,6 @@ def test_the_report_shows_throughput_harness_overhead_and_mfu_where_they_apply(o
     assert (
         f"{case[schema.HARNESS_OVERHEAD_RATIO] - 1:+.1%} (bare {case[schema.BARE_STEP_TIME]:.1f} ms)" in html
     )
-
-
-def test_check_model_runs_as_the_readme_says(one_case_run):
-    done = subprocess.run(
-        [sys.executable, "analysis/check_model.py", str(one_case_run), "--traced", "--terms"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "measured/predicted MiB at the peak: params" in done.stdout
-    assert "1 rows; worst |error|" in done.stdout and "peak (traced)" in done.stdout
 
 
 def _ranks(**columns: list) -> pd.DataFrame:
