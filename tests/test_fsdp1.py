@@ -194,10 +194,22 @@ def test_fsdp1_tracker_files_sharded_states_like_the_exact_count(tmp_path: Path)
 
 @pytest.mark.slow
 def test_backward_post_holds_one_unsharded_unit_less_than_backward_pre(tmp_path: Path) -> None:
-    pre = _rank0_memory(run(tiny_case(strategy="fsdp1_full", backward_prefetch="pre", **MLP), tmp_path))
-    post = _rank0_memory(run(tiny_case(strategy="fsdp1_full", backward_prefetch="post", **MLP), tmp_path))
     # BACKWARD_PRE all-gathers the previous unit before computing this one's gradient: two blocks
-    # unsharded at the peak; BACKWARD_POST gathers it after this block is resharded: one.
-    peaks = {"pre": pre["peak"], "post": post["peak"]}
-    assert pre["peak"]["params_unsharded"] - post["peak"]["params_unsharded"] == BLOCK_BYTES, peaks
-    assert post["peak"]["total"] < pre["peak"]["total"], peaks
+    # unsharded at the peak; BACKWARD_POST gathers it after this block is resharded: one. Exact on a
+    # traced rank, whose fake collectives hold no buffer after they return.
+    from fsdpbench.predictors.traced import estimate
+
+    traced = {
+        p: estimate(tiny_case(strategy="fsdp1_full", backward_prefetch=p, **MLP)) for p in ("pre", "post")
+    }
+    unsharded = {p: t.peak_by_category["params_unsharded"] for p, t in traced.items()}
+    assert unsharded["pre"] - unsharded["post"] == BLOCK_BYTES, unsharded
+    assert traced["post"].peak_bytes < traced["pre"].peak_bytes
+    # A real rank runs the same code; gloo's worker thread drops its reference to a reduce-scatter's
+    # buffers when it next gets the GIL, so a real peak can fall later, with such a buffer still alive
+    # (docs/ci.md): never below the traced peak, and equal to it when gloo released in time.
+    for policy, t in traced.items():
+        real = _rank0_memory(
+            run(tiny_case(strategy="fsdp1_full", backward_prefetch=policy, **MLP), tmp_path / policy)
+        )
+        assert real["peak"]["total"] >= t.peak_bytes, (policy, real["peak"], t.peak_by_category)
