@@ -73,3 +73,44 @@ def test_mixed_is_not_traceable():
 def test_rank_outside_the_world_is_refused():
     with pytest.raises(ValueError, match="outside"):
         estimate(Case(model="decoder-tiny", strategy="zero3", world_size=2), rank=2)
+
+
+FIRST_STEP_CASES = [  # FSDP2 strategies × precision, optimizer state, offload, checkpointing, CUDA rules
+    Case(
+        model="decoder-tiny", strategy="zero3", world_size=4, precision="bf16", optimizer="adamw", prefetch=1
+    ),
+    Case(model="decoder-tiny", strategy="zero2", world_size=2, precision="fp16", optimizer="sgd-momentum"),
+    Case(
+        model="mlp",
+        strategy="hsdp",
+        world_size=4,
+        shard_size=2,
+        precision="bf16-lowreduce",
+        optimizer="adadelta",
+    ),
+    Case(
+        model="decoder-tiny", strategy="zero3", world_size=8, activation_checkpointing=True, cpu_offload=True
+    ),
+    Case(
+        model="decoder-tiny", strategy="zero3", world_size=8, precision="bf16", device="cuda", backend="nccl"
+    ),
+]
+
+
+@pytest.mark.parametrize("case", FIRST_STEP_CASES, ids=lambda c: c.case_id)
+def test_fsdp2_warm_up_without_forward_leaves_the_tracked_step_as_a_full_warm_up_does(case, monkeypatch):
+    """The FSDP2 shortcut (lazy init and the optimizer's state on zero gradients, no forward or backward)
+    changes no byte of what the tracked step sees, on the last rank too (uneven shards)."""
+    import fsdpbench.predictors.traced as traced
+
+    def figures(rank: int) -> tuple:
+        e = estimate(case, rank=rank)
+        return e.peak_bytes, e.peak_by_category, e.states_by_category, e.model_states_bytes
+
+    for rank in (0, case.world_size - 1):
+        shortcut = figures(rank)
+        monkeypatch.setattr(traced, "FSDP2_FIRST_STEP_SHORTCUT", False)
+        full = figures(rank)
+        monkeypatch.setattr(traced, "FSDP2_FIRST_STEP_SHORTCUT", True)
+        assert shortcut == full
+        assert shortcut[0] > 0
