@@ -138,7 +138,7 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     except ValueError as exc:
         out[COMM_PRED_NOTE] = str(exc)
     out[COMM_PATTERN] = sharding.comm_pattern()
-    stats = analyze_trace(trace_path, case.backend)
+    stats = analyze_trace(trace, case.backend)
     out[OVERLAP_COMM] = stats["comm_us"] / 1e3
     out[OVERLAP_COMPUTE] = stats["compute_us"] / 1e3
     out[OVERLAP_EXPOSED] = stats["exposed_comm_us"] / 1e3
