@@ -32,6 +32,19 @@ _PRELOAD = [
     "torch._dynamo",
     "torch.distributed.fsdp",
     "fsdpbench.pipeline.worker",
+    # what a rank and the traced predictor import after their steps: not paid again in every process
+    "pandas",
+    "pyarrow.parquet",
+    "torch.distributed._tools.fsdp2_mem_tracker",
+    "torch.utils.flop_counter",
+    "fsdpbench.strategies",
+    "fsdpbench.models.decoder",
+    "fsdpbench.metrics.fsdp1_tracker",
+    "fsdpbench.metrics.comm",
+    "fsdpbench.metrics.bandwidth",
+    "fsdpbench.metrics.overlap",
+    "fsdpbench.predictors.traced_columns",
+    "fsdpbench.pipeline._forkserver_heap",  # last: freezes what the preloads created
 ]
 _POLL_S = 0.05
 _LIVE_RANK_WAIT_S = 10.0
@@ -66,6 +79,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def forkserver_context() -> Any:
+    """multiprocessing's fork server, torch and the worker preloaded in it: a case's ranks, the gloo probe's
+    processes and the traced predictor's start from it in milliseconds instead of importing torch each
+    (a second per process on a 2-core machine). Its children ignore SIGINT (``_forkserver_lifeline``)."""
+    global _preload_set
+    if not _preload_set:
+        multiprocessing.set_forkserver_preload(_PRELOAD)
+        # a failed rank is reported once, by us, with its error; the launcher's own log would repeat it
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+        _preload_set = True
+    return multiprocessing.get_context("forkserver")
+
+
 def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOutcome:
     """Run one case on ``case.world_size`` local processes (an emulated case: its ``emulate_ranks``, one
     process at a time, or all at once with ``together``, competing for the cores as a real run's ranks
@@ -76,13 +102,7 @@ def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOu
     if shortfall:
         return CaseOutcome(status=SKIPPED, error=shortfall)
 
-    global _preload_set
-    if not _preload_set:
-        multiprocessing.set_forkserver_preload(_PRELOAD)
-        # a failed rank is reported once, by us, with its error; the launcher's own log would repeat it
-        logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
-        _preload_set = True
-
+    forkserver_context()
     _clear_case_dir(case_dir)
     # a real case starts all its ranks together; an emulated one each of its ranks alone, one at a time
     groups = [[r] for r in case.emulate_ranks] if case.emulate else [list(range(case.world_size))]

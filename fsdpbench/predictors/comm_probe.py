@@ -38,6 +38,7 @@ from typing import Any
 from fsdpbench.engine.threads import rank_threads
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import free_port
+from fsdpbench.pipeline.lifeline import die_with_parent
 from fsdpbench.pipeline.rundir import write_atomically
 from fsdpbench.predictors.comm_model import Link, algorithm_factor
 
@@ -92,9 +93,10 @@ def _burst(ms: float):
 def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str) -> None:
     """One probe process: join the gloo group, time every (kind, size) in context and back to back;
     rank 0 writes the points."""
-    # at the file-descriptor level, before torch is imported: the C++ libraries write to fds 1 and 2
+    # at the file-descriptor level, before torch runs: the C++ libraries write to fds 1 and 2
     # directly, past Python's sys.stdout; their lines are the run's record, not the user's terminal
     ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
+    die_with_parent()  # the fork server, which dies with the orchestrator
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -246,9 +248,9 @@ def run_probe(
 ) -> dict[str, Any]:
     """Start ``world_size`` processes, run the probe, return rank 0's points. The processes' output goes
     to ``probe_log_path(log_dir, …)`` (without ``log_dir``: nowhere)."""
-    from multiprocessing import get_context
+    from fsdpbench.pipeline.launch import forkserver_context
 
-    ctx = get_context("spawn")
+    ctx = forkserver_context()
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "points.json")
         logs = [
