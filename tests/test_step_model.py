@@ -411,6 +411,34 @@ def test_bad_link_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 @pytest.mark.slow
+def test_real_cpu_ranks_beyond_the_cores_get_no_modelled_figure_no_probe_and_no_twin(tmp_path, monkeypatch):
+    """Where the model is known not to hold (ranks contending for cores) nothing is modelled: the
+    rows say why, and neither the probe nor the twin runs for it."""
+    import os
+
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.report.data import build_case_frame
+    from fsdpbench.report.tables import case_table, model_error_lines
+    from tests.helpers import tiny_case
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)  # 2 ranks on "1 core"
+    store = RunStore(tmp_path / "run")
+    frame = run_cases([tiny_case(strategy="zero3", world_size=2)], [], store, {"env": {}}, link="auto")
+    assert set(frame["status"]) == {"ok"}
+    reason = "2 CPU ranks on 1 cores: the ranks contend for cores, which the model does not describe"
+    assert (~frame[MODEL_CHECKABLE].astype(bool)).all() and (frame[MODEL_UNCHECKED_REASON] == reason).all()
+    assert "model_step_time_ms" not in frame and "case_model_step_time_ms" not in frame
+    assert not (store.run_dir / "comm_probe").exists()
+    assert not any(store.run_dir.glob("cases/*/compute_twin"))
+    cases = build_case_frame(frame)
+    assert case_table(cases)["step time modelled"].iloc[0] == f"unchecked ({reason})"
+    assert model_error_lines(cases) == [
+        f"step-time model, adhoc: 1 case(s) not checked, no modelled figure shown as a prediction: {reason}"
+    ]
+
+
+@pytest.mark.slow
 def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Path) -> None:
     from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
@@ -495,7 +523,7 @@ def test_report_shows_error_where_checkable_and_the_reason_where_not() -> None:
     (line,) = model_error_lines(cases)
     assert line.startswith("step-time model, quickstart: modelled vs measured step time over 3 case(s)")
     assert "mean absolute error 5.0%, worst -8.0% (zero3 n2)" in line
-    assert f"1 case(s) not checked, their modelled figure not shown as a prediction: {contended}" in line
+    assert f"1 case(s) not checked, no modelled figure shown as a prediction: {contended}" in line
     checked, unchecked = cases.iloc[1], cases.iloc[3]
     assert _checked_model(checked) == 22.0 and _checked_model(unchecked) is None  # glance: no figure
     assert _fmt_modelled(checked, 22.0) == "22.0 ms on gloo (-8.0%)"

@@ -376,18 +376,24 @@ def no_idle_core(device_type: str, world_size: int, threads_per_rank: int, cores
     )
 
 
-def checkable(device_type: str, world_size: int, emulated: bool, cores: int | None) -> str:
-    """Why this case's modelled step time cannot be checked against its measured one ("" if it can).
-    CPU ranks beyond the cores contend for them, which the model does not describe; an emulated rank's
-    measured step is compute only, nothing to check the communication against."""
-    if emulated:
-        return "emulated: no measured step time with communication to check against"
-    if device_type == "cpu" and cores and world_size > cores:
+def contended(device_type: str, world_size: int, emulated: bool, cores: int | None) -> str:
+    """Why real CPU ranks beyond the cores are not modelled ("" if they are not beyond): they contend for
+    the cores, which the model does not describe, so a modelled figure would be known not to hold."""
+    if not emulated and device_type == "cpu" and cores and world_size > cores:
         return (
             f"{world_size} CPU ranks on {cores} cores: the ranks contend for cores, which the model "
             "does not describe"
         )
     return ""
+
+
+def checkable(device_type: str, world_size: int, emulated: bool, cores: int | None) -> str:
+    """Why this case's modelled step time cannot be checked against its measured one ("" if it can).
+    CPU ranks beyond the cores contend for them (``contended``); an emulated rank's measured step is
+    compute only, nothing to check the communication against."""
+    if emulated:
+        return "emulated: no measured step time with communication to check against"
+    return contended(device_type, world_size, emulated, cores)
 
 
 def model_columns(timelines: list[StepTimeline], link: Link, *, serial: bool = False) -> list[dict[str, Any]]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -88,6 +90,10 @@ def run_cases(
             for i, case in enumerate(cases):
                 if case.case_id in done:
                     continue
+                # what is alive now (torch's, pandas', plotly's modules; the run's state) lives on: out
+                # of the cyclic collector's sight, whose passes over it made the trace analysis below
+                # several times slower (pipeline/_forkserver_heap.py does the same in the ranks)
+                gc.freeze()
                 if on_start:
                     on_start(case, i)
                 outcome = _launch_or_collect(case, store, meta, collect=collect)
@@ -237,10 +243,15 @@ def add_step_model(
     traces = {r: p for r, p in traces.items() if p.exists()}
     if not traces or COMM_PATTERN not in rows:
         return rows
+    device_type = torch_device_type(case.device)
+    beyond = step_model.contended(device_type, case.world_size, case.emulate, os.cpu_count())
+    if launch_twin and beyond:  # no modelled figure where the model is known not to hold: no probe, no twin
+        rows[MODEL_CHECKABLE] = False
+        rows[MODEL_UNCHECKED_REASON] = beyond
+        return rows
     try:
         link = resolve_link(link_spec, case.backend, case.world_size, run_dir)
         sharding = get_strategy(case.strategy).sharding
-        device_type = torch_device_type(case.device)
         bare: dict[int, float] = {}
         if device_type == "cuda":
             method = step_model.METHOD_KERNELS
@@ -303,28 +314,44 @@ def torch_device_type(device: str) -> str:
     return device.split(":", 1)[0]
 
 
+def _tracer_process_init() -> None:
+    """The traced predictor's process: deaf to Ctrl-C (the orchestrator answers it) and gone with the fork
+    server, which is gone with the orchestrator."""
+    from fsdpbench.pipeline.lifeline import die_with_parent
+
+    ignore_sigint()
+    die_with_parent()
+
+
+# each tracing process holds torch and its trace (a 70B model's: ~2 GB resident): not one per core of
+# a big host
+MAX_TRACING_PROCESSES = 4
+
+
 class TracedPredictor:
-    """The traced predictor for each finished case, run in one long-lived child process: it joins a
-    (fake) process group, which the orchestrating process never does, and imports torch only once."""
+    """The traced predictor for each finished case, in long-lived child processes (forked from the ranks'
+    fork server, torch already imported): they join a (fake) process group, which the orchestrating
+    process never does. Traces run between cases, when no rank does: a CPU case's ranks are traced on
+    up to one process per core (at most ``MAX_TRACING_PROCESSES``); a CUDA case's in one process of
+    their own, so that at most one tracing process holds a CUDA context while later cases run."""
 
     def __init__(self, timeout_s: float = 600.0) -> None:
         self.timeout_s = timeout_s
-        self._pool: Any = None
+        self._pools: dict[bool, Any] = {}  # by "traces a CUDA case"
 
     def add_columns(self, case: Case, rows: pd.DataFrame, case_dir: Path | None = None) -> pd.DataFrame:
         """traced_* columns; a CUDA case's allocation streams go to ``case_dir`` (alloc_stream_rank{R})."""
-        from concurrent.futures import ProcessPoolExecutor
-        from multiprocessing import get_context
-
         from fsdpbench.predictors.traced_columns import trace_ranks, traced_columns
 
         ranks = sorted({int(r) for r in rows[RANK] if int(r) >= 0})
         try:
-            if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    max_workers=1, mp_context=get_context("spawn"), initializer=ignore_sigint
-                )
-            traced = self._pool.submit(trace_ranks, case.to_dict(), ranks).result(timeout=self.timeout_s)
+            pool, workers = self._pool(case.device == "cuda")
+            chunks = [ranks[i::workers] for i in range(min(workers, len(ranks)))]
+            futures = [pool.submit(trace_ranks, case.to_dict(), chunk) for chunk in chunks]
+            deadline = time.monotonic() + self.timeout_s
+            traced: dict[int, dict[str, Any]] = {}
+            for future in futures:
+                traced.update(future.result(timeout=max(0.0, deadline - time.monotonic())))
         except Exception as exc:  # noqa: BLE001 — a trace that fails must not lose the measurement
             print(
                 f"warning: traced prediction failed for {case.case_id}: {type(exc).__name__}: {exc}",
@@ -338,11 +365,22 @@ class TracedPredictor:
             write_alloc_streams(traced, case_dir)
         return rows
 
+    def _pool(self, cuda: bool) -> tuple[Any, int]:
+        from concurrent.futures import ProcessPoolExecutor
+
+        from fsdpbench.pipeline.launch import forkserver_context
+
+        workers = 1 if cuda else max(1, min(os.cpu_count() or 1, MAX_TRACING_PROCESSES))
+        if cuda not in self._pools:
+            self._pools[cuda] = ProcessPoolExecutor(
+                max_workers=workers, mp_context=forkserver_context(), initializer=_tracer_process_init
+            )
+        return self._pools[cuda], workers
+
     def close(self, kill: bool = False) -> None:
-        if self._pool is None:
-            return
-        if kill:  # a trace past its timeout is not waited for
-            for proc in list((getattr(self._pool, "_processes", None) or {}).values()):
-                proc.kill()
-        self._pool.shutdown(wait=not kill, cancel_futures=True)
-        self._pool = None
+        for pool in self._pools.values():
+            if kill:  # a trace past its timeout is not waited for
+                for proc in list((getattr(pool, "_processes", None) or {}).values()):
+                    proc.kill()
+            pool.shutdown(wait=not kill, cancel_futures=True)
+        self._pools = {}

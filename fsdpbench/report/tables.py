@@ -386,17 +386,19 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
 def model_error_lines(cases: pd.DataFrame) -> list[str]:
     """Per scenario: the step-time model's mean absolute percentage error and worst case over the
     cases where it can be checked, and how many it cannot be checked on (and why)."""
-    if MODEL_STEP_TIME not in cases:
+    if MODEL_STEP_TIME not in cases and MODEL_UNCHECKED_REASON not in cases:
         return []
     lines = []
     ok = ok_cases(cases)
     by = ok.groupby("scenario", sort=False, dropna=False) if "scenario" in ok else [("", ok)]
     for scenario, group in by:
-        group = group[group[MODEL_STEP_TIME].notna()]
+        modelled = group.get(MODEL_STEP_TIME, pd.Series(index=group.index, dtype=float)).notna()
+        reasons = group.get(MODEL_UNCHECKED_REASON, pd.Series(index=group.index, dtype=object))
+        group = group[modelled | reasons.fillna("").astype(str).ne("")]
         if group.empty:
             continue
         checked = group[group.apply(_model_checked, axis=1)]
-        errs = pd.to_numeric(checked.get(MODEL_STEP_ERR), errors="coerce").dropna()
+        errs = pd.to_numeric(checked.get(MODEL_STEP_ERR, pd.Series(dtype=float)), errors="coerce").dropna()
         parts = []
         if len(errs):
             worst = errs.abs().idxmax()
@@ -408,7 +410,7 @@ def model_error_lines(cases: pd.DataFrame) -> list[str]:
         if len(unchecked):
             reasons = sorted({str(x) for x in unchecked.get(MODEL_UNCHECKED_REASON, pd.Series()).dropna()})
             parts.append(
-                f"{len(unchecked)} case(s) not checked, their modelled figure not shown as a prediction: "
+                f"{len(unchecked)} case(s) not checked, no modelled figure shown as a prediction: "
                 + "; ".join(reasons)
             )
         if parts:
