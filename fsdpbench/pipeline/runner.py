@@ -34,6 +34,8 @@ from fsdpbench.schema import (
     WALL_S,
 )
 
+TRACED_LOG = "traced.log"  # in the run directory: what the traced predictor's processes wrote
+
 
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -84,7 +86,7 @@ def run_cases(
     (``model_*`` columns; metrics/step_model.py)."""
     store.create()
     with store.lock():  # refuses (RunDirError) while another run uses this directory
-        tracer = TracedPredictor() if traced else None
+        tracer = TracedPredictor(log_path=store.run_dir / TRACED_LOG) if traced else None
         done = _start_run(store, meta, skipped, resume=resume, traced=traced, link=link)
         try:
             for i, case in enumerate(cases):
@@ -314,13 +316,18 @@ def torch_device_type(device: str) -> str:
     return device.split(":", 1)[0]
 
 
-def _tracer_process_init() -> None:
-    """The traced predictor's process: deaf to Ctrl-C (the orchestrator answers it) and gone with the fork
-    server, which is gone with the orchestrator."""
+def _tracer_process_init(log_path: str) -> None:
+    """The traced predictor's process: deaf to Ctrl-C (the orchestrator answers it), gone with the fork
+    server, which is gone with the orchestrator, and writing (fds 1 and 2: Python's warnings, the C++
+    libraries' lines) to ``log_path``, not the terminal."""
     from fsdpbench.pipeline.lifeline import die_with_parent
 
     ignore_sigint()
     die_with_parent()
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
 
 
 # each tracing process holds torch and its trace (a 70B model's: ~2 GB resident): not one per core of
@@ -335,8 +342,9 @@ class TracedPredictor:
     up to one process per core (at most ``MAX_TRACING_PROCESSES``); a CUDA case's in one process of
     their own, so that at most one tracing process holds a CUDA context while later cases run."""
 
-    def __init__(self, timeout_s: float = 600.0) -> None:
+    def __init__(self, timeout_s: float = 600.0, log_path: Path | None = None) -> None:
         self.timeout_s = timeout_s
+        self.log_path = str(log_path) if log_path else os.devnull  # the tracing processes' output
         self._pools: dict[bool, Any] = {}  # by "traces a CUDA case"
 
     def add_columns(self, case: Case, rows: pd.DataFrame, case_dir: Path | None = None) -> pd.DataFrame:
@@ -373,7 +381,10 @@ class TracedPredictor:
         workers = 1 if cuda else max(1, min(os.cpu_count() or 1, MAX_TRACING_PROCESSES))
         if cuda not in self._pools:
             self._pools[cuda] = ProcessPoolExecutor(
-                max_workers=workers, mp_context=forkserver_context(), initializer=_tracer_process_init
+                max_workers=workers,
+                mp_context=forkserver_context(),
+                initializer=_tracer_process_init,
+                initargs=(self.log_path,),
             )
         return self._pools[cuda], workers
 
