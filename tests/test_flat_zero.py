@@ -185,9 +185,19 @@ needs_deepspeed = pytest.mark.skipif(
 @needs_deepspeed
 @pytest.mark.parametrize("case,measured", SMALL, ids=lambda x: getattr(x, "case_id", None))
 def test_runs_measure_what_the_model_predicts(case, measured, tmp_path):
-    """The run's pred_peak_* columns beside its tracker columns, category by category, on both ranks."""
+    """The run's pred_peak_* columns beside its tracker columns, category by category, on both ranks.
+
+    Exact where gloo's worker thread dropped its reference to a collective's buffers before the rank
+    moved on. When it did so late (it needs the GIL first; 2 of 30 runs of ds_zero1 here, docs/ci.md),
+    the rank's peak falls at another moment with that buffer still alive: higher than the prediction,
+    never lower, and by less than the one bucket a collective holds (its fp32 gradients)."""
     rows = run_with_predictions(case, tmp_path)
-    assert list(rows[PRED_PEAK]) == list(rows[TRACKER_PEAK])
-    for cat in TRACKER_CATEGORIES:
-        assert list(rows[PRED_PEAK_BY_CATEGORY.of(cat)]) == list(rows[tracker_peak_column(cat)]), cat
-    assert int(rows[TRACKER_PEAK].iloc[0]) == sum(measured.values())
+    assert int(rows[PRED_PEAK].iloc[0]) == sum(measured.values())  # the model, as rank 0 measured it
+    bucket_bytes = 4 * case.strategy_args["reduce_bucket_size"]
+    for rank in range(len(rows)):
+        row = rows.iloc[rank]
+        excess = int(row[TRACKER_PEAK]) - int(row[PRED_PEAK])
+        assert 0 <= excess < bucket_bytes, (rank, excess)
+        if excess == 0:  # the same moment: every category as predicted
+            for cat in TRACKER_CATEGORIES:
+                assert row[PRED_PEAK_BY_CATEGORY.of(cat)] == row[tracker_peak_column(cat)], (rank, cat)
