@@ -12,11 +12,8 @@ imports this module."""
 import os
 
 from fsdpbench.pipeline.interrupts import ignore_sigint
-from fsdpbench.pipeline.lifeline import die_with_parent
+from fsdpbench.pipeline.lifeline import die_with_parent, send_output_to
 
 die_with_parent()
 ignore_sigint()
-_null = os.open(os.devnull, os.O_WRONLY)
-os.dup2(_null, 1)
-os.dup2(_null, 2)
-os.close(_null)
+send_output_to(os.devnull)

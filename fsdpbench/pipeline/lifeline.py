@@ -37,6 +37,16 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     return True  # a parent that died before this call is caught by watch_orchestrator
 
 
+def send_output_to(path: str) -> None:
+    """Point this process's file descriptors 1 and 2 at ``path`` (appended to): where the C++ libraries
+    (gloo, c10d, kineto) write, past Python's sys.stdout, so their lines are the run's record, not the
+    user's terminal."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 def pid_alive(pid: int) -> bool:
     """Whether ``pid`` is a running process (a zombie is not)."""
     try:

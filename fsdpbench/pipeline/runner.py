@@ -320,14 +320,11 @@ def _tracer_process_init(log_path: str) -> None:
     """The traced predictor's process: deaf to Ctrl-C (the orchestrator answers it), gone with the fork
     server, which is gone with the orchestrator, and writing (fds 1 and 2: Python's warnings, the C++
     libraries' lines) to ``log_path``, not the terminal."""
-    from fsdpbench.pipeline.lifeline import die_with_parent
+    from fsdpbench.pipeline.lifeline import die_with_parent, send_output_to
 
     ignore_sigint()
     die_with_parent()
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    send_output_to(log_path)
 
 
 # each tracing process holds torch and its trace (a 70B model's: ~2 GB resident): not one per core of

@@ -38,7 +38,7 @@ from typing import Any
 from fsdpbench.engine.threads import rank_threads
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import free_port
-from fsdpbench.pipeline.lifeline import die_with_parent
+from fsdpbench.pipeline.lifeline import die_with_parent, send_output_to
 from fsdpbench.pipeline.rundir import write_atomically
 from fsdpbench.predictors.comm_model import Link, algorithm_factor
 
@@ -93,14 +93,9 @@ def _burst(ms: float):
 def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str) -> None:
     """One probe process: join the gloo group, time every (kind, size) in context and back to back;
     rank 0 writes the points."""
-    # at the file-descriptor level, before torch runs: the C++ libraries write to fds 1 and 2
-    # directly, past Python's sys.stdout; their lines are the run's record, not the user's terminal
     ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
     die_with_parent()  # the fork server, which dies with the orchestrator
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    send_output_to(log_path)  # before torch runs: its C++ side writes to fds 1 and 2
     import warnings
 
     import torch
