@@ -215,3 +215,20 @@ def test_backward_post_holds_one_unsharded_unit_less_than_backward_pre(tmp_path:
             run(tiny_case(strategy="fsdp1_full", backward_prefetch=policy, **MLP), tmp_path / policy)
         )
         assert real["peak"]["total"] >= t.peak_bytes, (policy, real["peak"], t.peak_by_category)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor:UserWarning")
+def test_shard_grad_op_traces_and_keeps_every_unit_unsharded_into_backward(tmp_path: Path) -> None:
+    # SHARD_GRAD_OP does not reshard after forward: at the peak (in backward) the whole model is
+    # unsharded. A traced rank asks FSDP1 whether that flat parameter is allocated; fake tensors have
+    # no data pointer, and the trace used to fail there.
+    from fsdpbench.predictors.traced import estimate
+
+    case = tiny_case(strategy="fsdp1_grad_op", **MLP)
+    traced = estimate(case)
+    assert traced.peak_by_category["params_unsharded"] == traced.params * 4  # fp32, every unit
+    full = estimate(tiny_case(strategy="fsdp1_full", **MLP))
+    assert traced.peak_bytes > full.peak_bytes
+    real = _rank0_memory(run(case, tmp_path / "grad_op"))
+    assert real["peak"]["total"] >= traced.peak_bytes, (real["peak"], traced.peak_by_category)

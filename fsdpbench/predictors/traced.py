@@ -141,6 +141,7 @@ def estimate(
         with (
             contextlib.ExitStack() as fake_scope,
             fake_pg_compat(case.backend),
+            _fsdp1_allocation_by_size(),
             _cuda_rules(cuda_rules) as uncovered,
         ):
             # the model runs eagerly: torch.compile is not traced
@@ -304,6 +305,25 @@ def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
         snapshot["optim"] -= counters
         if "total" in snapshot:
             snapshot["total"] -= counters
+
+
+@contextlib.contextmanager
+def _fsdp1_allocation_by_size() -> Iterator[None]:
+    """FSDP1 asks whether a flat parameter's storage is allocated by its data pointer
+    (``_data_ptr_allocated``), which is 0 for every fake tensor: SHARD_GRAD_OP's backward then asserts that
+    its unsharded flat parameter is not. Inside the block the question is answered by the storage's size,
+    as FSDP1 frees a storage by resizing it to 0 bytes (real storages: the same answer)."""
+    from torch.distributed.fsdp import _flat_param
+
+    original = getattr(_flat_param, "_data_ptr_allocated", None)
+    if original is None:  # a torch whose FSDP1 does not ask
+        yield
+        return
+    _flat_param._data_ptr_allocated = lambda tensor: tensor.untyped_storage().size() > 0
+    try:
+        yield
+    finally:
+        _flat_param._data_ptr_allocated = original
 
 
 @contextlib.contextmanager
