@@ -98,10 +98,19 @@ FIRST_STEP_CASES = [  # FSDP2 strategies × precision, optimizer state, offload,
 
 
 @pytest.mark.parametrize("case", FIRST_STEP_CASES, ids=lambda c: c.case_id)
-def test_fsdp2_warm_up_without_forward_leaves_the_tracked_step_as_a_full_warm_up_does(case, monkeypatch):
-    """The FSDP2 shortcut (lazy init and the optimizer's state on zero gradients, no forward or backward)
-    changes no byte of what the tracked step sees, on the last rank too (uneven shards)."""
+def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
+    """What makes a trace fast changes no byte of what the tracked step sees, on the last rank too
+    (uneven shards): the FSDP2 first-step shortcut (lazy init and the optimizer's state on zero
+    gradients, no forward or backward), the lazy chunks (rank_chunks.py), the tracker's quick device
+    queries (tracker.fsdp2_tracker_class) and the collector's larger young generation."""
+    import contextlib
+
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    import fsdpbench.metrics.tracker as tracker
     import fsdpbench.predictors.traced as traced
+
+    assert tracker.fsdp2_tracker_class() is not FSDPMemTracker  # this torch's tracker takes the quick path
 
     def figures(rank: int) -> tuple:
         e = estimate(case, rank=rank)
@@ -109,8 +118,11 @@ def test_fsdp2_warm_up_without_forward_leaves_the_tracked_step_as_a_full_warm_up
 
     for rank in (0, case.world_size - 1):
         shortcut = figures(rank)
-        monkeypatch.setattr(traced, "FSDP2_FIRST_STEP_SHORTCUT", False)
-        full = figures(rank)
-        monkeypatch.setattr(traced, "FSDP2_FIRST_STEP_SHORTCUT", True)
+        with monkeypatch.context() as without:
+            without.setattr(traced, "FSDP2_FIRST_STEP_SHORTCUT", False)
+            without.setattr(traced, "rank_chunks_only", contextlib.nullcontext)
+            without.setattr(tracker, "fsdp2_tracker_class", lambda: FSDPMemTracker)
+            without.setattr(traced, "YOUNG_GENERATION_OBJECTS", 700)
+            full = figures(rank)
         assert shortcut == full
         assert shortcut[0] > 0
