@@ -9,7 +9,29 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import one_rank_gloo, reference_losses
+# More test processes than cores (pytest_xdist_auto_num_workers, below): an OpenMP thread that waits spins
+# for a while before it sleeps, on a core that another test's rank needs (2-core CPU, 2026-11-25: the
+# suite took 455 CPU-seconds in 229 s spinning, 424 in 214 s passive). Set before torch loads OpenMP; the
+# test processes, their fork servers and ranks inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from tests.helpers import one_rank_gloo, reference_losses  # noqa: E402  (imports torch: after the line above)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """How many processes ``-n auto`` (pyproject's addopts) runs the tests in.
+
+    On CPU ranks: one more than the cores. A third of a serial run's time is spent waiting (for a rank
+    process to start, a timeout to pass, a signal to land), so the cores have room for one more test
+    than they have cores (2-core CPU, 2026-11-25: 398 CPU-seconds in 324 s serially, 433-462 in 225-232 s
+    with 3 processes; docs/ci.md). Serial (0) where a CUDA GPU is visible, whose memory and NVML
+    readings would be shared with the other processes' tests, and where benchmarks are timed
+    (``--benchmark-enable``: pytest-benchmark times nothing beside other tests)."""
+    import torch
+
+    if config.getoption("benchmark_enable", False) or torch.cuda.is_available():
+        return 0
+    return (os.cpu_count() or 1) + 1
 
 
 @pytest.fixture

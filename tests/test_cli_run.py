@@ -32,7 +32,8 @@ def test_run_writes_results_and_prints_the_summary(
     scenario = tmp_path / "mini.yaml"
     scenario.write_text(SCENARIO)
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", str(scenario), "--out", str(tmp_path / "run"), "--no-report"])
+        # --link none: the modelled step time's columns and lines are tests/test_step_model.py's
+        main(["run", str(scenario), "--out", str(tmp_path / "run"), "--no-report", "--link", "none"])
     assert exit_info.value.code == 0
     out, err = capsys.readouterr()
     assert f"results: {tmp_path / 'run' / 'results.parquet'}" in out
@@ -111,7 +112,7 @@ def test_external_launcher_then_collect(tmp_path: Path) -> None:
         cmd, check=True, capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
     with pytest.raises(SystemExit) as exit_info:
-        main(["run", str(scenario), "--out", str(run_dir), "--collect", "--no-report"])
+        main(["run", str(scenario), "--out", str(run_dir), "--collect", "--no-report", "--link", "none"])
     assert exit_info.value.code == 0
     frame = pd.read_parquet(run_dir / "results.parquet")
     ran = frame[frame.status != "skipped"]

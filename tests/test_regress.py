@@ -342,7 +342,9 @@ def run_scenario(tmp: Path, name: str, strategies: list[str]) -> Path:
     (tmp / f"{name}.yaml").write_text(SCENARIO.format(strategies=json.dumps(strategies)))
     out = tmp / name
     args = build_parser().parse_args(
+        # --link none: regress reads no modelled step time (no gloo probe, no compute twins)
         ["run", str(tmp / f"{name}.yaml"), "--out", str(out), "--no-report", "--allow-plugins"]
+        + ["--link", "none"]
     )
     assert args._main(args) == 0
     return out

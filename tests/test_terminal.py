@@ -96,9 +96,13 @@ def test_on_a_terminal_the_bar_leaves_when_the_cases_are_done():
 
 def test_a_plain_test_run_prints_no_benchmark_table_and_enable_times_them():
     test = "tests/benchmarks/test_predict_speed.py::test_analytic_1t_params_on_4096"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    # in one process (-n 0), with pytest-benchmark on but not timing (addopts), then timing: a test process
+    # of a parallel run has pytest-xdist's PYTEST_XDIST_*, which would turn pytest-benchmark off
+    outer = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
+    env = {**outer, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
     plain = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        [*pytest, test],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -109,7 +113,7 @@ def test_a_plain_test_run_prints_no_benchmark_table_and_enable_times_them():
     assert "benchmark:" not in plain.stdout and "Mean" not in plain.stdout
     assert max(len(line) for line in plain.stdout.splitlines()) <= 100
     timed = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--benchmark-enable", test],
+        [*pytest, "--benchmark-enable", test],
         capture_output=True,
         text=True,
         cwd=ROOT,
