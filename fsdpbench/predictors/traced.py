@@ -19,7 +19,7 @@ the FSDP2 first step shortened to what it leaves behind (the root's lazy init, t
 a step on zero gradients); FSDP2 splitting each parameter into only the chunks it reads
 (``rank_chunks.py``); the tracker answering device queries, half of a fake step's dispatches, directly
 (``metrics/tracker.fsdp2_tracker_class``); the garbage collector run less often (``_fewer_collections``).
-llama-70b on 1,024 ranks: 11 s → 6.5 s in-process (docs/self-speed.md).
+llama-70b on 1,024 ranks, in-process: 6.5–6.9 s, 7.4–8.2 s without the last three (docs/self-speed.md).
 
 With ``backend: gloo`` (the CPU runs) the trace also stages the copy of the input that gloo's
 reduce-scatter makes, so it predicts what a gloo run measures; with nccl it does not.
@@ -131,9 +131,9 @@ def _fewer_collections() -> Iterator[None]:
     ``tree_flatten`` defines a recursive closure per call: llama-70b on 1,024 ranks leaves ~700,000 such
     objects), so the collector runs thousands of times, each run walking the young objects and every tenth
     the older ones too. A young generation of 10,000 objects instead of 700 collects the same garbage in a
-    tenth of the runs. A tensor is freed
-    by reference counting when its last reference goes, whenever the collector runs; only one held by a
-    reference cycle waits for a collection, whose moment was never the trace's to choose."""
+    tenth of the runs. A tensor is freed by reference counting when its last reference goes, whenever the
+    collector runs; only one held by a reference cycle waits for a collection, whose moment was never the
+    trace's to choose."""
     thresholds = gc.get_threshold()
     gc.set_threshold(YOUNG_GENERATION_OBJECTS, *thresholds[1:])
     try:
