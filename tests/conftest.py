@@ -34,6 +34,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return (os.cpu_count() or 1) + 1
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the group into the test's id
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that read the session's real run (``one_case_run``: a whole ``fsdpbench run`` in a
+    subprocess, ~14 CPU-seconds) go to one test process (``--dist loadgroup``), which makes it once;
+    spread over the processes, each of them made its own."""
+    for item in items:
+        if "one_case_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("one_case_run"))
+
+
 @pytest.fixture
 def one_rank_gloo_group():
     """A 1-rank gloo group in this process, undone afterwards (tests only)."""
