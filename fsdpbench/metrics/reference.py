@@ -23,12 +23,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from fsdpbench.case import Case
 from fsdpbench.schema import PAIRED
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where the workload runs, in a rank: the samples' arithmetic below is read by
+# `regress` and `report` (through pipeline/results.py), which need no torch
 
 REFERENCE_VERSION = 1
 _REFERENCE_CASE = Case(model="decoder-tiny", batch_size=4, seq_len=64, seed=0)  # fixed: never the case's
@@ -43,6 +47,8 @@ class ReferenceWorkload:
     case's steps; it does not update its weights, so every reference step does the same work."""
 
     def __init__(self, device: torch.device) -> None:
+        import torch
+
         from fsdpbench.engine.step import rank_batch
         from fsdpbench.models import resolve_model
 
@@ -54,6 +60,9 @@ class ReferenceWorkload:
         self.x, self.y = rank_batch(_REFERENCE_CASE, 0, 0, device)
 
     def step(self) -> None:
+        import torch
+        import torch.distributed as dist
+
         params = [p for p in self.model.parameters() if p.requires_grad]
         grads = torch.autograd.grad(self.loss(self.model(self.x), self.y), params)
         flat = torch.cat([g.flatten() for g in grads])
