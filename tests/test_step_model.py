@@ -500,6 +500,10 @@ def test_one_rank_run_models_its_twin_compute_and_no_communication(tmp_path: Pat
     assert row["model_step_time_ms"] == pytest.approx(row["model_compute_ms"])
     assert row["model_compute_ms"] == pytest.approx(row[MODEL_COMPUTE_BARE])
     assert (store.case_dir(row["case_id"]) / "compute_twin" / "rank0.json").exists()
+    # nothing leaves a 1-rank process: no link to probe, and none probed
+    assert row["model_link"] == "one rank (no collective leaves the process)"
+    assert row["model_link_source"] == "not probed: at 1 rank no collective leaves the process"
+    assert not (store.run_dir / "comm_probe").exists()
 
 
 def test_report_shows_error_where_checkable_and_the_reason_where_not() -> None:

@@ -19,6 +19,7 @@ a preset: it is measured on this machine by the probe (fsdpbench/predictors/comm
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 
@@ -50,11 +51,22 @@ class Link:
 
     def label(self) -> str:
         """One line naming the link and its numbers, for tables and figures."""
+        if self == ONE_RANK_LINK:
+            return f"{self.name} (no collective leaves the process)"
         return f"{self.name} (α={self.alpha_us:.3g} µs, busbw={self.busbw_GBps:.3g} GB/s)"
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
+
+# One rank: every collective is over a group of one and takes no link time (step_model), whatever the
+# link; a probed link is then not probed (2 processes, seconds, for numbers nothing uses).
+ONE_RANK_LINK = Link(
+    "one rank",
+    alpha_us=0.0,
+    busbw_GBps=math.inf,
+    source="not probed: at 1 rank no collective leaves the process",
+)
 
 # One GPU's path to its peers. Sources and caveats: docs/step-time-model.md#link-presets.
 LINK_PRESETS: dict[str, Link] = {

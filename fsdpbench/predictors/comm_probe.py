@@ -299,13 +299,14 @@ def gloo_link(run_dir: Path, world_size: int) -> Link:
 
 def resolve_link(spec: str, backend: str, world_size: int, run_dir: Path) -> Link:
     """The Link a --link value names for a case: 'auto' is the probed gloo link for gloo cases
-    and nvlink4 for the others; 'gloo' is probed (cached in the run directory)."""
-    from fsdpbench.predictors.comm_model import AUTO, LINK_PRESETS, parse_explicit_link
+    and nvlink4 for the others; 'gloo' is probed (cached in the run directory), except for a 1-rank
+    case, which has nothing to probe (ONE_RANK_LINK)."""
+    from fsdpbench.predictors.comm_model import AUTO, LINK_PRESETS, ONE_RANK_LINK, parse_explicit_link
 
     if spec == AUTO:
         spec = "gloo" if backend == "gloo" else "nvlink4"
     if spec == "gloo":
-        return gloo_link(run_dir, world_size)
+        return ONE_RANK_LINK if world_size == 1 else gloo_link(run_dir, world_size)
     if spec in LINK_PRESETS:
         return LINK_PRESETS[spec]
     return parse_explicit_link(spec)
