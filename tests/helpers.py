@@ -43,6 +43,13 @@ TINY: dict[str, Any] = dict(
 )
 
 
+def made_once(fixture: Callable) -> Callable:
+    """Under ``@pytest.fixture(scope="module" or "session")``: a fixture costly enough (real runs) that
+    the tests using it go to one test process, which makes it once (tests/conftest.py)."""
+    fixture.made_once = True  # type: ignore[attr-defined]
+    return fixture
+
+
 def tiny_case(**fields: Any) -> Case:
     """A decoder-tiny case small enough for a unit test (a second or two per case)."""
     return Case(**{**TINY, **fields})

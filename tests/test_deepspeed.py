@@ -13,7 +13,7 @@ import pytest
 
 from fsdpbench.strategies import deepspeed_zero as dsz
 from fsdpbench.strategies import get_strategy
-from tests.helpers import global_losses, run, tiny_case
+from tests.helpers import global_losses, made_once, run, tiny_case
 
 NO_DEEPSPEED = importlib.util.find_spec("deepspeed") is None
 needs_deepspeed = pytest.mark.skipif(
@@ -101,6 +101,7 @@ def test_deepspeeds_estimator_is_the_third_prediction() -> None:
 
 
 @pytest.fixture(scope="module")
+@made_once
 def ds_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     out = tmp_path_factory.mktemp("ds")
     return {s: run(tiny_case(strategy=s, world_size=2), out) for s in ("ds_zero1", "ds_zero2", "ds_zero3")}

@@ -10,7 +10,7 @@ import pytest
 from fsdpbench.models import build_model
 from fsdpbench.pipeline.results import RunStore
 from fsdpbench.pipeline.runner import run_cases
-from tests.helpers import tiny_case
+from tests.helpers import made_once, tiny_case
 
 pytestmark = pytest.mark.slow
 
@@ -19,6 +19,7 @@ WORLD_SIZES = (2, 4)
 
 
 @pytest.fixture(scope="module")
+@made_once
 def results(tmp_path_factory: pytest.TempPathFactory) -> pd.DataFrame:
     cases = [tiny_case(strategy=s, world_size=n) for n in WORLD_SIZES for s in STRATEGIES]
     store = RunStore(tmp_path_factory.mktemp("measure") / "run")

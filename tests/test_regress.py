@@ -25,6 +25,7 @@ from fsdpbench.analysis.regress import (
 )
 from fsdpbench.case import Case
 from fsdpbench.cli import build_parser
+from tests.helpers import made_once
 
 PLUGINS = Path(__file__).parent / "plugins"
 MACHINE = {"hostname": "ci-host", "device_name": "CPU: test (2 cores)", "torch_version": "2.13.0+cpu"}
@@ -359,6 +360,7 @@ def plugin_path():
 
 
 @pytest.fixture(scope="module")
+@made_once
 def real_baseline(tmp_path_factory, plugin_path):
     tmp = tmp_path_factory.mktemp("regress")
     run = run_scenario(tmp, "base", ["ddp", "zero3"])

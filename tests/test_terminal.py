@@ -112,8 +112,8 @@ def test_a_plain_test_run_prints_no_benchmark_table_and_enable_times_them():
     assert plain.returncode == 0, plain.stdout[-2000:]
     assert "benchmark:" not in plain.stdout and "Mean" not in plain.stdout
     assert max(len(line) for line in plain.stdout.splitlines()) <= 100
-    timed = subprocess.run(
-        [*pytest, "--benchmark-enable", test],
+    timed = subprocess.run(  # a table needs rounds, not a second of them (pytest-benchmark's default)
+        [*pytest, "--benchmark-enable", "--benchmark-max-time=0.05", test],
         capture_output=True,
         text=True,
         cwd=ROOT,
