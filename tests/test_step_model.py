@@ -356,20 +356,41 @@ def test_queued_collectives_take_the_back_to_back_line() -> None:
         "gloo",
         alpha_us=1000.0,
         busbw_GBps=1e9,
-        per_kind=(("broadcast", 100.0, 1e9), ("all_reduce", 200.0, 1e9)),
-        per_kind_queued=(("broadcast", 10.0, 1e9),),
+        per_kind=(("broadcast", 100.0, 1e9), ("all_reduce", 200.0, 1e9), ("all_gather", 100.0, 1e9)),
+        per_kind_queued=(("broadcast", 10.0, 1e9), ("all_gather", 10.0, 1e9)),
     )
-    at = [0.0, 50.0, 55.0, 500.0, 510.0]  # a burst of three, compute, then two more
-    kinds = ["broadcast", "broadcast", "broadcast", "broadcast", "all_reduce"]
-    placed = tuple(PlacedCollective(k, 8, 2, t, t) for k, t in zip(kinds, at))
-    # 0: after compute (100, ends 100); 50 < 100: queued (10, ends 110); 55 < 110: queued (10);
-    # 500: after compute (100, ends 600); 510 < 600 but no queued all-reduce line: in context (200)
-    assert collective_durations(placed, link) == pytest.approx([100.0, 10.0, 10.0, 100.0, 200.0])
     assert collective_time_us(link, "broadcast", 8, 2, queued=True) == pytest.approx(10.0)
-    assert collective_time_us(link, "all_gather", 8, 2, queued=True) == pytest.approx(1000.0)  # fallback
-    (out,) = simulate([StepTimeline(1000.0, placed)], link, serial=True)
+    assert collective_time_us(link, "all_reduce", 8, 2, queued=True) == pytest.approx(200.0)  # no queued line
+    assert collective_time_us(link, "reduce_scatter", 8, 2, queued=True) == pytest.approx(1000.0)  # fallback
+    # asynchronous, waited for at the end (ZeRO-1's broadcasts): a burst of three at 0, 50 and 55 µs,
+    # then two more at 500 and 510 µs. 0: after compute (100, ends 100); 50 < 100: queued (10, ends
+    # 110); 55 < 110: queued (10); 500: after compute (100, ends 600); 510 < 600, but no queued
+    # all-reduce line: in context (200)
+    at = [0.0, 50.0, 55.0, 500.0, 510.0]
+    kinds = ["broadcast", "broadcast", "broadcast", "broadcast", "all_reduce"]
+    burst = StepTimeline(1000.0, tuple(PlacedCollective(k, 8, 2, t, 1000.0) for k, t in zip(kinds, at)))
+    assert collective_durations([burst], link) == pytest.approx([100.0, 10.0, 10.0, 100.0, 200.0])
+    (out,) = simulate([burst], link)
     assert out["model_comm_ms"] == pytest.approx(0.42)
-    assert out["model_step_time_ms"] == pytest.approx(1.42)  # serialised: every one stalls compute
+    assert out["model_step_time_ms"] == pytest.approx(1.0)  # all over by 800 µs, needed at 1000
+    # no idle core: compute pauses while each runs, so the 50 µs between the first two are computed
+    # after the first has ended, and the second follows compute; one issued at the very point the
+    # previous one was (a burst with no compute between) still queues
+    same = StepTimeline(1000.0, tuple(PlacedCollective("broadcast", 8, 2, 500.0, 1000.0) for _ in range(3)))
+    assert collective_durations([same], link, serial=True) == pytest.approx([100.0, 10.0, 10.0])
+    (out,) = simulate([same], link, serial=True)
+    assert out["model_step_time_ms"] == pytest.approx(1.12)
+    assert collective_durations([burst], link, serial=True) == pytest.approx(
+        [100.0, 100.0, 100.0, 100.0, 200.0]
+    )
+    # collectives that block their caller (FSDP2's on the CPU: needed at the issue) are never queued,
+    # though the second is issued 50 µs after the first on the compute clock, before the first's 100 µs
+    # would have ended: the caller waited for the first, so compute came between them
+    blocking = StepTimeline(1000.0, tuple(PlacedCollective("all_gather", 8, 2, t, t) for t in (0.0, 50.0)))
+    for serial in (False, True):
+        assert collective_durations([blocking], link, serial=serial) == pytest.approx([100.0, 100.0])
+        (out,) = simulate([blocking], link, serial=serial)
+        assert out["model_step_time_ms"] == pytest.approx(1.2)
 
 
 def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache(tmp_path: Path) -> None:

@@ -106,54 +106,23 @@ def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False)
     collective cannot overlap its rank's compute: while it runs (from its last rank's issue to its
     end) every rank's compute pauses, where it has got to by then (its needed point, if earlier,
     still holds). Waiting for a peer to issue costs no core (gloo's thread sleeps), so a rank that
-    issued early computes on until the collective starts."""
+    issued early computes on until the collective starts.
+
+    A collective's time is the link's in-context time, or its *queued* time (``Link.per_kind_queued``:
+    on gloo the probe's back-to-back line) where it was issued, by its last rank, while the previous
+    one was still running: it then waits in the queue and starts the moment the previous one ends,
+    with no compute between them (ZeRO-1's burst of broadcasts). Decided here, in simulated time,
+    not on the compute clock: a collective that blocks its caller (FSDP2's on the CPU) delays every
+    later issue, so the next one follows compute and is never queued."""
     if not timelines:
         return []
     counts = {len(t.collectives) for t in timelines}
     if len(counts) > 1:  # ranks disagree (should not happen): model each rank on its own
         return [simulate([t], link, serial=serial)[0] for t in timelines]
-    durations = collective_durations(timelines[0].collectives, link)
-    stall = [0.0] * len(timelines)
-    # (compute-clock point where the rank needs collective k, k), in order; serial: added as each starts
-    pending = [
-        [] if serial else sorted((max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives))
-        for t in timelines
-    ]
-    ends: list[float] = []
-    starts: list[float] = []
-    exposed = [0.0] * len(timelines)  # the part of each stall during which the awaited collective ran
-
-    def advance(r: int, clock: float, inclusive: bool) -> None:
-        """Rank r computes up to ``clock``, stalling at every needed point on the way."""
-        while pending[r] and (pending[r][0][0] < clock or (inclusive and pending[r][0][0] <= clock)):
-            needed, k = pending[r][0]
-            if k >= len(ends):
-                return  # needed before it is issued cannot happen (needed >= issue); stop here
-            pending[r].pop(0)
-            wall = needed + stall[r]
-            if ends[k] > wall:
-                exposed[r] += ends[k] - max(wall, starts[k])
-                stall[r] = ends[k] - needed
-
-    comm_free = 0.0
-    for k in range(len(durations)):
-        issued = []
-        for r, t in enumerate(timelines):
-            advance(r, t.collectives[k].issue_us, inclusive=False)
-            issued.append(t.collectives[k].issue_us + stall[r])
-        start = max(max(issued), comm_free)
-        starts.append(start)
-        comm_free = start + durations[k]
-        ends.append(comm_free)
-        if serial:  # each rank pauses where its compute has got to when the collective starts
-            for r, t in enumerate(timelines):
-                c = t.collectives[k]
-                running_at = c.issue_us + max(0.0, start - issued[r])
-                bisect.insort(pending[r], (min(max(c.needed_us, c.issue_us), running_at), k))
+    stall, exposed, durations = _simulated(timelines, link, serial)
     comm = sum(durations)
     out = []
     for r, t in enumerate(timelines):
-        advance(r, float("inf"), inclusive=True)
         steps = max(1, t.steps)
         out.append(
             {
@@ -170,18 +139,63 @@ def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False)
     return out
 
 
-def collective_durations(collectives: tuple[PlacedCollective, ...], link: Link) -> list[float]:
-    """Each collective's α–β time on ``link``, µs. A collective issued (on the compute clock) before
-    the previous one would have ended is *queued* behind it, with no compute between them, and takes
-    the link's queued time (``Link.per_kind_queued``: on gloo, the probe's back-to-back times); the
-    others follow compute and take its in-context time."""
-    out: list[float] = []
-    prev_end = float("-inf")
-    for c in collectives:
-        queued = c.issue_us < prev_end
-        out.append(collective_time_us(link, c.kind, c.payload_bytes, c.group_size, queued))
-        prev_end = max(prev_end, c.issue_us) + out[-1]
-    return out
+def collective_durations(timelines: list[StepTimeline], link: Link, *, serial: bool = False) -> list[float]:
+    """Each collective's modelled time on ``link``, µs, as ``simulate`` times it (in context, or queued)."""
+    return _simulated(timelines, link, serial)[2] if timelines else []
+
+
+def _simulated(
+    timelines: list[StepTimeline], link: Link, serial: bool
+) -> tuple[list[float], list[float], list[float]]:
+    """``simulate``'s event loop: per rank its stall and the exposed part of it (µs), and each
+    collective's duration (µs)."""
+    collectives = timelines[0].collectives
+    stall = [0.0] * len(timelines)
+    # (compute-clock point where the rank needs collective k, k), in order; serial: added as each starts
+    pending = [
+        [] if serial else sorted((max(c.needed_us, c.issue_us), k) for k, c in enumerate(t.collectives))
+        for t in timelines
+    ]
+    ends: list[float] = []
+    starts: list[float] = []
+    durations: list[float] = []
+    exposed = [0.0] * len(timelines)  # the part of each stall during which the awaited collective ran
+
+    def advance(r: int, clock: float, inclusive: bool) -> None:
+        """Rank r computes up to ``clock``, stalling at every needed point on the way."""
+        while pending[r] and (pending[r][0][0] < clock or (inclusive and pending[r][0][0] <= clock)):
+            needed, k = pending[r][0]
+            if k >= len(ends):
+                return  # needed before it is issued cannot happen (needed >= issue); stop here
+            pending[r].pop(0)
+            wall = needed + stall[r]
+            if ends[k] > wall:
+                exposed[r] += ends[k] - max(wall, starts[k])
+                stall[r] = ends[k] - needed
+
+    comm_free = 0.0
+    for k, c in enumerate(collectives):
+        issued = []
+        for r, t in enumerate(timelines):
+            advance(r, t.collectives[k].issue_us, inclusive=False)
+            issued.append(t.collectives[k].issue_us + stall[r])
+        queued = k > 0 and max(issued) < comm_free  # waits for the previous one, no compute between
+        durations.append(collective_time_us(link, c.kind, c.payload_bytes, c.group_size, queued))
+        start = max(max(issued), comm_free)
+        starts.append(start)
+        comm_free = start + durations[k]
+        ends.append(comm_free)
+        if serial:  # each rank pauses where its compute has got to when the collective starts
+            for r, t in enumerate(timelines):
+                ck = t.collectives[k]
+                # held at its issue point until the collectives it is already paused for there have
+                # ended (a burst issued at one point), then computing on until this one starts
+                held = max([ends[j] for p, j in pending[r] if p <= ck.issue_us] + [issued[r]])
+                running_at = ck.issue_us + max(0.0, start - held)
+                bisect.insort(pending[r], (min(max(ck.needed_us, ck.issue_us), running_at), k))
+    for r in range(len(timelines)):
+        advance(r, float("inf"), inclusive=True)
+    return stall, exposed, durations
 
 
 # -- the trace → StepTimeline ----------------------------------------------------------------
