@@ -255,7 +255,7 @@ def test_sigkill_of_the_orchestrator_leaves_no_process_and_no_lock(tmp_path: Pat
 # ---- the machine: a full disk, an unwritable directory -----------------------------------------
 
 
-def fake_launch(case: Case, case_dir: Path) -> CaseOutcome:
+def fake_launch(case: Case, case_dir: Path, twin: Case | None = None) -> CaseOutcome:
     """A case 'run' without processes: an empty, checked case directory and one ok rank."""
     _clear_case_dir(case_dir)
     (case_dir / "rank0.json").write_text("{}")
@@ -399,7 +399,7 @@ def test_a_case_whose_directory_a_live_rank_holds_leaves_the_run_incomplete_and_
 ) -> None:
     from fsdpbench.pipeline.launch import CaseDirInUse
 
-    def held(case: Case, case_dir: Path) -> CaseOutcome:
+    def held(case: Case, case_dir: Path, twin: Case | None = None) -> CaseOutcome:
         if case.strategy == "zero3":
             raise CaseDirInUse(f"{case_dir} is in use by a live rank process")
         return fake_launch(case, case_dir)
@@ -420,7 +420,7 @@ def test_library_error_text_with_markup_is_printed_verbatim(
 ) -> None:
     gloo = "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error"
 
-    def failing_launch(case: Case, case_dir: Path) -> CaseOutcome:
+    def failing_launch(case: Case, case_dir: Path, twin: Case | None = None) -> CaseOutcome:
         _clear_case_dir(case_dir)
         return CaseOutcome(
             status="failed",

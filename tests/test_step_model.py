@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fsdpbench.metrics.step_model import (
     METHOD_NO_IDLE_CORE,
     METHOD_TWIN,
+    METHOD_TWIN_INTERLEAVED,
     PlacedCollective,
     StepTimeline,
     build_timeline,
@@ -489,7 +491,7 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     from fsdpbench.engine.threads import rank_threads
 
     serial = no_idle_core("cpu", 2, rank_threads(2), os.cpu_count())
-    assert (frame["model_method"] == METHOD_TWIN + (METHOD_NO_IDLE_CORE if serial else "")).all()
+    assert (frame["model_method"] == METHOD_TWIN_INTERLEAVED + (METHOD_NO_IDLE_CORE if serial else "")).all()
     # the compute twin timed every rank; the profiled step's compute was scaled to it
     assert frame[MODEL_COMPUTE_BARE].notna().all()
     assert frame["model_compute_ms"].to_numpy() == pytest.approx(frame[MODEL_COMPUTE_BARE].to_numpy())
@@ -516,7 +518,7 @@ def test_one_rank_run_models_its_twin_compute_and_no_communication(tmp_path: Pat
     store = RunStore(tmp_path / "run")
     frame = run_cases([tiny_case(strategy="ddp", world_size=1)], [], store, {"env": {}}, link="auto")
     row = frame.iloc[0]
-    assert row["status"] == "ok" and row["model_method"] == METHOD_TWIN
+    assert row["status"] == "ok" and row["model_method"] == METHOD_TWIN_INTERLEAVED
     assert row["model_comm_ms"] == 0.0 and row["model_exposed_comm_ms"] == 0.0
     assert row["model_step_time_ms"] == pytest.approx(row["model_compute_ms"])
     assert row["model_compute_ms"] == pytest.approx(row[MODEL_COMPUTE_BARE])
@@ -525,6 +527,26 @@ def test_one_rank_run_models_its_twin_compute_and_no_communication(tmp_path: Pat
     assert row["model_link"] == "one rank (no collective leaves the process)"
     assert row["model_link_source"] == "not probed: at 1 rank no collective leaves the process"
     assert not (store.run_dir / "comm_probe").exists()
+
+
+@pytest.mark.slow
+def test_a_twin_that_failed_beside_the_case_is_run_after_it_and_said_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.predictors import compute_twin
+    from tests.helpers import tiny_case
+
+    def broken(case: Any) -> Any:  # the twin beside the case cannot build its model
+        return case.replace(model="no-such-model")
+
+    monkeypatch.setattr(compute_twin, "interleaved_twin", broken)
+    store = RunStore(tmp_path / "run")
+    frame = run_cases([tiny_case(strategy="ddp", world_size=1)], [], store, {"env": {}}, link="auto")
+    row = frame.iloc[0]
+    assert row["status"] == "ok" and row["model_method"] == METHOD_TWIN  # "run after the case"
+    assert row["model_compute_ms"] == pytest.approx(row[MODEL_COMPUTE_BARE]) and row[MODEL_COMPUTE_BARE] > 0
 
 
 def test_report_shows_error_where_checkable_and_the_reason_where_not() -> None:

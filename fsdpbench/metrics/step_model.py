@@ -431,11 +431,17 @@ def model_columns(timelines: list[StepTimeline], link: Link, *, serial: bool = F
 
 
 # model_method: how the compute was measured (the communication is always α–β on one stream)
+METHOD_TWIN_INTERLEAVED = (
+    "modelled: compute = the case's steps timed without the profiler under a no-op process group "
+    "(the compute twin: every rank, same threads, same timer; at 1 rank the case itself on its 1-rank "
+    "group), started beside the case's ranks and timed in turns with them, step by step, so both in "
+    "the same moments; placed by the profiled trace scaled to it; α–β communication on one stream"
+)
 METHOD_TWIN = (
     "modelled: compute = the case's steps timed without the profiler under a no-op process group "
     "(the compute twin: every rank at once, same threads, same timer; at 1 rank the case itself on "
-    "its 1-rank group), placed by the profiled trace "
-    "scaled to it; α–β communication on one stream"
+    "its 1-rank group), run after the case (the twin beside it did not end well), placed by the "
+    "profiled trace scaled to it; α–β communication on one stream"
 )
 METHOD_EMULATED = (
     "modelled: compute = this emulated rank's timed steps (collectives take no time), placed by its "

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.case import Case
+from fsdpbench.pipeline import baton
 from fsdpbench.pipeline.interrupts import launcher_signal
 from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
 from fsdpbench.pipeline.rank_result import RankResult, rank_file
@@ -47,6 +48,7 @@ _PRELOAD = [
     "fsdpbench.pipeline._forkserver_heap",  # last: freezes what the preloads created
 ]
 _POLL_S = 0.05
+_TWIN_GRACE_S = 5.0
 _LIVE_RANK_WAIT_S = 10.0
 _preload_set = False
 
@@ -92,10 +94,15 @@ def forkserver_context() -> Any:
     return multiprocessing.get_context("forkserver")
 
 
-def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOutcome:
+def launch_case(
+    case: Case, case_dir: Path, *, together: bool = False, twin: Case | None = None
+) -> CaseOutcome:
     """Run one case on ``case.world_size`` local processes (an emulated case: its ``emulate_ranks``, one
     process at a time, or all at once with ``together``, competing for the cores as a real run's ranks
-    do); never raises for a rank's failure."""
+    do); never raises for a rank's failure. ``twin``: the case's compute twin
+    (predictors/compute_twin.py), started beside a real case's ranks, taking turns with them step by step
+    (pipeline/baton.py); its ranks write into ``<case dir>/compute_twin`` and its failure is not the
+    case's."""
     from fsdpbench.pipeline.scenario import check_devices
 
     shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
@@ -111,7 +118,9 @@ def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOu
     ranks: list[RankResult] = []
     status, errors, pids, wall, exit_codes = OK, [], [], 0.0, {}
     for group in groups:
-        g_status, g_error, g_ranks, g_pids, g_wall, g_codes = _launch_group(case, case_dir, group)
+        g_status, g_error, g_ranks, g_pids, g_wall, g_codes = _launch_group(
+            case, case_dir, group, None if case.emulate else twin
+        )
         ranks += g_ranks
         pids += g_pids
         wall += g_wall
@@ -131,14 +140,16 @@ def launch_case(case: Case, case_dir: Path, *, together: bool = False) -> CaseOu
 
 
 def _launch_group(
-    case: Case, case_dir: Path, group: list[int]
+    case: Case, case_dir: Path, group: list[int], twin: Case | None = None
 ) -> tuple[str, str, list[RankResult], list[int], float, dict[int, int | None]]:
-    """Start the ranks in ``group`` together, wait for them (timeout), read what they wrote."""
+    """Start the ranks in ``group`` together (and ``twin``'s ranks beside them, taking turns), wait for
+    them (timeout), read what they wrote."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
     from fsdpbench.pipeline.worker import rank_entry
 
     n, port = case.world_size, free_port()
+    baton_store = baton.serve() if twin is not None else None
     # an emulated rank has the machine to itself: on a GPU, cuda:0; on the CPU, the threads a real rank
     # of this case would get here (so its compute time is one real rank's)
     local_world = len(group) if case.device == "cuda" or not case.emulate else n
@@ -157,6 +168,8 @@ def _launch_group(
         for i, r in enumerate(group)
     }
     args = {i: (case.to_json(), str(case_dir)) for i in range(len(group))}
+    if baton_store is not None and twin is not None:
+        _add_twin(case, twin, case_dir, envs, args, baton_store.port)
     log_dir = case_dir / "elastic" / (f"rank{group[0]}" if case.emulate else "")
     t0 = time.perf_counter()
     handlers = _signal_handlers()
@@ -177,15 +190,16 @@ def _launch_group(
     result: Any = None
     own_exits: dict[int, int] = {}
     try:
-        result, own_exits = _wait(pc, case.timeout_s)
+        result, own_exits = _wait(pc, case.timeout_s, len(group))
     except _signal_exception() as exc:  # a signal in the instant before the handlers were restored
         raise launcher_signal(exc) from None
     finally:
         if result is None:  # timeout or interrupt: stop the ranks now
             pc.close(timeout=5)
+        del baton_store  # the case's ranks are gone: nobody waits for a turn
     wall = time.perf_counter() - t0
-    # the launcher numbers a group's processes 0..len-1; results name the case's ranks
-    exitcodes = {group[i]: code for i, code in _exitcodes(pc).items()}
+    # the launcher numbers a group's processes 0..len-1 (a twin's after them); results name the case's ranks
+    exitcodes = {group[i]: code for i, code in _exitcodes(pc).items() if i < len(group)}
 
     ranks = [RankResult.read(case_dir / rank_file(r), r) for r in group]
     for rank in ranks:
@@ -193,7 +207,7 @@ def _launch_group(
     if result is None:
         status = TIMEOUT
         error = f"timed out after {case.timeout_s:g} s; " + _phase_summary(ranks)
-    elif result.is_failed():
+    elif any(r < len(group) for r in result.failures):  # a twin process's end is not the case's
         self_exited = {**own_exits, **{r: f.exitcode for r, f in result.failures.items()}}
         status, error = _failure(ranks, self_exited, exitcodes)
     else:
@@ -202,6 +216,28 @@ def _launch_group(
         if not rank.ended:
             rank.status = status
     return status, error, ranks, pids, wall, exitcodes
+
+
+def _add_twin(
+    case: Case, twin: Case, case_dir: Path, envs: dict[int, dict[str, str]], args: dict[int, Any], port: int
+) -> None:
+    """The compute twin's ranks as launcher processes after the case's, all of them taking turns
+    through the baton store at ``port``; the twin's own process group (a 1-rank twin's is real) on a
+    port of its own."""
+    limit = case.timeout_s / 4  # a turn not given by then: the turns are over, the case goes on alone
+    for env in envs.values():
+        env.update(baton.baton_env(port, baton.CASE, case.world_size, case.steps, limit))
+    twin_dir = case_dir / baton.TWIN_DIR
+    twin_dir.mkdir(parents=True, exist_ok=True)
+    first, twin_port = len(envs), free_port()
+    for r in range(twin.world_size):
+        envs[first + r] = {
+            **envs[r],
+            "MASTER_PORT": str(twin_port),
+            "TORCHELASTIC_RUN_ID": f"{case.case_id}-twin",
+            **baton.baton_env(port, baton.TWIN, case.world_size, case.steps, limit),
+        }
+        args[first + r] = (twin.to_json(), str(twin_dir))
 
 
 COMPILE_CACHE = "compile_cache"  # in a case directory: torch.compile's caches of its ranks
@@ -220,16 +256,25 @@ def compile_cache_env(case_dir: Path) -> dict[str, str]:
     }
 
 
-def _wait(pc: Any, timeout_s: float) -> tuple[Any, dict[int, int]]:
+def _wait(pc: Any, timeout_s: float, n_ranks: int) -> tuple[Any, dict[int, int]]:
     """Poll the ranks until all finish, one fails, or the timeout; also return the exit codes seen
-    before the launcher closed anything: those ranks ended on their own, whatever the signal."""
+    before the launcher closed anything: those ranks ended on their own, whatever the signal. The
+    processes after the first ``n_ranks`` (a compute twin's) are killed once the case's ranks have
+    all ended well and they have had ``_TWIN_GRACE_S`` more: their results come before the case's end."""
     procs = getattr(getattr(pc, "_pc", None), "processes", None) or []
     own_exits: dict[int, int] = {}
     deadline = time.monotonic() + timeout_s
+    ranks_done_at: float | None = None
     while True:
         for r, proc in enumerate(procs):
             if r not in own_exits and proc.exitcode is not None:
                 own_exits[r] = proc.exitcode
+        if ranks_done_at is None and all(own_exits.get(r) == 0 for r in range(min(n_ranks, len(procs)))):
+            ranks_done_at = time.monotonic()
+        if ranks_done_at is not None and time.monotonic() - ranks_done_at > _TWIN_GRACE_S:
+            for proc in procs[n_ranks:]:
+                if proc.exitcode is None:
+                    proc.kill()
         result = pc.wait(timeout=0)  # on a failure, this closes (SIGTERMs) the other ranks
         if result is not None or time.monotonic() >= deadline:
             return result, own_exits

@@ -98,7 +98,7 @@ def run_cases(
                 gc.freeze()
                 if on_start:
                     on_start(case, i)
-                outcome = _launch_or_collect(case, store, meta, collect=collect)
+                outcome = _launch_or_collect(case, store, meta, collect=collect, link=link)
                 if outcome is None:
                     continue
                 rows = _case_rows(
@@ -155,17 +155,30 @@ NOT_RUN = "not run"  # run.json's status of a case whose directory a live rank h
 
 
 def _launch_or_collect(
-    case: Case, store: RunStore, meta: dict[str, Any], *, collect: bool
+    case: Case, store: RunStore, meta: dict[str, Any], *, collect: bool, link: str | None = None
 ) -> CaseOutcome | None:
-    """The case's outcome: its ranks launched here, or (``collect``) read from what they wrote; None
-    when its directory is in use (not run and not stored: a later --resume runs it)."""
-    run = collect_case if collect else launch_case
+    """The case's outcome: its ranks launched here (with a modelled step time to come, its compute twin
+    beside them, taking turns: ``twin_beside``), or (``collect``) read from what they wrote; None when
+    its directory is in use (not run and not stored: a later --resume runs it)."""
     try:
-        return run(case, store.case_dir(case.case_id))
+        if collect:
+            return collect_case(case, store.case_dir(case.case_id))
+        return launch_case(case, store.case_dir(case.case_id), twin=twin_beside(case, link))
     except CaseDirInUse as exc:
         print(f"warning: {case.case_id} not run: {exc}", file=sys.stderr)
         meta["cases"][case.case_id] = {STATUS: NOT_RUN, ERROR: str(exc)}
         return None
+
+
+def twin_beside(case: Case, link: str | None) -> Case | None:
+    """The compute twin to start beside the case's ranks: where the case will get a modelled step time
+    whose compute is a twin's (a real CPU case, no more ranks than cores, a link asked for)."""
+    from fsdpbench.metrics import step_model
+    from fsdpbench.predictors.compute_twin import interleaved_twin
+
+    if not link or step_model.contended("cpu", case.world_size, case.emulate, os.cpu_count()):
+        return None
+    return interleaved_twin(case)
 
 
 def _case_rows(
@@ -262,8 +275,8 @@ def add_step_model(
             bare = {int(r): float(v) for r, v in timed.items() if int(r) >= 0 and pd.notna(v)}
             method = step_model.METHOD_EMULATED
         elif launch_twin:
-            bare = twin_compute_ms(case, case_dir)
-            method = step_model.METHOD_TWIN
+            bare, interleaved = twin_compute_ms(case, case_dir)
+            method = step_model.METHOD_TWIN_INTERLEAVED if interleaved else step_model.METHOD_TWIN
         if device_type != "cuda" and not bare:
             method = step_model.METHOD_PROFILED
         # real ranks on this machine whose threads fill its cores: no collective overlaps compute

@@ -45,6 +45,7 @@ from fsdpbench.metrics.rss import fix_mmap_threshold
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
+from fsdpbench.pipeline.baton import BATON_ENV, TWIN, Baton
 from fsdpbench.pipeline.rank_result import Harness, RankResult, Setup, rank_file
 from fsdpbench.pipeline.rundir import write_atomically
 from fsdpbench.predictors.emulate import (
@@ -95,11 +96,14 @@ def run_rank(case: Case, out_dir: Path) -> RankResult:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = case.alloc_conf
     rec = RankRecorder(out_dir, rank)
     t_start = time.perf_counter()
+    baton = Baton.from_env(rank)  # None unless the case's ranks and its compute twin's take turns
     try:
         with contextlib.ExitStack() as stack:
-            _run_phases(case, rank, world, local_rank, rec, t_start, stack)
+            _run_phases(case, rank, world, local_rank, rec, t_start, stack, baton)
         rec.update(status=OK, phase="done")
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded, then re-raised
+        if baton is not None:
+            baton.abandon()  # the other group must not wait for turns this rank will not take
         status = OOM if isinstance(exc, torch.OutOfMemoryError) else FAILED
         rec.update(
             status=status,
@@ -135,16 +139,21 @@ class RankSteps:
             self.wall_s += time.perf_counter() - t0
         self.next += 1
 
-    def timed(self, n: int) -> list[float]:
-        """Wall ms of each of the next n steps, device-synchronised before and after each."""
+    def timed(self, n: int, baton: Baton | None = None) -> list[float]:
+        """Wall ms of each of the next n steps, device-synchronised before and after each; with a
+        ``baton``, each step in this group's turn (pipeline/baton.py), outside the timer."""
         times = []
         for _ in range(n):
             batch = self.batch(self.next)
+            if baton is not None:
+                baton.take_turn()
             synchronize(self.device)
             t0 = time.perf_counter()
             self.run(batch)
             synchronize(self.device)
             times.append((time.perf_counter() - t0) * 1e3)
+            if baton is not None:
+                baton.pass_turn()
             del batch
         return times
 
@@ -188,7 +197,10 @@ def _run_phases(
     rec: RankRecorder,
     t_start: float,
     stack: contextlib.ExitStack,
+    baton: Baton | None = None,
 ) -> None:
+    if baton is not None and baton.role == TWIN:
+        baton.wait_to_start()  # the case's set-up and warm-up are timed as without a twin
     # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
     if case.checkpoint != "none":
@@ -231,14 +243,19 @@ def _run_phases(
     rec.update(phase="timed")  # before the barrier: the file write is not timed
     dist.barrier()
     reset_cuda_peaks(device)
+    if baton is not None:  # every rank has warmed up (the barrier): the twin may set up now
+        baton.twin_may_start()
+        baton.ready()
     timed = StepTimes()
     bare_ms = 0.0
     for kind, n in interleaved_blocks(case.steps, case.bare_steps):
         samplers.set_phase(kind)
         if kind == "timed":
-            timed.times_ms += steps.timed(n)
+            timed.times_ms += steps.timed(n, baton)
         else:
             bare_ms += steps.bare(n)
+    if baton is not None:
+        baton.finish()
     rec.update(phase="memory", timed=timed, losses=list(steps.losses))
 
     # ---- phase 2: memory-tracked steps ---------------------------------------------------
@@ -347,7 +364,18 @@ def rank_entry(case_json: str, out_dir: str) -> None:
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log
-    run_rank(Case.from_dict(json.loads(case_json)), Path(out_dir))
+    try:
+        run_rank(Case.from_dict(json.loads(case_json)), Path(out_dir))
+    except BaseException:
+        if twin_rank():  # recorded in its rank file; a failing twin must not stop the case's ranks
+            traceback.print_exc()
+            return
+        raise
+
+
+def twin_rank() -> bool:
+    """Whether this process is a rank of a case's compute twin, started beside the case's ranks."""
+    return os.environ.get(BATON_ENV, "").split(":")[1:2] == [TWIN]
 
 
 def main(argv: list[str] | None = None) -> None:

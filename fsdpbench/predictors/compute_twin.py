@@ -29,37 +29,61 @@ import tempfile
 from pathlib import Path
 
 from fsdpbench.case import Case
+from fsdpbench.pipeline.baton import TWIN_DIR
 from fsdpbench.schema import OK
 
 MIN_STEPS = 5  # a median of fewer is one noisy step
 
 
-def twin_case(case: Case) -> Case:
-    """The case as its compute twin runs it: emulated (1 rank: real), every rank, timed steps only."""
+def twin_case(case: Case, *, interleaved: bool = False) -> Case:
+    """The case as its compute twin runs it: emulated (1 rank: real), every rank, timed steps only.
+    ``interleaved`` (started beside the case's ranks, taking turns step by step): as many timed steps
+    as the case, one per turn; otherwise at least ``MIN_STEPS``."""
     return case.replace(
         emulate=case.world_size > 1,
         emulate_ranks=tuple(range(case.world_size)),
         warmup_steps=max(case.warmup_steps, 2),
-        steps=max(case.steps, MIN_STEPS),
+        steps=case.steps if interleaved else max(case.steps, MIN_STEPS),
         memory_steps=0,
         profile_steps=0,
         bare_steps=0,
         time_blocks=0,
+        checkpoint="none",
     )
 
 
-def twin_compute_ms(case: Case, out_dir: Path | None = None) -> dict[int, float]:
-    """Each rank's compute per step, ms (the twin's timed-step median); {} if the twin failed or
-    cannot run (compile: emulation is eager only), so the model falls back and says so."""
-    from fsdpbench.pipeline.launch import launch_case
+def interleaved_twin(case: Case) -> Case | None:
+    """The twin to start beside a real CPU case's ranks (``launch_case(twin=…)``), or None where none
+    can run: on a GPU (the model's compute is the kernels), for a compiled case (emulation is eager
+    only), or an emulated case (its timed steps are compute already)."""
     from fsdpbench.predictors.emulate import check_emulation
 
+    if case.emulate or case.device.split(":", 1)[0] != "cpu" or not case.steps:
+        return None
+    twin = twin_case(case, interleaved=True)
+    return None if twin.emulate and check_emulation(twin) else twin
+
+
+def twin_compute_ms(case: Case, out_dir: Path | None = None) -> tuple[dict[int, float], bool]:
+    """Each rank's compute per step, ms (the twin's timed-step median), and whether it was timed
+    interleaved with the case's steps: the twin started beside the case, if it ended well (its rank
+    files in ``<out_dir>/compute_twin``), or else a twin run now, after the case; ({}, False) if that
+    failed too or cannot run (compile: emulation is eager only), so the model falls back and says so."""
+    from fsdpbench.pipeline.launch import launch_case
+    from fsdpbench.pipeline.rank_result import RankResult, rank_file
+    from fsdpbench.predictors.emulate import check_emulation
+
+    if out_dir is not None:
+        beside = [RankResult.read(out_dir / TWIN_DIR / rank_file(r), r) for r in range(case.world_size)]
+        medians = {r.rank: r.step_time_ms() for r in beside if r.status == OK}
+        if len(medians) == case.world_size and all(medians.values()):
+            return {rank: ms for rank, ms in medians.items() if ms}, True
     twin = twin_case(case)
     if twin.emulate and check_emulation(twin):
-        return {}
+        return {}, False
     with tempfile.TemporaryDirectory() as tmp:
-        outcome = launch_case(twin, (out_dir or Path(tmp)) / "compute_twin", together=True)
+        outcome = launch_case(twin, (out_dir or Path(tmp)) / TWIN_DIR, together=True)
     if outcome.status != OK:
-        return {}
+        return {}, False
     medians = {r.rank: r.step_time_ms() for r in outcome.ranks}
-    return {rank: ms for rank, ms in medians.items() if ms}
+    return {rank: ms for rank, ms in medians.items() if ms}, False
