@@ -328,6 +328,9 @@ PEAK_RANK = column("peak_rank", COUNT, Agg.CASE, "analysis", "the rank with the 
 # ---- setup ------------------------------------------------------------------------------------------
 N_UNITS = column("n_units", COUNT, Agg.SAME, "worker", "FSDP units, the root included")
 THREADS = column("threads", COUNT, Agg.PER_RANK, "worker", "the rank's intra-op threads")
+CORES = column(
+    "cores", TEXT, Agg.PER_RANK, "worker", "the cores the rank's compute threads are bound to ('' unbound)"
+)
 INIT_PG_S = column("init_pg_s", SECONDS, Agg.MAX, "worker", "rank start → process group")
 SETUP_S = column("setup_s", SECONDS, Agg.MAX, "worker", "rank start → optimizer built")
 WALL_S = column("wall_s", SECONDS, Agg.MAX, "worker", "the rank's wall time")

@@ -5,8 +5,10 @@ model is checked against the case's timed steps. Timed one after the other, seco
 saw different machines: on a shared or throttled VM the same 1-rank step, timed twice 10 s apart,
 differed by −12…+38 % (docs/step-time-model.md), more than the model's target. So the twin's ranks
 are started with the case's and take turns with them: case step 0, twin step 0, case step 1, twin
-step 1, … Only one group computes at a time (the other waits in a blocking socket read, on no core),
-so neither is slowed by the other, and both medians come from the same half second.
+step 1, … Only one group computes at a time (the other waits in a blocking socket read, on no core), and a
+group given its turn first sleeps until the other's idle OpenMP threads have stopped spinning (twice
+their spin, measured in each process: ``engine/threads.idle_spin_s``; 0 with one thread per rank),
+so neither is slowed by the other, and both medians come from the same second.
 
 The turns go through a TCPStore that the orchestrator serves for the case (``serve``); every process
 of both groups reaches it through ``BATON_ENV``. The twin's processes wait, before they build
@@ -20,6 +22,7 @@ too. The twin's ranks then fail, and the model falls back to a twin run after th
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -56,6 +59,7 @@ class Baton:
         self.other = TWIN if role == CASE else CASE
         self.turn = 0  # the next timed step's index
         self.broken = False
+        self.gap_s = 0.0  # slept after a turn is given, before the step: the other group's threads settle
 
     @classmethod
     def from_env(cls, rank: int) -> Baton | None:
@@ -114,8 +118,12 @@ class Baton:
 
     def take_turn(self) -> None:
         """Wait for this group's turn at the next timed step (at turn 0 the case's ranks wait for the
-        twin's set-up and warm-up)."""
+        twin's set-up and warm-up), then ``gap_s`` more: the other group's idle intra-op threads spin
+        on a core for a while after its step (engine/threads.idle_spin_s), which would slow this
+        group's first milliseconds, and only this group's."""
         self._wait(f"go/{self.role}/{self.turn}")
+        if self.gap_s > 0 and not self.broken:
+            time.sleep(self.gap_s)
 
     def pass_turn(self) -> None:
         """After this rank's timed step: the group's last rank to finish gives the other group its turn."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.case import Case
+from fsdpbench.engine.threads import PIN_ENV
 from fsdpbench.pipeline import baton
 from fsdpbench.pipeline.interrupts import launcher_signal
 from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
@@ -163,6 +164,8 @@ def _launch_group(
             "MASTER_PORT": str(port),
             "TORCHELASTIC_RUN_ID": case.case_id,
             ORCHESTRATOR_PID_ENV: str(os.getpid()),
+            # CPU ranks bind their compute threads to cores of their own (engine/threads.py)
+            PIN_ENV: "1" if case.device == "cpu" else "0",
             **(compile_cache_env(case_dir) if case.compile else {}),
         }
         for i, r in enumerate(group)

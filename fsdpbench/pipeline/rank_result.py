@@ -16,6 +16,7 @@ from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory
 from fsdpbench.schema import (
     BARE_STEP_TIME,
+    CORES,
     ERROR,
     EXIT_CODE,
     FAILED,
@@ -64,8 +65,9 @@ class Setup:
     init_pg_s: float  # from the rank's start to its process group
     setup_s: float  # from the rank's start to the optimizer built
     samplers: dict[str, str]  # per background sampler: what it samples, or why it does not
+    cores: str = ""  # the cores its compute threads are bound to, "0" or "0,1" ("" unbound)
 
-    COLUMNS: ClassVar[tuple[str, ...]] = ("params", N_UNITS, THREADS, INIT_PG_S, SETUP_S)
+    COLUMNS: ClassVar[tuple[str, ...]] = ("params", N_UNITS, THREADS, CORES, INIT_PG_S, SETUP_S)
 
     def to_columns(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.COLUMNS}
@@ -175,7 +177,9 @@ class RankResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankResult:
-        setup_names = [f.name for f in dataclasses.fields(Setup)]
+        fields = dataclasses.fields(Setup)
+        setup_names = [f.name for f in fields if f.default is dataclasses.MISSING]  # the rest: if written
+        setup_names += [f.name for f in fields if f.default is not dataclasses.MISSING and f.name in data]
         warmup, timed = data.get(WARMUP_TIMES), data.get(STEP_TIMES)
         return cls(
             rank=data[RANK],
@@ -281,6 +285,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     **dict.fromkeys(_SOURCES, (dict,)),
     "harness": (dict,),
     "checkpoint": (dict,),
+    CORES: (str,),
 }
 
 

@@ -36,7 +36,7 @@ from fsdpbench.case import Case
 from fsdpbench.engine.knobs import state_placement_bytes
 from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
 from fsdpbench.engine.step import Batch, rank_batch, train_step
-from fsdpbench.engine.threads import rank_threads
+from fsdpbench.engine.threads import PIN_ENV, idle_spin_s, pin_compute_threads, rank_cores, rank_threads
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
@@ -214,6 +214,10 @@ def _run_phases(
         stack.enter_context(fake_collectives(case))
     else:
         dist.init_process_group(case.backend, device_id=device if device.type == "cuda" else None)
+    cores: list[int] = []
+    if device.type == "cpu" and os.environ.get(PIN_ENV) == "1":  # after the group: gloo's threads float
+        cores = rank_cores(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        cores = cores if pin_compute_threads(cores) else []
     assert dist.get_world_size() == case.world_size, "launcher world size differs from the case's"
     t_pg = time.perf_counter()
     samplers = Samplers(case, device, local_rank)
@@ -231,12 +235,15 @@ def _run_phases(
         init_pg_s=t_pg - t_start,
         setup_s=time.perf_counter() - t_start,
         samplers=samplers.status,
+        cores=",".join(map(str, cores)),
     )
     rec.update(phase="warmup", setup=setup)
 
     # ---- warm-up: compile, lazy init, optimizer state creation ---------------------------
     samplers.set_phase("warmup")
     rec.update(warmup=StepTimes(times_ms=steps.timed(case.warmup_steps)))
+    if baton is not None:  # the pause between turns: twice what this process's idle threads spin
+        baton.gap_s = 2 * idle_spin_s()
 
     # ---- phase 1: timed steps, no instrument; with bare_steps, in blocks interleaved with a bare
     # loop of the same steps, before any instrument has run, so both see the same machine state ----

@@ -1,0 +1,58 @@
+"""A CPU rank's compute threads, one per core of its own (fsdpbench/engine/threads.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fsdpbench.engine.threads import rank_cores, rank_threads
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_each_rank_gets_its_own_cores_in_order_and_none_when_they_must_share() -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    for world in range(1, len(allowed) + 1):
+        per = len(allowed) // world
+        got = [rank_cores(r, world) for r in range(world)]
+        assert got == [allowed[r * per : (r + 1) * per] for r in range(world)]
+        assert all(len(c) == rank_threads(world) for c in got) or len(allowed) != os.cpu_count()
+        assert not set(got[0]) & set().union(*got[1:])  # no core shared between ranks
+    assert rank_cores(0, len(allowed) + 1) == []  # more ranks than cores: they share, nothing to pin
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding two threads needs two cores")
+def test_the_main_thread_and_the_intra_op_thread_are_bound_one_per_core() -> None:
+    # in a fresh process: binding threads here would bind this test process's (tests never change
+    # the machine, nor the process other tests run in)
+    code = (
+        "import json, os, torch\n"
+        "from fsdpbench.engine.threads import pin_compute_threads\n"
+        "torch.set_num_threads(2)\n"
+        "cores = sorted(os.sched_getaffinity(0))[:2]\n"
+        "tids = pin_compute_threads(cores)\n"
+        "print(json.dumps([[t, sorted(os.sched_getaffinity(t))] for t in tids]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    pinned = json.loads(done.stdout.strip().splitlines()[-1])
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    assert len(pinned) == 2, pinned  # the main thread and libgomp's one worker
+    assert [c for _, c in pinned] == [[cores[0]], [cores[1]]]
+    assert len({t for t, _ in pinned}) == 2
+
+
+@pytest.mark.slow
+def test_a_real_runs_ranks_say_which_cores_they_were_bound_to(one_case_run: Path) -> None:
+    from fsdpbench.pipeline.results import load_results
+
+    frame = load_results(one_case_run)
+    cores, threads = rank_cores(0, 1), rank_threads(1)  # one rank: every core, a thread on each
+    expected = ",".join(map(str, cores)) if len(cores) >= threads else ""  # fewer cores allowed: unbound
+    assert list(frame["cores"]) == [expected] and list(frame["threads"]) == [threads]
