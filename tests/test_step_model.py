@@ -352,7 +352,7 @@ def test_fit_link_recovers_alpha_and_busbw_per_kind_from_exact_points() -> None:
     assert (single.alpha_us, single.busbw_GBps) == pytest.approx((200.0, 1.0))
 
 
-def test_queued_collectives_take_the_back_to_back_line() -> None:
+def test_queued_collectives_take_the_queued_line() -> None:
     # in context (after compute) α 100 µs; queued behind the previous one (no compute between) α 10 µs
     link = Link(
         "gloo",
@@ -403,8 +403,8 @@ def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache
         for k, a in (("all_reduce", 500.0), ("broadcast", 300.0))
         for s in (4096, 1 << 20)
     ]
-    back_to_back = [{**p, "time_us": p["time_us"] - 250.0} for p in in_context]  # α 250 and 50 µs
-    link = fit_link(in_context, world_size=2, queued_points=back_to_back)
+    in_a_burst = [{**p, "time_us": p["time_us"] - 250.0} for p in in_context]  # α 250 and 50 µs
+    link = fit_link(in_context, world_size=2, queued_points=in_a_burst)
     assert link.alpha_busbw("broadcast") == pytest.approx((300.0, 1.0))
     assert link.alpha_busbw("broadcast", queued=True) == pytest.approx((50.0, 1.0))
     assert link.alpha_busbw("all_reduce", queued=True) == pytest.approx((250.0, 1.0))  # factor 2(N−1)/N = 1
@@ -500,9 +500,10 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert frame["model_link_source"].str.startswith("probed: gloo, 2 CPU processes").all()
     probed = json.loads(probe.read_text())
     assert {k for k, _, _ in probed["link"]["per_kind"]} == {"all_reduce", "all_gather", "broadcast"}
-    # the fit's points are timed in context; the back-to-back times are kept beside them
-    assert len(probed["points"]) == len(probed["points_back_to_back"]) == 12
-    assert all(p["time_us"] >= 0 for p in probed["points"] + probed["points_back_to_back"])
+    # the fit's points are timed in context; the queued ones (a burst issued at once) beside them
+    assert len(probed["points"]) == len(probed["points_queued"]) == 12
+    assert all(p["time_us"] >= 0 for p in probed["points"] + probed["points_queued"])
+    assert "queued: 8 issued at once" in probed["link"]["source"]
     # zero3 on decoder-tiny's 2 blocks + root: 3 all-gathers forward, 3 backward, 3 reduce-scatters
     assert (frame["model_collectives"] == 9).all()
     table = case_table(build_case_frame(frame))

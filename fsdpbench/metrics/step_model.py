@@ -109,11 +109,11 @@ def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False)
     issued early computes on until the collective starts.
 
     A collective's time is the link's in-context time, or its *queued* time (``Link.per_kind_queued``:
-    on gloo the probe's back-to-back line) where it was issued, by its last rank, while the previous
-    one was still running: it then waits in the queue and starts the moment the previous one ends,
-    with no compute between them (ZeRO-1's burst of broadcasts). Decided here, in simulated time,
-    not on the compute clock: a collective that blocks its caller (FSDP2's on the CPU) delays every
-    later issue, so the next one follows compute and is never queued."""
+    on gloo the probe's line for a burst issued at once) where it was issued, by its last rank, while
+    the previous one was still running: it then waits in the queue and starts the moment the
+    previous one ends, with no compute between them (ZeRO-1's burst of broadcasts). Decided here, in
+    simulated time, not on the compute clock: a collective that blocks its caller (FSDP2's on the
+    CPU) delays every later issue, so the next one follows compute and is never queued."""
     if not timelines:
         return []
     counts = {len(t.collectives) for t in timelines}

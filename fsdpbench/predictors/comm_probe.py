@@ -9,10 +9,13 @@ threads), then the same bursts each followed by the collective, with no barrier 
 the ranks drift apart and gloo's threads work on the cores the ranks compute on, as in a step. A
 collective's time is the slowest rank's extra time per collective (``in_context_time_us``), the
 **mean** of ``reps`` repetitions after a warm-up (a step's time is a sum of its collectives: a sum
-follows the mean, not the median). The back-to-back times (every rank issues at once after a
-barrier) are kept beside them, ``points_back_to_back``, and time the collectives a step issues
-*queued* behind the previous one, with no compute between them (``Link.per_kind_queued``; ZeRO-1's
-burst of broadcasts at the end of its step).
+follows the mean, not the median). The *queued* times are kept beside them, ``points_queued``: a
+burst of ``PROBE_SEQUENCE`` collectives issued at once (asynchronously, after a barrier) and waited
+for together, per collective, the median of the repetitions; they time the collectives a step
+issues queued behind the previous one, with no compute between them (``Link.per_kind_queued``;
+ZeRO-1's burst of broadcasts at the end of its step), where gloo's two worker threads pipeline
+them: 60-160 µs per 64-180 KB broadcast in a burst of 20 against 160-180 µs for one alone after a
+barrier, this project's 2-core VM, ranks bound to a core each (2026-11-25).
 
 Per kind, a line through its (S·factor, time) points — the nccl-tests factor of comm_model.py —
 gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that the small
@@ -115,7 +118,7 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
                 full = torch.ones(numel)
                 shard = torch.ones(numel // world_size)
                 _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
-                compute, sequence, plain = [], [], []
+                compute, sequence, queued = [], [], []
                 for _ in range(reps):
                     dist.barrier()  # the bursts alone
                     t0 = time.perf_counter()
@@ -128,18 +131,21 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
                         work()
                         _collective_once(kind, full, shard)
                     sequence.append(time.perf_counter() - t0)
-                    for _ in range(2):  # back to back: every rank issues at once after a barrier
-                        dist.barrier()
-                        t0 = time.perf_counter()
-                        _collective_once(kind, full, shard)
-                        plain.append(time.perf_counter() - t0)
+                    dist.barrier()  # queued: every rank issues them all at once, then waits for them all
+                    t0 = time.perf_counter()
+                    handles = [
+                        _collective_once(kind, full, shard, async_op=True) for _ in range(PROBE_SEQUENCE)
+                    ]
+                    for handle in handles:
+                        handle.wait()
+                    queued.append((time.perf_counter() - t0) / PROBE_SEQUENCE)
                 mine.append(
                     {
                         "kind": kind,
                         "bytes": numel * 4,
                         "compute": compute,
                         "sequence": sequence,
-                        "plain": plain,
+                        "queued": queued,
                     }
                 )
         gathered: list[Any] = [None] * world_size
@@ -147,32 +153,32 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        points, back_to_back = [], []
+        points, queued_points = [], []
         for i, p in enumerate(mine):
             compute_s = [g[i]["compute"] for g in gathered]
             sequence_s = [g[i]["sequence"] for g in gathered]
             t = in_context_time_us(compute_s, sequence_s, PROBE_SEQUENCE)
             points.append({"kind": p["kind"], "payload_bytes": p["bytes"], "time_us": t})
-            back_to_back.append(
+            queued_points.append(
                 {
                     "kind": p["kind"],
                     "payload_bytes": p["bytes"],
-                    "time_us": statistics.median(p["plain"]) * 1e6,
+                    "time_us": statistics.median(p["queued"]) * 1e6,
                 }
             )
-        Path(out_path).write_text(json.dumps({"points": points, "points_back_to_back": back_to_back}))
+        Path(out_path).write_text(json.dumps({"points": points, "points_queued": queued_points}))
 
 
-def _collective_once(kind: str, full, shard) -> None:
-    """One probed collective on the S-byte tensor ``full``; ``shard`` is its 1/world part."""
+def _collective_once(kind: str, full, shard, async_op: bool = False):
+    """One probed collective on the S-byte tensor ``full``; ``shard`` is its 1/world part (its work
+    handle with ``async_op``)."""
     import torch.distributed as dist
 
     if kind == "all_reduce":
-        dist.all_reduce(full)
-    elif kind == "broadcast":
-        dist.broadcast(full, src=0)
-    else:
-        dist.all_gather_into_tensor(full, shard)
+        return dist.all_reduce(full, async_op=async_op)
+    if kind == "broadcast":
+        return dist.broadcast(full, src=0, async_op=async_op)
+    return dist.all_gather_into_tensor(full, shard, async_op=async_op)
 
 
 def _fit_line(points: list[dict[str, Any]], world_size: int) -> tuple[float, float]:
@@ -214,7 +220,7 @@ def fit_link(
     queued_points: list[dict[str, Any]] | None = None,
 ) -> Link:
     """One α–β line per probed kind (``Link.per_kind``), and one through every point for the rest;
-    ``queued_points`` (the back-to-back times) give the lines of queued collectives
+    ``queued_points`` (the times per collective in a burst) give the lines of queued collectives
     (``Link.per_kind_queued``; without them, queued collectives take the in-context lines)."""
     alpha, slope = _fit_line(points, world_size)
     per_kind = _per_kind(points, world_size)
@@ -225,7 +231,7 @@ def fit_link(
         source=(
             f"probed: gloo, {world_size} CPU processes on this machine, each collective timed in a "
             f"step's rhythm (after {PROBE_COMPUTE_MS:g} ms of compute, {PROBE_SEQUENCE} in a row; the "
-            "mean extra time), "
+            f"mean extra time; queued: {PROBE_SEQUENCE} issued at once, per collective), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
         ),
         reduce_scatter_as_all_reduce=True,
@@ -284,7 +290,7 @@ def probe(run_dir: Path, world_size: int) -> dict[str, Any]:
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     measured = run_probe(world_size, log_dir=path.parent)
-    link = fit_link(measured["points"], world_size, queued_points=measured.get("points_back_to_back"))
+    link = fit_link(measured["points"], world_size, queued_points=measured.get("points_queued"))
     result = {"link": link.to_dict(), "world_size": world_size, **measured}
     write_atomically(path, json.dumps(result, indent=1).encode())
     return result
