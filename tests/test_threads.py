@@ -56,3 +56,25 @@ def test_a_real_runs_ranks_say_which_cores_they_were_bound_to(one_case_run: Path
     cores, threads = rank_cores(0, 1), rank_threads(1)  # one rank: every core, a thread on each
     expected = ",".join(map(str, cores)) if len(cores) >= threads else ""  # fewer cores allowed: unbound
     assert list(frame["cores"]) == [expected] and list(frame["threads"]) == [threads]
+
+
+def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:
+    # in a fresh process with OpenMP's default wait policy (the suite's is passive: tests/conftest.py)
+    code = (
+        "import json, torch\n"
+        "from fsdpbench.engine.threads import idle_spin_s\n"
+        "torch.set_num_threads(1); one = idle_spin_s()\n"
+        "torch.set_num_threads(2); two = idle_spin_s(probe_s=0.05)\n"
+        "gomp = 'libgomp' in open('/proc/self/maps').read()\n"
+        "print(json.dumps([one, two, gomp]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    one, two, gomp = json.loads(done.stdout.strip().splitlines()[-1])
+    assert one == 0.0  # one thread: no idle OpenMP thread to spin
+    assert 0.0 <= two <= 0.05
+    if gomp and len(os.sched_getaffinity(0)) >= 2:
+        # libgomp's idle worker spins (300,000 pause loops by default) before it sleeps: it used a core
+        # for some of the 50 ms the main thread slept (8.7 ms on this project's 2-core VM)
+        assert two > 0.0005
