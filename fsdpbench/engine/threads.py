@@ -56,6 +56,8 @@ def pin_compute_threads(cores: list[int]) -> list[int]:
     affinity), and every parallel region then waits for the descheduled one: the same 1-rank step
     measured 25 ms in one process and 38-48 ms in another, steps interleaved, with the scheduler
     placing the threads; bound, 16 of 16 pairs agreed within 5 % (docs/step-time-model.md)."""
+    import threading
+
     import torch
 
     if not cores or len(cores) < torch.get_num_threads():
@@ -63,7 +65,7 @@ def pin_compute_threads(cores: list[int]) -> list[int]:
     before = set(os.listdir("/proc/self/task"))
     torch.ones(1 << 20).add_(1.0)  # a parallel region: libgomp starts its worker threads now
     workers = sorted(int(t) for t in set(os.listdir("/proc/self/task")) - before)
-    main = threading_native_id()
+    main = threading.get_native_id()
     os.sched_setaffinity(main, {cores[0]})
     pinned = [main]
     for tid, core in zip(workers, cores[1:]):
@@ -73,10 +75,3 @@ def pin_compute_threads(cores: list[int]) -> list[int]:
         except OSError:  # not a thread of ours any more (a helper that came and went)
             continue
     return pinned
-
-
-def threading_native_id() -> int:
-    """The calling thread's kernel thread id."""
-    import threading
-
-    return threading.get_native_id()

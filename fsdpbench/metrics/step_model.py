@@ -440,7 +440,8 @@ METHOD_TWIN_INTERLEAVED = (
 METHOD_TWIN = (
     "modelled: compute = the case's steps timed without the profiler under a no-op process group "
     "(the compute twin: every rank at once, same threads, same timer; at 1 rank the case itself on "
-    "its 1-rank group), run after the case (the twin beside it did not end well), placed by the "
+    "its 1-rank group), run after the case (none beside it: a compiled case; or the one beside it "
+    "did not end well), placed by the "
     "profiled trace scaled to it; α–β communication on one stream"
 )
 METHOD_EMULATED = (

@@ -48,6 +48,12 @@ def serve() -> Any:
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
+def env_role() -> str | None:
+    """This process's role in the turns (``CASE`` or ``TWIN``), or None when it takes none."""
+    spec = os.environ.get(BATON_ENV, "")
+    return spec.split(":")[1] if spec.count(":") == 4 else None
+
+
 class Baton:
     """This rank's side of the turns (``from_env``: None when the case runs without a twin)."""
 

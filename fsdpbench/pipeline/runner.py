@@ -176,7 +176,9 @@ def twin_beside(case: Case, link: str | None) -> Case | None:
     from fsdpbench.metrics import step_model
     from fsdpbench.predictors.compute_twin import interleaved_twin
 
-    if not link or step_model.contended("cpu", case.world_size, case.emulate, os.cpu_count()):
+    if not link or step_model.contended(
+        torch_device_type(case.device), case.world_size, case.emulate, os.cpu_count()
+    ):
         return None
     return interleaved_twin(case)
 

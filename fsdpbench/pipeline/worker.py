@@ -45,7 +45,7 @@ from fsdpbench.metrics.rss import fix_mmap_threshold
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
-from fsdpbench.pipeline.baton import BATON_ENV, TWIN, Baton
+from fsdpbench.pipeline.baton import TWIN, Baton, env_role
 from fsdpbench.pipeline.rank_result import Harness, RankResult, Setup, rank_file
 from fsdpbench.pipeline.rundir import write_atomically
 from fsdpbench.predictors.emulate import (
@@ -382,7 +382,7 @@ def rank_entry(case_json: str, out_dir: str) -> None:
 
 def twin_rank() -> bool:
     """Whether this process is a rank of a case's compute twin, started beside the case's ranks."""
-    return os.environ.get(BATON_ENV, "").split(":")[1:2] == [TWIN]
+    return env_role() == TWIN
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -54,11 +54,12 @@ def twin_case(case: Case, *, interleaved: bool = False) -> Case:
 
 def interleaved_twin(case: Case) -> Case | None:
     """The twin to start beside a real CPU case's ranks (``launch_case(twin=…)``), or None where none
-    can run: on a GPU (the model's compute is the kernels), for a compiled case (emulation is eager
-    only), or an emulated case (its timed steps are compute already)."""
+    is: on a GPU (the model's compute is the kernels), an emulated case (its timed steps are compute
+    already), a compiled case (emulation is eager only; at 1 rank the twin's compilation could
+    outlast the case's wait for its first turn: it runs after the case instead)."""
     from fsdpbench.predictors.emulate import check_emulation
 
-    if case.emulate or case.device.split(":", 1)[0] != "cpu" or not case.steps:
+    if case.emulate or case.compile or case.device.split(":", 1)[0] != "cpu" or not case.steps:
         return None
     twin = twin_case(case, interleaved=True)
     return None if twin.emulate and check_emulation(twin) else twin
