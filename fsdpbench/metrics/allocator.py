@@ -33,7 +33,9 @@ def cuda_allocator_stats(device: torch.device | str | int) -> dict[str, int]:
 def reset_cuda_peaks(device: torch.device | str | int) -> None:
     """Start a new window on a CUDA device (peaks and retry/OOM counters); no-op on CPU."""
     dev = _cuda_device(device)
-    if dev is not None:
+    # before CUDA's first use in this process there is no window to reset (peaks are 0), and torch 2.11
+    # raises "Invalid device argument" for it (seen on an H200)
+    if dev is not None and torch.cuda.is_initialized():
         torch.cuda.reset_peak_memory_stats(dev)
         # num_alloc_retries / num_ooms are "accumulated" stats, not peaks.
         torch.cuda.reset_accumulated_memory_stats(dev)
