@@ -440,16 +440,18 @@ METHOD_TWIN_INTERLEAVED = (
 METHOD_TWIN = (
     "modelled: compute = the case's steps timed without the profiler under a no-op process group "
     "(the compute twin: every rank at once, same threads, same timer; at 1 rank the case itself on "
-    "its 1-rank group), run after the case (none beside it: a compiled case; or the one beside it "
-    "did not end well), placed by the "
-    "profiled trace scaled to it; α–β communication on one stream"
+    "its 1-rank group), run after the case (none beside it: on a GPU, which the two would share; a "
+    "compiled case; or the one beside it did not end well), placed by the profiled trace (on a GPU: "
+    "its kernels) scaled to it; α–β communication on one stream"
 )
 METHOD_EMULATED = (
     "modelled: compute = this emulated rank's timed steps (collectives take no time), placed by its "
     "profiled trace scaled to it; α–β communication on one stream; every rank assumed alike"
 )
 METHOD_KERNELS = (
-    "modelled: compute = the profiled step's kernels (device clock); α–β communication on one stream"
+    "modelled: compute = the profiled step's kernels (device clock; no compute twin timed: where the "
+    "host cannot launch kernels as fast as they run, the step is longer than this); α–β communication "
+    "on one stream"
 )
 METHOD_PROFILED = (
     "modelled: compute = the profiled step's, the profiler's cost included (no bare measurement); "
