@@ -16,7 +16,7 @@ import pytest
 # servers and ranks inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tests.helpers import made_once, one_rank_gloo, reference_losses  # noqa: E402  (imports torch: after the line above)
+from tests.helpers import made_once, one_rank_gloo, reference_losses, repo_pythonpath  # noqa: E402  (imports torch: after the line above)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -113,7 +113,8 @@ def one_case_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     scenario.write_text(ONE_CASE_SCENARIO)
     run_dir = root / "run"
     command = [sys.executable, "-m", "fsdpbench", "run", str(scenario), "--out", str(run_dir), "--no-report"]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}  # this checkout's fsdpbench, not an installed one
+    # this checkout's fsdpbench, not an installed one
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO)}
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     return run_dir

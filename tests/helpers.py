@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +23,12 @@ CPU: dict[str, str] = {"device": "cpu", "backend": "gloo"}
 # tests that need a GPU: `-m cuda` selects them, and elsewhere they are skipped with this reason
 NO_CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False on this machine)"
 CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_REASON)]
+
+
+def repo_pythonpath(root: Path) -> str:
+    """PYTHONPATH for a subprocess that must import this checkout's fsdpbench: the checkout first, then
+    what the caller's PYTHONPATH already holds (packages installed with ``pip --target`` stay importable)."""
+    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def requires_cuda(test: Callable) -> Callable:

@@ -13,6 +13,7 @@ import pytest
 
 from fsdpbench.case import Case
 from fsdpbench.predictors.memory_model import predict_memory
+from tests.helpers import repo_pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ def run_script(script: str, *argv: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": repo_pythonpath(REPO)},
         timeout=300,
     )
 

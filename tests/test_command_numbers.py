@@ -49,6 +49,9 @@ def test_memory_sizes_are_finite_and_bounded():
 def test_compare_refuses_more_cpu_ranks_than_run_allows(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     out = tmp_path / "cmp"
-    code, text = run(capsys, "compare", "--world-size", "99", "--out", str(out), "--no-report")
+    # CPU ranks named: on a GPU machine compare's default device is cuda (then the refusal counts GPUs)
+    code, text = run(
+        capsys, "compare", "--world-size", "99", "--set", "device=cpu", "--out", str(out), "--no-report"
+    )
     assert code == 2 and "world_size: 99 CPU ranks on 2 cores (limit 8" in text
     assert "--allow-oversubscribe" in text and not out.exists()  # nothing started

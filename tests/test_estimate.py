@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
+import torch
 import torch.distributed as dist
+from torch.torch_version import TorchVersion
 
 from fsdpbench.case import Case
 from fsdpbench.predictors.memory_model import predict_memory
@@ -110,7 +112,10 @@ def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
     import fsdpbench.metrics.tracker as tracker
     import fsdpbench.predictors.traced as traced
 
-    assert tracker.fsdp2_tracker_class() is not FSDPMemTracker  # this torch's tracker takes the quick path
+    # the set-up's torch (2.13) takes the quick path; an older one's tracker (2.11 on the GPU machines) has
+    # no test to share, and only the other shortcuts are compared
+    if TorchVersion(torch.__version__) >= "2.13":
+        assert tracker.fsdp2_tracker_class() is not FSDPMemTracker
 
     def figures(rank: int) -> tuple:
         e = estimate(case, rank=rank)

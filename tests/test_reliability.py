@@ -27,7 +27,7 @@ from fsdpbench.pipeline.results import RunStore, load_results
 from fsdpbench.pipeline.rundir import RunDirError, RunLock, check_inside
 from fsdpbench.pipeline.runner import run_cases
 from fsdpbench.pipeline.scenario import load_scenario
-from tests.helpers import FAULTS, assert_all_gone, run, tiny_case, wait_until
+from tests.helpers import FAULTS, assert_all_gone, repo_pythonpath, run, tiny_case, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = (
@@ -121,7 +121,7 @@ def wait_for_the_hang(proc: subprocess.Popen, case_dir: Path) -> list[int]:
 def start_orchestrator(scenario: Path, out: Path, *, ignoring_sigint: bool = False) -> subprocess.Popen:
     """``fsdpbench run`` in its own process group (as a terminal's foreground job is); with
     ``ignoring_sigint``, started with SIGINT ignored, as a script's background job is."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(ROOT)}
 
     def prepare() -> None:
         if ignoring_sigint:
@@ -519,7 +519,7 @@ def test_sigterm_to_compare_marks_the_run_interrupted_and_exits_143(tmp_path: Pa
             "--no-report",
         ],
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": repo_pythonpath(ROOT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fsdpbench.analysis.regress import SAMPLED
+from tests.helpers import repo_pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = """
@@ -34,7 +35,7 @@ def fsdpbench(cwd: Path, *argv: str) -> subprocess.CompletedProcess:
     """The command as a user's shell runs it from ``cwd``: -P, so the current directory is not on
     sys.path (as for the installed ``fsdpbench`` script; ``python -m`` would put it there)."""
     env = {k: v for k, v in os.environ.items() if k != "FSDPBENCH_ALLOW_PLUGINS"}
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = repo_pythonpath(ROOT)
     return subprocess.run(
         [sys.executable, "-P", "-m", "fsdpbench", *argv], cwd=cwd, env=env, capture_output=True, text=True
     )

@@ -18,6 +18,7 @@ from rich.console import Console
 from fsdpbench.analysis.summary import print_summary
 from fsdpbench.commands.running import case_progress
 from fsdpbench.schema import CASE_ID, OK
+from tests.helpers import repo_pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 H100_ROWS = ROOT / "tests" / "data" / "gpu-h100" / "single_gpu_decoder-base_results.parquet"
@@ -27,7 +28,7 @@ def test_the_gloo_probe_sends_library_log_lines_to_the_run_directory(tmp_path):
     """C++ log lines (c10d at INFO, as kineto's are) written by the probe processes to fds 1 and 2 land
     in <run dir>/comm_probe/gloo_n2_rank<r>.log; the terminal gets the one line that says what runs."""
     script = "from pathlib import Path; from fsdpbench.predictors.comm_probe import probe; probe(Path(%r), 2)"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCH_CPP_LOG_LEVEL": "INFO"}
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(ROOT), "TORCH_CPP_LOG_LEVEL": "INFO"}
     env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     proc = subprocess.run(
         [sys.executable, "-c", script % str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
@@ -99,7 +100,7 @@ def test_a_plain_test_run_prints_no_benchmark_table_and_enable_times_them():
     # in one process (-n 0), with pytest-benchmark on but not timing (addopts), then timing: a test process
     # of a parallel run has pytest-xdist's PYTEST_XDIST_*, which would turn pytest-benchmark off
     outer = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
-    env = {**outer, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    env = {**outer, "PYTHONPATH": repo_pythonpath(ROOT), "COLUMNS": "80"}
     pytest = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0"]
     plain = subprocess.run(
         [*pytest, test],

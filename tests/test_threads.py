@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsdpbench.engine.threads import rank_cores, rank_threads
+from tests.helpers import repo_pythonpath
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +39,7 @@ def test_the_main_thread_and_the_intra_op_thread_are_bound_one_per_core() -> Non
         "tids = pin_compute_threads(cores)\n"
         "print(json.dumps([[t, sorted(os.sched_getaffinity(t))] for t in tids]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     pinned = json.loads(done.stdout.strip().splitlines()[-1])
@@ -68,7 +69,8 @@ def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:
         "gomp = 'libgomp' in open('/proc/self/maps').read()\n"
         "print(json.dumps([one, two, gomp]))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"PYTHONPATH": str(REPO)}
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env["PYTHONPATH"] = repo_pythonpath(REPO)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr
     one, two, gomp = json.loads(done.stdout.strip().splitlines()[-1])
