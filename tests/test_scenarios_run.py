@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from fsdpbench.pipeline.launch import launch_case
 from fsdpbench.pipeline.scenario import load_scenario
@@ -13,6 +14,9 @@ from tests.helpers import CPU
 
 SCENARIOS = sorted((Path(__file__).parents[1] / "scenarios").glob("*.yaml"))
 ONE_STEP = {"warmup_steps": 1, "steps": 1, "memory_steps": 1, "profile_steps": 0, "bare_steps": 1}
+# a GPU-sized scenario (its defaults name device: cuda) made CPU-sized: decoder-base's one step at batch 8,
+# seq 1024 takes minutes on 2 cores
+CPU_SIZED = {"model": "decoder-mini", "batch_size": 2, "seq_len": 32}
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
@@ -57,7 +61,8 @@ def test_knob_studies_exist_and_sweep_their_knob() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_a_cpu_sized_variant_runs(path: Path, tmp_path: Path) -> None:
-    scenario = load_scenario(path, overrides={**ONE_STEP, **CPU})
+    gpu_sized = (yaml.safe_load(path.read_text()).get("defaults") or {}).get("device") == "cuda"
+    scenario = load_scenario(path, overrides={**ONE_STEP, **CPU, **(CPU_SIZED if gpu_sized else {})})
     runnable = [c for c in scenario.cases if not c.compile]
     if not runnable:
         pytest.skip(f"{path.name}: every case skipped here: {scenario.skipped[0].reason}")
