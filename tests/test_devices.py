@@ -15,6 +15,9 @@ from fsdpbench.pipeline.launch import launch_case
 from fsdpbench.pipeline.scenario import check_devices, parse_scenario, resolve_backend
 from tests.helpers import CPU, tiny_case
 
+# what a skip for too few GPUs adds where there is at least one
+EMULATE_HINT = "; run --emulate measures its ranks one at a time on one GPU here"
+
 
 @pytest.fixture
 def one_gpu_visible(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -27,7 +30,7 @@ def one_gpu_visible(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_more_cuda_ranks_than_gpus_are_skipped_whatever_the_backend(one_gpu_visible, backend: str) -> None:
     assert check_devices(Case(device="cuda", backend=backend, world_size=1)) is None
     reason = check_devices(Case(device="cuda", backend=backend, world_size=2))
-    assert reason == "needs 2 GPUs (one per rank, device cuda), 1 visible"
+    assert reason == "needs 2 GPUs (one per rank, device cuda), 1 visible" + EMULATE_HINT
 
 
 def test_cpu_ranks_never_need_a_gpu(one_gpu_visible) -> None:
@@ -39,7 +42,7 @@ def test_no_cuda_means_no_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert (
         check_devices(Case(device="cuda", backend="nccl"))
-        == "needs 1 GPUs (one per rank, device cuda), 0 visible"
+        == "needs 1 GPU (one per rank, device cuda), 0 visible"  # no GPU: nothing to emulate on
     )
 
 
@@ -49,7 +52,7 @@ def test_a_scenario_on_one_gpu_skips_the_two_rank_gloo_case_with_its_reason(one_
     )
     assert [c.world_size for c in s.cases] == [1]
     assert [(k.case.world_size, k.reason) for k in s.skipped] == [
-        (2, "needs 2 GPUs (one per rank, device cuda), 1 visible")
+        (2, "needs 2 GPUs (one per rank, device cuda), 1 visible" + EMULATE_HINT)
     ]
 
 
@@ -69,7 +72,7 @@ def test_a_case_built_in_code_is_skipped_by_launch_before_any_process_starts(
     outcome = launch_case(case, tmp_path / case.case_id)
     assert (outcome.status, outcome.error) == (
         "skipped",
-        "needs 2 GPUs (one per rank, device cuda), 1 visible",
+        "needs 2 GPUs (one per rank, device cuda), 1 visible" + EMULATE_HINT,
     )
     assert outcome.ranks == [] and not (tmp_path / case.case_id).exists()
 
