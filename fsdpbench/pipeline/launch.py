@@ -75,6 +75,19 @@ class CaseOutcome:
     pids: list[int] = field(default_factory=list)  # the rank processes (all gone when launch_case returns)
 
 
+def start_forkserver() -> None:
+    """Start the fork server now (``run``/``compare``, from cli.py before anything else is imported): its
+    preloads (torch and fsdpbench's worker: ~2 s on 2 cores) then overlap the orchestrator's own imports
+    and scenario checks (~2 s) instead of following them at the first case. A plugin's directory must be
+    on ``sys.path`` before this (``scenario.enable_plugin_imports``): the server keeps the one it starts
+    with. If the orchestrator exits first (a malformed scenario: exit 2), the server dies with it (its
+    first preload, ``_forkserver_lifeline``)."""
+    from multiprocessing import forkserver
+
+    forkserver_context()
+    forkserver.ensure_running()
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (a process group's MASTER_PORT)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
