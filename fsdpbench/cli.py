@@ -74,6 +74,7 @@ _NO_RANKS = ("--dry-run", "--export-cases", "--collect", "--help")
 def _start_forkserver_if_ranks_will_run(argv: list[str]) -> None:
     """``run`` and ``compare`` start their fork server before importing anything else (launch.py's
     ``start_forkserver``): ~2 s sooner to the first case. Not where no rank will run."""
+    # not a column: the commands
     if not argv or argv[0] not in ("run", "compare"):
         return
     options = [a.split("=", 1)[0] for a in argv[1:] if a.startswith("-")]
