@@ -81,11 +81,6 @@ def _start_forkserver_if_ranks_will_run(argv: list[str]) -> None:
     abbreviates = [o for o in options if o.startswith("--") and len(o) > 3]
     if "-h" in options or any(n.startswith(o) for o in abbreviates for n in _NO_RANKS):
         return
-    from fsdpbench.pipeline import scenario
-
-    plugins = any(len(o) > 8 and "--allow-plugins".startswith(o) for o in options)
-    if scenario.plugins_allowed(plugins or None):
-        scenario.enable_plugin_imports()  # before the server starts: it keeps this sys.path
     from fsdpbench.pipeline.launch import start_forkserver
 
     start_forkserver()

@@ -78,10 +78,11 @@ class CaseOutcome:
 def start_forkserver() -> None:
     """Start the fork server now (``run``/``compare``, from cli.py before anything else is imported): its
     preloads (torch and fsdpbench's worker: ~2 s on 2 cores) then overlap the orchestrator's own imports
-    and scenario checks (~2 s) instead of following them at the first case. A plugin's directory must be
-    on ``sys.path`` before this (``scenario.enable_plugin_imports``): the server keeps the one it starts
-    with. If the orchestrator exits first (a malformed scenario: exit 2), the server dies with it (its
-    first preload, ``_forkserver_lifeline``)."""
+    and scenario checks (~2 s) instead of following them at the first case. What the orchestrator does
+    to ``sys.path`` later still reaches the ranks (a plugin's directory, ``run --allow-plugins``): every
+    launch hands its child the launching process's ``sys.path`` (multiprocessing's preparation data). If
+    the orchestrator exits first (a malformed scenario: exit 2), the server dies with it (its first
+    preload, ``_forkserver_lifeline``)."""
     from multiprocessing import forkserver
 
     forkserver_context()
