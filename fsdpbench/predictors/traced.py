@@ -193,7 +193,7 @@ def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> 
             model, optimizer = parallel.model, parallel.optimizer
             tracker = build_tracker(model, optimizer, parallel.strategy.fsdp_root(model))
             states: dict[str, int] = {}
-            recorder = _recorder(record_stream, tracker, model, optimizer)
+            recorder = _recorder(record_stream, tracker, model, optimizer, device.type)
             with recorder.attached() if recorder else contextlib.nullcontext(), tracker:
                 if recorder:
                     recorder.begin_step(_host_step_counters(optimizer) if cuda_rules else [])
@@ -244,12 +244,12 @@ def _create_fsdp2_states(parallel: Any) -> None:
     parallel.optimizer.zero_grad(set_to_none=True)
 
 
-def _recorder(active: bool, tracker: Any, model: Any, optimizer: Any) -> Any:
+def _recorder(active: bool, tracker: Any, model: Any, optimizer: Any, device_type: str) -> Any:
     if not active:
         return None
     from fsdpbench.predictors.traced_stream import StreamRecorder
 
-    return StreamRecorder(tracker, model, optimizer)
+    return StreamRecorder(tracker, model, optimizer, device_type)
 
 
 def _trace_notes(case: Case, device: torch.device, cuda_rules: bool) -> list[str]:

@@ -44,7 +44,11 @@ LAZY_KINDS = ("opt",)  # tracker categories the first optimizer.step creates (th
 class StreamRecorder:
     """Listens to a tracker's snapshot updates for one step; ``stream()`` gives the result."""
 
-    def __init__(self, tracker: Any, model: torch.nn.Module, optimizer: Any) -> None:
+    def __init__(self, tracker: Any, model: torch.nn.Module, optimizer: Any, device_type: str) -> None:
+        # the device whose allocator the stream stands for: the trace's ("cpu" where CUDA's rules stand in
+        # for CUDA kernels on fake CPU tensors). A trace on fake CUDA tensors also makes host tensors (the
+        # optimizer's step counters), which the CUDA caching allocator never sees
+        self.device_type = device_type
         self.tracker = tracker
         self.model = model
         self.optimizer = optimizer
@@ -150,7 +154,7 @@ class StreamRecorder:
             self._alloc(winfo, nbytes)
 
     def _alloc(self, winfo: Any, nbytes: int) -> None:
-        if nbytes <= 0 or winfo.device.type not in ("cuda", "cpu"):
+        if nbytes <= 0 or winfo.device.type != self.device_type:
             return
         self.serial += 1
         key = f"t{self.serial}"
