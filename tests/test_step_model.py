@@ -566,6 +566,19 @@ def test_a_one_gpu_case_is_modelled_from_its_twin_run_after_it(tmp_path: Path) -
     assert row["model_comm_ms"] == 0.0 and row[MODEL_COMPUTE_BARE] > 0
     assert row["model_step_time_ms"] == pytest.approx(row[MODEL_COMPUTE_BARE])
     assert (store.case_dir(row["case_id"]) / "compute_twin" / "rank0.json").exists()
+    assert row["model_link"] == "one rank (no collective leaves the process)"  # not nvlink4
+
+
+@pytest.mark.parametrize("spec", ["auto", "nvlink4", "ib-ndr400", "gloo"])
+def test_a_one_rank_case_names_no_link_on_any_backend(spec: str, tmp_path: Path) -> None:
+    from fsdpbench.predictors.comm_model import LINK_PRESETS, ONE_RANK_LINK
+    from fsdpbench.predictors.comm_probe import resolve_link
+
+    for backend in ("nccl", "gloo"):
+        assert resolve_link(spec, backend, 1, tmp_path) is ONE_RANK_LINK
+    if spec != "gloo":  # at 2 ranks the link is the one named (auto: nvlink4 for NCCL)
+        assert resolve_link(spec, "nccl", 2, tmp_path) is LINK_PRESETS["nvlink4" if spec == "auto" else spec]
+    assert not (tmp_path / "comm_probe").exists()  # nothing probed
 
 
 def test_report_shows_error_where_checkable_and_the_reason_where_not() -> None:

@@ -306,14 +306,17 @@ def gloo_link(run_dir: Path, world_size: int) -> Link:
 
 def resolve_link(spec: str, backend: str, world_size: int, run_dir: Path) -> Link:
     """The Link a --link value names for a case: 'auto' is the probed gloo link for gloo cases
-    and nvlink4 for the others; 'gloo' is probed (cached in the run directory), except for a 1-rank
-    case, which has nothing to probe (ONE_RANK_LINK)."""
+    and nvlink4 for the others; 'gloo' is probed (cached in the run directory). A 1-rank case, on any
+    link, has no collective that leaves its process: nothing to probe, and no link to name
+    (ONE_RANK_LINK; a 1-GPU NCCL case was labelled nvlink4)."""
     from fsdpbench.predictors.comm_model import AUTO, LINK_PRESETS, ONE_RANK_LINK, parse_explicit_link
 
+    if world_size == 1:
+        return ONE_RANK_LINK
     if spec == AUTO:
         spec = "gloo" if backend == "gloo" else "nvlink4"
     if spec == "gloo":
-        return ONE_RANK_LINK if world_size == 1 else gloo_link(run_dir, world_size)
+        return gloo_link(run_dir, world_size)
     if spec in LINK_PRESETS:
         return LINK_PRESETS[spec]
     return parse_explicit_link(spec)
