@@ -277,7 +277,7 @@ def add_step_model(
             method = step_model.METHOD_EMULATED
         elif launch_twin:
             # on a GPU too: a step the host cannot launch fast enough (decoder-base in bf16 on an H200:
-            # 26-30 ms of kernels in a 50-92 ms step) is host time, which the kernels do not show
+            # 26-30 ms of kernels in a 48-121 ms step) is host time, which the kernels do not show
             bare, interleaved = twin_compute_ms(case, case_dir)
             method = step_model.METHOD_TWIN_INTERLEAVED if interleaved else step_model.METHOD_TWIN
         if not bare:

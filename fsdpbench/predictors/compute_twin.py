@@ -55,9 +55,9 @@ def twin_case(case: Case, *, interleaved: bool = False) -> Case:
 def interleaved_twin(case: Case) -> Case | None:
     """The twin to start beside a real CPU case's ranks (``launch_case(twin=…)``), or None where none
     is: on a GPU (the two would share the device's memory and kernels: it runs after the case), an
-    emulated case (its timed steps are compute
-    already), a compiled case (emulation is eager only; at 1 rank the twin's compilation could
-    outlast the case's wait for its first turn: it runs after the case instead)."""
+    emulated case (its timed steps are compute already), a compiled case (emulation is eager only; at
+    1 rank the twin's compilation could outlast the case's wait for its first turn: it runs after the
+    case instead)."""
     from fsdpbench.predictors.emulate import check_emulation
 
     if case.emulate or case.compile or case.device.split(":", 1)[0] != "cpu" or not case.steps:
