@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -104,7 +106,26 @@ def profile_steps(device: torch.device, trace_path: Path) -> Iterator[None]:
         yield
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    prof.export_chrome_trace(str(trace_path))
+    export_gzipped_trace(prof, trace_path)
+
+
+# zlib's default level 6: a tiny case's 1.45 MB trace in 8 ms (93 KB); level 9 took 36 ms for 81 KB
+TRACE_GZIP_LEVEL = 6
+
+
+def export_gzipped_trace(prof: Any, trace_path: Path) -> None:
+    """``prof``'s Chrome trace at ``trace_path`` (.json.gz), by way of a plain JSON file beside it.
+    ``export_chrome_trace`` with a .gz path writes its JSON to the system's temporary directory, outside
+    the run, and gzips it a line at a time: 0.075 s of a tiny case's rank (2-core CPU, 47,775 lines),
+    where one pass over the file takes 0.008 s."""
+    trace_path = Path(trace_path)
+    plain = trace_path.with_name(trace_path.name + ".partial")  # not .json: never read as a trace
+    prof.export_chrome_trace(str(plain))  # a path without .gz: torch writes it there, as it is
+    try:
+        with open(plain, "rb") as src, gzip.open(trace_path, "wb", compresslevel=TRACE_GZIP_LEVEL) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    finally:
+        plain.unlink(missing_ok=True)
 
 
 def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: int) -> dict[str, Any]:
