@@ -27,19 +27,31 @@ H100_ROWS = ROOT / "tests" / "data" / "gpu-h100" / "single_gpu_decoder-base_resu
 def test_the_gloo_probe_sends_library_log_lines_to_the_run_directory(tmp_path):
     """C++ log lines (c10d at INFO, as kineto's are) written by the probe processes to fds 1 and 2 land
     in <run dir>/comm_probe/gloo_n2_rank<r>.log; the terminal gets the one line that says what runs."""
-    script = "from pathlib import Path; from fsdpbench.predictors.comm_probe import probe; probe(Path(%r), 2)"
+    # one repetition of each sequence: where the lines go does not depend on how long the probe measures
+    script = "from pathlib import Path; from fsdpbench.predictors.comm_probe import probe; "
+    script += "probe(Path(%r), 2, reps=1)"
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(ROOT), "TORCH_CPP_LOG_LEVEL": "INFO"}
     env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    system_tmp = tmp_path / "system_tmp"  # the probe's scratch file goes in the run, not here
+    system_tmp.mkdir()
+    env["TMPDIR"] = str(system_tmp)
+    run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-c", script % str(tmp_path)], capture_output=True, text=True, env=env, timeout=300
+        [sys.executable, "-c", script % str(run_dir)], capture_output=True, text=True, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout == ""
     assert proc.stderr == "probing gloo with 2 processes for the step-time model …\n"
     for rank in (0, 1):
-        log = (tmp_path / "comm_probe" / f"gloo_n2_rank{rank}.log").read_text()
+        log = (run_dir / "comm_probe" / f"gloo_n2_rank{rank}.log").read_text()
         assert "[c10d" in log  # the C++ side's lines are there, not on the terminal
-    assert (tmp_path / "comm_probe" / "gloo_n2.json").exists()
+    assert sorted(p.name for p in (run_dir / "comm_probe").iterdir()) == [
+        "gloo_n2.json",
+        "gloo_n2_rank0.log",
+        "gloo_n2_rank1.log",
+    ]
+    # no file in the system's temporary directory (importing torch._dynamo makes an empty directory there)
+    assert [p for p in system_tmp.rglob("*") if not p.is_dir()] == []
 
 
 def _summary(width: int) -> tuple[str, list[str]]:

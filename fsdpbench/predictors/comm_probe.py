@@ -253,7 +253,8 @@ def run_probe(
     from fsdpbench.pipeline.launch import forkserver_context
 
     ctx = forkserver_context()
-    with tempfile.TemporaryDirectory() as tmp:
+    # rank 0's points: in the run's directory where there is one (nothing is written outside a run)
+    with tempfile.TemporaryDirectory(dir=log_dir) as tmp:
         out = str(Path(tmp) / "points.json")
         logs = [
             str(probe_log_path(log_dir, world_size, r)) if log_dir else os.devnull for r in range(world_size)
@@ -280,16 +281,16 @@ def run_probe(
         return json.loads(Path(out).read_text())
 
 
-def probe(run_dir: Path, world_size: int) -> dict[str, Any]:
-    """The probe's result for ``world_size`` CPU ranks, from the run's cache or measured now:
-    {"link": Link fields, "points": [...], "world_size": N}."""
+def probe(run_dir: Path, world_size: int, reps: int = PROBE_REPS) -> dict[str, Any]:
+    """The probe's result for ``world_size`` CPU ranks, from the run's cache or measured now (``reps``
+    repetitions of each sequence): {"link": Link fields, "points": [...], "world_size": N}."""
     world_size = max(2, int(world_size))
     path = Path(run_dir) / "comm_probe" / f"gloo_n{world_size}.json"
     if path.exists():
         return json.loads(path.read_text())
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
-    measured = run_probe(world_size, log_dir=path.parent)
+    measured = run_probe(world_size, reps, log_dir=path.parent)
     link = fit_link(measured["points"], world_size, queued_points=measured.get("points_queued"))
     result = {"link": link.to_dict(), "world_size": world_size, **measured}
     write_atomically(path, json.dumps(result, indent=1).encode())
