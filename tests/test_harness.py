@@ -93,3 +93,25 @@ def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_gr
 
     with Leftover():
         assert instruments_left_installed() == ["1 dispatch mode(s)"]
+
+
+def test_the_profiled_steps_trace_is_written_in_the_case_directory_only(tmp_path: Path, monkeypatch):
+    """The Chrome trace goes to ``trace_rank0.json.gz`` by way of a plain file beside it, never through
+    the system's temporary directory (torch's own .gz export writes its JSON there first)."""
+    import tempfile
+
+    from fsdpbench.metrics.overlap import load_trace
+    from fsdpbench.metrics.profiled import profile_steps
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a temporary file outside the case directory")
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", refused)
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    case_dir = tmp_path / "case"
+    case_dir.mkdir()
+    with profile_steps(torch.device("cpu"), case_dir / "trace_rank0.json.gz"):
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    assert [p.name for p in case_dir.iterdir()] == ["trace_rank0.json.gz"]
+    names = {e.get("name") for e in load_trace(case_dir / "trace_rank0.json.gz")["traceEvents"]}
+    assert "aten::mm" in names
