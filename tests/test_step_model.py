@@ -610,6 +610,36 @@ def test_report_shows_error_where_checkable_and_the_reason_where_not() -> None:
     assert _fmt_modelled(unchecked, 90.0) == f"90.0 ms, unchecked ({contended})"  # the full case table
 
 
+def test_report_says_where_the_measured_steps_spread_wider_than_the_models_band() -> None:
+    """A case whose own timed steps spread over 20 % of their median (p10–p90) gets that beside its
+    modelled figure, and the scenario's error line counts such cases; a steady case gets nothing."""
+    import pandas as pd
+
+    from fsdpbench.report.tables import _fmt_modelled, model_error_lines, steps_spread
+
+    cases = pd.DataFrame(
+        {
+            "label": ["ddp n2", "zero1 n2"],
+            "scenario": ["ci"] * 2,
+            "status": ["ok"] * 2,
+            "step_time_ms": [10.0, 20.0],
+            "step_time_p10_ms": [9.5, 16.0],  # ddp: 10 % of its median; zero1: 60 %
+            "step_time_p90_ms": [10.5, 28.0],
+            "model_step_time_ms": [10.2, 18.0],
+            "model_step_err": [0.02, -0.10],
+            MODEL_CHECKABLE: [True, True],
+            "model_link": ["gloo (α=1 µs, busbw=1 GB/s)"] * 2,
+        }
+    )
+    steady, unsteady = cases.iloc[0], cases.iloc[1]
+    assert steps_spread(steady) == pytest.approx(0.10) and steps_spread(unsteady) == pytest.approx(0.60)
+    assert _fmt_modelled(steady, 10.2) == "10.2 ms on gloo (+2.0%)"
+    assert _fmt_modelled(unsteady, 18.0) == "18.0 ms on gloo (-10.0%); measured steps spread 60% (p10–p90)"
+    (line,) = model_error_lines(cases)
+    assert "1 of them with measured steps spread over 20% of their median (p10–p90)" in line
+    assert steps_spread(cases.drop(columns=["step_time_p10_ms"]).iloc[1]) is None  # rows from before it
+
+
 @pytest.mark.slow
 def test_one_emulated_rank_gives_a_modelled_n_rank_step_on_a_preset_link(tmp_path: Path) -> None:
     from fsdpbench.metrics.step_model import METHOD_EMULATED

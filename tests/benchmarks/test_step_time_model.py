@@ -72,16 +72,19 @@ def one_run(out: Path) -> list[dict[str, Any]]:
 
 
 def unsteady(row: dict[str, Any]) -> bool:
-    """Whether a case's own timed steps vary more than the target allows the model: their p10–p90
-    spans more than twice CASE_LIMIT of their median, so the median of a few steps can land anywhere
-    in it (on CPU ranks gloo's collectives have a fast and a slow mode: docs/step-time-model.md)."""
-    return (row["p90_ms"] - row["p10_ms"]) > 2 * CASE_LIMIT * row["measured_ms"]
+    """Whether a case's own timed steps spread wider than the band the model is checked to, as the
+    report counts them (``report.tables.UNSTEADY_STEPS_SPREAD``)."""
+    from fsdpbench.report.tables import UNSTEADY_STEPS_SPREAD
+
+    return (row["p90_ms"] - row["p10_ms"]) > UNSTEADY_STEPS_SPREAD * row["measured_ms"]
 
 
 def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
     """Markdown: one row per case, per run measured (its steps' p10–p90) / modelled (error); the
     verdict per run, with how many case-runs had steps too unsteady for the target to be a test of
     the model (counted, not left out)."""
+    from fsdpbench.report.tables import UNSTEADY_STEPS_SPREAD
+
     runs_head = " | ".join(f"run {i + 1}: measured (p10–p90) / modelled (error)" for i in range(len(runs)))
     head = "| scenario | case | " + runs_head
     lines = [head + " |", "| --- | --- |" + " --- |" * len(runs)]
@@ -103,7 +106,7 @@ def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
             f"load average at its start {load[k]}; link {rows[-1]['link']}; "
             f"{sum(r['no_idle_core'] for r in rows)} of {len(rows)} cases modelled with no idle core; "
             f"{sum(unsteady(r) for r in rows)} of {len(rows)} cases with their own steps' p10–p90 wider "
-            f"than {2 * CASE_LIMIT:.0%} of their median"
+            f"than {UNSTEADY_STEPS_SPREAD:.0%} of their median"
         )
     return "\n".join(lines)
 
