@@ -297,7 +297,8 @@ def steps_spread(r: pd.Series) -> float | None:
     return (hi - lo) / median
 
 
-def _unsteady(r: pd.Series) -> bool:
+def unsteady_steps(r: pd.Series) -> bool:
+    """Whether the case's timed steps spread wider than UNSTEADY_STEPS_SPREAD of their median."""
     spread = steps_spread(r)
     return spread is not None and spread > UNSTEADY_STEPS_SPREAD
 
@@ -324,7 +325,7 @@ def _fmt_modelled(r: pd.Series, v: Any) -> str:
         + (f" on {link}" if link else "")
         + (f" ({fmt_pct(err)})" if err is not None else "")
         + (f", exposed comm {exposed:.1f} ms" if exposed is not None else "")
-        + (f"; measured steps spread {steps_spread(r):.0%} (p10–p90)" if _unsteady(r) else "")
+        + (f"; measured steps spread {steps_spread(r):.0%} (p10–p90)" if unsteady_steps(r) else "")
     )
 
 
@@ -427,7 +428,7 @@ def model_error_lines(cases: pd.DataFrame) -> list[str]:
                 f"modelled vs measured step time over {len(errs)} case(s): mean absolute error "
                 f"{errs.abs().mean():.1%}, worst {errs[worst]:+.1%} ({checked.at[worst, 'label']})"
             )
-            unsteady = int(checked.loc[errs.index].apply(_unsteady, axis=1).sum())
+            unsteady = int(checked.loc[errs.index].apply(unsteady_steps, axis=1).sum())
             if unsteady:
                 parts.append(
                     f"{unsteady} of them with measured steps spread over {UNSTEADY_STEPS_SPREAD:.0%} "

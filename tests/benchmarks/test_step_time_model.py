@@ -50,6 +50,7 @@ def one_run(out: Path) -> list[dict[str, Any]]:
     from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.report.data import build_case_frame
+    from fsdpbench.report.tables import unsteady_steps
 
     frame = run_cases(checkable_cases(), [], RunStore(out), {"env": {}}, link="auto")
     cases = build_case_frame(frame)
@@ -66,17 +67,10 @@ def one_run(out: Path) -> list[dict[str, Any]]:
             "error": float(r["model_step_err"]),
             "link": str(r["model_link"]),
             "no_idle_core": "no idle core" in str(r["model_method"]),
+            "unsteady": unsteady_steps(r),  # the report's rule, counted as it counts them
         }
         for _, r in cases.iterrows()
     ]
-
-
-def unsteady(row: dict[str, Any]) -> bool:
-    """Whether a case's own timed steps spread wider than the band the model is checked to, as the
-    report counts them (``report.tables.UNSTEADY_STEPS_SPREAD``)."""
-    from fsdpbench.report.tables import UNSTEADY_STEPS_SPREAD
-
-    return (row["p90_ms"] - row["p10_ms"]) > UNSTEADY_STEPS_SPREAD * row["measured_ms"]
 
 
 def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
@@ -105,7 +99,7 @@ def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
             f"(every case ≤ {CASE_LIMIT:.0%}, mean ≤ {MEAN_LIMIT:.0%}); "
             f"load average at its start {load[k]}; link {rows[-1]['link']}; "
             f"{sum(r['no_idle_core'] for r in rows)} of {len(rows)} cases modelled with no idle core; "
-            f"{sum(unsteady(r) for r in rows)} of {len(rows)} cases with their own steps' p10–p90 wider "
+            f"{sum(r['unsteady'] for r in rows)} of {len(rows)} cases with their own steps' p10–p90 wider "
             f"than {UNSTEADY_STEPS_SPREAD:.0%} of their median"
         )
     return "\n".join(lines)
