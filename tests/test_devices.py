@@ -5,6 +5,7 @@ These run on any machine: where the behaviour depends on CUDA being present, its
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from fsdpbench.case import Case
 from fsdpbench.pipeline.launch import launch_case
 from fsdpbench.pipeline.scenario import check_devices, parse_scenario, resolve_backend
+from fsdpbench.pipeline.worker import resolve_device
 from tests.helpers import CPU, tiny_case
 
 # what a skip for too few GPUs adds where there is at least one
@@ -111,3 +113,14 @@ def test_the_traced_predictor_keeps_a_cpu_case_on_cpu_where_the_accelerator_is_c
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
     est = estimate(Case(model="decoder-tiny", strategy="zero3", world_size=4, **CPU), rank=0)
     assert (est.peak_bytes, est.model_states_bytes) == (5347356, 689492)
+
+
+def test_a_cpu_cases_rank_hides_the_machines_gpus_from_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before anything in the rank can ask for a GPU (DCP's writer made a CUDA context on GPU 0 in every
+    rank of a CPU checkpoint case). On a GPU machine, test_on_cuda.py checks what this does to torch and
+    the driver; a CUDA case's rank keeps its GPUs."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    assert resolve_device(Case(**CPU), 0) == torch.device("cpu")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
+    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"  # torch asks NVML, not the driver

@@ -8,16 +8,20 @@ here the columns must exist and be ordered as the sources' definitions order the
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import CUDA_ONLY, run_with_predictions, tiny_case
+from tests.helpers import CUDA_ONLY, repo_pythonpath, run_with_predictions, tiny_case
 
 pytestmark = CUDA_ONLY
 
+REPO = Path(__file__).resolve().parents[1]
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp1_full")
 
 
@@ -58,3 +62,32 @@ def test_one_rank_on_cuda_measures_every_source_and_predicts_beside_it(strategy:
     for err in ("pred_peak_err", "pred_model_states_err"):
         assert math.isfinite(row[err]) and abs(row[err]) < 0.5, (err, row[err])
     assert math.isfinite(row["step_time_ms"]) and row["step_time_ms"] > 0
+
+
+CPU_RANK_SAVES = """
+import torch, torch.distributed.checkpoint as dcp
+from fsdpbench.case import Case
+from fsdpbench.pipeline.worker import resolve_device
+resolve_device(Case(device="cpu", backend="gloo"), 0)
+dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter("ckpt"), no_dist=True)
+print(torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.is_initialized())
+"""
+
+
+def test_a_cpu_ranks_checkpoint_leaves_the_gpu_and_the_driver_alone(tmp_path: Path) -> None:
+    """A CPU rank on a GPU machine: DCP's writer, which copies through a CUDA stream wherever CUDA is
+    available, finds none, and the driver is never started (it writes its cache under $HOME/.nv)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": repo_pythonpath(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", CPU_RANK_SAVES],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "0", "False"]
+    assert list(home.rglob("*")) == []

@@ -76,10 +76,20 @@ class RankRecorder:
         write_atomically(self.path, json.dumps(self.result.to_json(), default=str).encode())
 
 
+# What a CPU case's rank sets before anything asks for a GPU, so that it sees none. Libraries that find
+# one use it unasked: DCP's FileSystemWriter copies a CPU state dict through a CUDA stream whenever CUDA
+# is available (torch/distributed/checkpoint/filesystem.py, _OverlappingCpuLoader), which made a CUDA
+# context on GPU 0 in every rank of a CPU checkpoint case on a GPU machine (device memory there, the
+# context's host memory in the rank's RSS, its start-up in the save's time) and the driver's cache
+# under $HOME/.nv. NVML's count answers torch.cuda.is_available() without starting the driver.
+CPU_RANK_ENV = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+
 def resolve_device(case: Case, local_rank: int) -> torch.device:
     if case.device == "cuda":
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
+    os.environ.update(CPU_RANK_ENV)
     return torch.device("cpu")
 
 
