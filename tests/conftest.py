@@ -96,7 +96,8 @@ REPO = Path(__file__).resolve().parent.parent
 ONE_CASE_SCENARIO = """\
 name: one_case
 traced: true
-defaults: {model: decoder-tiny, batch_size: 2, seq_len: 16, optimizer: adamw, precision: fp32, wrap: block,
+defaults: {device: cpu, backend: gloo, model: decoder-tiny, batch_size: 2, seq_len: 16, optimizer: adamw,
+           precision: fp32, wrap: block,
            warmup_steps: 1, steps: 2, memory_steps: 1, bare_steps: 2, time_blocks: 1, time_block_steps: 2,
            timeout_s: 120}
 cases:
