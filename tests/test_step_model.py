@@ -403,7 +403,11 @@ def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache
         for k, a in (("all_reduce", 500.0), ("broadcast", 300.0))
         for s in (4096, 1 << 20)
     ]
-    in_a_burst = [{**p, "time_us": p["time_us"] - 250.0} for p in in_context]  # α 250 and 50 µs
+    # bursts of 8 and 32 issued at once: a start of 900 µs, then per collective α 250 and 50 µs
+    in_a_burst = [
+        {**p, "burst_s": {str(n): [(900.0 + n * (p["time_us"] - 250.0)) / 1e6] * 2 for n in (8, 32)}}
+        for p in in_context
+    ]
     link = fit_link(in_context, world_size=2, queued_points=in_a_burst)
     assert link.alpha_busbw("broadcast") == pytest.approx((300.0, 1.0))
     assert link.alpha_busbw("broadcast", queued=True) == pytest.approx((50.0, 1.0))
@@ -412,6 +416,37 @@ def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache
     cache.parent.mkdir()
     cache.write_text(json.dumps({"link": link.to_dict(), "world_size": 2, "points": in_context}))
     assert gloo_link(tmp_path, 2) == link  # per_kind and per_kind_queued back as tuples
+
+
+def test_a_queued_collective_costs_what_it_adds_to_a_burst_not_a_share_of_its_start() -> None:
+    """A burst of n collectives issued at once takes start + n × (α + S·factor/busbw): the start (gloo's
+    idle threads woken) is the burst's first collective's, timed in context. Per collective of a burst of
+    8 (the line until 2026-11-26), each of ZeRO-1's 38 queued broadcasts paid an eighth of the start."""
+    from fsdpbench.predictors.comm_probe import _fit_bursts
+
+    start_us, alpha_us, us_per_byte = 1600.0, 60.0, 1 / 4e3  # 4 GB/s
+    bursts = [
+        {
+            "kind": "broadcast",  # factor 1
+            "payload_bytes": size,
+            "burst_s": {str(n): [(start_us + n * (alpha_us + size * us_per_byte)) / 1e6] for n in (8, 32)},
+        }
+        for size in (4096, 65536, 1 << 20)
+    ]
+    assert _fit_bursts(bursts, world_size=2) == pytest.approx((start_us, alpha_us, us_per_byte))
+    link = fit_link(
+        [{**b, "time_us": 900.0 + b["payload_bytes"] / 1e3} for b in bursts], 2, queued_points=bursts
+    )
+    assert link.alpha_busbw("broadcast", queued=True) == pytest.approx((alpha_us, 4.0))
+    # one length only, or one size only: no line (queued collectives then take the in-context line)
+    for one in ({"8"}, None):
+        bad = (
+            [{**b, "burst_s": {n: t for n, t in b["burst_s"].items() if n in one}} for b in bursts]
+            if one
+            else bursts[:1]
+        )
+        with pytest.raises(ValueError):
+            _fit_bursts(bad, world_size=2)
 
 
 def test_link_specs() -> None:
@@ -502,8 +537,11 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert {k for k, _, _ in probed["link"]["per_kind"]} == {"all_reduce", "all_gather", "broadcast"}
     # the fit's points are timed in context; the queued ones (a burst issued at once) beside them
     assert len(probed["points"]) == len(probed["points_queued"]) == 12
-    assert all(p["time_us"] >= 0 for p in probed["points"] + probed["points_queued"])
-    assert "queued: 8 issued at once" in probed["link"]["source"]
+    assert all(p["time_us"] >= 0 for p in probed["points"])
+    # each (kind, size): one burst of 8 and one of 32 per repetition, every total a time
+    assert all(sorted(p["burst_s"]) == ["32", "8"] for p in probed["points_queued"])
+    assert all(t > 0 for p in probed["points_queued"] for times in p["burst_s"].values() for t in times)
+    assert "queued: what one more adds to a burst issued at once, 8 against 32" in probed["link"]["source"]
     # zero3 on decoder-tiny's 2 blocks + root: 3 all-gathers forward, 3 backward, 3 reduce-scatters
     assert (frame["model_collectives"] == 9).all()
     table = case_table(build_case_frame(frame))

@@ -9,13 +9,16 @@ threads), then the same bursts each followed by the collective, with no barrier 
 the ranks drift apart and gloo's threads work on the cores the ranks compute on, as in a step. A
 collective's time is the slowest rank's extra time per collective (``in_context_time_us``), the
 **mean** of ``reps`` repetitions after a warm-up (a step's time is a sum of its collectives: a sum
-follows the mean, not the median). The *queued* times are kept beside them, ``points_queued``: a
-burst of ``PROBE_SEQUENCE`` collectives issued at once (asynchronously, after a barrier) and waited
-for together, per collective, the median of the repetitions; they time the collectives a step
-issues queued behind the previous one, with no compute between them (``Link.per_kind_queued``;
-ZeRO-1's burst of broadcasts at the end of its step), where gloo's two worker threads pipeline
-them: 60-160 µs per 64-180 KB broadcast in a burst of 20 against 160-180 µs for one alone after a
-barrier, this project's 2-core VM, ranks bound to a core each (2026-11-25).
+follows the mean, not the median). The *queued* times are kept beside them, ``points_queued``: bursts
+of ``PROBE_SEQUENCE`` and of ``PROBE_BURST_LONG`` collectives issued at once (asynchronously, after a
+barrier) and waited for together, each repetition's total (the slowest rank's). Per kind, a burst of
+n takes start + n·(α + S·factor/busbw) (``_fit_bursts``): the α–β line is what one more collective adds
+to a burst, for the collectives a step issues queued behind the previous one, with no compute between
+them (``Link.per_kind_queued``; ZeRO-1's burst of broadcasts at the end of its step), which gloo's two
+worker threads pipeline. The start (a burst's idle threads woken) is not in it: a burst's first
+collective, issued after compute and timed in context, pays it. Per collective of one burst of 8, as
+until 2026-11-26, every queued collective paid an eighth of a start: 38 of them in ZeRO-1's burst of
+39 broadcasts at 2 ranks, and more with every parameter of a larger model.
 
 Per kind, a line through its (S·factor, time) points — the nccl-tests factor of comm_model.py —
 gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that the small
@@ -55,6 +58,7 @@ PROBE_KINDS = ("all_reduce", "all_gather", "broadcast")
 PROBE_REPS = 4  # repetitions of each sequence
 PROBE_SEQUENCE = 8  # collectives per sequence, each after a compute burst
 PROBE_COMPUTE_MS = 2.0  # each burst: of the order of a step's compute between two collectives
+PROBE_BURST_LONG = 4 * PROBE_SEQUENCE  # queued: a long burst beside the short one (ZeRO-1's: 39)
 
 
 def in_context_time_us(
@@ -109,64 +113,77 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     pin_compute_threads(rank_cores(rank, world_size))  # as a case's CPU rank does, after its group
-    work = _burst(PROBE_COMPUTE_MS)
-    mine: list[dict[str, Any]] = []  # this rank's repetitions per (kind, size)
     try:
-        for kind in PROBE_KINDS:
-            for size in PROBE_SIZES_BYTES:
-                numel = size // 4  # float32; S is the full tensor for every kind
-                full = torch.ones(numel)
-                shard = torch.ones(numel // world_size)
-                _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
-                compute, sequence, queued = [], [], []
-                for _ in range(reps):
-                    dist.barrier()  # the bursts alone
-                    t0 = time.perf_counter()
-                    for _ in range(PROBE_SEQUENCE):
-                        work()
-                    compute.append(time.perf_counter() - t0)
-                    dist.barrier()  # a step's rhythm: burst, collective, burst, collective, ...
-                    t0 = time.perf_counter()
-                    for _ in range(PROBE_SEQUENCE):
-                        work()
-                        _collective_once(kind, full, shard)
-                    sequence.append(time.perf_counter() - t0)
-                    dist.barrier()  # queued: every rank issues them all at once, then waits for them all
-                    t0 = time.perf_counter()
-                    handles = [
-                        _collective_once(kind, full, shard, async_op=True) for _ in range(PROBE_SEQUENCE)
-                    ]
-                    for handle in handles:
-                        handle.wait()
-                    queued.append((time.perf_counter() - t0) / PROBE_SEQUENCE)
-                mine.append(
-                    {
-                        "kind": kind,
-                        "bytes": numel * 4,
-                        "compute": compute,
-                        "sequence": sequence,
-                        "queued": queued,
-                    }
-                )
-        gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, mine)
+        measured = measure_in_group(reps)
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        points, queued_points = [], []
-        for i, p in enumerate(mine):
-            compute_s = [g[i]["compute"] for g in gathered]
-            sequence_s = [g[i]["sequence"] for g in gathered]
-            t = in_context_time_us(compute_s, sequence_s, PROBE_SEQUENCE)
-            points.append({"kind": p["kind"], "payload_bytes": p["bytes"], "time_us": t})
-            queued_points.append(
-                {
-                    "kind": p["kind"],
-                    "payload_bytes": p["bytes"],
-                    "time_us": statistics.median(p["queued"]) * 1e6,
-                }
+        Path(out_path).write_text(json.dumps(measured))
+
+
+def measure_in_group(
+    reps: int, kinds: tuple[str, ...] = PROBE_KINDS, sizes: tuple[int, ...] = PROBE_SIZES_BYTES
+) -> dict[str, Any] | None:
+    """Time every (kind, size) in context and queued, in the default process group (every rank calls
+    it); rank 0 gets {"points": [...], "points_queued": [...]}, the others None."""
+    import torch
+    import torch.distributed as dist
+
+    world_size, rank = dist.get_world_size(), dist.get_rank()
+    work = _burst(PROBE_COMPUTE_MS)
+    bursts = (PROBE_SEQUENCE, PROBE_BURST_LONG)
+    mine: list[dict[str, Any]] = []  # this rank's repetitions per (kind, size)
+    for kind in kinds:
+        for size in sizes:
+            numel = size // 4  # float32; S is the full tensor for every kind
+            full = torch.ones(numel)
+            shard = torch.ones(numel // world_size)
+            _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
+            compute: list[float] = []
+            sequence: list[float] = []
+            queued: dict[int, list[float]] = {n: [] for n in bursts}  # a burst's total time, per length
+            for _ in range(reps):
+                dist.barrier()  # the bursts alone
+                t0 = time.perf_counter()
+                for _ in range(PROBE_SEQUENCE):
+                    work()
+                compute.append(time.perf_counter() - t0)
+                dist.barrier()  # a step's rhythm: burst, collective, burst, collective, ...
+                t0 = time.perf_counter()
+                for _ in range(PROBE_SEQUENCE):
+                    work()
+                    _collective_once(kind, full, shard)
+                sequence.append(time.perf_counter() - t0)
+                for n in bursts:
+                    dist.barrier()  # queued: every rank issues them all at once, then waits for them all
+                    t0 = time.perf_counter()
+                    handles = [_collective_once(kind, full, shard, async_op=True) for _ in range(n)]
+                    for handle in handles:
+                        handle.wait()
+                    queued[n].append(time.perf_counter() - t0)
+            mine.append(
+                {"kind": kind, "bytes": numel * 4, "compute": compute, "sequence": sequence, "queued": queued}
             )
-        Path(out_path).write_text(json.dumps({"points": points, "points_queued": queued_points}))
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, mine)
+    if rank != 0:
+        return None
+    points, queued_points = [], []
+    for i, p in enumerate(mine):
+        compute_s = [g[i]["compute"] for g in gathered]
+        sequence_s = [g[i]["sequence"] for g in gathered]
+        t = in_context_time_us(compute_s, sequence_s, PROBE_SEQUENCE)
+        points.append({"kind": p["kind"], "payload_bytes": p["bytes"], "time_us": t})
+        # a burst ends for all when its slowest rank's ends: per repetition, the slowest rank's total
+        slowest = {n: [max(g[i]["queued"][n][r] for g in gathered) for r in range(reps)] for n in bursts}
+        queued_points.append(
+            {
+                "kind": p["kind"],
+                "payload_bytes": p["bytes"],
+                "burst_s": {str(n): slowest[n] for n in bursts},  # per length, each repetition's total
+            }
+        )
+    return {"points": points, "points_queued": queued_points}
 
 
 def _collective_once(kind: str, full, shard, async_op: bool = False):
@@ -213,6 +230,43 @@ def _per_kind(points: list[dict[str, Any]], world_size: int) -> list[tuple[str, 
     return per_kind
 
 
+def _fit_bursts(points: list[dict[str, Any]], world_size: int) -> tuple[float, float, float]:
+    """(start µs, α µs, slope µs/B) of time of a burst = start + n·(α + S·factor·slope), through every
+    burst's total (``burst_s``: per length n, per repetition), least squares weighted by 1/time² (relative
+    residuals; a total is never near 0, where a difference of two totals can be). α clipped at 0."""
+    import numpy as np
+
+    rows, totals = [], []
+    for p in points:
+        x = p["payload_bytes"] * algorithm_factor(p["kind"], world_size)
+        for n, times in p["burst_s"].items():
+            for t in times:
+                rows.append((1.0, int(n), int(n) * x))
+                totals.append(t * 1e6)
+    a, y = np.array(rows), np.array(totals)
+    if len({r[1] for r in rows}) < 2 or len({r[2] / r[1] for r in rows}) < 2 or (y <= 0).any():
+        raise ValueError("a burst line needs two lengths at two sizes")
+    w = 1.0 / y
+    (start, alpha, slope), *_ = np.linalg.lstsq(a * w[:, None], y * w, rcond=None)
+    if slope <= 0:
+        raise ValueError(f"burst times do not grow with size (slope {slope:.3g} µs/B)")
+    return float(start), max(0.0, float(alpha)), float(slope)
+
+
+def _per_kind_queued(points: list[dict[str, Any]], world_size: int) -> list[tuple[str, float, float]]:
+    """(kind, α µs, busbw GB/s) of a collective queued in a burst, per kind whose bursts give a line."""
+    per_kind = []
+    for kind in dict.fromkeys(p["kind"] for p in points):
+        try:
+            _, k_alpha, k_slope = _fit_bursts([p for p in points if p["kind"] == kind], world_size)
+        except (
+            ValueError
+        ):  # noise over signal (a loaded machine): queued collectives take the in-context line
+            continue
+        per_kind.append((kind, k_alpha, 1.0 / k_slope / 1e3))
+    return per_kind
+
+
 def fit_link(
     points: list[dict[str, Any]],
     world_size: int,
@@ -220,7 +274,7 @@ def fit_link(
     queued_points: list[dict[str, Any]] | None = None,
 ) -> Link:
     """One α–β line per probed kind (``Link.per_kind``), and one through every point for the rest;
-    ``queued_points`` (the times per collective in a burst) give the lines of queued collectives
+    ``queued_points`` (the totals of bursts issued at once) give the lines of queued collectives
     (``Link.per_kind_queued``; without them, queued collectives take the in-context lines)."""
     alpha, slope = _fit_line(points, world_size)
     per_kind = _per_kind(points, world_size)
@@ -231,12 +285,13 @@ def fit_link(
         source=(
             f"probed: gloo, {world_size} CPU processes on this machine, each collective timed in a "
             f"step's rhythm (after {PROBE_COMPUTE_MS:g} ms of compute, {PROBE_SEQUENCE} in a row; the "
-            f"mean extra time; queued: {PROBE_SEQUENCE} issued at once, per collective), "
+            f"mean extra time; queued: what one more adds to a burst issued at once, "
+            f"{PROBE_SEQUENCE} against {PROBE_BURST_LONG}), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
         ),
         reduce_scatter_as_all_reduce=True,
         per_kind=tuple(per_kind),
-        per_kind_queued=tuple(_per_kind(queued_points, world_size)) if queued_points else (),
+        per_kind_queued=tuple(_per_kind_queued(queued_points, world_size)) if queued_points else (),
     )
 
 
