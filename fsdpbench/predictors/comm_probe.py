@@ -121,9 +121,7 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
         Path(out_path).write_text(json.dumps(measured))
 
 
-def measure_in_group(
-    reps: int, kinds: tuple[str, ...] = PROBE_KINDS, sizes: tuple[int, ...] = PROBE_SIZES_BYTES
-) -> dict[str, Any] | None:
+def measure_in_group(reps: int) -> dict[str, Any] | None:
     """Time every (kind, size) in context and queued, in the default process group (every rank calls
     it); rank 0 gets {"points": [...], "points_queued": [...]}, the others None."""
     import torch
@@ -133,8 +131,8 @@ def measure_in_group(
     work = _burst(PROBE_COMPUTE_MS)
     bursts = (PROBE_SEQUENCE, PROBE_BURST_LONG)
     mine: list[dict[str, Any]] = []  # this rank's repetitions per (kind, size)
-    for kind in kinds:
-        for size in sizes:
+    for kind in PROBE_KINDS:
+        for size in PROBE_SIZES_BYTES:
             numel = size // 4  # float32; S is the full tensor for every kind
             full = torch.ones(numel)
             shard = torch.ones(numel // world_size)
@@ -259,10 +257,8 @@ def _per_kind_queued(points: list[dict[str, Any]], world_size: int) -> list[tupl
     for kind in dict.fromkeys(p["kind"] for p in points):
         try:
             _, k_alpha, k_slope = _fit_bursts([p for p in points if p["kind"] == kind], world_size)
-        except (
-            ValueError
-        ):  # noise over signal (a loaded machine): queued collectives take the in-context line
-            continue
+        except ValueError:
+            continue  # noise over signal (a loaded machine): its queued collectives take the in-context line
         per_kind.append((kind, k_alpha, 1.0 / k_slope / 1e3))
     return per_kind
 
