@@ -433,6 +433,14 @@ def test_a_queued_collective_costs_what_it_adds_to_a_burst_not_a_share_of_its_st
         }
         for size in (4096, 65536, 1 << 20)
     ]
+    big = 8 << 20  # a burst of 8 alone: the long one adds nothing at this size
+    bursts.append(
+        {
+            "kind": "broadcast",
+            "payload_bytes": big,
+            "burst_s": {"8": [(start_us + 8 * (alpha_us + big * us_per_byte)) / 1e6]},
+        }
+    )
     assert _fit_bursts(bursts, world_size=2) == pytest.approx((start_us, alpha_us, us_per_byte))
     link = fit_link(
         [{**b, "time_us": 900.0 + b["payload_bytes"] / 1e3} for b in bursts], 2, queued_points=bursts
@@ -538,8 +546,9 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     # the fit's points are timed in context; the queued ones (a burst issued at once) beside them
     assert len(probed["points"]) == len(probed["points_queued"]) == 12
     assert all(p["time_us"] >= 0 for p in probed["points"])
-    # each (kind, size): one burst of 8 and one of 32 per repetition, every total a time
-    assert all(sorted(p["burst_s"]) == ["32", "8"] for p in probed["points_queued"])
+    # each (kind, size): per repetition one burst of 8 and, to 1 MB, one of 32; every total a time
+    lengths = {p["payload_bytes"]: sorted(p["burst_s"]) for p in probed["points_queued"]}
+    assert lengths == {4096: ["32", "8"], 65536: ["32", "8"], 1 << 20: ["32", "8"], 8 << 20: ["8"]}
     assert all(t > 0 for p in probed["points_queued"] for times in p["burst_s"].values() for t in times)
     assert "queued: what one more adds to a burst issued at once, 8 against 32" in probed["link"]["source"]
     # zero3 on decoder-tiny's 2 blocks + root: 3 all-gathers forward, 3 backward, 3 reduce-scatters

@@ -10,8 +10,8 @@ the ranks drift apart and gloo's threads work on the cores the ranks compute on,
 collective's time is the slowest rank's extra time per collective (``in_context_time_us``), the
 **mean** of ``reps`` repetitions after a warm-up (a step's time is a sum of its collectives: a sum
 follows the mean, not the median). The *queued* times are kept beside them, ``points_queued``: bursts
-of ``PROBE_SEQUENCE`` and of ``PROBE_BURST_LONG`` collectives issued at once (asynchronously, after a
-barrier) and waited for together, each repetition's total (the slowest rank's). Per kind, a burst of
+of ``PROBE_SEQUENCE`` and (to 1 MB) of ``PROBE_BURST_LONG`` collectives issued at once (asynchronously,
+after a barrier) and waited for together, each repetition's total (the slowest rank's). Per kind, a burst of
 n takes start + n·(α + S·factor/busbw) (``_fit_bursts``): the α–β line is what one more collective adds
 to a burst, for the collectives a step issues queued behind the previous one, with no compute between
 them (``Link.per_kind_queued``; ZeRO-1's burst of broadcasts at the end of its step), which gloo's two
@@ -59,6 +59,9 @@ PROBE_REPS = 4  # repetitions of each sequence
 PROBE_SEQUENCE = 8  # collectives per sequence, each after a compute burst
 PROBE_COMPUTE_MS = 2.0  # each burst: of the order of a step's compute between two collectives
 PROBE_BURST_LONG = 4 * PROBE_SEQUENCE  # queued: a long burst beside the short one (ZeRO-1's: 39)
+# ... up to this size: beyond it a burst of 8 takes 20-35 ms against a start of ~1.5 ms (gloo, 8 MB, this
+# project's 2-core VM), so the long one adds nothing to the fit but a second to the probe
+PROBE_BURST_LONG_MAX_BYTES = 1 << 20
 
 
 def in_context_time_us(
@@ -129,7 +132,6 @@ def measure_in_group(reps: int) -> dict[str, Any] | None:
 
     world_size, rank = dist.get_world_size(), dist.get_rank()
     work = _burst(PROBE_COMPUTE_MS)
-    bursts = (PROBE_SEQUENCE, PROBE_BURST_LONG)
     mine: list[dict[str, Any]] = []  # this rank's repetitions per (kind, size)
     for kind in PROBE_KINDS:
         for size in PROBE_SIZES_BYTES:
@@ -139,6 +141,7 @@ def measure_in_group(reps: int) -> dict[str, Any] | None:
             _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
             compute: list[float] = []
             sequence: list[float] = []
+            bursts = (PROBE_SEQUENCE,) + ((PROBE_BURST_LONG,) if size <= PROBE_BURST_LONG_MAX_BYTES else ())
             queued: dict[int, list[float]] = {n: [] for n in bursts}  # a burst's total time, per length
             for _ in range(reps):
                 dist.barrier()  # the bursts alone
@@ -173,12 +176,13 @@ def measure_in_group(reps: int) -> dict[str, Any] | None:
         t = in_context_time_us(compute_s, sequence_s, PROBE_SEQUENCE)
         points.append({"kind": p["kind"], "payload_bytes": p["bytes"], "time_us": t})
         # a burst ends for all when its slowest rank's ends: per repetition, the slowest rank's total
-        slowest = {n: [max(g[i]["queued"][n][r] for g in gathered) for r in range(reps)] for n in bursts}
+        lengths = p["queued"].keys()
+        slowest = {n: [max(g[i]["queued"][n][r] for g in gathered) for r in range(reps)] for n in lengths}
         queued_points.append(
             {
                 "kind": p["kind"],
                 "payload_bytes": p["bytes"],
-                "burst_s": {str(n): slowest[n] for n in bursts},  # per length, each repetition's total
+                "burst_s": {str(n): slowest[n] for n in lengths},  # per length, each repetition's total
             }
         )
     return {"points": points, "points_queued": queued_points}
