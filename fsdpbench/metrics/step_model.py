@@ -109,7 +109,7 @@ def simulate(timelines: list[StepTimeline], link: Link, *, serial: bool = False)
     issued early computes on until the collective starts.
 
     A collective's time is the link's in-context time, or its *queued* time (``Link.per_kind_queued``:
-    on gloo the probe's line for a burst issued at once) where it was issued, by its last rank, while
+    on gloo what one more adds to a burst issued at once) where it was issued, by its last rank, while
     the previous one was still running: it then waits in the queue and starts the moment the
     previous one ends, with no compute between them (ZeRO-1's burst of broadcasts). Decided here, in
     simulated time, not on the compute clock: a collective that blocks its caller (FSDP2's on the
