@@ -16,7 +16,7 @@ import pytest
 # servers and ranks inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tests.helpers import made_once, one_rank_gloo, reference_losses, repo_pythonpath  # noqa: E402  (imports torch: after the line above)
+from tests.helpers import REPO, made_once, one_rank_gloo, reference_losses, repo_pythonpath  # noqa: E402  (imports torch: after the line above)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -87,8 +87,6 @@ def reference_2(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
     """Losses of ddp on one rank over the global batch of 2 ranks (the reference of the 2-rank tests)."""
     return reference_losses(2, tmp_path_factory.mktemp("ref2"))
 
-
-REPO = Path(__file__).resolve().parent.parent
 
 # one real CPU case as `fsdpbench run` writes it: a bare loop (harness overhead), time blocks against the
 # reference step, the traced predictor and the step-time model, so that its rows hold every column a CPU

@@ -25,6 +25,10 @@ NO_CUDA_REASON = "needs a CUDA GPU (torch.cuda.is_available() is False on this m
 CUDA_ONLY = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason=NO_CUDA_REASON)]
 
 
+# this checkout's root: the tests run its fsdpbench, scenarios and docs
+REPO = Path(__file__).resolve().parents[1]
+
+
 def repo_pythonpath(root: Path) -> str:
     """PYTHONPATH for a subprocess that must import this checkout's fsdpbench: the checkout first, then
     what the caller's PYTHONPATH already holds (packages installed with ``pip --target`` stay importable)."""

@@ -13,9 +13,7 @@ import pytest
 
 from fsdpbench.case import Case
 from fsdpbench.predictors.memory_model import predict_memory
-from tests.helpers import repo_pythonpath
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, repo_pythonpath
 
 
 def run_script(script: str, *argv: str) -> subprocess.CompletedProcess:

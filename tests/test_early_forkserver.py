@@ -16,9 +16,8 @@ import pytest
 
 from fsdpbench import cli
 from fsdpbench.pipeline import launch
+from tests.helpers import REPO as ROOT
 from tests.helpers import repo_pythonpath
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(

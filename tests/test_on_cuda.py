@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import CUDA_ONLY, repo_pythonpath, run_with_predictions, tiny_case
+from tests.helpers import CUDA_ONLY, REPO, repo_pythonpath, run_with_predictions, tiny_case
 
 pytestmark = CUDA_ONLY
 
-REPO = Path(__file__).resolve().parents[1]
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "fsdp1_full")
 
 

@@ -8,14 +8,13 @@ import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests import predict_grid
+from tests.helpers import REPO as ROOT
 from tests.helpers import repo_pythonpath
 
-ROOT = Path(__file__).resolve().parents[1]
 GRID = predict_grid.load(str(ROOT / "tests/data/predict_grid.json.gz"))
 GRID_COMMIT = "33e756d"  # the commit whose predict wrote the stored bytes (tests/predict_grid.py)
 # what predict prints differently from GRID_COMMIT on purpose: (old text, new text), applied to the stored

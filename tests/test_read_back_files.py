@@ -15,8 +15,6 @@ from fsdpbench.cli import main
 from fsdpbench.pipeline.results import RunStore, load_results
 from tests.test_regress import run_frame, write_run
 
-REPO = Path(__file__).resolve().parent.parent
-
 
 def cli(capsys, *argv: str) -> tuple[int, str]:
     with pytest.raises(SystemExit) as exc:

@@ -28,8 +28,8 @@ from fsdpbench.pipeline.rundir import RunDirError, RunLock, check_inside
 from fsdpbench.pipeline.runner import run_cases
 from fsdpbench.pipeline.scenario import load_scenario
 from tests.helpers import FAULTS, assert_all_gone, repo_pythonpath, run, tiny_case, wait_until
+from tests.helpers import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SMALL = (
     "{model: decoder-tiny, batch_size: 2, seq_len: 16, warmup_steps: 1, steps: 2, device: cpu, backend: gloo}"
 )

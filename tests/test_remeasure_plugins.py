@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from fsdpbench.analysis.regress import SAMPLED
+from tests.helpers import REPO as ROOT
 from tests.helpers import repo_pythonpath
 
-ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = """
 from fsdpbench.strategies.fsdp2 import Zero3
 

@@ -8,8 +8,7 @@ import pytest
 
 from fsdpbench.pipeline.scenario import ScenarioError, load_scenario, parse_scenario
 from tests.helpers import CPU
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO as ROOT
 
 
 def expand(text: str):

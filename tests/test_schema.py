@@ -7,7 +7,6 @@ import ast
 import dataclasses
 import re
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -20,8 +19,8 @@ from fsdpbench.analysis.summary import print_summary
 from fsdpbench.formatting import NOT_MEANINGFUL_ON_CPU
 from fsdpbench.pipeline.results import load_results
 from fsdpbench.report.synthetic import write_synthetic_run
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "fsdpbench"
 REGISTRY = PACKAGE / "schema.py"
 MEASUREMENTS_DOC = REPO / "docs" / "measurements.md"

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 from io import StringIO
-from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -18,9 +17,9 @@ from rich.console import Console
 from fsdpbench.analysis.summary import print_summary
 from fsdpbench.commands.running import case_progress
 from fsdpbench.schema import CASE_ID, OK
+from tests.helpers import REPO as ROOT
 from tests.helpers import repo_pythonpath
 
-ROOT = Path(__file__).resolve().parents[1]
 H100_ROWS = ROOT / "tests" / "data" / "gpu-h100" / "single_gpu_decoder-base_results.parquet"
 
 

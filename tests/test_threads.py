@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from fsdpbench.engine.threads import rank_cores, rank_threads
-from tests.helpers import repo_pythonpath
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, repo_pythonpath
 
 
 def test_each_rank_gets_its_own_cores_in_order_and_none_when_they_must_share() -> None:
