@@ -331,6 +331,9 @@ THREADS = column("threads", COUNT, Agg.PER_RANK, "worker", "the rank's intra-op 
 CORES = column(
     "cores", TEXT, Agg.PER_RANK, "worker", "the cores the rank's compute threads are bound to ('' unbound)"
 )
+GLOO_LOOPS_IDLE = column(
+    "gloo_loops_idle", COUNT, Agg.PER_RANK, "worker", "the rank's gloo TCP loop threads put under SCHED_IDLE"
+)
 INIT_PG_S = column("init_pg_s", SECONDS, Agg.MAX, "worker", "rank start → process group")
 SETUP_S = column("setup_s", SECONDS, Agg.MAX, "worker", "rank start → optimizer built")
 WALL_S = column("wall_s", SECONDS, Agg.MAX, "worker", "the rank's wall time")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.engine.threads import rank_cores, rank_threads
+from fsdpbench.engine.threads import GLOO_LOOP_THREAD, rank_cores, rank_threads
 from tests.helpers import REPO, repo_pythonpath
 
 
@@ -55,6 +55,33 @@ def test_a_real_runs_ranks_say_which_cores_they_were_bound_to(one_case_run: Path
     cores, threads = rank_cores(0, 1), rank_threads(1)  # one rank: every core, a thread on each
     expected = ",".join(map(str, cores)) if len(cores) >= threads else ""  # fewer cores allowed: unbound
     assert list(frame["cores"]) == [expected] and list(frame["threads"]) == [threads]
+    if hasattr(os, "SCHED_IDLE"):  # the rank's one group: one gloo loop thread, under SCHED_IDLE
+        assert list(frame["gloo_loops_idle"]) == [1]
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_every_groups_gloo_loop_thread_and_only_it_goes_idle(tmp_path: Path) -> None:
+    # in a fresh process: a policy set here would stay with this test process's threads
+    code = (
+        "import json, os, torch.distributed as dist\n"
+        "from fsdpbench.engine.threads import idle_gloo_loops\n"
+        f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, store=store)\n"
+        "dist.new_group([0])\n"
+        "idled = idle_gloo_loops()\n"
+        "policies = {}\n"
+        "for tid in os.listdir('/proc/self/task'):\n"
+        "    name = open(f'/proc/self/task/{tid}/comm').read().strip()\n"
+        "    policies.setdefault(name, []).append(os.sched_getscheduler(int(tid)))\n"
+        "print(json.dumps([idled, policies]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    idled, policies = json.loads(done.stdout.strip().splitlines()[-1])
+    assert idled == 2  # the default group's and the new group's: a loop thread each
+    assert policies.pop(GLOO_LOOP_THREAD) == [os.SCHED_IDLE] * 2
+    assert policies and all(p == os.SCHED_OTHER for ps in policies.values() for p in ps)  # the rest untouched
 
 
 def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:

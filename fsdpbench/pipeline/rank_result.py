@@ -21,6 +21,7 @@ from fsdpbench.schema import (
     EXIT_CODE,
     FAILED,
     FIRST_STEP,
+    GLOO_LOOPS_IDLE,
     HARNESS_LEFTOVERS,
     INIT_PG_S,
     LOSSES,
@@ -66,8 +67,17 @@ class Setup:
     setup_s: float  # from the rank's start to the optimizer built
     samplers: dict[str, str]  # per background sampler: what it samples, or why it does not
     cores: str = ""  # the cores its compute threads are bound to, "0" or "0,1" ("" unbound)
+    gloo_loops_idle: int = 0  # its gloo TCP loop threads put under SCHED_IDLE (engine/threads.py)
 
-    COLUMNS: ClassVar[tuple[str, ...]] = ("params", N_UNITS, THREADS, CORES, INIT_PG_S, SETUP_S)
+    COLUMNS: ClassVar[tuple[str, ...]] = (
+        "params",
+        N_UNITS,
+        THREADS,
+        CORES,
+        GLOO_LOOPS_IDLE,
+        INIT_PG_S,
+        SETUP_S,
+    )
 
     def to_columns(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.COLUMNS}
@@ -286,6 +296,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "harness": (dict,),
     "checkpoint": (dict,),
     CORES: (str,),
+    GLOO_LOOPS_IDLE: (int,),
 }
 
 

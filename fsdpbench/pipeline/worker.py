@@ -36,7 +36,14 @@ from fsdpbench.case import Case
 from fsdpbench.engine.knobs import state_placement_bytes
 from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
 from fsdpbench.engine.step import Batch, rank_batch, train_step
-from fsdpbench.engine.threads import PIN_ENV, idle_spin_s, pin_compute_threads, rank_cores, rank_threads
+from fsdpbench.engine.threads import (
+    PIN_ENV,
+    idle_gloo_loops,
+    idle_spin_s,
+    pin_compute_threads,
+    rank_cores,
+    rank_threads,
+)
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
 from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
 from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
@@ -237,6 +244,8 @@ def _run_phases(
         case, device, rank, build=_emulated_build(case, device, rank) if case.emulate else None
     )
     steps = RankSteps(case, parallel, rank, device)
+    # after the build: every group the strategy made has its gloo loop thread by now
+    idle_loops = idle_gloo_loops() if device.type == "cpu" and os.environ.get(PIN_ENV) == "1" else 0
     setup = Setup(
         params=parallel.params,
         n_units=parallel.n_units,
@@ -246,6 +255,7 @@ def _run_phases(
         setup_s=time.perf_counter() - t_start,
         samplers=samplers.status,
         cores=",".join(map(str, cores)),
+        gloo_loops_idle=idle_loops,
     )
     rec.update(phase="warmup", setup=setup)
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.engine.threads import pin_compute_threads, rank_cores, rank_threads
+from fsdpbench.engine.threads import idle_gloo_loops, pin_compute_threads, rank_cores, rank_threads
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import free_port
 from fsdpbench.pipeline.lifeline import die_with_parent, send_output_to
@@ -116,6 +116,7 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     pin_compute_threads(rank_cores(rank, world_size))  # as a case's CPU rank does, after its group
+    idle_gloo_loops()  # as a case's CPU rank does
     try:
         measured = measure_in_group(reps)
     finally:
