@@ -339,9 +339,18 @@ def test_fit_link_recovers_alpha_and_busbw_per_kind_from_exact_points() -> None:
     for kind, (alpha, busbw) in lines.items():
         assert link.alpha_busbw(kind) == pytest.approx((alpha, busbw)), kind
     assert link.reduce_scatter_as_all_reduce and link.source.startswith("probed")
-    # gloo's reduce-scatter is its all-reduce: timed with the all-reduce line
+    # no reduce-scatter probed (a cache from before they were): timed with gloo's all-reduce line
     s = 1 << 20
     assert collective_time_us(link, "reduce_scatter", s, 4) == pytest.approx(300 + s * 1.5 / 500)
+    # probed: its own line, with the reduce-scatter's factor (N-1)/N
+    rs = [
+        {"kind": "reduce_scatter", "payload_bytes": b, "time_us": 400 + b * 0.75 / 250}
+        for b in (4096, 1 << 20)
+    ]
+    with_rs = fit_link(points + rs, world_size=4)
+    assert not with_rs.reduce_scatter_as_all_reduce
+    assert with_rs.alpha_busbw("reduce_scatter") == pytest.approx((400.0, 0.25))
+    assert collective_time_us(with_rs, "reduce_scatter", s, 4) == pytest.approx(400 + s * 0.75 / 250)
     # a kind whose times do not grow with size (noise) is timed by the line through all the points
     flat = [{**p, "time_us": 500.0} if p["kind"] == "broadcast" else p for p in points]
     no_bcast = fit_link(flat, world_size=4)
@@ -542,9 +551,15 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert frame["model_link"].str.startswith("gloo (α=").all()
     assert frame["model_link_source"].str.startswith("probed: gloo, 2 CPU processes").all()
     probed = json.loads(probe.read_text())
-    assert {k for k, _, _ in probed["link"]["per_kind"]} == {"all_reduce", "all_gather", "broadcast"}
-    # the fit's points are timed in context; the queued ones (a burst issued at once) beside them
-    assert len(probed["points"]) == len(probed["points_queued"]) == 12
+    kinds = {"all_reduce", "all_gather", "broadcast", "reduce_scatter"}
+    assert {k for k, _, _ in probed["link"]["per_kind"]} == kinds
+    assert not probed["link"]["reduce_scatter_as_all_reduce"]  # timed as gloo runs it, a kind of its own
+    # the fit's points are timed in context (4 kinds × 4 sizes); the queued ones (a burst issued at once)
+    # beside them, for the kinds a step can queue: not the reduce-scatter, which blocks its caller
+    assert len(probed["points"]) == 16 and {p["kind"] for p in probed["points"]} == kinds
+    assert len(probed["points_queued"]) == 12 and "reduce_scatter" not in {
+        p["kind"] for p in probed["points_queued"]
+    }
     assert all(p["time_us"] >= 0 for p in probed["points"])
     # each (kind, size): per repetition one burst of 8 and, to 1 MB, one of 32; every total a time
     lengths = {p["payload_bytes"]: sorted(p["burst_s"]) for p in probed["points_queued"]}

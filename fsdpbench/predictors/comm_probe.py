@@ -1,24 +1,25 @@
 """The ``gloo`` link: α and bus bandwidth of gloo on this machine, measured once per run.
 
 A one-shot probe: ``world_size`` fresh CPU processes (each with the torch threads a rank of the run
-gets) join a gloo group and time every collective kind the model places — all-reduce (and so
-gloo's reduce-scatter, which is an all-reduce), all-gather (``all_gather_into_tensor``), broadcast
-(ZeRO-1) — over sizes spanning the runs' messages, **in context**: in a step's rhythm, not back to
-back. Every rank runs ``PROBE_SEQUENCE`` fixed compute bursts (``PROBE_COMPUTE_MS`` of matmuls on its
-threads), then the same bursts each followed by the collective, with no barrier in between, so
-the ranks drift apart and gloo's threads work on the cores the ranks compute on, as in a step. A
-collective's time is the slowest rank's extra time per collective (``in_context_time_us``), the
-**mean** of ``reps`` repetitions after a warm-up (a step's time is a sum of its collectives: a sum
-follows the mean, not the median). The *queued* times are kept beside them, ``points_queued``: bursts
-of ``PROBE_SEQUENCE`` and (to 1 MB) of ``PROBE_BURST_LONG`` collectives issued at once (asynchronously,
-after a barrier) and waited for together, each repetition's total (the slowest rank's). Per kind, a burst of
-n takes start + n·(α + S·factor/busbw) (``_fit_bursts``): the α–β line is what one more collective adds
-to a burst, for the collectives a step issues queued behind the previous one, with no compute between
-them (``Link.per_kind_queued``; ZeRO-1's burst of broadcasts at the end of its step), which gloo's two
-worker threads pipeline. The start (a burst's idle threads woken) is not in it: a burst's first
-collective, issued after compute and timed in context, pays it. Per collective of one burst of 8, as
-until 2026-11-26, every queued collective paid an eighth of a start: 38 of them in ZeRO-1's burst of
-39 broadcasts at 2 ranks, and more with every parameter of a larger model.
+gets) join a gloo group and time every collective kind the model places — all-reduce, all-gather
+(``all_gather_into_tensor``), broadcast (ZeRO-1), reduce-scatter (``reduce_scatter_tensor``, which gloo
+runs as a clone of the full input, an all-reduce of it and a copy of the rank's chunk: not the
+all-reduce's time, 1.5 × it at 4 MB) — over sizes spanning the runs' messages, **in context**: in a
+step's rhythm, not back to back. Every rank runs ``PROBE_SEQUENCE`` fixed compute bursts
+(``PROBE_COMPUTE_MS`` of matmuls on its threads), then the same bursts each followed by the collective,
+with no barrier in between, so the ranks drift apart and gloo's threads work on the cores the ranks
+compute on, as in a step. A collective's time is the slowest rank's extra time per collective
+(``in_context_time_us``), the **mean** of ``reps`` repetitions after a warm-up (a step's time is a sum
+of its collectives: a sum follows the mean, not the median). The *queued* times are kept beside them,
+``points_queued``: bursts of ``PROBE_SEQUENCE`` and (to 1 MB) of ``PROBE_BURST_LONG`` collectives issued
+at once (asynchronously, after a barrier) and waited for together, each repetition's total (the slowest
+rank's). Per kind, a burst of n takes start + n·(α + S·factor/busbw) (``_fit_bursts``): the α–β line is
+what one more collective adds to a burst, for the collectives a step issues queued behind the previous
+one, with no compute between them (``Link.per_kind_queued``; ZeRO-1's burst of broadcasts at the end of
+its step), which gloo's two worker threads pipeline. The start (a burst's idle threads woken) is not in
+it: a burst's first collective, issued after compute and timed in context, pays it. Per collective of
+one burst of 8, as until 2026-11-26, every queued collective paid an eighth of a start: 38 of them in
+ZeRO-1's burst of 39 broadcasts at 2 ranks, and more with every parameter of a larger model.
 
 Per kind, a line through its (S·factor, time) points — the nccl-tests factor of comm_model.py —
 gives α (intercept) and busbw (1/slope), fitted by least *relative* squares so that the small
@@ -54,7 +55,10 @@ PROBE_SIZES_BYTES = (
     1 << 20,
     8 << 20,
 )  # the largest long enough that bandwidth, not noise, sets the slope
-PROBE_KINDS = ("all_reduce", "all_gather", "broadcast")
+PROBE_KINDS = ("all_reduce", "all_gather", "broadcast", "reduce_scatter")
+# timed queued too (bursts): the kinds a step issues behind another with no compute between them. Not
+# reduce_scatter: FSDP2's blocks its caller on CPU ranks, so none waits for the one before it
+PROBE_QUEUED_KINDS = ("all_reduce", "all_gather", "broadcast")
 PROBE_REPS = 4  # repetitions of each sequence
 PROBE_SEQUENCE = 8  # collectives per sequence, each after a compute burst
 PROBE_COMPUTE_MS = 2.0  # each burst: of the order of a step's compute between two collectives
@@ -143,6 +147,7 @@ def measure_in_group(reps: int) -> dict[str, Any] | None:
             compute: list[float] = []
             sequence: list[float] = []
             bursts = (PROBE_SEQUENCE,) + ((PROBE_BURST_LONG,) if size <= PROBE_BURST_LONG_MAX_BYTES else ())
+            bursts = bursts if kind in PROBE_QUEUED_KINDS else ()
             queued: dict[int, list[float]] = {n: [] for n in bursts}  # a burst's total time, per length
             for _ in range(reps):
                 dist.barrier()  # the bursts alone
@@ -179,6 +184,8 @@ def measure_in_group(reps: int) -> dict[str, Any] | None:
         # a burst ends for all when its slowest rank's ends: per repetition, the slowest rank's total
         lengths = p["queued"].keys()
         slowest = {n: [max(g[i]["queued"][n][r] for g in gathered) for r in range(reps)] for n in lengths}
+        if not lengths:
+            continue
         queued_points.append(
             {
                 "kind": p["kind"],
@@ -198,6 +205,8 @@ def _collective_once(kind: str, full, shard, async_op: bool = False):
         return dist.all_reduce(full, async_op=async_op)
     if kind == "broadcast":
         return dist.broadcast(full, src=0, async_op=async_op)
+    if kind == "reduce_scatter":  # gloo clones ``full``, all-reduces the clone and copies out its chunk
+        return dist.reduce_scatter_tensor(shard, full, async_op=async_op)
     return dist.all_gather_into_tensor(full, shard, async_op=async_op)
 
 
@@ -290,7 +299,8 @@ def fit_link(
             f"{PROBE_SEQUENCE} against {PROBE_BURST_LONG}), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
         ),
-        reduce_scatter_as_all_reduce=True,
+        # a cache from before reduce-scatters were probed (2026-11-26): time them as gloo's all-reduce
+        reduce_scatter_as_all_reduce=all(kind != "reduce_scatter" for kind, _, _ in per_kind),
         per_kind=tuple(per_kind),
         per_kind_queued=tuple(_per_kind_queued(queued_points, world_size)) if queued_points else (),
     )
