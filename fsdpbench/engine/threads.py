@@ -4,6 +4,7 @@ run's ranks do (the gloo probe, the compute twin) sets the same."""
 from __future__ import annotations
 
 import os
+import time
 
 PIN_ENV = "FSDPBENCH_PIN_THREADS"  # "1": the launcher asks each CPU rank to bind its compute threads
 
@@ -78,6 +79,7 @@ def pin_compute_threads(cores: list[int]) -> list[int]:
 
 
 GLOO_LOOP_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread (loop.cc)
+LOOP_NAMING_WAIT_S = 2.0  # at most, for a group's new loop thread to run and name itself (a loaded machine)
 
 
 def idle_gloo_loops() -> int:
@@ -98,14 +100,40 @@ def idle_gloo_loops() -> int:
     285-1264); docs/step-time-model.md has the effect on the cases."""
     if not hasattr(os, "SCHED_IDLE"):
         return 0
+    # a loop thread names itself when it first runs: until then it bears its creator's name. A group of
+    # several ranks connects through its loop before it exists; a group of one may not have run it yet
+    expected, deadline = _gloo_groups(), time.monotonic() + LOOP_NAMING_WAIT_S
+    while len(loops := _threads_named(GLOO_LOOP_THREAD)) < expected and time.monotonic() < deadline:
+        time.sleep(0.001)
     idled = 0
-    for tid in os.listdir("/proc/self/task"):
+    for tid in loops:
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() != GLOO_LOOP_THREAD:
-                    continue
-            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
             idled += 1
         except OSError:  # the thread has ended
             continue
     return idled
+
+
+def _gloo_groups() -> int:
+    """How many gloo process groups this process has: each makes its own device, so its own loop."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return 0
+    from torch.distributed.distributed_c10d import _world  # private: the only list of every group
+
+    return sum("gloo" in str(dist.get_backend(group)) for group in list(_world.pg_map))
+
+
+def _threads_named(name: str) -> list[int]:
+    """The ids of this process's threads called ``name``."""
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == name:
+                    found.append(int(tid))
+        except OSError:  # the thread has ended
+            continue
+    return found
