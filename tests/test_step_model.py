@@ -4,6 +4,7 @@ answers, the gloo probe's fit, the --link switch, and the model_* columns of a r
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -427,6 +428,29 @@ def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache
     assert gloo_link(tmp_path, 2) == link  # per_kind and per_kind_queued back as tuples
 
 
+def test_a_probe_cached_with_the_other_loop_thread_policy_is_measured_again(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV
+    from fsdpbench.predictors import comm_probe
+
+    points = [{"kind": "all_reduce", "payload_bytes": s, "time_us": 400.0 + s / 1e3} for s in (4096, 1 << 20)]
+    probes: list[int] = []
+    monkeypatch.setattr(
+        comm_probe, "run_probe", lambda n, reps, log_dir: probes.append(n) or {"points": points}
+    )
+    cache = tmp_path / "comm_probe" / "gloo_n2.json"
+    cache.parent.mkdir()
+    cache.write_text(json.dumps({"link": {}, "world_size": 2, "points": [], "loop_threads_idle": False}))
+    monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "1")  # asked for now; the cache was measured without
+    again = comm_probe.probe(tmp_path, 2)
+    assert probes == [2] and again["loop_threads_idle"] is True and again["points"] == points
+    assert again["link"]["source"].endswith("; gloo's loop threads under SCHED_IDLE")
+    assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is True and probes == [2]  # same: the cache
+    monkeypatch.delenv(GLOO_LOOP_IDLE_ENV)
+    assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is False and probes == [2, 2]
+
+
 def test_a_queued_collective_costs_what_it_adds_to_a_burst_not_a_share_of_its_start() -> None:
     """A burst of n collectives issued at once takes start + n × (α + S·factor/busbw): the start (gloo's
     idle threads woken) is the burst's first collective's, timed in context. Per collective of a burst of
@@ -514,18 +538,25 @@ def test_real_cpu_ranks_beyond_the_cores_get_no_modelled_figure_no_probe_and_no_
 
 
 @pytest.mark.slow
-def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Path) -> None:
+def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Path, monkeypatch) -> None:
+    from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV
     from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.report.data import build_case_frame
     from fsdpbench.report.tables import case_table
     from tests.helpers import tiny_case
 
+    # the opt-in (the default is the one-case run's, tests/test_threads.py): ranks and probe both take it
+    monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "1")
     store = RunStore(tmp_path / "run")
     frame = run_cases([tiny_case(strategy="zero3", world_size=2)], [], store, {"env": {}}, link="auto")
     assert set(frame["status"]) == {"ok"}
     probe = store.run_dir / "comm_probe" / "gloo_n2.json"
     assert probe.exists()  # cached in the run directory
+    if hasattr(os, "SCHED_IDLE"):
+        assert list(frame["gloo_loops_idle"]) == [1, 1]  # each rank's one group
+    assert json.loads(probe.read_text())["loop_threads_idle"] is True
+    assert frame["model_link_source"].str.endswith("; gloo's loop threads under SCHED_IDLE").all()
     for col in (
         "model_step_time_ms",
         "model_compute_ms",
@@ -538,8 +569,6 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert (frame["model_step_time_ms"] >= frame["model_compute_ms"]).all()
     assert frame["case_model_step_time_ms"].iloc[0] == pytest.approx(frame["model_step_time_ms"].max())
     # 2 ranks × 1 thread on this 2-core machine: no idle core, said in the method
-    import os
-
     from fsdpbench.engine.threads import rank_threads
 
     serial = no_idle_core("cpu", 2, rank_threads(2), os.cpu_count())

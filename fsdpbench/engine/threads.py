@@ -7,6 +7,14 @@ import os
 import time
 
 PIN_ENV = "FSDPBENCH_PIN_THREADS"  # "1": the launcher asks each CPU rank to bind its compute threads
+# "1" (opt-in, the user's): CPU ranks and the gloo probe put gloo's loop threads under SCHED_IDLE
+# (``idle_gloo_loops``); the launcher passes the orchestrator's value on to every rank
+GLOO_LOOP_IDLE_ENV = "FSDPBENCH_GLOO_LOOP_IDLE"
+
+
+def gloo_loop_idle_wanted() -> bool:
+    """Whether the user asked for gloo's loop threads under SCHED_IDLE (``GLOO_LOOP_IDLE_ENV``)."""
+    return os.environ.get(GLOO_LOOP_IDLE_ENV, "0") == "1"
 
 
 def rank_threads(world_size: int) -> int:
@@ -85,6 +93,7 @@ LOOP_NAMING_WAIT_S = 2.0  # at most, for a group's new loop thread to run and na
 def idle_gloo_loops() -> int:
     """Put every gloo TCP loop thread of this process under ``SCHED_IDLE``; returns how many (0 where
     the platform has no such policy). Call it once the process's groups exist: each group has its own.
+    Opt-in (``GLOO_LOOP_IDLE_ENV``), for a machine with nothing else running: see the last paragraph.
 
     Why: the loop thread spins. When it cannot take a pair's lock at once (a gloo worker thread holds it
     to post a send or a receive) it skips the pair "until the next tick", and the level-triggered epoll
@@ -97,7 +106,13 @@ def idle_gloo_loops() -> int:
     that wakes preempts the spin; the loop still gets every core nothing else wants, which is where
     its real work (reading the sockets) runs, since a rank waiting for a collective sleeps. Per
     collective, 3 process pairs each way: median 77-97 µs (p90 94-334) against 84-367 µs (p90
-    285-1264); docs/step-time-model.md has the effect on the cases."""
+    285-1264); docs/step-time-model.md has the effect on the cases.
+
+    Why not by default: under SCHED_IDLE the loop gets a core only when no other thread of the machine
+    wants one (weight 3 against 1024), so beside other work its collectives starve. With two busy
+    loops of another process on the same 2 cores, the 689 KB all-reduce after 2 ms of compute took
+    63-66 ms against 3.1-3.7 ms with gloo's loop as it is (analysis/gloo_loop_spin.py). An unprivileged
+    thread cannot leave SCHED_IDLE again, so a rank cannot undo it when the machine gets busy."""
     if not hasattr(os, "SCHED_IDLE"):
         return 0
     # a loop thread names itself when it first runs: until then it bears its creator's name. A group of

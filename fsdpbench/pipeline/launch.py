@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.case import Case
-from fsdpbench.engine.threads import PIN_ENV
+from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV, PIN_ENV, gloo_loop_idle_wanted
 from fsdpbench.pipeline import baton
 from fsdpbench.pipeline.interrupts import launcher_signal
 from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
@@ -184,6 +184,7 @@ def _launch_group(
             ORCHESTRATOR_PID_ENV: str(os.getpid()),
             # CPU ranks bind their compute threads to cores of their own (engine/threads.py)
             PIN_ENV: "1" if case.device == "cpu" else "0",
+            GLOO_LOOP_IDLE_ENV: "1" if case.device == "cpu" and gloo_loop_idle_wanted() else "0",
             **(compile_cache_env(case_dir) if case.compile else {}),
         }
         for i, r in enumerate(group)

@@ -37,6 +37,7 @@ from fsdpbench.engine.knobs import state_placement_bytes
 from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
 from fsdpbench.engine.step import Batch, rank_batch, train_step
 from fsdpbench.engine.threads import (
+    GLOO_LOOP_IDLE_ENV,
     PIN_ENV,
     idle_gloo_loops,
     idle_spin_s,
@@ -244,8 +245,10 @@ def _run_phases(
         case, device, rank, build=_emulated_build(case, device, rank) if case.emulate else None
     )
     steps = RankSteps(case, parallel, rank, device)
-    # after the build: every group the strategy made has its gloo loop thread by now
-    idle_loops = idle_gloo_loops() if device.type == "cpu" and os.environ.get(PIN_ENV) == "1" else 0
+    # after the build: every group the strategy made has its gloo loop thread by now (opt-in)
+    idle_loops = (
+        idle_gloo_loops() if device.type == "cpu" and os.environ.get(GLOO_LOOP_IDLE_ENV) == "1" else 0
+    )
     setup = Setup(
         params=parallel.params,
         n_units=parallel.n_units,

@@ -42,7 +42,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.engine.threads import idle_gloo_loops, pin_compute_threads, rank_cores, rank_threads
+from fsdpbench.engine.threads import (
+    gloo_loop_idle_wanted,
+    idle_gloo_loops,
+    pin_compute_threads,
+    rank_cores,
+    rank_threads,
+)
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import free_port
 from fsdpbench.pipeline.lifeline import die_with_parent, send_output_to
@@ -104,7 +110,9 @@ def _burst(ms: float):
     return work
 
 
-def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str) -> None:
+def _probe_rank(
+    rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str, idle_loops: bool
+) -> None:
     """One probe process: join the gloo group, time every (kind, size) in context and back to back;
     rank 0 writes the points."""
     ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
@@ -120,7 +128,8 @@ def _probe_rank(rank: int, world_size: int, port: int, out_path: str, reps: int,
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     pin_compute_threads(rank_cores(rank, world_size))  # as a case's CPU rank does, after its group
-    idle_gloo_loops()  # as a case's CPU rank does
+    if idle_loops:  # as a case's CPU rank does when the user asked for it
+        idle_gloo_loops()
     try:
         measured = measure_in_group(reps)
     finally:
@@ -282,6 +291,7 @@ def fit_link(
     world_size: int,
     name: str = "gloo",
     queued_points: list[dict[str, Any]] | None = None,
+    loops_idle: bool = False,
 ) -> Link:
     """One α–β line per probed kind (``Link.per_kind``), and one through every point for the rest;
     ``queued_points`` (the totals of bursts issued at once) give the lines of queued collectives
@@ -298,6 +308,7 @@ def fit_link(
             f"mean extra time; queued: what one more adds to a burst issued at once, "
             f"{PROBE_SEQUENCE} against {PROBE_BURST_LONG}), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
+            + ("; gloo's loop threads under SCHED_IDLE" if loops_idle else "")
         ),
         # a cache from before reduce-scatters were probed (2026-11-26): time them as gloo's all-reduce
         reduce_scatter_as_all_reduce=all(kind != "reduce_scatter" for kind, _, _ in per_kind),
@@ -327,7 +338,9 @@ def run_probe(
         ]
         port = free_port()
         procs = [
-            ctx.Process(target=_probe_rank, args=(r, world_size, port, out, reps, logs[r]))
+            ctx.Process(
+                target=_probe_rank, args=(r, world_size, port, out, reps, logs[r], gloo_loop_idle_wanted())
+            )
             for r in range(world_size)
         ]
         try:
@@ -353,12 +366,18 @@ def probe(run_dir: Path, world_size: int, reps: int = PROBE_REPS) -> dict[str, A
     world_size = max(2, int(world_size))
     path = Path(run_dir) / "comm_probe" / f"gloo_n{world_size}.json"
     if path.exists():
-        return json.loads(path.read_text())
+        cached = json.loads(path.read_text())
+        if cached.get("loop_threads_idle", False) == gloo_loop_idle_wanted():
+            return cached  # else measured with the other loop-thread policy: measure again
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     measured = run_probe(world_size, reps, log_dir=path.parent)
-    link = fit_link(measured["points"], world_size, queued_points=measured.get("points_queued"))
-    result = {"link": link.to_dict(), "world_size": world_size, **measured}
+    idle = gloo_loop_idle_wanted()
+    link = fit_link(
+        measured["points"], world_size, queued_points=measured.get("points_queued"), loops_idle=idle
+    )
+    result = {"link": link.to_dict(), "world_size": world_size, "loop_threads_idle": idle}
+    result |= measured
     write_atomically(path, json.dumps(result, indent=1).encode())
     return result
 

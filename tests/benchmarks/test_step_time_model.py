@@ -10,7 +10,9 @@ work on the machine moves one and not the other. Environment:
 
 - ``FSDPBENCH_BENCH_STEP_MODEL_RUNS`` (default 3): runs in a row, each a fresh run directory (a fresh
   gloo probe and fresh compute twins);
-- ``FSDPBENCH_BENCH_STEP_MODEL_OUT``: a file to write the markdown table to (default: printed only).
+- ``FSDPBENCH_BENCH_STEP_MODEL_OUT``: a file to write the markdown table to (default: printed only);
+- ``FSDPBENCH_GLOO_LOOP_IDLE=1``: the runs' CPU ranks and probe put gloo's loop threads under
+  ``SCHED_IDLE``, as it does for ``fsdpbench run`` (opt-in; each run's line says which).
 
 The cases run as their scenarios define them (``fsdpbench run`` with the default ``--link auto``).
 The target (docs/step-time-model.md) is each case within 10% and a mean absolute error ≤ 5% in every
@@ -26,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from fsdpbench.engine.threads import gloo_loop_idle_wanted
 
 SWITCH = "FSDPBENCH_BENCH_STEP_MODEL"
 SCENARIOS = ("scenarios/quickstart.yaml", "scenarios/ci.yaml")
@@ -89,6 +93,11 @@ def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
             for r in runs
         ]
         lines.append(f"| {row['scenario']} | {row['case']} | " + " | ".join(cells) + " |")
+    loops = (
+        "gloo's loop threads under SCHED_IDLE (FSDPBENCH_GLOO_LOOP_IDLE=1)"
+        if gloo_loop_idle_wanted()
+        else "gloo's loop threads as gloo leaves them"
+    )
     for k, rows in enumerate(runs):
         errs = [abs(r["error"]) for r in rows]
         mean, worst = sum(errs) / len(errs), max(errs)
@@ -97,7 +106,7 @@ def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
             f"\nrun {k + 1}: mean |error| {mean:.1%}, worst {worst:.1%} — "
             f"{'meets' if ok else 'misses'} the target "
             f"(every case ≤ {CASE_LIMIT:.0%}, mean ≤ {MEAN_LIMIT:.0%}); "
-            f"load average at its start {load[k]}; link {rows[-1]['link']}; "
+            f"load average at its start {load[k]}; link {rows[-1]['link']}; {loops}; "
             f"{sum(r['no_idle_core'] for r in rows)} of {len(rows)} cases modelled with no idle core; "
             f"{sum(r['unsteady'] for r in rows)} of {len(rows)} cases with their own steps' p10–p90 wider "
             f"than {UNSTEADY_STEPS_SPREAD:.0%} of their median"
