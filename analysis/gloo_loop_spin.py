@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPS, BURST = 16, 8
+BURST = 8
 POLICIES = ("as-is", "idle", "nice19")
 
 
@@ -55,7 +55,7 @@ def _set_loop_policy(policy: str) -> None:
                 os.setpriority(os.PRIO_PROCESS, int(tid), 19)
 
 
-def _rank(rank: int, port: int, policy: str, out: str) -> None:
+def _rank(rank: int, port: int, policy: str, reps: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -76,7 +76,7 @@ def _rank(rank: int, port: int, policy: str, out: str) -> None:
             a @ a
 
     bursts, extra, threads = [], [], []
-    for _ in range(REPS):
+    for _ in range(reps):
         dist.barrier()
         compute(2)
         before, t0 = _threads(), time.perf_counter()
@@ -119,6 +119,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=16, help="repetitions per process pair (at least 2)")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"of {', '.join(POLICIES)}")
     args = parser.parse_args()
     policies = args.policies.split(",")
@@ -129,7 +130,9 @@ def main() -> None:
                     s.bind(("127.0.0.1", 0))
                     port = s.getsockname()[1]
                 out = str(Path(tmp) / f"{policy}{pair}.json")
-                mp.start_processes(_rank, args=(port, policy, out), nprocs=2, start_method="spawn")
+                mp.start_processes(
+                    _rank, args=(port, policy, max(2, args.reps), out), nprocs=2, start_method="spawn"
+                )
                 ranks = json.loads(Path(out).read_text())
                 bursts = [max(r) for r in zip(*(g["bursts"] for g in ranks))]
                 extra = [max(r) for r in zip(*(g["extra"] for g in ranks))]

@@ -36,6 +36,20 @@ def test_check_model_runs_as_the_readme_says(one_case_run: Path) -> None:
 
 
 @pytest.mark.slow
+def test_gloo_loop_spin_runs_as_the_docs_say_and_shows_each_gloo_threads_cpu_and_wait() -> None:
+    done = run_script("gloo_loop_spin.py", "--pairs", "1", "--policies", "as-is,idle", "--reps", "3")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split("  queued")[0] for line in lines if line.startswith("pair ")] == [
+        "pair 0 loop as-is ",
+        "pair 0 loop idle  ",
+    ]
+    # the as-is pair's fastest and slowest bursts, each rank's gloo threads by name: CPU / run-queue wait
+    ranks = [line for line in lines if line.startswith("      rank ")]
+    assert len(ranks) == 4 and all("gloo_tcp_loop " in r and "pt_gloo_runloop " in r for r in ranks)
+
+
+@pytest.mark.slow
 def test_emulate_cost_runs_as_the_docs_say_and_reports_the_emulated_rank() -> None:
     done = run_script(
         "emulate_cost.py", "--model", "decoder-tiny", "--world-size", "4", "--strategy", "zero3", "--tracked"
