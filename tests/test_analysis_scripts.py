@@ -37,13 +37,12 @@ def test_check_model_runs_as_the_readme_says(one_case_run: Path) -> None:
 
 @pytest.mark.slow
 def test_gloo_loop_spin_runs_as_the_docs_say_and_shows_each_gloo_threads_cpu_and_wait() -> None:
-    done = run_script("gloo_loop_spin.py", "--pairs", "1", "--policies", "as-is,idle", "--reps", "3")
+    # one policy, 2 repetitions: the script's own work is the same for each (the policies are
+    # engine/threads.py's, tested in tests/test_threads.py)
+    done = run_script("gloo_loop_spin.py", "--pairs", "1", "--policies", "as-is", "--reps", "2")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split("  queued")[0] for line in lines if line.startswith("pair ")] == [
-        "pair 0 loop as-is ",
-        "pair 0 loop idle  ",
-    ]
+    assert [line.split("  queued")[0] for line in lines if line.startswith("pair ")] == ["pair 0 loop as-is "]
     # the as-is pair's fastest and slowest bursts, each rank's gloo threads by name: CPU / run-queue wait
     ranks = [line for line in lines if line.startswith("      rank ")]
     assert len(ranks) == 4 and all("gloo_tcp_loop " in r and "pt_gloo_runloop " in r for r in ranks)
