@@ -55,3 +55,11 @@ def test_compare_refuses_more_cpu_ranks_than_run_allows(capsys, monkeypatch, tmp
     )
     assert code == 2 and "world_size: 99 CPU ranks on 2 cores (limit 8" in text
     assert "--allow-oversubscribe" in text and not out.exists()  # nothing started
+
+
+def test_a_bad_gloo_loop_setting_is_one_line_and_exit_2_before_anything_runs(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("FSDPBENCH_GLOO_LOOP_IDLE", "yes")  # a typo must not measure the default
+    out = tmp_path / "run"
+    code, text = run(capsys, "run", str(tmp_path / "any.yaml"), "--out", str(out))  # not read
+    assert code == 2 and text == "error: environment variable FSDPBENCH_GLOO_LOOP_IDLE='yes': expected 0 or 1"
+    assert not out.exists()

@@ -13,8 +13,12 @@ GLOO_LOOP_IDLE_ENV = "FSDPBENCH_GLOO_LOOP_IDLE"
 
 
 def gloo_loop_idle_wanted() -> bool:
-    """Whether the user asked for gloo's loop threads under SCHED_IDLE (``GLOO_LOOP_IDLE_ENV``)."""
-    return os.environ.get(GLOO_LOOP_IDLE_ENV, "0") == "1"
+    """Whether the user asked for gloo's loop threads under SCHED_IDLE (``GLOO_LOOP_IDLE_ENV``: unset,
+    "0" or "1"; anything else a ValueError naming it, so that a typo does not measure the default)."""
+    value = os.environ.get(GLOO_LOOP_IDLE_ENV, "0").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"environment variable {GLOO_LOOP_IDLE_ENV}={value!r}: expected 0 or 1")
+    return value == "1"
 
 
 def rank_threads(world_size: int) -> int:
