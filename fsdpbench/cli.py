@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> None:
         argv = sys.argv[1:]
         _start_forkserver_if_ranks_will_run(argv)
     args = build_parser(argv).parse_args(argv)
-    from fsdpbench.engine.threads import gloo_loop_idle_wanted
+    from fsdpbench.engine.threads import gloo_loop_setting
 
     try:  # read again by every rank launch (run, compare, regress --repeat, predict): refused before any
-        gloo_loop_idle_wanted()
+        gloo_loop_setting()
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -61,5 +61,6 @@ def test_a_bad_gloo_loop_setting_is_one_line_and_exit_2_before_anything_runs(cap
     monkeypatch.setenv("FSDPBENCH_GLOO_LOOP_IDLE", "yes")  # a typo must not measure the default
     out = tmp_path / "run"
     code, text = run(capsys, "run", str(tmp_path / "any.yaml"), "--out", str(out))  # not read
-    assert code == 2 and text == "error: environment variable FSDPBENCH_GLOO_LOOP_IDLE='yes': expected 0 or 1"
+    expected = "error: environment variable FSDPBENCH_GLOO_LOOP_IDLE='yes': expected auto, 0 or 1"
+    assert code == 2 and text == expected
     assert not out.exists()

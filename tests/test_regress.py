@@ -148,6 +148,24 @@ def test_unchanged_run_passes(baseline):
     assert result.machine_matches and not result.notes
 
 
+def test_a_run_whose_gloo_loop_threads_differ_from_the_baselines_says_so(baseline):
+    # the baseline's ranks as gloo leaves them (gloo_loops_idle 0, or a baseline from before the column)
+    assert baseline["provenance"]["gloo_loops_idle"] is False
+    idle = compare(baseline, run_frame(gloo_loops_idle=1))
+    assert idle.passed  # a note, not a verdict: the ratios are compared as before
+    assert idle.notes == [
+        "gloo's loop threads differ (baseline: as gloo leaves them, now: under SCHED_IDLE): step times of "
+        "CPU ranks that communicate differ for that reason alone; set FSDPBENCH_GLOO_LOOP_IDLE to the same "
+        "0 or 1 for both (docs/ci.md)"
+    ]
+    assert not compare(baseline, run_frame(gloo_loops_idle=0)).notes
+    written_idle = json.loads(json.dumps(build_baseline(run_frame(gloo_loops_idle=1))))
+    assert written_idle["provenance"]["gloo_loops_idle"] is True
+    assert "baseline: under SCHED_IDLE, now: as gloo leaves them" in compare(written_idle, run_frame()).notes[0]
+    written_idle["provenance"]["gloo_loops_idle"] = "yes"  # a stranger's file: only true is true
+    assert not compare(written_idle, run_frame()).notes
+
+
 def test_memory_over_tolerance_on_one_rank_fails_naming_case_and_metric(baseline):
     result = compare(baseline, run_frame(zero3_peak=(1000, 1011)))  # +1.1% on rank 1 > 1%
     assert not result.passed

@@ -447,7 +447,7 @@ def test_a_probe_cached_with_the_other_loop_thread_policy_is_measured_again(
     assert probes == [2] and again["loop_threads_idle"] is True and again["points"] == points
     assert again["link"]["source"].endswith("; gloo's loop threads under SCHED_IDLE")
     assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is True and probes == [2]  # same: the cache
-    monkeypatch.delenv(GLOO_LOOP_IDLE_ENV)
+    monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "0")
     assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is False and probes == [2, 2]
 
 

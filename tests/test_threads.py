@@ -55,7 +55,106 @@ def test_a_real_runs_ranks_say_which_cores_they_were_bound_to(one_case_run: Path
     cores, threads = rank_cores(0, 1), rank_threads(1)  # one rank: every core, a thread on each
     expected = ",".join(map(str, cores)) if len(cores) >= threads else ""  # fewer cores allowed: unbound
     assert list(frame["cores"]) == [expected] and list(frame["threads"]) == [threads]
-    assert list(frame["gloo_loops_idle"]) == [0]  # gloo's loop threads as gloo leaves them: opt-in
+    assert list(frame["gloo_loops_idle"]) == [0]  # as gloo leaves them: the suite pins it (conftest.py)
+    run_json = json.loads((one_case_run / "run.json").read_text())
+    expected = "gloo's loop threads as gloo leaves them (FSDPBENCH_GLOO_LOOP_IDLE=0)"
+    assert run_json["gloo_loop_policy"] == expected
+    from fsdpbench.report.data import load_runs
+    from fsdpbench.report.page import render_environment
+
+    row = '<tr><th class="l">gloo loop threads</th><td class="l">gloo&#x27;s loop threads as gloo leaves them'
+    assert row in render_environment(load_runs([one_case_run]))  # the report's environment section
+
+
+def _fresh_auto(monkeypatch: pytest.MonkeyPatch, value: str | None) -> list[float]:
+    """``GLOO_LOOP_IDLE_ENV`` set to ``value`` (None: unset), no decision made yet in this process; the
+    list collects every sample length that ``gloo_loop_policy``'s machine watch is asked for."""
+    from fsdpbench.engine import threads
+
+    monkeypatch.setattr(threads, "_auto_policy", [])
+    if value is None:
+        monkeypatch.delenv(threads.GLOO_LOOP_IDLE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(threads.GLOO_LOOP_IDLE_ENV, value)
+    return []
+
+
+@pytest.mark.parametrize("value", [None, "", "auto", " auto "])
+def test_auto_idles_the_loops_on_an_idle_machine_and_keeps_the_decision(monkeypatch, value) -> None:
+    from fsdpbench.engine.threads import BUSY_SAMPLE_S, gloo_loop_idle_wanted, gloo_loop_policy
+
+    asked = _fresh_auto(monkeypatch, value)
+    policy = gloo_loop_policy(lambda s: asked.append(s) or 0.03)
+    cores = os.cpu_count()
+    assert policy.idle
+    assert policy.reason == f"under SCHED_IDLE (auto: 0.03 of {cores} cores busy as the run started)"
+    assert asked == [BUSY_SAMPLE_S]
+    # decided once: later calls (each case's launch, the probe) do not watch the machine again
+    assert gloo_loop_policy(lambda s: asked.append(s) or 2.0) == policy and gloo_loop_idle_wanted()
+    assert asked == [BUSY_SAMPLE_S]
+    # a run that starts (pipeline/runner.py) decides again: the machine may be busy now
+    again = gloo_loop_policy(lambda s: asked.append(s) or 2.0, anew=True)
+    assert not again.idle and gloo_loop_policy() == again and asked == [BUSY_SAMPLE_S] * 2
+
+
+def test_auto_leaves_the_loops_alone_beside_other_work_or_where_it_cannot_tell(monkeypatch) -> None:
+    from fsdpbench.engine.threads import BUSY_CORES_LIMIT, gloo_loop_policy
+
+    _fresh_auto(monkeypatch, None)
+    busy = gloo_loop_policy(lambda s: BUSY_CORES_LIMIT + 0.01)
+    assert not busy.idle
+    assert busy.reason.startswith(f"as gloo leaves them (auto: {BUSY_CORES_LIMIT + 0.01:.2f} of")
+    assert "would starve" in busy.reason
+    _fresh_auto(monkeypatch, "auto")
+    assert gloo_loop_policy(lambda s: BUSY_CORES_LIMIT).idle  # at the limit: still idle
+    _fresh_auto(monkeypatch, None)
+    unknown = gloo_loop_policy(lambda s: None)
+    assert not unknown.idle and "no /proc/stat" in unknown.reason
+
+
+@pytest.mark.parametrize(("value", "idle"), [("1", True), ("0", False)])
+def test_an_explicit_setting_is_obeyed_without_watching_the_machine(monkeypatch, value, idle) -> None:
+    from fsdpbench.engine.threads import gloo_loop_policy
+
+    asked = _fresh_auto(monkeypatch, value)
+    policy = gloo_loop_policy(lambda s: asked.append(s) or 0.0)
+    assert policy.idle is idle and policy.reason.endswith(f"(FSDPBENCH_GLOO_LOOP_IDLE={value})")
+    assert asked == []
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "true", "idle"])
+def test_any_other_setting_is_refused_by_name(monkeypatch, value) -> None:
+    from fsdpbench.engine.threads import gloo_loop_idle_wanted, gloo_loop_setting
+
+    asked = _fresh_auto(monkeypatch, value)
+    for read in (gloo_loop_setting, gloo_loop_idle_wanted):
+        with pytest.raises(ValueError, match=f"FSDPBENCH_GLOO_LOOP_IDLE='{value}': expected auto, 0 or 1"):
+            read()
+    assert asked == []
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="/proc/stat is Linux's")
+def test_busy_cores_is_a_share_of_this_machines_cores_and_counts_a_busy_thread() -> None:
+    import threading
+    import time
+
+    from fsdpbench.engine.threads import busy_cores
+
+    stop = time.monotonic() + 0.5
+
+    def spin() -> None:
+        while time.monotonic() < stop:
+            pass
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        used = busy_cores(0.2)
+    finally:
+        spinner.join()
+    assert used is not None and 0.0 <= used <= (os.cpu_count() or 1)
+    # this process's own spinning thread was a whole core, less what the scheduler gave others
+    assert used >= 0.5
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")

@@ -55,6 +55,7 @@ from fsdpbench.schema import (
     DEVICE_NAME,
     ERROR,
     FAILED,
+    GLOO_LOOPS_IDLE,
     HARNESS_OVERHEAD_RATIO,
     HOSTNAME,
     LOSSES,
@@ -285,6 +286,14 @@ def time_ratio(cases: Mapping[str, dict[str, Any]], case_id: str, ref_id: str) -
     return num / den if num and den else None
 
 
+def gloo_loops_idle(frame: pd.DataFrame) -> bool:
+    """Whether the run's CPU ranks had gloo's loop threads under SCHED_IDLE (engine/threads.py); a
+    baseline from before the column is as gloo leaves them, the only behaviour there was."""
+    if GLOO_LOOPS_IDLE not in frame:
+        return False
+    return bool((pd.to_numeric(frame[GLOO_LOOPS_IDLE], errors="coerce").fillna(0) > 0).any())
+
+
 def machine_of(frame: pd.DataFrame) -> dict[str, str]:
     ok = frame[frame.get(STATUS, pd.Series(OK, index=frame.index)) != SKIPPED]
     row = (ok if not ok.empty else frame).iloc[0]
@@ -360,13 +369,16 @@ def _provenance(frame: pd.DataFrame, run_meta: Mapping[str, Any]) -> dict[str, A
     """Where the baseline's numbers come from: the first row's environment and the run's metadata."""
     first = frame.iloc[0]
     env = run_meta.get("env") or {}
-    provenance = {k: (None if pd.isna(first.get(k)) else str(first.get(k))) for k in PROVENANCE_KEYS}
+    provenance: dict[str, Any] = {
+        k: (None if pd.isna(first.get(k)) else str(first.get(k))) for k in PROVENANCE_KEYS
+    }
     provenance.update(
         cpu=env.get("cpu"),
         python_version=env.get("python_version"),
         scenario=(run_meta.get("scenario") or {}).get("name") or str(first.get("scenario")),
         run_command=run_meta.get("command"),
         run_started=run_meta.get("started"),
+        gloo_loops_idle=gloo_loops_idle(frame),
     )
     return provenance
 
@@ -473,6 +485,16 @@ def compare(
     notes = [f"machine differs ({changes}): absolute step times not compared"] if differs else []
     if TORCH_VERSION in differs:
         notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
+    provenance = baseline.get("provenance")
+    loops_base = isinstance(provenance, dict) and provenance.get("gloo_loops_idle") is True
+    loops_now = gloo_loops_idle(frame)
+    if loops_now != loops_base:
+        state = {True: "under SCHED_IDLE", False: "as gloo leaves them"}
+        notes.append(
+            f"gloo's loop threads differ (baseline: {state[loops_base]}, now: {state[loops_now]}): step "
+            "times of CPU ranks that communicate differ for that reason alone; set FSDPBENCH_GLOO_LOOP_IDLE "
+            "to the same 0 or 1 for both (docs/ci.md)"
+        )
     rows: list[dict[str, Any]] = []
     for cid, entry in sorted(baseline["cases"].items()):
         layers = [

@@ -5,20 +5,97 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 PIN_ENV = "FSDPBENCH_PIN_THREADS"  # "1": the launcher asks each CPU rank to bind its compute threads
-# "1" (opt-in, the user's): CPU ranks and the gloo probe put gloo's loop threads under SCHED_IDLE
-# (``idle_gloo_loops``); the launcher passes the orchestrator's value on to every rank
+# gloo's loop threads under SCHED_IDLE (``idle_gloo_loops``) for CPU ranks and the gloo probe: "1" always,
+# "0" never, unset or "auto" when the machine is idle as the run starts (``gloo_loop_policy``); the
+# launcher passes the orchestrator's decision on to every rank as "1" or "0"
 GLOO_LOOP_IDLE_ENV = "FSDPBENCH_GLOO_LOOP_IDLE"
+GLOO_LOOP_SETTINGS = ("auto", "0", "1")
+# "auto": other work using more than this many cores as the run starts keeps gloo's loop as it is. Not
+# a fitted number: an idle machine uses a few hundredths of a core (this project's VM: 0.00-0.05), one
+# busy process a whole core; under SCHED_IDLE the loop would starve beside that process
+BUSY_CORES_LIMIT = 0.25
+BUSY_SAMPLE_S = 0.2  # how long "auto" watches the machine's CPU time (/proc/stat)
+
+
+@dataclass(frozen=True)
+class LoopPolicy:
+    """Whether CPU ranks put gloo's loop threads under SCHED_IDLE, and why (for the run's record)."""
+
+    idle: bool
+    reason: str
+
+
+def gloo_loop_setting() -> str:
+    """The user's ``GLOO_LOOP_IDLE_ENV``: "auto" (also when unset or empty), "0" or "1"; anything else
+    a ValueError naming it, so that a typo does not measure something else without a word."""
+    value = os.environ.get(GLOO_LOOP_IDLE_ENV, "").strip() or "auto"
+    if value not in GLOO_LOOP_SETTINGS:
+        raise ValueError(f"environment variable {GLOO_LOOP_IDLE_ENV}={value!r}: expected auto, 0 or 1")
+    return value
+
+
+_auto_policy: list[LoopPolicy] = []  # "auto" decides once per process: every case of a run the same
+
+
+def gloo_loop_policy(
+    busy: Callable[[float], float | None] | None = None, *, anew: bool = False
+) -> LoopPolicy:
+    """This run's policy for gloo's loop threads on CPU ranks (``GLOO_LOOP_IDLE_ENV``). With "auto",
+    the first call (or one with ``anew``: a run starting) watches the machine for ``BUSY_SAMPLE_S``
+    (``busy``: cores in use over that time, default ``busy_cores``); later calls keep that decision."""
+    setting = gloo_loop_setting()
+    if setting != "auto":
+        state = "under SCHED_IDLE" if setting == "1" else "as gloo leaves them"
+        return LoopPolicy(setting == "1", f"{state} ({GLOO_LOOP_IDLE_ENV}={setting})")
+    if anew:
+        _auto_policy.clear()
+    if not _auto_policy:
+        used = (busy or busy_cores)(BUSY_SAMPLE_S)
+        cores = os.cpu_count() or 1
+        if used is None:
+            decided = LoopPolicy(False, "as gloo leaves them (auto: no /proc/stat to tell an idle machine)")
+        elif used <= BUSY_CORES_LIMIT:
+            decided = LoopPolicy(
+                True, f"under SCHED_IDLE (auto: {used:.2f} of {cores} cores busy as the run started)"
+            )
+        else:
+            decided = LoopPolicy(
+                False,
+                f"as gloo leaves them (auto: {used:.2f} of {cores} cores busy as the run started, over "
+                f"{BUSY_CORES_LIMIT:g}; under SCHED_IDLE the loop would starve beside that work)",
+            )
+        _auto_policy.append(decided)
+    return _auto_policy[0]
 
 
 def gloo_loop_idle_wanted() -> bool:
-    """Whether the user asked for gloo's loop threads under SCHED_IDLE (``GLOO_LOOP_IDLE_ENV``: unset,
-    "0" or "1"; anything else a ValueError naming it, so that a typo does not measure the default)."""
-    value = os.environ.get(GLOO_LOOP_IDLE_ENV, "0").strip()
-    if value not in ("", "0", "1"):
-        raise ValueError(f"environment variable {GLOO_LOOP_IDLE_ENV}={value!r}: expected 0 or 1")
-    return value == "1"
+    """Whether this run's CPU ranks put gloo's loop threads under SCHED_IDLE (``gloo_loop_policy``)."""
+    return gloo_loop_policy().idle
+
+
+def busy_cores(sample_s: float) -> float | None:
+    """How many of the machine's cores were busy (user, system, interrupts, stolen) over the next
+    ``sample_s`` seconds, from /proc/stat; None where there is none (not Linux)."""
+
+    def totals() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = sum(fields[3:5])  # idle, iowait
+        return sum(fields[:8]) - idle, sum(fields[:8])  # guest time is in user already
+
+    before = totals()
+    time.sleep(sample_s)
+    after = totals()
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
 
 
 def rank_threads(world_size: int) -> int:
@@ -97,7 +174,7 @@ LOOP_NAMING_WAIT_S = 2.0  # at most, for a group's new loop thread to run and na
 def idle_gloo_loops() -> int:
     """Put every gloo TCP loop thread of this process under ``SCHED_IDLE``; returns how many (0 where
     the platform has no such policy). Call it once the process's groups exist: each group has its own.
-    Opt-in (``GLOO_LOOP_IDLE_ENV``), for a machine with nothing else running: see the last paragraph.
+    Where (``gloo_loop_policy``): on a machine with nothing else running, by default; see the last paragraph.
 
     Why: the loop thread spins. When it cannot take a pair's lock at once (a gloo worker thread holds it
     to post a send or a receive) it skips the pair "until the next tick", and the level-triggered epoll
@@ -112,11 +189,12 @@ def idle_gloo_loops() -> int:
     collective, 3 process pairs each way: median 77-97 µs (p90 94-334) against 84-367 µs (p90
     285-1264); docs/step-time-model.md has the effect on the cases.
 
-    Why not by default: under SCHED_IDLE the loop gets a core only when no other thread of the machine
-    wants one (weight 3 against 1024), so beside other work its collectives starve. With two busy
+    Why only on an idle machine: under SCHED_IDLE the loop gets a core only when no other thread of the
+    machine wants one (weight 3 against 1024), so beside other work its collectives starve. With two busy
     loops of another process on the same 2 cores, the 689 KB all-reduce after 2 ms of compute took
     63-66 ms against 3.1-3.7 ms with gloo's loop as it is (analysis/gloo_loop_spin.py). An unprivileged
-    thread cannot leave SCHED_IDLE again, so a rank cannot undo it when the machine gets busy."""
+    thread cannot leave SCHED_IDLE again, so a rank cannot undo it when the machine gets busy: "auto"
+    decides as the run starts, and other work that starts later slows the run's collectives."""
     if not hasattr(os, "SCHED_IDLE"):
         return 0
     # a loop thread names itself when it first runs: until then it bears its creator's name. A group of

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.case import Case
+from fsdpbench.engine.threads import gloo_loop_policy, gloo_loop_setting
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import CaseDirInUse, CaseOutcome, collect_case, launch_case
 from fsdpbench.pipeline.results import RunStore, build_rows, skipped_rows
@@ -88,6 +89,8 @@ def run_cases(
     with store.lock():  # refuses (RunDirError) while another run uses this directory
         tracer = TracedPredictor(log_path=store.run_dir / TRACED_LOG) if traced else None
         done = _start_run(store, meta, skipped, resume=resume, traced=traced, link=link)
+        if not collect and any(c.device == "cpu" and not c.emulate for c in cases):
+            _decide_gloo_loops(meta)
         try:
             for i, case in enumerate(cases):
                 if case.case_id in done:
@@ -149,6 +152,16 @@ def _start_run(
         store.write_case(item.case.case_id, skipped_rows(item.case, item.reason, meta["env"]))
     store.write_run_json(meta)
     return done
+
+
+def _decide_gloo_loops(meta: dict[str, Any]) -> None:
+    """Decide, before the first case, whether the CPU ranks' gloo loop threads go under SCHED_IDLE
+    (engine/threads.py: "auto" watches the machine now, while nothing of this run computes); run.json
+    says which and why, and so does stderr when the user left the choice to "auto"."""
+    policy = gloo_loop_policy(anew=True)  # a process that runs again (a benchmark) decides again
+    meta["gloo_loop_policy"] = f"gloo's loop threads {policy.reason}"
+    if gloo_loop_setting() == "auto":
+        print(meta["gloo_loop_policy"], file=sys.stderr)
 
 
 NOT_RUN = "not run"  # run.json's status of a case whose directory a live rank holds

@@ -186,6 +186,8 @@ def render_environment(data: ReportData) -> str:
         ranks = describe_ranks(data.cases[data.cases[RUN] == run.run]) if RUN in data.cases else ""
         items = [*_run_items(run), *_machine_items(run.meta.get("env") or {}), ("ranks", ranks)]
         items += _emulation_items(run.meta.get("emulation") or {})
+        if run.meta.get("gloo_loop_policy"):  # CPU ranks only (engine/threads.py); runs before it: none
+            items.append(("gloo loop threads", str(run.meta["gloo_loop_policy"])))
         skipped = run.meta.get(SKIPPED) or []
         if skipped:
             items.append((SKIPPED, "; ".join(f"{s.get('case_id')}: {s.get('reason')}" for s in skipped)))

@@ -11,8 +11,9 @@ work on the machine moves one and not the other. Environment:
 - ``FSDPBENCH_BENCH_STEP_MODEL_RUNS`` (default 3): runs in a row, each a fresh run directory (a fresh
   gloo probe and fresh compute twins);
 - ``FSDPBENCH_BENCH_STEP_MODEL_OUT``: a file to write the markdown table to (default: printed only);
-- ``FSDPBENCH_GLOO_LOOP_IDLE=1``: the runs' CPU ranks and probe put gloo's loop threads under
-  ``SCHED_IDLE``, as it does for ``fsdpbench run`` (opt-in; each run's line says which).
+- ``FSDPBENCH_GLOO_LOOP_IDLE`` (``auto``, ``0``, ``1``): gloo's loop threads on the runs' CPU ranks and
+  probe, as for ``fsdpbench run``; by default (``auto``) each run decides as it starts, under
+  ``SCHED_IDLE`` on an idle machine (engine/threads.py); each run's line says what it did and why.
 
 The cases run as their scenarios define them (``fsdpbench run`` with the default ``--link auto``).
 The target (docs/step-time-model.md) is each case within 10% and a mean absolute error ≤ 5% in every
@@ -22,14 +23,13 @@ error is asserted: a loaded machine misses it for reasons outside the model (doc
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from fsdpbench.engine.threads import gloo_loop_idle_wanted
 
 SWITCH = "FSDPBENCH_BENCH_STEP_MODEL"
 SCENARIOS = ("scenarios/quickstart.yaml", "scenarios/ci.yaml")
@@ -58,6 +58,7 @@ def one_run(out: Path) -> list[dict[str, Any]]:
 
     frame = run_cases(checkable_cases(), [], RunStore(out), {"env": {}}, link="auto")
     cases = build_case_frame(frame)
+    loops = json.loads((out / "run.json").read_text())["gloo_loop_policy"]  # decided as the run started
     return [
         {
             "scenario": r["scenario"],
@@ -71,7 +72,8 @@ def one_run(out: Path) -> list[dict[str, Any]]:
             "error": float(r["model_step_err"]),
             "link": str(r["model_link"]),
             "no_idle_core": "no idle core" in str(r["model_method"]),
-            "unsteady": unsteady_steps(r),  # the report's rule, counted as it counts them
+            "unsteady": unsteady_steps(r),
+            "loops": loops,  # the report's rule, counted as it counts them
         }
         for _, r in cases.iterrows()
     ]
@@ -93,11 +95,6 @@ def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
             for r in runs
         ]
         lines.append(f"| {row['scenario']} | {row['case']} | " + " | ".join(cells) + " |")
-    loops = (
-        "gloo's loop threads under SCHED_IDLE (FSDPBENCH_GLOO_LOOP_IDLE=1)"
-        if gloo_loop_idle_wanted()
-        else "gloo's loop threads as gloo leaves them"
-    )
     for k, rows in enumerate(runs):
         errs = [abs(r["error"]) for r in rows]
         mean, worst = sum(errs) / len(errs), max(errs)
@@ -106,7 +103,7 @@ def table(runs: list[list[dict[str, Any]]], load: list[str]) -> str:
             f"\nrun {k + 1}: mean |error| {mean:.1%}, worst {worst:.1%} — "
             f"{'meets' if ok else 'misses'} the target "
             f"(every case ≤ {CASE_LIMIT:.0%}, mean ≤ {MEAN_LIMIT:.0%}); "
-            f"load average at its start {load[k]}; link {rows[-1]['link']}; {loops}; "
+            f"load average at its start {load[k]}; link {rows[-1]['link']}; {rows[-1]['loops']}; "
             f"{sum(r['no_idle_core'] for r in rows)} of {len(rows)} cases modelled with no idle core; "
             f"{sum(r['unsteady'] for r in rows)} of {len(rows)} cases with their own steps' p10–p90 wider "
             f"than {UNSTEADY_STEPS_SPREAD:.0%} of their median"
