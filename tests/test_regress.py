@@ -161,7 +161,8 @@ def test_a_run_whose_gloo_loop_threads_differ_from_the_baselines_says_so(baselin
     assert not compare(baseline, run_frame(gloo_loops_idle=0)).notes
     written_idle = json.loads(json.dumps(build_baseline(run_frame(gloo_loops_idle=1))))
     assert written_idle["provenance"]["gloo_loops_idle"] is True
-    assert "baseline: under SCHED_IDLE, now: as gloo leaves them" in compare(written_idle, run_frame()).notes[0]
+    back = compare(written_idle, run_frame()).notes
+    assert "baseline: under SCHED_IDLE, now: as gloo leaves them" in back[0]
     written_idle["provenance"]["gloo_loops_idle"] = "yes"  # a stranger's file: only true is true
     assert not compare(written_idle, run_frame()).notes
 

@@ -31,7 +31,7 @@ from fsdpbench.predictors.comm_model import (
     collective_time_us,
     validate_link_spec,
 )
-from fsdpbench.predictors.comm_probe import fit_link, in_context_time_us
+from fsdpbench.predictors.comm_probe import fit_link, in_context_reps_us, in_context_time_us
 from fsdpbench.schema import MODEL_CHECKABLE, MODEL_COMPUTE_BARE, MODEL_UNCHECKED_REASON
 from fsdpbench.strategies import get_strategy
 from tests.helpers import requires_cuda, trace_event
@@ -291,6 +291,7 @@ def test_in_context_probe_time_is_the_slowest_ranks_extra_time_per_collective_av
     compute = [[8e-3, 8e-3, 8e-3], [8e-3, 8e-3, 8e-3]]
     sequence = [[10e-3, 11e-3, 10.4e-3], [10.4e-3, 10.6e-3, 11.2e-3]]
     assert in_context_time_us(compute, sequence, 4) == pytest.approx((600 + 750 + 800) / 3)
+    assert in_context_reps_us(compute, sequence, 4) == pytest.approx([600, 750, 800])  # the cache keeps them
     # each repetition against its own bursts alone (paired): a slow burst repetition is taken out
     assert in_context_time_us([[8e-3, 9e-3]], [[10e-3, 11e-3]], 4) == pytest.approx(500.0)
     # the mean, not the median: one slow repetition of four moves it (a step sums its collectives)

@@ -84,11 +84,18 @@ def in_context_time_us(
     collective: what the collective added to a rank whose cores compute — the collective itself, the
     waits for a peer it brings, and what gloo's threads took from the compute. The mean over
     repetitions, not the median: a step sums its collectives."""
+    return max(0.0, statistics.fmean(in_context_reps_us(compute_s, sequence_s, per_sequence)))
+
+
+def in_context_reps_us(
+    compute_s: list[list[float]], sequence_s: list[list[float]], per_sequence: int
+) -> list[float]:
+    """``in_context_time_us`` of each repetition alone, in µs (kept in the probe's cache: its spread)."""
     if not sequence_s or per_sequence < 1:
         raise ValueError("no repetitions to time")
     reps = min(len(r) for r in sequence_s + compute_s)
     extra = [max(sequence_s[r][i] - compute_s[r][i] for r in range(len(sequence_s))) for i in range(reps)]
-    return max(0.0, statistics.fmean(extra) / per_sequence) * 1e6
+    return [x / per_sequence * 1e6 for x in extra]
 
 
 def _burst(ms: float):
@@ -188,8 +195,9 @@ def measure_in_group(reps: int) -> dict[str, Any] | None:
     for i, p in enumerate(mine):
         compute_s = [g[i]["compute"] for g in gathered]
         sequence_s = [g[i]["sequence"] for g in gathered]
-        t = in_context_time_us(compute_s, sequence_s, PROBE_SEQUENCE)
-        points.append({"kind": p["kind"], "payload_bytes": p["bytes"], "time_us": t})
+        reps_us = in_context_reps_us(compute_s, sequence_s, PROBE_SEQUENCE)
+        t = max(0.0, statistics.fmean(reps_us))  # in_context_time_us
+        points.append({"kind": p["kind"], "payload_bytes": p["bytes"], "time_us": t, "reps_us": reps_us})
         # a burst ends for all when its slowest rank's ends: per repetition, the slowest rank's total
         lengths = p["queued"].keys()
         slowest = {n: [max(g[i]["queued"][n][r] for g in gathered) for r in range(reps)] for n in lengths}
