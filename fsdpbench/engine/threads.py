@@ -55,18 +55,16 @@ def gloo_loop_policy(
         _auto_policy.clear()
     if not _auto_policy:
         used = (busy or busy_cores)(BUSY_SAMPLE_S)
-        cores = os.cpu_count() or 1
+        busy = f"other work kept {used or 0:.2f} of {os.cpu_count() or 1} cores busy as the run started"
         if used is None:
             decided = LoopPolicy(False, "as gloo leaves them (auto: no /proc/stat to tell an idle machine)")
         elif used <= BUSY_CORES_LIMIT:
-            decided = LoopPolicy(
-                True, f"under SCHED_IDLE (auto: {used:.2f} of {cores} cores busy as the run started)"
-            )
+            decided = LoopPolicy(True, f"under SCHED_IDLE (auto: {busy})")
         else:
             decided = LoopPolicy(
                 False,
-                f"as gloo leaves them (auto: {used:.2f} of {cores} cores busy as the run started, over "
-                f"{BUSY_CORES_LIMIT:g}; under SCHED_IDLE the loop would starve beside that work)",
+                f"as gloo leaves them (auto: {busy}, over {BUSY_CORES_LIMIT:g}; under SCHED_IDLE the loop "
+                "would starve beside that work)",
             )
         _auto_policy.append(decided)
     return _auto_policy[0]
@@ -78,10 +76,19 @@ def gloo_loop_idle_wanted() -> bool:
 
 
 def busy_cores(sample_s: float) -> float | None:
-    """How many of the machine's cores were busy (user, system, interrupts, stolen) over the next
-    ``sample_s`` seconds, from /proc/stat; None where there is none (not Linux)."""
+    """How many of the machine's cores *other* work kept busy (user, system, interrupts, stolen) over
+    the next ``sample_s`` seconds: /proc/stat's busy time less this process's and its descendants'
+    (the fork server importing torch as the run starts is the run's own, not other work); None where
+    there is no /proc/stat (not Linux)."""
+    split = busy_split(sample_s)
+    return None if split is None else max(0.0, split[0] - split[1])
 
-    def totals() -> tuple[int, int] | None:
+
+def busy_split(sample_s: float) -> tuple[float, float] | None:
+    """(cores the machine kept busy, cores this process and its descendants did) over the next
+    ``sample_s`` seconds, from /proc/stat and /proc/<pid>/stat; None without /proc/stat."""
+
+    def machine() -> tuple[int, int] | None:
         try:
             with open("/proc/stat") as f:
                 fields = [int(x) for x in f.readline().split()[1:]]
@@ -90,12 +97,50 @@ def busy_cores(sample_s: float) -> float | None:
         idle = sum(fields[3:5])  # idle, iowait
         return sum(fields[:8]) - idle, sum(fields[:8])  # guest time is in user already
 
-    before = totals()
+    tree = _own_tree()  # before the sample: its reads below are then a few files, next to /proc/stat's
+    before, own_before = machine(), _ticks(tree)
     time.sleep(sample_s)
-    after = totals()
+    after, own_after = machine(), _ticks(tree)
     if before is None or after is None or after[1] <= before[1]:
         return None
-    return (after[0] - before[0]) / (after[1] - before[1]) * (os.cpu_count() or 1)
+    cores, elapsed = os.cpu_count() or 1, after[1] - before[1]  # both in the kernel's USER_HZ ticks
+    own = sum(own_after.get(pid, ticks) - ticks for pid, ticks in own_before.items())
+    return (after[0] - before[0]) / elapsed * cores, max(0, own) / elapsed * cores
+
+
+def _own_tree() -> list[int]:
+    """This process and its live descendants."""
+    parent = {}
+    for entry in os.scandir("/proc"):
+        stat = _stat_fields(entry.name) if entry.name.isdigit() else None
+        if stat is not None:
+            parent[int(entry.name)] = int(stat[1])
+    mine, todo = [], [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        mine.append(pid)
+        todo.extend(child for child, up in parent.items() if up == pid and child not in mine)
+    return mine
+
+
+def _ticks(pids: list[int]) -> dict[int, int]:
+    """User + system ticks so far of each of ``pids`` still alive (all its threads)."""
+    found = {}
+    for pid in pids:
+        stat = _stat_fields(str(pid))
+        if stat is not None:
+            found[pid] = int(stat[11]) + int(stat[12])
+    return found
+
+
+def _stat_fields(pid: str) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (which may hold spaces): state, ppid, …"""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:  # the process has ended
+        return None
+    return text[text.rindex(")") + 2 :].split()
 
 
 def rank_threads(world_size: int) -> int:
