@@ -378,8 +378,8 @@ def _provenance(frame: pd.DataFrame, run_meta: Mapping[str, Any]) -> dict[str, A
         scenario=(run_meta.get("scenario") or {}).get("name") or str(first.get("scenario")),
         run_command=run_meta.get("command"),
         run_started=run_meta.get("started"),
-        gloo_loops_idle=gloo_loops_idle(frame),
     )
+    provenance[GLOO_LOOPS_IDLE] = gloo_loops_idle(frame)  # any rank's, as a bool
     return provenance
 
 
@@ -486,7 +486,7 @@ def compare(
     if TORCH_VERSION in differs:
         notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
     provenance = baseline.get("provenance")
-    loops_base = isinstance(provenance, dict) and provenance.get("gloo_loops_idle") is True
+    loops_base = isinstance(provenance, dict) and provenance.get(GLOO_LOOPS_IDLE) is True
     loops_now = gloo_loops_idle(frame)
     if loops_now != loops_base:
         state = {True: "under SCHED_IDLE", False: "as gloo leaves them"}
