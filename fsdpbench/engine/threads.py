@@ -55,15 +55,15 @@ def gloo_loop_policy(
         _auto_policy.clear()
     if not _auto_policy:
         used = (busy or busy_cores)(BUSY_SAMPLE_S)
-        busy = f"other work kept {used or 0:.2f} of {os.cpu_count() or 1} cores busy as the run started"
+        load = f"other work kept {used or 0:.2f} of {os.cpu_count() or 1} cores busy as the run started"
         if used is None:
             decided = LoopPolicy(False, "as gloo leaves them (auto: no /proc/stat to tell an idle machine)")
         elif used <= BUSY_CORES_LIMIT:
-            decided = LoopPolicy(True, f"under SCHED_IDLE (auto: {busy})")
+            decided = LoopPolicy(True, f"under SCHED_IDLE (auto: {load})")
         else:
             decided = LoopPolicy(
                 False,
-                f"as gloo leaves them (auto: {busy}, over {BUSY_CORES_LIMIT:g}; under SCHED_IDLE the loop "
+                f"as gloo leaves them (auto: {load}, over {BUSY_CORES_LIMIT:g}; under SCHED_IDLE the loop "
                 "would starve beside that work)",
             )
         _auto_policy.append(decided)
