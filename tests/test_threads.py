@@ -128,6 +128,18 @@ def test_an_explicit_setting_is_obeyed_without_watching_the_machine(monkeypatch,
     assert asked == []
 
 
+def test_a_re_launch_follows_its_runs_policy_unless_the_user_set_one(monkeypatch) -> None:
+    from fsdpbench.engine import threads
+    from fsdpbench.engine.threads import follow_gloo_loop_policy, gloo_loop_idle_wanted
+
+    _fresh_auto(monkeypatch, None)
+    monkeypatch.setattr(threads, "busy_cores", lambda s: pytest.fail("the machine was watched"))
+    assert follow_gloo_loop_policy(False, "run r").reason == "as gloo leaves them (auto: as in run r)"
+    assert not gloo_loop_idle_wanted()  # the run's policy, without watching the machine
+    _fresh_auto(monkeypatch, "1")  # the user's setting wins over the run's
+    assert follow_gloo_loop_policy(False, "run r").idle and gloo_loop_idle_wanted()
+
+
 @pytest.mark.parametrize("value", ["yes", "2", "true", "idle"])
 def test_any_other_setting_is_refused_by_name(monkeypatch, value) -> None:
     from fsdpbench.engine.threads import gloo_loop_idle_wanted, gloo_loop_setting

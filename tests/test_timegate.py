@@ -114,11 +114,20 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
 
     base = tmp_path / "b.json"
     assert cli(write_run(tmp_path / "a", sampled_frame(BASE)), "--write-baseline", base) == 0
-    bad_minute = write_run(tmp_path / "r", sampled_frame([x * 1.3 for x in BASE]))
-    launched = []
+    slow = sampled_frame([x * 1.3 for x in BASE]).assign(gloo_loops_idle=1)  # its ranks' loops were idle
+    bad_minute = write_run(tmp_path / "r", slow)
+    launched, loops_idle = [], []
+    from fsdpbench.engine import threads
+    from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV, gloo_loop_idle_wanted
+
+    # "auto", and the machine looks busy now: the re-launches still take the run's policy (idle here)
+    monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "auto")
+    monkeypatch.setattr(threads, "_auto_policy", [])
+    monkeypatch.setattr(threads, "busy_cores", lambda s: 2.0)
 
     def fake_launch(case, case_dir):
         launched.append((case.case_id, case_dir.name))
+        loops_idle.append(gloo_loop_idle_wanted())  # what the launcher gives the ranks
         return object()
 
     def fake_rows(case, outcome, env):  # each re-launch measures the baseline's distribution again
@@ -135,6 +144,8 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     capsys.readouterr()
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 0
     assert launched == [(ZERO3.case_id, "repeat1"), (ZERO3.case_id, "repeat2")]
+    assert loops_idle == [True, True]  # as in the run (its ranks' gloo_loops_idle), not as the machine is
+    assert threads.gloo_loop_policy().reason == "under SCHED_IDLE (auto: as in the run being re-measured)"
     assert f"re-measured {ZERO3.case_id} (2/2)" in capsys.readouterr().err
     # a real slowdown stays slow in the re-launches: still fails
     monkeypatch.setattr(

@@ -70,6 +70,16 @@ def gloo_loop_policy(
     return _auto_policy[0]
 
 
+def follow_gloo_loop_policy(idle: bool, whose: str) -> LoopPolicy:
+    """Re-launches of an earlier run's cases (``regress --repeat``) take that run's policy, not the
+    machine's now, so that their samples pool with the run's; a setting of 0 or 1 still wins."""
+    if gloo_loop_setting() != "auto":
+        return gloo_loop_policy()
+    state = "under SCHED_IDLE" if idle else "as gloo leaves them"
+    _auto_policy[:] = [LoopPolicy(idle, f"{state} (auto: as in {whose})")]
+    return _auto_policy[0]
+
+
 def gloo_loop_idle_wanted() -> bool:
     """Whether this run's CPU ranks put gloo's loop threads under SCHED_IDLE (``gloo_loop_policy``)."""
     return gloo_loop_policy().idle

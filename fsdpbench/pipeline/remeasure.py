@@ -39,6 +39,8 @@ def remeasure(
     ``frame`` is what was compared (strategies mapped); ``run_frame`` the run as it ran (to rebuild
     each case as launched, a plugin strategy included: re-launched only with ``allow_plugins``, as
     ``run`` launched it, its module then also searched for in the current directory)."""
+    from fsdpbench.analysis.regress import gloo_loops_idle
+    from fsdpbench.engine.threads import follow_gloo_loop_policy
     from fsdpbench.pipeline.launch import launch_case
     from fsdpbench.pipeline.results import build_rows
     from fsdpbench.pipeline.scenario import enable_plugin_imports
@@ -46,6 +48,7 @@ def remeasure(
     cases = suspects(result)
     if not cases or repeat <= 0:
         return result
+    follow_gloo_loop_policy(gloo_loops_idle(run_frame), "the run being re-measured")
     frame = frame.copy()
     for cid in cases:
         rows = frame.index[frame["case_id"] == cid]
