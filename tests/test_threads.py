@@ -220,3 +220,21 @@ def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:
         # libgomp's idle worker spins (300,000 pause loops by default) before it sleeps: it used a core
         # for some of the 50 ms the main thread slept (8.7 ms on this project's 2-core VM)
         assert two > 0.0005
+
+
+def test_a_ctrl_c_while_auto_watches_the_machine_ends_the_runs_record(tmp_path, monkeypatch) -> None:
+    from fsdpbench.engine import threads
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import run_cases
+    from tests.helpers import tiny_case
+
+    def interrupted(sample_s: float) -> float:
+        raise KeyboardInterrupt
+
+    _fresh_auto(monkeypatch, "auto")
+    monkeypatch.setattr(threads, "busy_cores", interrupted)
+    store = RunStore(tmp_path / "run")
+    with pytest.raises(KeyboardInterrupt):
+        run_cases([tiny_case(strategy="ddp", world_size=2)], [], store, {"env": {}}, link="auto")
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
+    assert not (tmp_path / "run" / "cases").exists() or not any((tmp_path / "run" / "cases").iterdir())

@@ -89,9 +89,9 @@ def run_cases(
     with store.lock():  # refuses (RunDirError) while another run uses this directory
         tracer = TracedPredictor(log_path=store.run_dir / TRACED_LOG) if traced else None
         done = _start_run(store, meta, skipped, resume=resume, traced=traced, link=link)
-        if not collect and any(c.device == "cpu" and not c.emulate for c in cases):
-            _decide_gloo_loops(meta)
         try:
+            if not collect and any(c.device == "cpu" and not c.emulate for c in cases):
+                _decide_gloo_loops(meta)  # in the try: a Ctrl-C during its 0.2 s still ends the run's record
             for i, case in enumerate(cases):
                 if case.case_id in done:
                     continue
