@@ -43,6 +43,7 @@ from fsdpbench.analysis.frame import (
     time_references,
 )
 from fsdpbench.analysis.timegate import ALPHA
+from fsdpbench.engine.threads import loop_state
 from fsdpbench.schema import (
     ALLOC_PEAK_ALLOCATED,
     CASE_STEP_TIME,
@@ -489,9 +490,9 @@ def compare(
     loops_base = isinstance(provenance, dict) and provenance.get(GLOO_LOOPS_IDLE) is True
     loops_now = gloo_loops_idle(frame)
     if loops_now != loops_base:
-        state = {True: "under SCHED_IDLE", False: "as gloo leaves them"}
+        states = f"baseline: {loop_state(loops_base)}, now: {loop_state(loops_now)}"
         notes.append(
-            f"gloo's loop threads differ (baseline: {state[loops_base]}, now: {state[loops_now]}): step "
+            f"gloo's loop threads differ ({states}): step "
             "times of CPU ranks that communicate differ for that reason alone; set FSDPBENCH_GLOO_LOOP_IDLE "
             "to the same 0 or 1 for both (docs/ci.md)"
         )

@@ -38,6 +38,11 @@ def gloo_loop_setting() -> str:
     return value
 
 
+def loop_state(idle: bool) -> str:
+    """How a policy reads in every record of it."""
+    return "under SCHED_IDLE" if idle else "as gloo leaves them"
+
+
 _auto_policy: list[LoopPolicy] = []  # "auto" decides once per process: every case of a run the same
 
 
@@ -49,21 +54,20 @@ def gloo_loop_policy(
     (``busy``: cores in use over that time, default ``busy_cores``); later calls keep that decision."""
     setting = gloo_loop_setting()
     if setting != "auto":
-        state = "under SCHED_IDLE" if setting == "1" else "as gloo leaves them"
-        return LoopPolicy(setting == "1", f"{state} ({GLOO_LOOP_IDLE_ENV}={setting})")
+        return LoopPolicy(setting == "1", f"{loop_state(setting == '1')} ({GLOO_LOOP_IDLE_ENV}={setting})")
     if anew:
         _auto_policy.clear()
     if not _auto_policy:
         used = (busy or busy_cores)(BUSY_SAMPLE_S)
         load = f"other work kept {used or 0:.2f} of {os.cpu_count() or 1} cores busy as the run started"
         if used is None:
-            decided = LoopPolicy(False, "as gloo leaves them (auto: no /proc/stat to tell an idle machine)")
+            decided = LoopPolicy(False, f"{loop_state(False)} (auto: no /proc/stat to tell an idle machine)")
         elif used <= BUSY_CORES_LIMIT:
-            decided = LoopPolicy(True, f"under SCHED_IDLE (auto: {load})")
+            decided = LoopPolicy(True, f"{loop_state(True)} (auto: {load})")
         else:
             decided = LoopPolicy(
                 False,
-                f"as gloo leaves them (auto: {load}, over {BUSY_CORES_LIMIT:g}; under SCHED_IDLE the loop "
+                f"{loop_state(False)} (auto: {load}, over {BUSY_CORES_LIMIT:g}; under SCHED_IDLE the loop "
                 "would starve beside that work)",
             )
         _auto_policy.append(decided)
@@ -75,8 +79,7 @@ def follow_gloo_loop_policy(idle: bool, whose: str) -> LoopPolicy:
     machine's now, so that their samples pool with the run's; a setting of 0 or 1 still wins."""
     if gloo_loop_setting() != "auto":
         return gloo_loop_policy()
-    state = "under SCHED_IDLE" if idle else "as gloo leaves them"
-    _auto_policy[:] = [LoopPolicy(idle, f"{state} (auto: as in {whose})")]
+    _auto_policy[:] = [LoopPolicy(idle, f"{loop_state(idle)} (auto: as in {whose})")]
     return _auto_policy[0]
 
 

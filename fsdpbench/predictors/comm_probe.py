@@ -195,8 +195,8 @@ def measure_in_group(reps: int) -> dict[str, Any] | None:
     for i, p in enumerate(mine):
         compute_s = [g[i]["compute"] for g in gathered]
         sequence_s = [g[i]["sequence"] for g in gathered]
-        reps_us = in_context_reps_us(compute_s, sequence_s, PROBE_SEQUENCE)
-        t = max(0.0, statistics.fmean(reps_us))  # in_context_time_us
+        t = in_context_time_us(compute_s, sequence_s, PROBE_SEQUENCE)
+        reps_us = in_context_reps_us(compute_s, sequence_s, PROBE_SEQUENCE)  # its spread, for the record
         points.append({"kind": p["kind"], "payload_bytes": p["bytes"], "time_us": t, "reps_us": reps_us})
         # a burst ends for all when its slowest rank's ends: per repetition, the slowest rank's total
         lengths = p["queued"].keys()
