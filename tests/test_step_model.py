@@ -22,6 +22,7 @@ from fsdpbench.metrics.step_model import (
     collective_durations,
     compute_scale,
     no_idle_core,
+    shared_placement,
     simulate,
 )
 from fsdpbench.predictors.comm_model import (
@@ -240,6 +241,48 @@ def test_no_idle_core_serialises_every_collective_with_compute() -> None:
     )
 
 
+def test_cpu_ranks_filling_the_cores_share_one_placement_and_wait_for_no_peer() -> None:
+    """One profiled step puts rank 1's blocking all-gathers later than rank 0's by its profiler noise
+    (200 against 250, 600 against 640 µs of 1000); the probed link's in-context time already holds the
+    waits for a peer, so the ranks share the mean placement: no peer wait, each rank its own compute."""
+    link = Link("l", alpha_us=100.0, busbw_GBps=1e9)  # every collective 100 µs
+    r0 = StepTimeline(
+        1000.0,
+        (
+            PlacedCollective("all_gather", 8, 2, 200.0, 200.0),
+            PlacedCollective("all_gather", 8, 2, 600.0, 600.0),
+        ),
+    )
+    r1 = StepTimeline(
+        1000.0,
+        (
+            PlacedCollective("all_gather", 8, 2, 250.0, 250.0),
+            PlacedCollective("all_gather", 8, 2, 640.0, 640.0),
+        ),
+    )
+    as_profiled = simulate([r0, r1], link, serial=True)
+    # as profiled: rank 0 waits 50 µs for rank 1 at the first, rank 1 then 10 µs for rank 0 at the second
+    assert [o["model_peer_wait_ms"] for o in as_profiled] == pytest.approx([0.05, 0.01])
+    s0, s1 = shared_placement([r0, r1])
+    assert (
+        [c.issue_us for c in s0.collectives]
+        == pytest.approx([225.0, 620.0])
+        == [c.issue_us for c in s1.collectives]
+    )
+    assert [c.needed_us for c in s1.collectives] == pytest.approx([225.0, 620.0])
+    shared = simulate([s0, s1], link, serial=True)
+    assert [o["model_peer_wait_ms"] for o in shared] == pytest.approx([0.0, 0.0])
+    assert [o["model_step_time_ms"] for o in shared] == pytest.approx([1.2, 1.2])  # compute + 2 × 100 µs
+    # a rank with more compute keeps it: its points at the same fractions of its own
+    longer = shared_placement([r0, StepTimeline(2000.0, r1.collectives)])[1]
+    assert [c.issue_us for c in longer.collectives] == pytest.approx(
+        [2000 * (0.2 + 0.125) / 2, 2000 * (0.6 + 0.32) / 2]
+    )
+    # ranks that do not issue the same collectives (should not happen) keep their own placement
+    other = StepTimeline(1000.0, (PlacedCollective("all_reduce", 8, 2, 300.0, 300.0),) * 2)
+    assert shared_placement([r0, other]) == [r0, other] and shared_placement([r0]) == [r0]
+
+
 def test_no_idle_core_only_where_cpu_ranks_threads_fill_the_cores() -> None:
     assert no_idle_core("cpu", 2, 1, 2)  # quickstart's 2 ranks × 1 thread on 2 cores
     assert no_idle_core("cpu", 4, 1, 2)  # more ranks than cores
@@ -266,7 +309,7 @@ def _ddp_trace(rank: int) -> dict:
     }
 
 
-def test_case_model_columns_serial_says_so_in_model_method(tmp_path: Path) -> None:
+def test_case_model_columns_serial_says_so_in_model_method(tmp_path: Path, monkeypatch) -> None:
     ddp = get_strategy("ddp").sharding
     paths = {}
     for r in (0, 1):
@@ -282,6 +325,15 @@ def test_case_model_columns_serial_says_so_in_model_method(tmp_path: Path) -> No
     assert free[0]["model_method"] == METHOD_TWIN
     assert busy[0]["model_method"] == METHOD_TWIN + METHOD_NO_IDLE_CORE
     assert "no idle core" in busy[1]["model_method"]
+    # serialised (CPU ranks filling the cores), the ranks share one placement; overlapping, each its own
+    import fsdpbench.metrics.step_model as step_model
+
+    placed: list[int] = []
+    monkeypatch.setattr(step_model, "shared_placement", lambda ts: placed.append(len(ts)) or ts)
+    case_model_columns(paths, ddp, "cpu", link, bare_compute_ms=bare, method=METHOD_TWIN)
+    assert placed == []
+    case_model_columns(paths, ddp, "cpu", link, bare_compute_ms=bare, method=METHOD_TWIN, serial=True)
+    assert placed == [2]
 
 
 def test_in_context_probe_time_is_the_slowest_ranks_extra_time_per_collective_averaged() -> None:

@@ -44,6 +44,7 @@ across the step (the scaling spreads it evenly).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -464,6 +465,39 @@ METHOD_NO_IDLE_CORE = (
 )
 
 
+def shared_placement(timelines: list[StepTimeline]) -> list[StepTimeline]:
+    """The ranks' timelines with one placement: each collective issued and needed at the same fraction
+    of every rank's compute, the ranks' mean (each rank keeps its own compute). For CPU ranks modelled
+    with no idle core on the probed link: the ranks run the same ops, and what moves a collective
+    between ranks in *one* profiled step is mostly the profiler's per-op cost, scaled away on average
+    but not per segment; simulated as it stands it makes a rank wait for its peer at every collective,
+    waits that the link's in-context time already holds (the probe's ranks drift apart as a step's do,
+    comm_probe.in_context_time_us). Ranks that do not issue the same collectives keep their own."""
+    if (
+        len(timelines) < 2
+        or len({tuple((c.kind, c.payload_bytes) for c in t.collectives) for t in timelines}) > 1
+    ):
+        return timelines
+    n = len(timelines)
+
+    def fraction(point: str, k: int) -> float:
+        return sum(getattr(t.collectives[k], point) / t.compute_us for t in timelines if t.compute_us) / n
+
+    shared = [
+        (fraction("issue_us", k), fraction("needed_us", k)) for k in range(len(timelines[0].collectives))
+    ]
+    return [
+        dataclasses.replace(
+            t,
+            collectives=tuple(
+                dataclasses.replace(c, issue_us=i * t.compute_us, needed_us=max(i, nd) * t.compute_us)
+                for c, (i, nd) in zip(t.collectives, shared)
+            ),
+        )
+        for t in timelines
+    ]
+
+
 def case_model_columns(
     trace_paths: dict[int, Any],
     sharding: Sharding,
@@ -511,6 +545,8 @@ def case_model_columns(
         )
         for r in ranks
     ]
+    if serial:
+        timelines = shared_placement(timelines)
     method = method + METHOD_NO_IDLE_CORE if serial else method
     return {
         r: {**cols, MODEL_METHOD: method, MODEL_COMPUTE_BARE: bare.get(r)}
