@@ -33,7 +33,8 @@ collective's needed point until it has finished. Then
 core leave none for gloo's threads, so no collective overlaps compute: every rank's compute pauses
 while a collective runs (model_method says so). The probed gloo link times a collective in context
 (in a step's rhythm, after compute: comm_probe.py), so what gloo's threads take from compute is in
-its time.
+its time, and so are the waits for a peer that ranks drifting apart bring: the ranks then share one
+placement (``shared_placement``), so the simulation does not count those waits again.
 
 **Not modelled** (named, so a residual error can be explained): partial contention (a core idle for
 some of gloo's work but not all; memory bandwidth), more CPU ranks than cores (not checkable),
