@@ -238,3 +238,24 @@ def test_a_ctrl_c_while_auto_watches_the_machine_ends_the_runs_record(tmp_path, 
         run_cases([tiny_case(strategy="ddp", world_size=2)], [], store, {"env": {}}, link="auto")
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
     assert not (tmp_path / "run" / "cases").exists() or not any((tmp_path / "run" / "cases").iterdir())
+
+
+def test_autos_decision_is_recorded_and_printed_in_80_columns(monkeypatch, capsys) -> None:
+    from fsdpbench.engine import threads
+    from fsdpbench.pipeline.runner import _decide_gloo_loops
+
+    _fresh_auto(monkeypatch, None)
+    monkeypatch.setattr(threads, "busy_cores", lambda s: 0.0)
+    meta: dict = {}
+    _decide_gloo_loops(meta)
+    cores = os.cpu_count()
+    expected = (
+        f"gloo's loop threads under SCHED_IDLE (auto: other work kept 0.00 of {cores} cores busy as the "
+        "run started)"
+    )
+    assert meta["gloo_loop_policy"] == expected
+    err = capsys.readouterr().err
+    assert " ".join(err.split()) == expected and all(len(line) <= 80 for line in err.splitlines())
+    monkeypatch.setenv(threads.GLOO_LOOP_IDLE_ENV, "0")  # the user's own choice: recorded, not printed
+    _decide_gloo_loops(meta)
+    assert meta["gloo_loop_policy"].endswith("(FSDPBENCH_GLOO_LOOP_IDLE=0)") and capsys.readouterr().err == ""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -160,8 +161,8 @@ def _decide_gloo_loops(meta: dict[str, Any]) -> None:
     says which and why, and so does stderr when the user left the choice to "auto"."""
     policy = gloo_loop_policy(anew=True)  # a process that runs again (a benchmark) decides again
     meta["gloo_loop_policy"] = f"gloo's loop threads {policy.reason}"
-    if gloo_loop_setting() == "auto":
-        print(meta["gloo_loop_policy"], file=sys.stderr)
+    if gloo_loop_setting() == "auto":  # a terminal of 80 columns: wrapped, as the rest of the run's lines
+        print(textwrap.fill(meta["gloo_loop_policy"], 80, subsequent_indent="  "), file=sys.stderr)
 
 
 NOT_RUN = "not run"  # run.json's status of a case whose directory a live rank holds
