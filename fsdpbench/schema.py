@@ -334,6 +334,13 @@ CORES = column(
 GLOO_LOOPS_IDLE = column(
     "gloo_loops_idle", COUNT, Agg.PER_RANK, "worker", "the rank's gloo TCP loop threads put under SCHED_IDLE"
 )
+GLOO_THREADS_BOUND = column(
+    "gloo_threads_bound",
+    COUNT,
+    Agg.PER_RANK,
+    "worker",
+    "the rank's threads from before its pin (its default group's gloo threads) bound to its cores",
+)
 INIT_PG_S = column("init_pg_s", SECONDS, Agg.MAX, "worker", "rank start → process group")
 SETUP_S = column("setup_s", SECONDS, Agg.MAX, "worker", "rank start → optimizer built")
 WALL_S = column("wall_s", SECONDS, Agg.MAX, "worker", "the rank's wall time")

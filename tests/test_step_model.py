@@ -498,7 +498,9 @@ def test_a_probe_cached_with_the_other_loop_thread_policy_is_measured_again(
     monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "1")  # asked for now; the cache was measured without
     again = comm_probe.probe(tmp_path, 2)
     assert probes == [2] and again["loop_threads_idle"] is True and again["points"] == points
-    assert again["link"]["source"].endswith("; gloo's loop threads under SCHED_IDLE")
+    assert again["link"]["source"].endswith(
+        "; gloo's loop threads under SCHED_IDLE, each rank's gloo threads on its cores"
+    )
     assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is True and probes == [2]  # same: the cache
     monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "0")
     assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is False and probes == [2, 2]
@@ -608,8 +610,14 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert probe.exists()  # cached in the run directory
     if hasattr(os, "SCHED_IDLE"):
         assert list(frame["gloo_loops_idle"]) == [1, 1]  # each rank's one group
+        if len(os.sched_getaffinity(0)) >= 2:  # each rank pinned to a core of its own: the default
+            assert (frame["gloo_threads_bound"] >= 1).all()  # group's gloo threads bound to it too
     assert json.loads(probe.read_text())["loop_threads_idle"] is True
-    assert frame["model_link_source"].str.endswith("; gloo's loop threads under SCHED_IDLE").all()
+    assert (
+        frame["model_link_source"]
+        .str.endswith("; gloo's loop threads under SCHED_IDLE, each rank's gloo threads on its cores")
+        .all()
+    )
     for col in (
         "model_step_time_ms",
         "model_compute_ms",

@@ -199,6 +199,38 @@ def test_every_groups_gloo_loop_thread_and_only_it_goes_idle(tmp_path: Path) -> 
     assert policies and all(p == os.SCHED_OTHER for ps in policies.values() for p in ps)  # the rest untouched
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="one core: every thread is on it already")
+def test_binding_to_the_ranks_cores_takes_in_the_default_groups_gloo_threads_and_only_those_beyond() -> None:
+    # in a fresh process: affinities set here would stay with this test process's threads. As a CPU
+    # rank does: the group first (its gloo threads float), then the pin, then a group made after it
+    code = (
+        "import json, os, torch, torch.distributed as dist\n"
+        "from fsdpbench.engine.threads import bind_to_rank_cores, pin_compute_threads\n"
+        "torch.set_num_threads(1)\n"
+        "store = dist.HashStore()\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, store=store)\n"
+        "allowed = sorted(os.sched_getaffinity(0))\n"
+        "tasks = lambda: {int(t) for t in os.listdir('/proc/self/task')}\n"
+        "floating = [t for t in tasks() if os.sched_getaffinity(t) == set(allowed)]\n"
+        "core = allowed[-1]\n"
+        "assert pin_compute_threads([core])\n"
+        "before = tasks(); dist.new_group([0]); later = tasks() - before\n"
+        "bound = bind_to_rank_cores([core])\n"
+        "again = bind_to_rank_cores([core])\n"
+        "print(json.dumps([len(floating), bound, again, len(later),\n"
+        "    sorted({c for t in tasks() for c in os.sched_getaffinity(t)}), bind_to_rank_cores([])]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    floating, bound, again, later, cores_used, none = json.loads(done.stdout.strip().splitlines()[-1])
+    # every thread but the main one floated before the pin (gloo's loop and workers among them); the
+    # group made after the pin inherited the main thread's core, so the binding had nothing to do there
+    assert later >= 1 and bound == floating - 1 >= 1
+    assert again == 0 and none == 0  # bound already; no cores: nothing pinned, nothing bound
+    assert len(cores_used) == 1  # every thread of the process on the one core
+
+
 def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:
     # in a fresh process with OpenMP's default wait policy (the suite's is passive: tests/conftest.py)
     code = (

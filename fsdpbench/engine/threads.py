@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 PIN_ENV = "FSDPBENCH_PIN_THREADS"  # "1": the launcher asks each CPU rank to bind its compute threads
-# gloo's loop threads under SCHED_IDLE (``idle_gloo_loops``) for CPU ranks and the gloo probe: "1" always,
+# gloo's loop threads under SCHED_IDLE (``idle_gloo_loops``), and a pinned rank's default-group gloo threads
+# on its own cores (``bind_to_rank_cores``), for CPU ranks and the gloo probe: "1" always,
 # "0" never, unset or "auto" when the machine is idle as the run starts (``gloo_loop_policy``); the
 # launcher passes the orchestrator's decision on to every rank as "1" or "0"
 GLOO_LOOP_IDLE_ENV = "FSDPBENCH_GLOO_LOOP_IDLE"
@@ -223,6 +224,37 @@ def pin_compute_threads(cores: list[int]) -> list[int]:
         except OSError:  # not a thread of ours any more (a helper that came and went)
             continue
     return pinned
+
+
+def bind_to_rank_cores(cores: list[int]) -> int:
+    """Bind every thread of this process that may run beyond ``cores`` (a pinned rank's own cores) to
+    them; returns how many. Those are the threads made before ``pin_compute_threads`` narrowed the main
+    thread: the default process group's gloo threads (its TCP loop and its workers), which otherwise
+    float over every core; the threads made later inherit the main thread's core already.
+
+    Why: floating, the scheduler places them anew in every process, beside the rank's own compute or
+    beside its peer's, and a collective's time follows that placement from one set of processes to the
+    next. On this project's 2-core VM, quickstart's and ci's 2-rank cases, 6 benchmark runs each way
+    (2026-11-26): floating, the probe's in-context α 452-598 µs, quickstart's zero3 measured 31-40 ms,
+    4-10 of 12 cases with steps spread over 20 % (p10-p90); bound, α 244-341 µs, zero3 25-33 ms (one run
+    54 ms, the 1-rank cases slow too), 1-7 of 12 (docs/step-time-model.md).
+
+    Only with gloo's loops under SCHED_IDLE (``idle_gloo_loops``; the caller's choice): a loop thread
+    left as gloo has it spins while the worker thread it waits for needs a core, and bound to the same
+    core that spin starves it: quickstart's 2-rank zero3 measured 51-56 ms so against 25-33 ms.
+    Where the ranks outnumber the cores nothing is pinned (``rank_cores``: []), nor bound."""
+    wanted = set(cores)
+    if not wanted:
+        return 0
+    bound = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if not os.sched_getaffinity(int(tid)) <= wanted:
+                os.sched_setaffinity(int(tid), wanted)
+                bound += 1
+        except OSError:  # the thread has ended
+            continue
+    return bound
 
 
 GLOO_LOOP_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread (loop.cc)

@@ -22,6 +22,7 @@ from fsdpbench.schema import (
     FAILED,
     FIRST_STEP,
     GLOO_LOOPS_IDLE,
+    GLOO_THREADS_BOUND,
     HARNESS_LEFTOVERS,
     INIT_PG_S,
     LOSSES,
@@ -68,6 +69,7 @@ class Setup:
     samplers: dict[str, str]  # per background sampler: what it samples, or why it does not
     cores: str = ""  # the cores its compute threads are bound to, "0" or "0,1" ("" unbound)
     gloo_loops_idle: int = 0  # its gloo TCP loop threads put under SCHED_IDLE (engine/threads.py)
+    gloo_threads_bound: int = 0  # its default group's gloo threads bound to its cores (engine/threads.py)
 
     COLUMNS: ClassVar[tuple[str, ...]] = (
         "params",
@@ -75,6 +77,7 @@ class Setup:
         THREADS,
         CORES,
         GLOO_LOOPS_IDLE,
+        GLOO_THREADS_BOUND,
         INIT_PG_S,
         SETUP_S,
     )
@@ -297,6 +300,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "checkpoint": (dict,),
     CORES: (str,),
     GLOO_LOOPS_IDLE: (int,),
+    GLOO_THREADS_BOUND: (int,),
 }
 
 

@@ -39,6 +39,7 @@ from fsdpbench.engine.step import Batch, rank_batch, train_step
 from fsdpbench.engine.threads import (
     GLOO_LOOP_IDLE_ENV,
     PIN_ENV,
+    bind_to_rank_cores,
     idle_gloo_loops,
     idle_spin_s,
     pin_compute_threads,
@@ -249,6 +250,7 @@ def _run_phases(
     idle_loops = (
         idle_gloo_loops() if device.type == "cpu" and os.environ.get(GLOO_LOOP_IDLE_ENV) == "1" else 0
     )
+    bound = bind_to_rank_cores(cores) if idle_loops else 0  # only beside idle loops: see its docstring
     setup = Setup(
         params=parallel.params,
         n_units=parallel.n_units,
@@ -259,6 +261,7 @@ def _run_phases(
         samplers=samplers.status,
         cores=",".join(map(str, cores)),
         gloo_loops_idle=idle_loops,
+        gloo_threads_bound=bound,
     )
     rec.update(phase="warmup", setup=setup)
 

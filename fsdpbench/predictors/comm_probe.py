@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.engine.threads import (
+    bind_to_rank_cores,
     gloo_loop_idle_wanted,
     idle_gloo_loops,
     pin_compute_threads,
@@ -134,9 +135,11 @@ def _probe_rank(
     torch.set_num_threads(rank_threads(world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    pin_compute_threads(rank_cores(rank, world_size))  # as a case's CPU rank does, after its group
-    if idle_loops:  # as a case's CPU rank does when the user asked for it
+    cores = rank_cores(rank, world_size)
+    cores = cores if pin_compute_threads(cores) else []  # as a case's CPU rank does, after its group
+    if idle_loops:  # as a case's CPU rank does when the run's policy says so
         idle_gloo_loops()
+        bind_to_rank_cores(cores)
     try:
         measured = measure_in_group(reps)
     finally:
@@ -316,7 +319,11 @@ def fit_link(
             f"mean extra time; queued: what one more adds to a burst issued at once, "
             f"{PROBE_SEQUENCE} against {PROBE_BURST_LONG}), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
-            + ("; gloo's loop threads under SCHED_IDLE" if loops_idle else "")
+            + (
+                "; gloo's loop threads under SCHED_IDLE, each rank's gloo threads on its cores"
+                if loops_idle
+                else ""
+            )
         ),
         # a cache from before reduce-scatters were probed (2026-11-26): time them as gloo's all-reduce
         reduce_scatter_as_all_reduce=all(kind != "reduce_scatter" for kind, _, _ in per_kind),
