@@ -27,6 +27,7 @@ def _run_groups(
     twin_fails_at: int | None = None,
     twin_silent_at: int | None = None,
     case_limit_s: float = 20.0,
+    failing_twin_ranks: tuple[int, ...] | None = None,
 ) -> tuple[list[tuple[str, str, int]], dict[str, Any]]:
     """Case and twin 'ranks' as threads, the worker's calls in its order; the events in time order."""
     store = baton_mod.serve()
@@ -61,7 +62,7 @@ def _run_groups(
             note("setup", TWIN, -1)
             b.ready()
             for i in range(steps):
-                if i == twin_fails_at:
+                if i == twin_fails_at and (failing_twin_ranks is None or rank in failing_twin_ranks):
                     raise RuntimeError("the twin fails")
                 if i == twin_silent_at:
                     time.sleep(10)  # hangs: the case must not wait for it past its limit
@@ -70,11 +71,11 @@ def _run_groups(
                 time.sleep(0.01)
                 note("end", TWIN, i)
                 b.pass_turn()
+        except BatonBroken as exc:  # a RuntimeError too: told apart first
+            outcome[f"twin{rank}"] = str(exc)
         except RuntimeError:
             b.abandon()  # what worker.run_rank does for a failing rank
             outcome[f"twin{rank}"] = "failed"
-        except BatonBroken as exc:
-            outcome[f"twin{rank}"] = str(exc)
 
     threads = [threading.Thread(target=case_rank, args=(r,)) for r in range(world)]
     threads += [threading.Thread(target=twin_rank, args=(r,), daemon=True) for r in range(world)]
@@ -115,6 +116,17 @@ def test_a_failing_twin_gives_the_case_every_turn_at_once() -> None:
     assert outcome["twin0"] == outcome["twin1"] == "failed"
     assert [t for w, r, t in events if (w, r) == ("start", CASE)] == [0, 0, 1, 1, 2, 2, 3, 3]
     assert outcome["case_s"] < 5  # no wait for turns the twin will never give
+
+
+def test_the_other_twin_ranks_stop_when_one_fails_and_never_compute_beside_the_case() -> None:
+    # twin rank 1 fails at its step 1; rank 0 would go on, given turns by the case's ranks that no
+    # longer wait for the twin: it must stop at its next turn instead of computing beside them
+    events, outcome = _run_groups(world=2, steps=4, twin_fails_at=1, failing_twin_ranks=(1,))
+    assert outcome["twin1"] == "failed"
+    assert "the turns are over" in outcome["twin0"] and "abandoned" in outcome["twin0"]
+    assert [t for w, r, t in events if (w, r) == ("start", TWIN)] == [0, 0]  # turn 0 only, both ranks
+    assert [t for w, r, t in events if (w, r) == ("start", CASE)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert outcome["case_s"] < 5
 
 
 def test_a_silent_twin_ends_the_turns_after_the_limit_and_the_case_goes_on() -> None:
