@@ -146,3 +146,18 @@ def test_stage3_keeps_parameters_below_the_persistence_threshold_whole(ds_runs) 
         assert local["optim"] == 12 * psi // n + 4
         tracked = rank.memory.states_tracker
         assert {k: tracked[k] for k in ("params", "grads", "optim")} == local
+
+
+@pytest.mark.slow
+@needs_deepspeed
+def test_stage3s_compute_twin_runs_every_rank_alone(tmp_path) -> None:
+    # the twin runs every rank emulated (the fake process group moves nothing): ZeRO-3's per-step check
+    # that a rank's module order is rank 0's broadcast nothing to rank 1, which raised in its first step
+    from fsdpbench.predictors.compute_twin import twin_case
+
+    twin = twin_case(tiny_case(strategy="ds_zero3", world_size=2))
+    assert twin.emulate and twin.emulate_ranks == (0, 1)
+    outcome = run(twin, tmp_path)
+    assert outcome.status == "ok", outcome.error
+    assert sorted(r.rank for r in outcome.ranks) == [0, 1]
+    assert all(r.status == "ok" and len(r.timed.times_ms) == twin.steps for r in outcome.ranks)

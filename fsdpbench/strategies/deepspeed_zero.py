@@ -120,6 +120,35 @@ def import_deepspeed(device: torch.device) -> Any:
     return deepspeed
 
 
+def agree_alone() -> None:
+    """Make DeepSpeed's cross-rank agreement checks those of a rank alone, in this (emulated) process.
+
+    ZeRO-3 checks at every step that a rank's module and parameter order is rank 0's: it broadcasts
+    rank 0's list and compares (``deepspeed.runtime.zero.utils.assert_ints_same_as_other_ranks``).
+    Under the fake process group the broadcast moves nothing, so a rank other than 0 compared its own
+    list with the -1s its buffer was filled with and raised in its first step: every emulated rank
+    1..N-1, and so the compute twin of every 2-rank ``ds_zero3`` case, whose step time the model then
+    took from the profiled step, the profiler's cost in it. An emulated rank is alone and every rank
+    is assumed alike (docs/emulation.md): rank 0's list is its own. The broadcasts are still issued,
+    as in a real run (the same two, with the same bytes)."""
+    from deepspeed.runtime.zero import utils as zero_utils
+
+    if getattr(zero_utils, "_fsdpbench_alone", False):  # a rebuilt engine (the checkpoint phase)
+        return
+    from_rank0 = zero_utils.get_lst_from_rank0
+
+    def get_lst_from_rank0(lst: list[int]) -> list[int]:
+        from_rank0(lst)
+        return list(lst)
+
+    def assert_lst_len_same_as_other_ranks(lst: list[int]) -> None:
+        from_rank0([len(lst)])
+
+    zero_utils.get_lst_from_rank0 = get_lst_from_rank0
+    zero_utils.assert_lst_len_same_as_other_ranks = assert_lst_len_same_as_other_ranks
+    zero_utils._fsdpbench_alone = True
+
+
 class DeepSpeedOptimizer:
     """What the worker's step calls ``optimizer``: ``step`` is the engine's step (which also zeroes
     gradients); ``optim`` is the torch optimizer inside ZeRO, whose ``state`` the trackers read."""
@@ -194,6 +223,8 @@ class _DeepSpeedZero(Strategy):
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         deepspeed = import_deepspeed(ctx.device)
+        if ctx.case.emulate:
+            agree_alone()
         deepspeed.init_distributed(dist_backend=ctx.case.backend)  # wraps the worker's group
         engine, _, _, _ = deepspeed.initialize(
             model=model,
