@@ -154,15 +154,15 @@ def test_a_run_whose_gloo_loop_threads_differ_from_the_baselines_says_so(baselin
     idle = compare(baseline, run_frame(gloo_loops_idle=1))
     assert idle.passed  # a note, not a verdict: the ratios are compared as before
     assert idle.notes == [
-        "gloo's loop threads differ (baseline: as gloo leaves them, now: under SCHED_IDLE): step times of "
-        "CPU ranks that communicate differ for that reason alone; set FSDPBENCH_GLOO_LOOP_IDLE to the same "
-        "0 or 1 for both (docs/ci.md)"
+        "gloo's loop threads differ (baseline: as gloo leaves them, now: under SCHED_IDLE, on each pinned "
+        "rank's own cores): step times of CPU ranks that communicate differ for that reason alone; set "
+        "FSDPBENCH_GLOO_LOOP_IDLE to the same 0 or 1 for both (docs/ci.md)"
     ]
     assert not compare(baseline, run_frame(gloo_loops_idle=0)).notes
     written_idle = json.loads(json.dumps(build_baseline(run_frame(gloo_loops_idle=1))))
     assert written_idle["provenance"]["gloo_loops_idle"] is True
     back = compare(written_idle, run_frame()).notes
-    assert "baseline: under SCHED_IDLE, now: as gloo leaves them" in back[0]
+    assert "baseline: under SCHED_IDLE, on each pinned rank's own cores, now: as gloo leaves them" in back[0]
     written_idle["provenance"]["gloo_loops_idle"] = "yes"  # a stranger's file: only true is true
     assert not compare(written_idle, run_frame()).notes
 

@@ -89,8 +89,8 @@ def test_auto_idles_the_loops_on_an_idle_machine_and_keeps_the_decision(monkeypa
     cores = os.cpu_count()
     assert policy.idle
     assert (
-        policy.reason
-        == f"under SCHED_IDLE (auto: other work kept 0.03 of {cores} cores busy as the run started)"
+        policy.reason == "under SCHED_IDLE, on each pinned rank's own cores "
+        f"(auto: other work kept 0.03 of {cores} cores busy as the run started)"
     )
     assert asked == [BUSY_SAMPLE_S]
     # decided once: later calls (each case's launch, the probe) do not watch the machine again
@@ -282,8 +282,8 @@ def test_autos_decision_is_recorded_and_printed_in_80_columns(monkeypatch, capsy
     _decide_gloo_loops(meta)
     cores = os.cpu_count()
     expected = (
-        f"gloo's loop threads under SCHED_IDLE (auto: other work kept 0.00 of {cores} cores busy as the "
-        "run started)"
+        "gloo's loop threads under SCHED_IDLE, on each pinned rank's own cores "
+        f"(auto: other work kept 0.00 of {cores} cores busy as the run started)"
     )
     assert meta["gloo_loop_policy"] == expected
     err = capsys.readouterr().err

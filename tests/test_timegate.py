@@ -145,7 +145,10 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 0
     assert launched == [(ZERO3.case_id, "repeat1"), (ZERO3.case_id, "repeat2")]
     assert loops_idle == [True, True]  # as in the run (its ranks' gloo_loops_idle), not as the machine is
-    assert threads.gloo_loop_policy().reason == "under SCHED_IDLE (auto: as in the run being re-measured)"
+    assert (
+        threads.gloo_loop_policy().reason
+        == "under SCHED_IDLE, on each pinned rank's own cores (auto: as in the run being re-measured)"
+    )
     assert f"re-measured {ZERO3.case_id} (2/2)" in capsys.readouterr().err
     # a real slowdown stays slow in the re-launches: still fails
     monkeypatch.setattr(

@@ -40,8 +40,9 @@ def gloo_loop_setting() -> str:
 
 
 def loop_state(idle: bool) -> str:
-    """How a policy reads in every record of it."""
-    return "under SCHED_IDLE" if idle else "as gloo leaves them"
+    """How a policy reads in every record of it (idle: a pinned rank binds its gloo threads to its cores
+    too, ``bind_to_rank_cores``; its ``gloo_threads_bound`` says how many)."""
+    return "under SCHED_IDLE, on each pinned rank's own cores" if idle else "as gloo leaves them"
 
 
 _auto_policy: list[LoopPolicy] = []  # "auto" decides once per process: every case of a run the same
