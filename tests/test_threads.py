@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,15 @@ def test_each_rank_gets_its_own_cores_in_order_and_none_when_they_must_share() -
     assert rank_cores(0, len(allowed) + 1) == []  # more ranks than cores: they share, nothing to pin
 
 
+def _in_a_fresh_process(code: str, env: dict[str, str] | None = None) -> Any:
+    """Run ``code`` in a fresh Python (``env``: its environment, default this one's) with the repository
+    importable; the JSON it printed last. Threads' policies and cores set there stay there."""
+    env = {**(os.environ if env is None else env), "PYTHONPATH": repo_pythonpath(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding two threads needs two cores")
 def test_the_main_thread_and_the_intra_op_thread_are_bound_one_per_core() -> None:
     # in a fresh process: binding threads here would bind this test process's (tests never change
@@ -38,10 +48,7 @@ def test_the_main_thread_and_the_intra_op_thread_are_bound_one_per_core() -> Non
         "tids = pin_compute_threads(cores)\n"
         "print(json.dumps([[t, sorted(os.sched_getaffinity(t))] for t in tids]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO), "OMP_WAIT_POLICY": "PASSIVE"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    pinned = json.loads(done.stdout.strip().splitlines()[-1])
+    pinned = _in_a_fresh_process(code, {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
     cores = sorted(os.sched_getaffinity(0))[:2]
     assert len(pinned) == 2, pinned  # the main thread and libgomp's one worker
     assert [c for _, c in pinned] == [[cores[0]], [cores[1]]]
@@ -190,10 +197,7 @@ def test_every_groups_gloo_loop_thread_and_only_it_goes_idle(tmp_path: Path) -> 
         "    policies.setdefault(name, []).append(os.sched_getscheduler(int(tid)))\n"
         "print(json.dumps([idled, policies]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    idled, policies = json.loads(done.stdout.strip().splitlines()[-1])
+    idled, policies = _in_a_fresh_process(code)
     assert idled == 2  # the default group's and the new group's: a loop thread each
     assert policies.pop(GLOO_LOOP_THREAD) == [os.SCHED_IDLE] * 2
     assert policies and all(p == os.SCHED_OTHER for ps in policies.values() for p in ps)  # the rest untouched
@@ -220,10 +224,7 @@ def test_binding_to_the_ranks_cores_takes_in_the_default_groups_gloo_threads_and
         "print(json.dumps([len(floating), bound, again, len(later),\n"
         "    sorted({c for t in tasks() for c in os.sched_getaffinity(t)}), bind_to_rank_cores([])]))\n"
     )
-    env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO)}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    floating, bound, again, later, cores_used, none = json.loads(done.stdout.strip().splitlines()[-1])
+    floating, bound, again, later, cores_used, none = _in_a_fresh_process(code)
     # every thread but the main one floated before the pin (gloo's loop and workers among them); the
     # group made after the pin inherited the main thread's core, so the binding had nothing to do there
     assert later >= 1 and bound == floating - 1 >= 1
@@ -241,11 +242,9 @@ def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:
         "gomp = 'libgomp' in open('/proc/self/maps').read()\n"
         "print(json.dumps([one, two, gomp]))\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env["PYTHONPATH"] = repo_pythonpath(REPO)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    one, two, gomp = json.loads(done.stdout.strip().splitlines()[-1])
+    one, two, gomp = _in_a_fresh_process(
+        code, {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    )
     assert one == 0.0  # one thread: no idle OpenMP thread to spin
     assert 0.0 <= two <= 0.05
     if gomp and len(os.sched_getaffinity(0)) >= 2:
