@@ -499,7 +499,7 @@ def test_a_probe_cached_with_the_other_loop_thread_policy_is_measured_again(
     again = comm_probe.probe(tmp_path, 2)
     assert probes == [2] and again["loop_threads_idle"] is True and again["points"] == points
     assert again["link"]["source"].endswith(
-        "; gloo's loop threads under SCHED_IDLE, each rank's gloo threads on its cores"
+        "; gloo's loop threads under SCHED_IDLE, on each pinned rank's own cores"
     )
     assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is True and probes == [2]  # same: the cache
     monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "0")
@@ -615,7 +615,7 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert json.loads(probe.read_text())["loop_threads_idle"] is True
     assert (
         frame["model_link_source"]
-        .str.endswith("; gloo's loop threads under SCHED_IDLE, each rank's gloo threads on its cores")
+        .str.endswith("; gloo's loop threads under SCHED_IDLE, on each pinned rank's own cores")
         .all()
     )
     for col in (

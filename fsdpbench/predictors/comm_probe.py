@@ -46,6 +46,7 @@ from fsdpbench.engine.threads import (
     bind_to_rank_cores,
     gloo_loop_idle_wanted,
     idle_gloo_loops,
+    loop_state,
     pin_compute_threads,
     rank_cores,
     rank_threads,
@@ -319,11 +320,7 @@ def fit_link(
             f"mean extra time; queued: what one more adds to a burst issued at once, "
             f"{PROBE_SEQUENCE} against {PROBE_BURST_LONG}), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
-            + (
-                "; gloo's loop threads under SCHED_IDLE, each rank's gloo threads on its cores"
-                if loops_idle
-                else ""
-            )
+            + (f"; gloo's loop threads {loop_state(True)}" if loops_idle else "")
         ),
         # a cache from before reduce-scatters were probed (2026-11-26): time them as gloo's all-reduce
         reduce_scatter_as_all_reduce=all(kind != "reduce_scatter" for kind, _, _ in per_kind),
