@@ -37,7 +37,14 @@ from fsdpbench.core.schema import (
 )
 from fsdpbench.strategies import REFERENCE_STRATEGY
 
-_VERDICT_STYLE = {OK: "green", "improved": "cyan", "new": "cyan", "warn": "yellow", "not compared": "dim"}
+_VERDICT_STYLE = {
+    OK: "green",
+    "improved": "cyan",
+    "new": "cyan",
+    "warn": "yellow",
+    "not compared": "dim",
+    "not comparable": "dim",  # analysis.regress.NOT_COMPARABLE
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,10 +21,11 @@ from typing import Any
 from fsdpbench.core.case import Case
 from fsdpbench.core.schema import FAILED, OK, SKIPPED, TIMEOUT
 from fsdpbench.engine.rank_result import CaseOutcome, RankResult, rank_file
+from fsdpbench.engine.worker import process_env
 from fsdpbench.hosttuning import baton
-from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV, PIN_ENV, gloo_loop_idle_wanted
+from fsdpbench.hosttuning.threads import check_host_tuning
 from fsdpbench.pipeline.interrupts import launcher_signal
-from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
+from fsdpbench.pipeline.lifeline import held_by_a_live_rank, pid_alive
 
 # the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
 _PRELOAD = [
@@ -106,7 +107,8 @@ def launch_case(
     case's."""
     from fsdpbench.pipeline.scenario import check_devices
 
-    shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
+    # a Case built in code, not from a scenario, is checked here too
+    shortfall = check_devices(case) or check_host_tuning(case)
     if shortfall:
         return CaseOutcome(status=SKIPPED, error=shortfall)
 
@@ -154,6 +156,9 @@ def _launch_group(
     # an emulated rank has the machine to itself: on a GPU, cuda:0; on the CPU, the threads a real rank
     # of this case would get here (so its compute time is one real rank's)
     local_world = len(group) if case.device == "cuda" or not case.emulate else n
+    # the launcher protocol (torchrun's) and the libraries' process configuration; what fsdpbench tells a
+    # rank goes in its arguments (rank_process.rank_entry: the case, where to write, its turns, whose end
+    # ends it)
     envs = {
         i: {
             "RANK": str(r),
@@ -163,15 +168,12 @@ def _launch_group(
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "TORCHELASTIC_RUN_ID": case.case_id,
-            ORCHESTRATOR_PID_ENV: str(os.getpid()),
-            # CPU ranks bind their compute threads to cores of their own (hosttuning/threads.py)
-            PIN_ENV: "1" if case.device == "cpu" else "0",
-            GLOO_LOOP_IDLE_ENV: "1" if case.device == "cpu" and gloo_loop_idle_wanted() else "0",
+            **process_env(case),
             **(compile_cache_env(case_dir) if case.compile else {}),
         }
         for i, r in enumerate(group)
     }
-    args = {i: (case.to_json(), str(case_dir)) for i in range(len(group))}
+    args = {i: (case.to_json(), str(case_dir), "", os.getpid()) for i in range(len(group))}
     if baton_store is not None and twin is not None:
         _add_twin(case, twin, case_dir, envs, args, baton_store.port)
     log_dir = case_dir / "elastic" / (f"rank{group[0]}" if case.emulate else "")
@@ -229,19 +231,20 @@ def _add_twin(
     through the baton store at ``port``; the twin's own process group (a 1-rank twin's is real) on a
     port of its own."""
     limit = case.timeout_s / 4  # a turn not given by then: the turns are over, the case goes on alone
-    for env in envs.values():
-        env.update(baton.baton_env(port, baton.CASE, case.world_size, case.steps, limit))
+    case_turns = baton.baton_spec(port, baton.CASE, case.world_size, case.steps, limit)
+    for i, (case_json, out_dir, _, orchestrator) in list(args.items()):
+        args[i] = (case_json, out_dir, case_turns, orchestrator)
     twin_dir = case_dir / baton.TWIN_DIR
     twin_dir.mkdir(parents=True, exist_ok=True)
     first, twin_port = len(envs), free_port()
+    twin_turns = baton.baton_spec(port, baton.TWIN, case.world_size, case.steps, limit)
     for r in range(twin.world_size):
         envs[first + r] = {
             **envs[r],
             "MASTER_PORT": str(twin_port),
             "TORCHELASTIC_RUN_ID": f"{case.case_id}-twin",
-            **baton.baton_env(port, baton.TWIN, case.world_size, case.steps, limit),
         }
-        args[first + r] = (twin.to_json(), str(twin_dir))
+        args[first + r] = (twin.to_json(), str(twin_dir), twin_turns, os.getpid())
 
 
 COMPILE_CACHE = "compile_cache"  # in a case directory: torch.compile's caches of its ranks

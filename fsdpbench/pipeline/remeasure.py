@@ -14,13 +14,14 @@ from pathlib import Path
 import pandas as pd
 
 from fsdpbench.analysis.regress import SAMPLED, Comparison
-from fsdpbench.core.schema import OK, RUN_CASE_ID, case_from_columns
+from fsdpbench.core.schema import HOST_TUNING, OK, RUN_CASE_ID, case_from_columns
 
 
-def suspects(result: Comparison) -> list[str]:
-    """Baseline case ids whose sampled step time failed."""
+def suspects(result: Comparison) -> list[tuple[str, str]]:
+    """(baseline case id, the run's own id of that case) of each case whose sampled step time failed."""
     rec = result.records
-    return sorted(rec.loc[(rec["metric"] == SAMPLED) & rec["fails"], "case_id"].unique())
+    failed = rec.loc[(rec["metric"] == SAMPLED) & rec["fails"], ["case_id", RUN_CASE_ID]]
+    return sorted(set(failed.itertuples(index=False, name=None)))
 
 
 def remeasure(
@@ -39,8 +40,7 @@ def remeasure(
     ``frame`` is what was compared (strategies mapped); ``run_frame`` the run as it ran (to rebuild
     each case as launched, a plugin strategy included: re-launched only with ``allow_plugins``, as
     ``run`` launched it, its module then also searched for in the current directory)."""
-    from fsdpbench.analysis.regress import gloo_loops_idle
-    from fsdpbench.hosttuning.threads import follow_gloo_loop_policy
+    from fsdpbench.analysis.regress import gloo_loops_idle, legacy_host_tuning
     from fsdpbench.pipeline.launch import launch_case
     from fsdpbench.pipeline.scenario import enable_plugin_imports
     from fsdpbench.store.results import build_rows
@@ -48,12 +48,12 @@ def remeasure(
     cases = suspects(result)
     if not cases or repeat <= 0:
         return result
-    follow_gloo_loop_policy(gloo_loops_idle(run_frame), "the run being re-measured")
     frame = frame.copy()
-    for cid in cases:
-        rows = frame.index[frame["case_id"] == cid]
-        run_id = frame.at[rows[0], RUN_CASE_ID]
-        case = case_from_columns(run_frame[run_frame["case_id"] == run_id].iloc[0])
+    for cid, run_id in cases:
+        rows = frame.index[frame[RUN_CASE_ID] == run_id]
+        case = case_from_columns(run_frame[run_frame["case_id"] == run_id].iloc[0])  # its host tuning too
+        if HOST_TUNING not in run_frame:  # a run from before cases recorded it: the tuning it ran with
+            case = case.replace(host_tuning=legacy_host_tuning(case.device, gloo_loops_idle(run_frame)))
         pooled = list(frame.at[rows[0], SAMPLED])
         if ":" in case.strategy and not allow_plugins:
             log(
