@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fsdpbench.core.case import Case
-from fsdpbench.engine.worker import process_env, resolve_device
+from fsdpbench.engine.process_env import process_env
+from fsdpbench.engine.worker import resolve_device
 from fsdpbench.pipeline.launch import launch_case
 from fsdpbench.pipeline.scenario import check_devices, parse_scenario, resolve_backend
 from tests.helpers import CPU, tiny_case

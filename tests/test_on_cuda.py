@@ -74,7 +74,7 @@ def test_a_cpu_ranks_checkpoint_leaves_the_gpu_and_the_driver_alone(tmp_path: Pa
     """A CPU rank on a GPU machine: DCP's writer, which copies through a CUDA stream wherever CUDA is
     available, finds none, and the driver is never started (it writes its cache under $HOME/.nv)."""
     from fsdpbench.core.case import Case
-    from fsdpbench.engine.worker import process_env
+    from fsdpbench.engine.process_env import process_env
 
     home = tmp_path / "home"
     home.mkdir()

@@ -44,6 +44,7 @@ from fsdpbench.engine.fake_pg import init_fake_process_group
 from fsdpbench.engine.intra_op import rank_threads
 from fsdpbench.engine.knobs import state_placement_bytes
 from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
+from fsdpbench.engine.process_env import process_env
 from fsdpbench.engine.rank_result import Harness, RankResult, Setup, rank_file
 from fsdpbench.engine.reference import ReferenceWorkload, interleaved_steps
 from fsdpbench.engine.step import Batch, rank_batch, train_step
@@ -109,27 +110,6 @@ class RankHooks:
 
 
 NO_HOOKS = RankHooks()
-
-
-# What a CPU case's rank process starts with, so that it sees no GPU. Libraries that find one use it
-# unasked: DCP's FileSystemWriter copies a CPU state dict through a CUDA stream whenever CUDA is available
-# (torch/distributed/checkpoint/filesystem.py, _OverlappingCpuLoader), which made a CUDA context on GPU 0
-# in every rank of a CPU checkpoint case on a GPU machine (device memory there, the context's host memory
-# in the rank's RSS, its start-up in the save's time) and the driver's cache under $HOME/.nv. NVML's count
-# answers torch.cuda.is_available() without starting the driver.
-CPU_RANK_ENV = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"  # read by the caching allocator when CUDA first allocates
-
-
-def process_env(case: Case) -> dict[str, str]:
-    """The environment a rank process of ``case`` starts with besides the launcher protocol: how the
-    libraries it loads must behave for this case, derived from the case's fields alone (its device, its
-    ``alloc_conf``). Process configuration, not a message: fsdpbench's launcher gives it to each rank it
-    starts; ``main`` (under an external launcher) sets it first thing. The rank never changes it."""
-    env = dict(CPU_RANK_ENV) if case.device == "cpu" else {}
-    if case.alloc_conf:
-        env[ALLOC_CONF_ENV] = case.alloc_conf
-    return env
 
 
 def resolve_device(case: Case, local_rank: int) -> torch.device:

@@ -20,8 +20,8 @@ from typing import Any
 
 from fsdpbench.core.case import Case
 from fsdpbench.core.schema import FAILED, OK, SKIPPED, TIMEOUT
+from fsdpbench.engine.process_env import process_env
 from fsdpbench.engine.rank_result import CaseOutcome, RankResult, rank_file
-from fsdpbench.engine.worker import process_env
 from fsdpbench.hosttuning import baton
 from fsdpbench.hosttuning.threads import check_host_tuning
 from fsdpbench.pipeline.interrupts import launcher_signal
