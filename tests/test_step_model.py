@@ -477,7 +477,9 @@ def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache
     assert link.alpha_busbw("all_reduce", queued=True) == pytest.approx((250.0, 1.0))  # factor 2(N−1)/N = 1
     cache = tmp_path / "comm_probe" / "gloo_n2.json"
     cache.parent.mkdir()
-    cache.write_text(json.dumps({"link": link.to_dict(), "world_size": 2, "points": in_context}))
+    cache.write_text(
+        json.dumps({"link": link.to_dict(), "world_size": 2, "points": in_context, "host_tuning": "none"})
+    )
     assert gloo_link(tmp_path, 2) == link  # per_kind and per_kind_queued back as tuples
 
 
