@@ -234,6 +234,8 @@ class _Setup:
             rank=self.rank,
             device=device,
             uses_units=self.uses_units,
+            optimizer_impl=self.case.optimizer_impl,
+            clips=self.case.max_norm is not None,
         )
 
     def schedule(self, states: RankStates, profile: ActivationProfile) -> list[Event]:
@@ -252,7 +254,11 @@ class _Setup:
         world = self.case.world_size
         group = max(self.sharding.degrees(world, self.shard_size))
         config = StepConfig(
-            prefetch=self.case.prefetch, shard_group=group, replicas=world // group, backend=self.case.backend
+            prefetch=self.case.prefetch,
+            shard_group=group,
+            replicas=world // group,
+            backend=self.case.backend,
+            kept_after_forward=self.strategy.kept_after_forward(self.case),
         )
         return step_schedule(self.facts, states, profile, self.sharding, config)
 
@@ -428,6 +434,7 @@ def _profile(case: Case, strategy: Strategy, prec: Precision) -> ActivationProfi
         global_batch=case.global_batch_size,
         mode=mode,
         checkpointing=case.activation_checkpointing,
+        checkpoint_policy=case.activation_checkpointing_policy,
         device=case.device,
     )
     return get_activation_profile(mdef.name, args, shape)
