@@ -189,7 +189,7 @@ class Case:
     )
     activation_checkpointing_policy: str = case_field(
         AC_FULL,
-        doc="full (every block recomputed), op (torchtitan's selective op policy) or every:N (every N-th block)",
+        doc="full (every block recomputed), op (torchtitan's selective op policy), every:N (N-th blocks)",
         accepts=None,
     )
     optimizer_impl: str = case_field(

@@ -114,6 +114,19 @@ def test_every_second_block_keeps_the_others_whole() -> None:
     assert peaks["full"] < peaks["op"] < peaks["every:2"] < predict_memory(_case(strategy="zero3")).peak_bytes
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_a_cuda_target_traced_on_the_cpu_saves_cuda_attention_under_the_op_policy(precision: str) -> None:
+    """CUDA's attention (cuDNN in bf16, memory-efficient in fp32) is in torchtitan's save list; its CPU
+    stand-in is one op the policy treats as the kernel it stands for, so the trace saves what the
+    analytic model does."""
+    case = Case(
+        model="decoder-small", strategy="zero3", world_size=4, precision=precision, batch_size=2,
+        seq_len=256, device="cuda", backend="nccl", activation_checkpointing=True,
+        activation_checkpointing_policy="op",
+    )  # fmt: skip
+    assert estimate(case).peak_bytes == predict_memory(case).peak_bytes
+
+
 # ---- the optimizer's update and clipping --------------------------------------------------------------
 def _optimizer_step_peak(impl: str) -> tuple[int, int]:
     """Live bytes at the optimizer step's peak and before it, one rank, no strategy."""

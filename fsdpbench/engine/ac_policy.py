@@ -35,6 +35,9 @@ SAVED_OPS = (
     "_c10d_functional.reduce_scatter_tensor",
     "_c10d_functional.all_to_all_single",
 )
+# ops that stand in for another while a step is traced (predictors/cuda_standins.py: CUDA's attention on
+# a CPU-only build), by the name of the op they stand for; the policy treats them as that op
+STANDIN_OPS: dict[object, str] = {}
 # the matmuls of which every second one (2nd, 4th, ...) is recomputed
 ALTERNATING_OPS = ("aten.mm", "aten.linear")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fsdpbench.case import AC_OP, Case, ac_every
-from fsdpbench.engine.ac_policy import ALTERNATING_OPS, SAVED_OPS, saves_output
+from fsdpbench.engine.ac_policy import ALTERNATING_OPS, SAVED_OPS, STANDIN_OPS, saves_output
 from fsdpbench.models import resolve_model
 from fsdpbench.schema import PLACEMENT
 from fsdpbench.strategies.optim import check_optimizer_impl
@@ -44,7 +44,7 @@ def apply_activation_checkpointing(model: nn.Module, case: Case) -> nn.Module:
     policy says, applied as torchtitan applies it:
 
     - ``full``: every block keeps only its input; its activations are recomputed in backward;
-    - ``every:N``: the same for every N-th block (the N-th, 2N-th, ... in forward order), the others untouched;
+    - ``every:N``: the same for the N-th, 2N-th, ... block in forward order, the others untouched;
     - ``op``: every block saves the outputs of the ops in ``ac_policy.SAVED_OPS`` (every second matmul
       excepted) through ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` and recomputes
       the rest.
@@ -93,7 +93,7 @@ def selective_context_fn() -> Callable[[], Any]:
         counts = {"forward": 0, "recompute": 0}
 
         def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-            name = names.get(func)
+            name = names.get(func) or STANDIN_OPS.get(func)
             if name is None:
                 return CheckpointPolicy.PREFER_RECOMPUTE
             mode = "recompute" if ctx.is_recompute else "forward"

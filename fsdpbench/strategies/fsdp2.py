@@ -42,7 +42,7 @@ def apply_fsdp2(
     model: nn.Module, ctx: ApplyContext, *, kept_after_forward: str, mesh: DeviceMesh | None = None
 ) -> nn.Module:
     """fully_shard every wrap unit, then the root; set explicit prefetch of depth ``case.prefetch``.
-    ``kept_after_forward``: which units are not resharded after their forward (``Strategy.kept_after_forward``)."""
+    ``kept_after_forward``: the units not resharded after their forward (``Strategy.kept_after_forward``)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 

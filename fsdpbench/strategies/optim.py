@@ -52,7 +52,8 @@ def implementation_kwargs(impl: str) -> dict[str, bool]:
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
     cls, kwargs = get_optimizer(case.optimizer)
-    return cls(params, lr=case.lr, **implementation_kwargs(case.optimizer_impl), **kwargs)  # type: ignore[call-arg]  # every OPTIMIZERS class takes them
+    kwargs.update(implementation_kwargs(case.optimizer_impl))
+    return cls(params, lr=case.lr, **kwargs)  # type: ignore[call-arg]  # every OPTIMIZERS class takes them
 
 
 def check_optimizer_impl(case: Case) -> str | None:

@@ -54,6 +54,7 @@ class ActivationProfile:
     stages: tuple[Stage, ...]
     mode: str
     kernel_note: str = ""  # the kernel choices assumed, where they depend on versions, hardware or shapes
+    scalar_bytes: int = 4  # one fp32 scalar's storage on the device (the loss, its seed gradient)
 
     @property
     def saved_bytes(self) -> int:
@@ -202,7 +203,7 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         (BwdMoment("end", 0, ("tok_embeddings.weight",), res * bd),),
     )
     inputs = 2 * sh.global_batch * s * 8  # tokens and targets (int64) of the global batch
-    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""))
+    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""), r(4))
 
 
 def _op_checkpointed(sh: Shape) -> bool:
@@ -270,7 +271,7 @@ def _mlp(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         inputs = r(b * w * 4) + r(b * 8)  # fp32 features, int64 labels
     else:
         inputs = sh.global_batch * w * 4 + sh.global_batch * 8
-    return ActivationProfile(inputs, (*stages, head), sh.mode)
+    return ActivationProfile(inputs, (*stages, head), sh.mode, scalar_bytes=r(4))
 
 
 _PROFILES: dict[str, Callable[[dict[str, Any], Shape], ActivationProfile]] = {

@@ -161,7 +161,7 @@ def step_schedule(
     else:
         hooks = _ReplicatedHooks(schedule, states)
     _forward(schedule, profile.stages, hooks)
-    _backward(schedule, profile.stages, hooks)
+    _backward(schedule, profile.stages, hooks, seed_bytes=2 * profile.scalar_bytes)
     hooks.end_backward()
     # the optimizer reads the gradients as the resident states hold them, padding included
     schedule.alloc("gradients", "grads", states.grads + states.grads_padding)
@@ -191,12 +191,14 @@ def _forward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> N
         schedule.record(f"forward: {stage.name}", fwd_temp=stage.fwd_extra_bytes)
 
 
-def _backward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> None:
+def _backward(
+    schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks, *, seed_bytes: int = IN_BACKWARD_BYTES
+) -> None:
     hooks.start_backward()
     own_seed = len(stages) > 1 and not hooks.holds_loss_in_backward
     for j, stage in reversed(list(enumerate(stages))):
         if own_seed and stage is stages[-2]:  # the last stage's own moments count them
-            schedule.alloc(IN_BACKWARD, "activations", IN_BACKWARD_BYTES)
+            schedule.alloc(IN_BACKWARD, "activations", seed_bytes)
         # its backward consumes what the stage saved: each moment says how much is left (saved_left_bytes)
         schedule.free(f"saved {stage.name}")
         for step in stage.bwd:
