@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from fsdpbench.case import Case, resolve_activation_checkpointing
+from fsdpbench.core.case import Case, resolve_activation_checkpointing
 from fsdpbench.engine.knobs import apply_activation_checkpointing
 from fsdpbench.engine.step import clip_grad_norm
 from fsdpbench.models import build_model, make_global_batch
@@ -205,8 +205,8 @@ def test_every_unit_but_the_last_reshards(prefetch: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", [False, "op"])
 def test_recipe_measured_equals_analytic_and_traced_and_losses_agree(policy, tmp_path) -> None:
-    from fsdpbench.pipeline.results import build_rows
     from fsdpbench.pipeline.runner import add_predictions
+    from fsdpbench.store.results import build_rows
 
     losses = {}
     for strategy in ("zero2", "zero3"):

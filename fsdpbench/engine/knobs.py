@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.case import AC_OP, Case, ac_every
+from fsdpbench.core.case import AC_OP, Case, ac_every
+from fsdpbench.core.schema import PLACEMENT
 from fsdpbench.engine.ac_policy import ALTERNATING_OPS, SAVED_OPS, STANDIN_OPS, saves_output
 from fsdpbench.models import resolve_model
-from fsdpbench.schema import PLACEMENT
 from fsdpbench.strategies.optim import check_optimizer_impl
 
 if TYPE_CHECKING:  # the case rules run without torch (scenario validation, the analytic prediction)

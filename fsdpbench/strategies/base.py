@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from fsdpbench.case import OPTIMIZER_IMPLS, Case
+from fsdpbench.core.case import OPTIMIZER_IMPLS, Case
 
 if TYPE_CHECKING:  # a strategy's declaration is read without torch (the analytic memory model)
     import torch

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fsdpbench.case import AC_FULL, AC_OP, ac_every
+from fsdpbench.core.case import AC_FULL, AC_OP, ac_every
 from fsdpbench.engine.ac_policy import saves_output
 from fsdpbench.predictors.memory_model.kernels import ASSUMED_CASE, kernels_for, storage_bytes
 
@@ -70,7 +70,7 @@ class Shape:
     global_batch: int
     mode: str = FP32
     checkpointing: bool = False
-    checkpoint_policy: str = AC_FULL  # with checkpointing: full, op or every:N (fsdpbench/case.py)
+    checkpoint_policy: str = AC_FULL  # with checkpointing: full, op or every:N (fsdpbench/core/case.py)
     device: str = "cpu"  # whose kernels run (kernels.py), and CUDA's 512-byte rounding of every storage
 
 
