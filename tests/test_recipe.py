@@ -118,13 +118,18 @@ def test_every_second_block_keeps_the_others_whole() -> None:
 def test_a_cuda_target_traced_on_the_cpu_saves_cuda_attention_under_the_op_policy(precision: str) -> None:
     """CUDA's attention (cuDNN in bf16, memory-efficient in fp32) is in torchtitan's save list; its CPU
     stand-in is one op the policy treats as the kernel it stands for, so the trace saves what the
-    analytic model does."""
+    analytic model does (bf16: both peak at the loss's backward, where they differ by one 512-byte
+    scalar with or without checkpointing)."""
     case = Case(
         model="decoder-small", strategy="zero3", world_size=4, precision=precision, batch_size=2,
         seq_len=256, device="cuda", backend="nccl", activation_checkpointing=True,
         activation_checkpointing_policy="op",
     )  # fmt: skip
-    assert estimate(case).peak_bytes == predict_memory(case).peak_bytes
+
+    def gap(c: Case) -> int:
+        return estimate(c).peak_bytes - predict_memory(c).peak_bytes
+
+    assert gap(case) == (gap(case.replace(activation_checkpointing=False)) if precision == "bf16" else 0)
 
 
 # ---- the optimizer's update and clipping --------------------------------------------------------------
