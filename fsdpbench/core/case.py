@@ -70,7 +70,7 @@ class Accepts:
 
     def bounds(self) -> dict[str, float]:
         """The bounds that are set, as keyword arguments of pydantic's ``Field``."""
-        names = ("gt", "ge", "le", "min_length", "max_length")
+        names = ("gt", "ge", "le", "min_length", "max_length", "pattern")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
@@ -181,7 +181,8 @@ class Case:
     device: str = case_field("cpu", doc="cpu or cuda", accepts=Accepts(choices=("auto", "cpu", "cuda")))
     timeout_s: float = case_field(120.0, doc="the case's time limit (s)", accepts=_SECONDS)
     # a scenario gives one value (false, true, full, op, every:N): ``resolve_activation_checkpointing``
-    # splits it into these two fields, so that ``true`` and ``full`` are one case with one id
+    # splits it into these two fields, so that ``true`` and ``full`` are one case with one id (a scenario
+    # may also give the policy alone beside ``activation_checkpointing: true``)
     activation_checkpointing: bool = case_field(
         False,
         doc="activation checkpointing applied (activation_checkpointing_policy: how)",
@@ -190,7 +191,7 @@ class Case:
     activation_checkpointing_policy: str = case_field(
         AC_FULL,
         doc="full (every block recomputed), op (torchtitan's selective op policy), every:N (N-th blocks)",
-        accepts=None,
+        accepts=Accepts(pattern=r"^(?:full|op|every:[1-9][0-9]{0,3})$"),
     )
     optimizer_impl: str = case_field(
         "for-loop",

@@ -441,9 +441,11 @@ def build_case(
     from fsdpbench.strategies import get_strategy
 
     fields = dict(fields)
-    if "activation_checkpointing" in fields:  # one value in the scenario, two fields of the case
-        on, policy = resolve_activation_checkpointing(fields["activation_checkpointing"])
-        fields["activation_checkpointing"], fields["activation_checkpointing_policy"] = on, policy
+    # one value in the scenario, two fields of the case; a policy without checkpointing is no policy
+    on, policy = resolve_activation_checkpointing(fields.get("activation_checkpointing", False))
+    if on and not isinstance(fields.get("activation_checkpointing"), str):
+        policy = resolve_activation_checkpointing(fields.get("activation_checkpointing_policy", policy))[1]
+    fields["activation_checkpointing"], fields["activation_checkpointing_policy"] = on, policy
     if "wrap_classes" in fields:
         fields["wrap_classes"] = tuple(fields["wrap_classes"])
     name = fields.get("strategy", _DEFAULT.strategy)
