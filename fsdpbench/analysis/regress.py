@@ -42,6 +42,7 @@ from fsdpbench.analysis.frame import (
     time_references,
 )
 from fsdpbench.analysis.timegate import ALPHA
+from fsdpbench.core.formats import BASELINE, FORMAT_VERSION, FormatVersionError
 from fsdpbench.core.numbers import number
 from fsdpbench.core.schema import (
     ALLOC_PEAK_ALLOCATED,
@@ -74,7 +75,8 @@ from fsdpbench.core.schema import (
 )
 from fsdpbench.hosttuning.threads import loop_state
 
-BASELINE_FORMAT = 1
+# what says a file is a baseline (its value never changes); its layout's version is BASELINE's format_version
+BASELINE_MARKER = "fsdpbench_baseline"
 KINDS = ("memory", "comm", "time", "loss")
 GATES = ("fail", "warn", "off")
 FAILING = ("regressed", "changed", "missing", FAILED)
@@ -332,7 +334,8 @@ def build_baseline(
         )
     merged = {**default_thresholds(), **(thresholds or {})}
     return {
-        "fsdpbench_baseline": BASELINE_FORMAT,
+        FORMAT_VERSION: BASELINE.version,
+        BASELINE_MARKER: 1,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "provenance": _provenance(frame, run_meta or {}),
         "machine": machine_of(frame),
@@ -408,12 +411,16 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
         raise BaselineError(f"{path}: nested too deep to be a baseline") from None
     except ValueError as exc:
         raise BaselineError(f"{path}: not valid JSON: {exc}") from None
-    version = data.get("fsdpbench_baseline") if isinstance(data, dict) else None
-    if type(version) is not int or version != BASELINE_FORMAT:  # True == 1 in Python, not here
+    marker = data.get(BASELINE_MARKER) if isinstance(data, dict) else None
+    if type(marker) is not int or marker != 1:  # True == 1 in Python, not here
         raise BaselineError(
-            f"{path}: not a fsdpbench baseline (fsdpbench_baseline: {BASELINE_FORMAT} missing); "
+            f"{path}: not a fsdpbench baseline ({BASELINE_MARKER}: 1 missing); "
             "write one with: fsdpbench regress RUN_DIR --write-baseline PATH"
         )
+    try:
+        BASELINE.check(path, data.get(FORMAT_VERSION))
+    except FormatVersionError as exc:
+        raise BaselineError(str(exc)) from None
     if not isinstance(data.get("cases"), dict):
         raise BaselineError(f"{path}: cases: expected a mapping case_id → entry")
     if len(data["cases"]) > MAX_BASELINE_CASES:
