@@ -241,7 +241,7 @@ def _run_phases(
     stack: contextlib.ExitStack,
     hooks: RankHooks,
 ) -> None:
-    """The case's phases in order, each one named block below."""
+    """The case's phases in order, each a function below."""
     run = setup(case, rank, world, local_rank, rec, t_start, stack, hooks)
     warmup_phase(run)
     timed_phase(run)
