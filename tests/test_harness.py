@@ -79,7 +79,7 @@ def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_gr
 
     step(0)
     assert instruments_left_installed() == []
-    with build_tracker(model, optimizer, parallel.strategy.fsdp_root(model)):
+    with build_tracker(model, optimizer, parallel.strategy):
         assert instruments_left_installed()  # it does see an installed instrument
         step(1)
     with profile_steps(torch.device("cpu"), tmp_path / "trace.json.gz"):

@@ -418,7 +418,8 @@ def analytic_comm_bytes(
     grad_bytes_total: int | None = None,
     shard_size: int | None = None,
 ) -> dict[str, float]:
-    """Bytes each rank sends per step, per collective kind, for a strategy's declared ``Sharding``.
+    """Bytes each rank sends per step, per collective kind, for a strategy's declared ``Sharding``: the sum
+    over its ``collectives()``, phase by phase.
 
     P = param_bytes_total (bytes of the parameters as communicated), G =
     grad_bytes_total (default P; differs under mixed precision), N = the group
@@ -447,10 +448,8 @@ def analytic_comm_bytes(
         if shard_size is None or shard_size < 1 or n % shard_size:
             raise ValueError(f"sharding over a shard group needs shard_size dividing {n}, got {shard_size}")
         n = shard_size
-    out["all_gather"] = sharding.param_gathers * sent_bytes_per_rank("all_gather", p, n)
-    out[sharding.grad_reduction] = sent_bytes_per_rank(sharding.grad_reduction, g, n)
-    if sharding.param_sync_after_step:
-        out[sharding.param_sync_after_step] = sent_bytes_per_rank(sharding.param_sync_after_step, p, n)
-    if sharding.over_shard_group:
-        out["all_reduce"] += sent_bytes_per_rank("all_reduce", g / n, int(world_size) // n)
+    payload = {"params": p, "grads": g, "grad_shard": g / n}
+    group = {"shard": n, "replicas": int(world_size) // n}
+    for c in sharding.collectives():
+        out[c.kind] += sent_bytes_per_rank(c.kind, payload[c.payload], group[c.group])
     return out

@@ -346,12 +346,14 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     if case.checkpoint == "native":
         return _predict_native(case, strategy, params)
     sharded = strategy.sharding.params
+    checkpointing = strategy.checkpointing
     # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
     # (``_fsdp1_gather_terms``)
-    regathers = strategy.fsdp_version == 1 and sharded
-    zero1 = strategy.fsdp_version == 0 and strategy.sharding.optim  # ZeroRedundancyOptimizer
+    regathers = checkpointing.gathers == "flat_parameters" and sharded
+    zero1 = checkpointing.optimizer_consolidation == "to_rank0"  # ZeroRedundancyOptimizer
+    gathered_padded = checkpointing.gathers == "padded_tensors"
     full_graph = _state_graph(
-        case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
+        case, params, False, world, 0, sharded, padded_views=False, gathered_padded=gathered_padded
     )
     full_payload = _payload(full_graph)
     unit_bytes: dict[int, int] = {}

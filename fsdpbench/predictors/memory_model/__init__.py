@@ -356,12 +356,7 @@ def step_events(case: Case, *, rank: int = 0) -> list[Event]:
 
 def _case_notes(case: Case, strategy: Strategy) -> list[str]:
     """What the prediction leaves out for this case's strategy and knobs."""
-    notes: list[str] = []
-    if strategy.fsdp_version == 1:
-        notes.append(
-            "FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
-            "unit and keeps the root unsharded between forward and backward): use --method traced"
-        )
+    notes: list[str] = list(strategy.memory_model_notes)
     flat = strategy.flat_buffers(case)
     if case.cpu_offload and flat is not None:
         notes.append(
