@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -63,6 +62,7 @@ from fsdpbench.core.schema import (
     WALL_S,
 )
 from fsdpbench.engine.fake_pg import fake_pg_compat, init_fake_process_group, patch_ddp
+from fsdpbench.metrics.rss import peak_rss_bytes
 from fsdpbench.predictors.rank_chunks import rank_chunks_only
 
 if TYPE_CHECKING:
@@ -294,12 +294,6 @@ def _fake_build(
         return model, params
 
     return build
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
 def cuda_kernels_dispatchable() -> bool:
