@@ -304,6 +304,10 @@ class Strategy:
         own (DeepSpeed's ZeRO), else None: the memory model then lays states out from ``sharding``."""
         return None
 
+    def vendor_model_states_bytes(self, case: Case) -> int | None:
+        """The engine's own estimate of a rank's model-state bytes (the ``ds_est_*`` columns), or None."""
+        return None
+
     def fsdp_root(self, model: nn.Module) -> nn.Module | None:
         """The FSDP2 root module if this strategy's model is one (FSDPMemTracker tracks it), else None."""
         return model if self.memory_tracker == "fsdp2" else None
