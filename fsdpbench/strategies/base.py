@@ -130,16 +130,12 @@ class Collective:
     group: str = "shard"
 
     def __post_init__(self) -> None:
-        for field_name, allowed in (
-            ("phase", PHASES),
-            ("kind", ("all_gather", "all_reduce", "reduce_scatter", "broadcast")),
-            ("payload", PAYLOADS),
-            ("group", COLLECTIVE_GROUPS),
-        ):
-            if getattr(self, field_name) not in allowed:
-                raise ValueError(
-                    f"Collective.{field_name} must be one of {allowed}, got {getattr(self, field_name)!r}"
-                )
+        kinds = ("all_gather", "all_reduce", "reduce_scatter", "broadcast")
+        # the fields in declaration order: phase, kind, payload, group
+        for field, allowed in zip(dataclasses.fields(self), (PHASES, kinds, PAYLOADS, COLLECTIVE_GROUPS)):
+            value = getattr(self, field.name)
+            if value not in allowed:
+                raise ValueError(f"Collective.{field.name} must be one of {allowed}, got {value!r}")
 
 
 # The shardings the textbook names; a strategy declares one of these or its own.
