@@ -218,12 +218,12 @@ class RankSteps:
         """The next step under the memory tracker: the peak by category, and the model states after
         ``optimizer.step``."""
         model, optimizer = self.parallel.model, self.parallel.optimizer
-        tracker = build_tracker(model, optimizer, self.parallel.strategy.fsdp_root(model))
+        tracker = build_tracker(model, optimizer, self.parallel.strategy)
         memory = TrackedMemory()
 
         def record_states() -> None:
             memory.states_tracker = snapshot_by_category(tracker, "current", self.device)
-            memory.states_local = local_state_bytes(model, optimizer)
+            memory.states_local = local_state_bytes(model, optimizer, self.parallel.strategy)
 
         with tracker:
             self.instrumented(after_optim=record_states)

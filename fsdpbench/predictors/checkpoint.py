@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsdpbench.core.case import Case
+from fsdpbench.core.numbers import numel
 from fsdpbench.core.rundir import CHECKPOINT_DIR, NATIVE_TAG
 from fsdpbench.predictors import dcp_metadata as dcp_md
 from fsdpbench.predictors import torch_save_format as fmt
@@ -69,13 +70,6 @@ def _params(case: Case) -> tuple[list[_Param], int]:
     return [_Param(p.name, p.shape, p.unit) for p in facts.params or ()], len(facts.units)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _chunk_rows(rows: int, world: int, rank: int) -> tuple[int, int]:
     """(rows this rank holds, rows of its padded chunk): torch.chunk along dim 0, as FSDP shards."""
     chunk = -(-rows // world)
@@ -107,13 +101,13 @@ def _state_graph(
     def tensor(shape: tuple[int, ...], is_param: bool) -> fmt.Tensor:
         if not local and gathered_padded and sharded and shape:
             padded_rows = _chunk_rows(shape[0], world, 0)[1] * world
-            return fmt.Tensor(SAVED_DTYPE, shape, fmt.Storage(SAVED_DTYPE, _numel((padded_rows, *shape[1:]))))
+            return fmt.Tensor(SAVED_DTYPE, shape, fmt.Storage(SAVED_DTYPE, numel((padded_rows, *shape[1:]))))
         if not local or not sharded or not shape:
             return fmt.Tensor(SAVED_DTYPE, shape)
         rows, chunk = _chunk_rows(shape[0], world, rank)
         shard = (rows, *shape[1:])
         if is_param and padded_views:  # FSDP2's local shard views its padded chunk: torch.save writes it
-            return fmt.Tensor(SAVED_DTYPE, shard, fmt.Storage(SAVED_DTYPE, _numel((chunk, *shape[1:]))))
+            return fmt.Tensor(SAVED_DTYPE, shard, fmt.Storage(SAVED_DTYPE, numel((chunk, *shape[1:]))))
         return fmt.Tensor(SAVED_DTYPE, shard)
 
     graph: dict[str, Any] = {"model": {p.name: tensor(p.shape, True) for p in params}}
@@ -130,14 +124,6 @@ def _state_graph(
     return graph
 
 
-def _payload(graph: Any) -> int:
-    if isinstance(graph, dict):
-        return sum(_payload(v) for v in graph.values())
-    if isinstance(graph, list):
-        return sum(_payload(v) for v in graph)
-    return graph.nbytes if isinstance(graph, fmt.Tensor) else 0
-
-
 def _flatten(graph: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str, tuple[str | int, ...], Any]]:
     """DCP's flatten_state_dict: (dotted key, path of keys, leaf); every mapping is walked, a list only when
     it holds a container or a tensor (a list of names or a tuple of floats is one item)."""
@@ -150,7 +136,7 @@ def _flatten(graph: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str, tu
 
 def _dcp_item_bytes(value: Any) -> tuple[int, int]:
     """(bytes in the .distcp file, payload) of one DCP item: a tensor or a pickled object, torch.saved."""
-    return fmt.torch_save_bytes(value), _payload(value)
+    return fmt.torch_save_bytes(value), fmt.payload_bytes(value)
 
 
 def _dcp_plan(case: Case, params: list[_Param], sharded: bool) -> list[list[tuple[dcp_md.Item, int]]]:
@@ -239,7 +225,7 @@ def _fsdp1_flat_numel(params: list[_Param], unit: int, world: int) -> int:
     offset = 0
     for p in params:
         if p.unit == unit:
-            offset = -(-offset // align) * align + _numel(p.shape)
+            offset = -(-offset // align) * align + numel(p.shape)
     return -(-offset // world) * world
 
 
@@ -272,7 +258,7 @@ def _fsdp1_gather_terms(
     }
     if method == "full" and rank == 0:  # the unit's entries (of the state being gathered) not yet cloned
         terms["fsdp1_entries_not_yet_cloned_host"] = -4 * sum(
-            _numel(p.shape) for p in params if p.unit == largest
+            numel(p.shape) for p in params if p.unit == largest
         )
     elif method != "full":
         terms["fsdp1_entries_not_yet_cloned_host"] = -shard
@@ -295,10 +281,10 @@ def _zero1_partitions(params: list[_Param], world: int) -> list[list[_Param]]:
     (a stable sort by numel), each to the rank with the fewest elements so far, the lowest on a tie."""
     parts: list[list[_Param]] = [[] for _ in range(world)]
     sizes = [0] * world
-    for p in sorted(params, key=lambda q: _numel(q.shape), reverse=True):
+    for p in sorted(params, key=lambda q: numel(q.shape), reverse=True):
         rank = sizes.index(min(sizes))
         parts[rank].append(p)
-        sizes[rank] += _numel(p.shape)
+        sizes[rank] += numel(p.shape)
     return parts
 
 
@@ -332,8 +318,8 @@ def _zero1_consolidation_terms(case: Case, params: list[_Param], rank: int) -> d
         return {"zero1_partition_serialized_host": 11 * serialized[rank]}
     loaded, peak = 0, 0
     for r in range(1, world):
-        peak = max(peak, loaded + 2 * serialized[r] + _payload(parts[r]))
-        loaded += _payload(parts[r])
+        peak = max(peak, loaded + 2 * serialized[r] + fmt.payload_bytes(parts[r]))
+        loaded += fmt.payload_bytes(parts[r])
     return {"zero1_partitions_loaded_host": loaded, "zero1_partition_received_host": peak - loaded}
 
 
@@ -377,8 +363,9 @@ class _Save:
         sharded = strategy.sharding.params
         # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
         # (``_fsdp1_gather_terms``)
-        regathers = strategy.fsdp_version == 1 and sharded
-        zero1 = strategy.fsdp_version == 0 and strategy.sharding.optim  # ZeroRedundancyOptimizer
+        checkpointing = strategy.checkpointing
+        regathers = checkpointing.gathers == "flat_parameters" and sharded
+        zero1 = checkpointing.optimizer_consolidation == "to_rank0"  # ZeroRedundancyOptimizer
         full_graph = _state_graph(
             case,
             params,
@@ -387,12 +374,12 @@ class _Save:
             0,
             sharded,
             padded_views=False,
-            gathered_padded=strategy.fsdp_version == 2,
+            gathered_padded=checkpointing.gathers == "padded_tensors",
         )
         unit_bytes: dict[int, int] = {}
         for p in params:
-            unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + _numel(p.shape) * 4
-        largest_tensor = max((_numel(p.shape) * 4 for p in params), default=0)
+            unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + numel(p.shape) * 4
+        largest_tensor = max((numel(p.shape) * 4 for p in params), default=0)
         # without use_orig_params the optimizer's zero_grad(set_to_none) frees the flat gradient itself
         orig_params = bool(case.strategy_args.get("use_orig_params", True))
         return cls(
@@ -404,7 +391,7 @@ class _Save:
             zero1=bool(zero1),
             on_gpu=case.device == "cuda",
             full_graph=full_graph,
-            full_payload=_payload(full_graph),
+            full_payload=fmt.payload_bytes(full_graph),
             largest_unit=max(unit_bytes.values(), default=0),
             # gloo's receive buffer of one DTensor's full tensor
             gather_transient=largest_tensor if sharded else 0,
@@ -420,7 +407,12 @@ class _Save:
             graph = _state_graph(case, params, True, world, rank, sharded, padded_views=True)
             unpadded = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
             saved = fmt.torch_save_bytes(graph, f"rank{rank}") if case.checkpoint == "sharded" else 0
-            self.local[key] = (_payload(unpadded), _payload(unpadded["model"]), _payload(graph), saved)
+            self.local[key] = (
+                fmt.payload_bytes(unpadded),
+                fmt.payload_bytes(unpadded["model"]),
+                fmt.payload_bytes(graph),
+                saved,
+            )
         return self.local[key]
 
     def fsdp1_gather_terms(self, rank: int, method: str) -> dict[str, int]:
