@@ -77,7 +77,7 @@ def baseline():
 
 
 def verdicts(result) -> dict[tuple[str, str], str]:
-    return {(r.case_id, r.metric): r.verdict for r in result.records.itertuples()}
+    return {(d.case_id, d.metric): d.verdict for d in result.differences}
 
 
 # ---- the baseline -------------------------------------------------------------------------------
@@ -172,11 +172,31 @@ def test_times_under_another_host_tuning_are_not_comparable_and_the_rest_is_gate
     ]
     # a memory regression under another tuning still fails
     worse = compare(baseline, run_frame(tuning="pin", zero3_peak=(1000, 1100)))
-    assert not worse.passed and list(worse.failures["metric"]) == ["mem_tracker_peak_bytes"]
+    assert not worse.passed and [d.metric for d in worse.failures] == ["mem_tracker_peak_bytes"]
     # and the same tuning on both sides is compared as before, whatever the tuning
     pinned_baseline = json.loads(json.dumps(build_baseline(run_frame(tuning="pin"))))
     assert compare(pinned_baseline, run_frame(tuning="pin")).passed
     assert not compare(pinned_baseline, run_frame(tuning="pin", zero3_ms=80.0)).passed
+
+
+def test_the_renderers_print_the_not_comparable_verdicts_and_the_tuning_note(baseline):
+    """Host tuning's verdicts are data in the DifferenceReport; the table, Markdown and JSON print them."""
+    from fsdpbench.commands.regress import build_table, render_markdown, to_json, verdict_line
+
+    report = compare(baseline, run_frame(tuning="pin", zero3_ms=80.0))
+    differs = [d for d in report.differences if d.verdict == "not comparable"]
+    assert differs and {d.kind for d in differs} == {"time"} and not any(d.fails for d in differs)
+    assert {d.note for d in differs} == {"host tuning differs (baseline: none, now: pin)"}
+    assert report.verdict_counts()["not comparable"] == len(differs)
+    assert f"{len(differs)} not comparable" in verdict_line(report).splitlines()[-1]
+    markdown = render_markdown(report, {}, "b.json", "run")
+    assert "> not comparable: host tuning differs in 2 case(s) (baseline: none, now: pin)" in markdown
+    assert markdown.count("not comparable | host tuning differs (baseline: none, now: pin) |") == len(differs)
+    table = build_table(report, "b.json", "run")
+    assert table.row_count == len(report.differences)
+    data = to_json(report, "b.json", "run")
+    assert data["notes"] == report.notes and data["passed"] is True
+    assert sum(r["verdict"] == "not comparable" for r in data["records"]) == len(differs)
 
 
 def test_a_baseline_from_before_tuning_was_recorded_is_read_as_its_launcher_tuned(baseline):
@@ -189,7 +209,7 @@ def test_a_baseline_from_before_tuning_was_recorded_is_read_as_its_launcher_tune
     assert set(untuned.records[untuned.records["kind"] == "time"]["verdict"]) == {"not comparable"}
     pinned = compare(baseline, run_frame(tuning="pin", zero3_ms=80.0))  # as it was measured: compared
     assert not pinned.notes and not pinned.passed
-    assert set(pinned.failures["case_id"]) == {ZERO3.case_id}  # the baseline's id, the run's in run_case_id
+    assert {d.case_id for d in pinned.failures} == {ZERO3.case_id}  # the baseline's id, not the run's
     baseline["provenance"]["gloo_loops_idle"] = True
     assert "(baseline: pin-idle-loops, now: pin)" in compare(baseline, run_frame(tuning="pin")).notes[0]
     baseline["provenance"]["gloo_loops_idle"] = "yes"  # a stranger's file: only true is true
@@ -221,7 +241,7 @@ def test_a_baselines_host_tuning_must_be_one_fsdpbench_knows(tmp_path):
 def test_memory_over_tolerance_on_one_rank_fails_naming_case_and_metric(baseline):
     result = compare(baseline, run_frame(zero3_peak=(1000, 1011)))  # +1.1% on rank 1 > 1%
     assert not result.passed
-    fail = result.failures.iloc[0]
+    fail = result.failures[0]
     assert (fail.case_id, fail.metric, fail.verdict) == (ZERO3.case_id, "mem_tracker_peak_bytes", "regressed")
     assert fail.change == pytest.approx(0.011)
     assert compare(baseline, run_frame(zero3_peak=(1000, 1009))).passed  # +0.9%: within 1%
@@ -231,14 +251,14 @@ def test_memory_improvement_passes_unless_strict(baseline):
     frame = run_frame(zero3_peak=(900, 900))
     loose, strict = compare(baseline, frame), compare(baseline, frame, strict=True)
     assert loose.passed and verdicts(loose)[(ZERO3.case_id, "mem_tracker_peak_bytes")] == "improved"
-    assert not strict.passed and "update the baseline" in strict.failures.iloc[0].note
+    assert not strict.passed and "update the baseline" in strict.failures[0].note
 
 
 def test_category_from_zero_is_a_regression(baseline):
     frame = run_frame()
     frame.loc[frame["strategy"] == "zero3", "mem_tracker_peak_buffers_bytes"] = 4
     result = compare(baseline, frame)
-    fail = result.failures.iloc[0]
+    fail = result.failures[0]
     assert (fail.metric, fail.baseline, fail.now) == ("mem_tracker_peak_buffers_bytes", 0, 4)
     assert math.isinf(fail.change)
 
@@ -255,7 +275,7 @@ def test_step_time_is_gated_as_a_ratio_within_the_run(baseline):
     assert "hostname: ci-host → elsewhere" in other.notes[0]
     # only zero3 slower: its ratio to ddp regressed (2.5 → 3.25, +30% > 25%)
     result = compare(baseline, run_frame(zero3_ms=65.0, hostname="elsewhere"))
-    fail = result.failures.iloc[0]
+    fail = result.failures[0]
     assert (fail.case_id, fail.metric) == (ZERO3.case_id, "step_time_ratio")
     assert fail.change == pytest.approx(0.3) and DDP.case_id in fail.note
     # a warn gate reports it without failing
@@ -282,7 +302,7 @@ def test_harness_overhead_is_gated_on_the_same_machine_when_the_baseline_has_it(
 def test_changed_loss_fails_in_either_direction(baseline):
     for delta in (+1e-3, -1e-3):
         result = compare(baseline, run_frame(zero3_losses=[6.4, 6.3, 6.2 + delta]))
-        fail = result.failures.iloc[0]
+        fail = result.failures[0]
         assert (fail.metric, fail.verdict) == ("losses", "changed")
         assert fail.change == pytest.approx(1e-3 / 6.2)
     assert compare(baseline, run_frame(zero3_losses=[6.4, 6.3, 6.2 + 1e-6])).passed  # float noise
@@ -300,7 +320,7 @@ def test_missing_failed_and_new_cases(baseline):
         + case_rows(ZERO3, peak=[0, 0], step_ms=float("nan"), status="timeout", error="timed out after 120 s")
     )
     result = compare(baseline, failed)
-    fail = result.failures.iloc[0]
+    fail = result.failures[0]
     assert (fail.case_id, fail.verdict) == (ZERO3.case_id, "failed") and "timed out after 120 s" in fail.note
 
     new = pd.concat([run_frame(), pd.DataFrame(case_rows(zero2, peak=[1, 1], step_ms=1.0))])
@@ -337,7 +357,7 @@ def test_strategy_map_matches_a_plugin_to_the_baseline_strategy(baseline):
     )
     mapped = apply_strategy_map(frame, {"regressions:ParamCopyZero3": "zero3"})
     assert set(mapped["case_id"]) == {DDP.case_id, ZERO3.case_id}
-    fail = compare(baseline, mapped).failures.iloc[0]
+    fail = compare(baseline, mapped).failures[0]
     assert (fail.case_id, fail.metric, fail.run_case_id) == (
         ZERO3.case_id,
         "mem_tracker_peak_bytes",
@@ -512,3 +532,70 @@ def test_sleep_per_step_fails_on_step_time_ratio(real_baseline, capsys):
     records = pd.DataFrame(json.loads((tmp / "sleepy.json").read_text())["records"])
     mine = records[records["case_id"] == zero3_id]
     assert mine[mine["kind"].isin(["memory", "loss"])]["verdict"].eq("ok").all()  # only time moved
+
+
+def test_the_renderers_print_a_difference_report_built_by_hand():
+    """The comparison is data (DifferenceReport); the table, Markdown and JSON are drawn from it alone."""
+    from fsdpbench.analysis.regress import DifferenceReport, MetricDifference
+    from fsdpbench.commands.regress import build_table, render_markdown, to_json, verdict_line
+
+    regressed = MetricDifference(
+        case_id="c1",
+        metric="mem_tracker_peak_bytes",
+        kind="memory",
+        baseline=100,
+        now=110,
+        change=0.1,
+        tolerance=0.01,
+        gate="fail",
+        verdict="regressed",
+        fails=True,
+        note="",
+        run_case_id="c1",
+    )
+    same = MetricDifference(
+        case_id="c2",
+        metric="comm_total_bytes",
+        kind="comm",
+        baseline=7,
+        now=7,
+        change=0.0,
+        tolerance=0.01,
+        gate="fail",
+        verdict="ok",
+        fails=False,
+        note="",
+        run_case_id="c2",
+        mode="emulated",
+    )
+    report = DifferenceReport(differences=[regressed, same], machine_matches=True, notes=["a note"])
+    assert not report.passed and report.failures == [regressed] and report.notable() == [regressed]
+    assert report.verdict_counts() == {"ok": 1, "regressed": 1}
+    assert verdict_line(report) == (
+        "REGRESSION c1 mem_tracker_peak_bytes: regressed (100 B → 110 B, +10.00%)\n"
+        "FAIL: 2 compared (1 ok, 1 regressed)"
+    )
+    markdown = render_markdown(report, {}, "b.json", "run")
+    assert markdown.startswith("### ❌ fsdpbench regress: FAIL\n") and "> a note" in markdown
+    assert "| c1 | mem_tracker_peak_bytes | 100 B | 110 B | +10.00% | 1% fail | regressed ✗ |  |" in markdown
+    assert "| c2 [emulated] | comm_total_bytes | 7 B | 7 B | +0.00% | 1% fail | ok |  |" in markdown
+    assert build_table(report, "b.json", "run").row_count == 2
+    record = to_json(report, "b.json", "run")["records"][0]
+    assert record == {
+        "case_id": "c1",
+        "metric": "mem_tracker_peak_bytes",
+        "kind": "memory",
+        "baseline": 100,
+        "now": 110,
+        "change": 0.1,
+        "tolerance": 0.01,
+        "gate": "fail",
+        "verdict": "regressed",
+        "fails": True,
+        "note": "",
+        "run_case_id": "c1",
+        "effect_low": None,
+        "effect_high": None,
+        "p_value": None,
+        "mode": "real",
+    }
