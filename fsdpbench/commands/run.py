@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from fsdpbench.commands.running import (
     add_link_argument,
@@ -23,6 +22,7 @@ from fsdpbench.commands.running import (
     run_header,
     validate_overrides,
 )
+from fsdpbench.formatting import escape
 from fsdpbench.pipeline.interrupts import signals_as_interrupts
 from fsdpbench.pipeline.scenario import ScenarioError, enable_plugin_imports, load_scenario
 from fsdpbench.schema import FAILED, OOM, STATUS, TIMEOUT
@@ -92,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, console: Console) -> int:
-    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.results import ResultsFileError, RunStore
     from fsdpbench.pipeline.rundir import RunDirError
     from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.predictors.comm_model import LinkError
@@ -156,7 +156,7 @@ def _main(args: argparse.Namespace, console: Console) -> int:
                 traced=args.traced or scenario.traced,
                 link=link,
             )
-    except RunDirError as exc:
+    except (RunDirError, ResultsFileError) as exc:  # a file in RUN_DIR that is not this run's
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
     except OSError as exc:  # a full disk or an unwritable --out: the stored cases stay; resume works
