@@ -186,7 +186,7 @@ def parse_threshold(text: str, *, where: str = "--threshold") -> tuple[str, Thre
         )
     check_metric_name(name.strip(), where=f"{where} {text!r}")
     return name.strip(), make_threshold(
-        {"tolerance": tol_text.strip(), "gate": gate.strip() or "fail"}, where
+        {"tolerance": tol_text.strip(), "gate": gate.strip() or "fail"}, f"{where} {text!r}"
     )
 
 
@@ -308,8 +308,8 @@ def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
             metrics[name] = int(value) if METRICS[name].kind == "memory" else round(value, 4)
     for name in (LOSSES, SAMPLED):
         values = case.get(name)
-        if values is not None and len(values):
-            metrics[name] = [float(x) for x in values]
+        if values is not None and len(values):  # Parquet gives an all-NaN list back as nulls
+            metrics[name] = [math.nan if x is None else float(x) for x in values]
     return metrics
 
 

@@ -373,14 +373,15 @@ def check_results_frame(frame: pd.DataFrame, source: str | Path) -> None:
 
 def _numbers_or_none(cell: Any) -> bool:
     """None, or a list (an array, as Parquet gives it back) of numbers; NaN in it is a number (a
-    diverged loss is a measurement), None in it is not."""
+    diverged loss is a measurement), and so is None (Parquet gives an all-NaN list back as nulls)."""
     if cell is None:
         return True
     if isinstance(cell, float):
         return cell != cell  # a missing list comes back as NaN
     if isinstance(cell, (str, bytes)) or not hasattr(cell, "__len__"):
         return False
-    return all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in cell)
+    numbers = (int, float, np.integer, np.floating)
+    return all(v is None or (isinstance(v, numbers) and not isinstance(v, bool)) for v in cell)
 
 
 def load_results(run_dir: str | Path) -> pd.DataFrame:

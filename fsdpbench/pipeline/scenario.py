@@ -35,7 +35,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from fsdpbench.case import MAX_TEXT, Accepts, Case, field_accepts
-from fsdpbench.pipeline.safe_yaml import YamlInputError, decode_text, load_yaml
+from fsdpbench.core.readback import ReadBackError, read_bounded
+from fsdpbench.pipeline.safe_yaml import MAX_FILE_BYTES, YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
 
@@ -203,12 +204,9 @@ def load_scenario(
     """Read, validate and expand a scenario file; raise ScenarioError naming the field on bad input."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_READ)
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
-    try:
-        text = decode_text(data)
+        text = decode_text(read_bounded(path, MAX_FILE_BYTES, what="scenario file"))
+    except ReadBackError as exc:
+        raise ScenarioError(str(exc)) from None
     except YamlInputError as exc:
         raise ScenarioError(f"{path}: {exc}") from None
     return parse_scenario(
@@ -338,9 +336,6 @@ def check_oversubscription(cases: list[Case], source: str) -> None:
                 f"{source}: world_size: {case.world_size} CPU ranks on {cores} cores (limit {limit}, "
                 f"{CPU_RANKS_PER_CORE} per core); pass --allow-oversubscribe to run it anyway"
             )
-
-
-_MAX_READ = 1_000_001  # one byte past the limit, so an oversized file is reported, not truncated
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
