@@ -68,7 +68,7 @@ def regressed_run(tmp_path: Path) -> Path:
     return write_run(tmp_path / "regressed", frame)
 
 
-# ---- 7: permission for one plugin is not permission for every plugin a file names ----------------------
+# ---- permission for one plugin is not permission for every plugin a file names ----------------------
 
 MYPLUG = "from fsdpbench.strategies.ddp import DDP as MyDDP\n"
 EVILPLUG = "import pathlib\npathlib.Path(__file__).with_name('EVIL_RAN').write_text('imported')\n"
@@ -118,7 +118,7 @@ def test_plugin_permission_is_by_name():
     assert not plugin_permitted("evilplug:Evil", frozenset({"myplug:MyDDP"}))
 
 
-# ---- 8: a case rebuilt from a results file is checked as a scenario's case -------------------------------
+# ---- a case rebuilt from a results file is checked as a scenario's case -------------------------------
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ def test_the_columns_of_every_stored_case_give_back_its_case():
         assert case_from_row(row, source="x") == case
 
 
-# ---- 9: one bounded reader, size by reading ---------------------------------------------------------------
+# ---- one bounded reader, size by reading ---------------------------------------------------------------
 
 
 def _fifo_feeding(path: Path, n_bytes: int) -> threading.Thread:
@@ -221,7 +221,7 @@ def test_a_rank_file_and_a_scenario_are_read_to_their_limit_too(tmp_path, monkey
     one_line_exit_2(code, text, "/dev/zero", "longer than 1,000,000 bytes")
 
 
-# ---- 10: every count flag is bounded ----------------------------------------------------------------------
+# ---- every count flag is bounded ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ def test_predict_counts_are_bounded(capsys, flag, value, named):
     one_line_exit_2(code, text, named)
 
 
-# ---- 11: a gate that compared nothing has not passed --------------------------------------------------
+# ---- a gate that compared nothing has not passed --------------------------------------------------
 
 
 def _emptied(data: dict, how: str) -> dict:
@@ -294,7 +294,7 @@ def test_the_regressed_run_fails_against_the_real_baseline(capsys, tmp_path, bas
     assert code == 1 and "FAIL" in text
 
 
-# ---- 12: a tolerance beyond the stated maximum ------------------------------------------------------------
+# ---- a tolerance beyond the stated maximum ------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -324,7 +324,7 @@ def test_a_command_line_tolerance_beyond_the_maximum_is_refused(capsys, tmp_path
     one_line_exit_2(code, text, "--threshold 'memory=1e308'", "beyond the maximum")
 
 
-# ---- 13: one line, never a traceback, never exit 1 for a broken file -----------------------------------
+# ---- one line, never a traceback, never exit 1 for a broken file -----------------------------------
 
 
 def _first(data: dict) -> dict:
@@ -529,7 +529,7 @@ def test_an_override_of_null_is_the_fields_default(capsys):
     assert code == 0 and "_emulated_" in text and "Traceback" not in text
 
 
-# ---- 14: numbers finite and in range wherever they enter -------------------------------------------------
+# ---- numbers finite and in range wherever they enter -------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -574,7 +574,7 @@ def test_a_cached_probe_with_an_infinite_link_is_measured_again(tmp_path):
     assert _cached_probe(path) is None
 
 
-# ---- 15: the expansion is bounded in time ---------------------------------------------------------------
+# ---- the expansion is bounded in time ---------------------------------------------------------------
 
 
 def test_exclude_rules_times_points_past_the_bound_are_refused(tmp_path, capsys):
