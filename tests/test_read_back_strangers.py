@@ -16,10 +16,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fsdpbench import schema
 from fsdpbench.analysis.regress import SAMPLED, build_baseline
-from fsdpbench.case import Case
 from fsdpbench.cli import main
+from fsdpbench.core import schema
+from fsdpbench.core.case import Case
 from tests.helpers import REPO, repo_pythonpath
 from tests.test_regress import DDP, ZERO3, case_rows, run_frame
 
@@ -196,7 +196,7 @@ def test_a_baseline_that_reads_without_end_is_refused_at_its_limit(capsys, tmp_p
 @pytest.mark.parametrize("name", ["run.json", "results.parquet"])
 def test_run_files_that_read_without_end_are_refused_at_their_limit(capsys, tmp_path, monkeypatch, name):
     """Attack: run.json or results.parquet as a FIFO (stat: 0 bytes) feeding more than the limit."""
-    import fsdpbench.pipeline.results as results
+    import fsdpbench.store.results as results
 
     monkeypatch.setattr(results, "MAX_RUN_JSON_BYTES", 1 << 20)
     monkeypatch.setattr(results, "MAX_RESULTS_BYTES", 1 << 20)
@@ -210,8 +210,8 @@ def test_run_files_that_read_without_end_are_refused_at_their_limit(capsys, tmp_
 
 def test_a_rank_file_and_a_scenario_are_read_to_their_limit_too(tmp_path, monkeypatch, capsys):
     """Attack: a rank file or a scenario that reads without end (a FIFO; the scenario also /dev/zero)."""
-    import fsdpbench.pipeline.rank_result as rank_result
-    from fsdpbench.pipeline.rank_result import RankResult, rank_file
+    import fsdpbench.engine.rank_result as rank_result
+    from fsdpbench.engine.rank_result import RankResult, rank_file
 
     monkeypatch.setattr(rank_result, "MAX_RANK_FILE_BYTES", 1 << 20)
     feeder = _fifo_feeding(tmp_path / rank_file(0), 3 << 20)
@@ -389,7 +389,7 @@ def test_no_module_escapes_markup_but_the_one_rule():
         for p in (REPO / "fsdpbench").rglob("*.py")
         if "rich.markup" in p.read_text()
     ]
-    assert users == ["fsdpbench/formatting.py"]
+    assert users == ["fsdpbench/core/formatting.py"]
 
 
 @pytest.mark.parametrize(
@@ -500,7 +500,7 @@ def test_collect_with_an_integer_beyond_int64_fails_only_that_case(tmp_path):
     """Attack: ``run --collect`` of a rank file whose ``params`` has 4000 digits: OverflowError when the
     case's rows were stored."""
     from fsdpbench.pipeline.launch import collect_case
-    from fsdpbench.pipeline.results import RunStore, build_rows
+    from fsdpbench.store.results import RunStore, build_rows
     from tests.test_rank_records import _record
 
     case = Case(model="mlp-tiny", strategy="ddp", world_size=1, device="cpu")
@@ -557,7 +557,7 @@ def test_a_link_that_is_not_finite_and_in_range_is_refused(capsys, link, named, 
 def test_a_cached_probe_with_an_infinite_link_is_measured_again(tmp_path):
     """A run directory's ``comm_probe/gloo_n2.json`` is a cache read back: an inf or NaN link in it, or
     a link planted there, is not used."""
-    from fsdpbench.predictors.comm_probe import _cached_probe
+    from fsdpbench.pipeline.comm_probe import _cached_probe
 
     path = tmp_path / "gloo_n2.json"
     good = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import fsdpbench
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.metrics.profiled import analyze_profile
 from fsdpbench.report.data import build_case_frame, case_labels
 from fsdpbench.report.panel import ordered_strategies, strategy_color
@@ -38,7 +38,7 @@ def test_no_strategy_is_named_outside_the_strategy_files() -> None:
 
 
 def test_the_registry_and_the_torch_free_modules_import_no_torch() -> None:
-    # pipeline.results: what `regress` and `report` read runs with (metrics/reference.py's arithmetic)
+    # pipeline.results: what `regress` and `report` read runs with (engine/reference.py's arithmetic)
     modules = (
         "strategies",
         "case",

@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from fsdpbench.formatting import escape
+from fsdpbench.core.formatting import escape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fsdpbench.env import collect_env
+    from fsdpbench.store.env import collect_env
 
     env = collect_env()
     if args.json:

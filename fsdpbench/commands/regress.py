@@ -20,8 +20,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fsdpbench.formatting import escape
-from fsdpbench.schema import (
+from fsdpbench.core.formatting import escape
+from fsdpbench.core.schema import (
     BYTES,
     COLUMNS,
     COMMIT,
@@ -142,8 +142,8 @@ def _load_run(run_dir: str) -> tuple[Any, dict[str, Any]]:
     (``case_from_row``), since regress rebuilds cases from them (--map-strategy) and launches them
     (--repeat)."""
     from fsdpbench.analysis.regress import BaselineError
-    from fsdpbench.pipeline.results import ResultsFileError, RunStore, load_results
     from fsdpbench.pipeline.scenario import ScenarioError, case_from_row
+    from fsdpbench.store.results import ResultsFileError, RunStore, load_results
 
     try:  # an unusable run is exit 2 (its input), never 1 (a regression)
         frame = load_results(run_dir)

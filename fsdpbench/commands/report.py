@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fsdpbench.formatting import escape
+from fsdpbench.core.formatting import escape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
             )
             return 2
     from fsdpbench.commands.running import check_output_path, print_write_error
-    from fsdpbench.pipeline.results import ResultsFileError
+    from fsdpbench.store.results import ResultsFileError
 
     try:
         out = check_output_path(args.out, "--out") if args.out else None

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from fsdpbench.analysis.regress import SAMPLED, Comparison
+from fsdpbench.core.schema import OK, RUN_CASE_ID
 from fsdpbench.pipeline.scenario import PluginPermission
-from fsdpbench.schema import OK, RUN_CASE_ID
 
 
 def suspects(result: Comparison) -> list[str]:
@@ -42,10 +42,10 @@ def remeasure(
     where ``allow_plugins`` permits that plugin (all, or these names), as ``run`` launched it, its module
     then also searched for in the current directory)."""
     from fsdpbench.analysis.regress import gloo_loops_idle
-    from fsdpbench.engine.threads import follow_gloo_loop_policy
+    from fsdpbench.hosttuning.threads import follow_gloo_loop_policy
     from fsdpbench.pipeline.launch import launch_case
-    from fsdpbench.pipeline.results import build_rows
     from fsdpbench.pipeline.scenario import case_from_row, enable_plugin_imports, plugin_permitted
+    from fsdpbench.store.results import build_rows
 
     cases = suspects(result)
     if not cases or repeat <= 0:
