@@ -242,8 +242,8 @@ def test_regress_repeat_is_bounded(capsys, tmp_path, baseline, argv, named):
     ("flag", "value", "named"),
     [
         ("--world-size", "100000000000000000000", "--world-size 100000000000000000000: must be from 1 to"),
-        ("--rank", "99", "--rank 99: must be from 0 to 3"),
-        ("--shard-size", "1000000", "--shard-size 1000000: must be from 1 to 4"),
+        ("--rank", "10000000", "--rank 10000000: must be from 0 to 1,048,575"),
+        ("--shard-size", "10000000", "--shard-size 10000000: must be from 1 to 1,048,576"),
         ("--max-world-size", "10000000000000", "--max-world-size 10000000000000: must be from 1 to"),
         ("--nccl-channels", "100000", "--nccl-channels 100000: must be from 0 to 64"),
     ],
@@ -383,13 +383,13 @@ def test_markup_in_case_ids_hostnames_and_errors_is_printed_literally(capsys, tm
 
 
 def test_no_module_escapes_markup_but_the_one_rule():
-    """Everything printed through rich is escaped by ``formatting.escape``, the one rule."""
+    """Everything printed through rich is escaped by ``core.markup.escape``, the one rule."""
     users = [
         p.relative_to(REPO).as_posix()
         for p in (REPO / "fsdpbench").rglob("*.py")
         if "rich.markup" in p.read_text()
     ]
-    assert users == ["fsdpbench/core/formatting.py"]
+    assert users == ["fsdpbench/core/markup.py"]
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fsdpbench.commands import running
-from fsdpbench.core.formatting import escape
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import ERROR, FAILED, OK, OOM, STATUS, TIMEOUT
 from fsdpbench.pipeline.interrupts import signals_as_interrupts
 
@@ -184,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
 
 def build_compare_table(cases: Any) -> Table:
     """Strategies side by side (columns), one metric per row, the winner of each metric marked."""
-    from fsdpbench.core.formatting import escape
+    from fsdpbench.core.markup import escape
     from fsdpbench.report.panel import describe_ranks
     from fsdpbench.report.tables import compare_rows
 

@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from fsdpbench.core.formatting import escape
+from fsdpbench.core.markup import escape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fsdpbench.commands import running
-from fsdpbench.core.formatting import escape
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import MODEL_COMM, MODEL_COMPUTE, MODEL_EXPOSED_COMM, MODEL_LINK, MODEL_STEP_TIME
 from fsdpbench.predictors.memory_model import NO_ACTIVATION_MODEL
 from fsdpbench.strategies import FULL_SHARD_STRATEGY
@@ -289,8 +289,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         ("--batch-size", args.batch_size, 1, MAX_BATCH_SIZE),
         ("--seq-len", args.seq_len, 1, MAX_SEQ_LEN),
         ("--prefetch", args.prefetch, 0, MAX_PREFETCH),
-        ("--rank", args.rank, 0, args.world_size - 1),
-        ("--shard-size", args.shard_size, 1, args.world_size),
+        ("--rank", args.rank, 0, MAX_PREDICT_RANKS - 1),
+        ("--shard-size", args.shard_size, 1, MAX_PREDICT_RANKS),
         ("--max-world-size", args.max_world_size, 1, MAX_PREDICT_RANKS),
         ("--nccl-channels", args.nccl_channels, 0, MAX_NCCL_CHANNELS),
     ):
@@ -304,6 +304,8 @@ def _build_cases(args: argparse.Namespace) -> list:
 
     if args.model and args.model not in model_names():
         raise ValueError(f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}")
+    if args.world_size < 1:
+        raise ValueError(f"--world-size {args.world_size}: must be ≥ 1")
     if args.params is not None and not (math.isfinite(args.params) and 1 <= args.params <= MAX_PARAMS):
         raise ValueError(f"--params {args.params}: must be a parameter count from 1 to {MAX_PARAMS:.0e}")
     _check_numbers(args)

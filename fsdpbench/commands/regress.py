@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fsdpbench.core.formatting import escape
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import (
     BYTES,
     COLUMNS,

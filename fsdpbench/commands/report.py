@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from fsdpbench.core.formatting import escape
+from fsdpbench.core.markup import escape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

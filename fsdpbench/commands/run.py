@@ -22,7 +22,7 @@ from fsdpbench.commands.running import (
     run_header,
     validate_overrides,
 )
-from fsdpbench.core.formatting import escape
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import FAILED, OOM, STATUS, TIMEOUT
 from fsdpbench.pipeline.interrupts import signals_as_interrupts
 from fsdpbench.pipeline.scenario import ScenarioError, enable_plugin_imports, load_scenario

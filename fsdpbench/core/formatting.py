@@ -20,16 +20,6 @@ from fsdpbench.core.schema import (
     THROUGHPUT_TOKENS,
 )
 
-
-def escape(text: object) -> str:
-    """Any text from outside (a case id, a hostname, an error, a path) as rich shows it: literally. The
-    one escaping rule for everything fsdpbench prints through rich: markup in it (gloo's
-    ``[/pytorch/…]``, a planted ``[/bold]``) is printed, never parsed."""
-    from rich.markup import escape as rich_escape
-
-    return rich_escape(str(text))
-
-
 # MFU compares with a GPU's datasheet peak; a CPU rank has none, and its FLOP/s say nothing of one
 NOT_MEANINGFUL_ON_CPU = "not meaningful on CPU ranks"
 

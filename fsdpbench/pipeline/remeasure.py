@@ -55,7 +55,8 @@ def remeasure(
     for cid in cases:
         rows = frame.index[frame["case_id"] == cid]
         run_id = frame.at[rows[0], RUN_CASE_ID]
-        case = case_from_row(run_frame[run_frame["case_id"] == run_id].iloc[0], source=str(out_dir.parent))
+        row = run_frame[run_frame["case_id"] == run_id].iloc[0]
+        case = case_from_row(row, source=str(out_dir.parent / "results.parquet"))
         pooled = list(frame.at[rows[0], SAMPLED])
         if not plugin_permitted(case.strategy, allow_plugins):
             log(
