@@ -80,7 +80,7 @@ def test_run_json_of_an_unknown_version_is_refused(tmp_path: Path, version: obje
 
 
 def test_results_parquet_carries_its_version_in_the_file_metadata(tmp_path: Path) -> None:
-    frame = pd.DataFrame({"case_id": ["a", "b"], "rank": [0, 1]})
+    frame = pd.DataFrame({"case_id": ["a", "b"], "rank": [0, 1], "status": ["ok", "ok"]})  # a results table
     atomic_write_parquet(tmp_path / "results.parquet", frame)
     assert pq.read_schema(tmp_path / "results.parquet").metadata[b"format_version"] == b"1"
     assert load_results(tmp_path).equals(frame)

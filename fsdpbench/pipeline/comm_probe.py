@@ -405,10 +405,9 @@ def probe(
     world_size = max(2, int(world_size))
     suffix = "" if host_tuning == NO_HOST_TUNING else f"_{host_tuning}"
     path = Path(run_dir) / "comm_probe" / f"gloo_n{world_size}{suffix}.json"
-    if path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("host_tuning") == host_tuning:
-            return cached  # else a cache without its tuning (an older run's): measure again
+    cached = _cached_probe(path)
+    if cached is not None and cached.get("host_tuning") == host_tuning:
+        return cached  # else a cache without its tuning (an older run's), or not usable: measure again
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
     measured = run_probe(world_size, reps, log_dir=path.parent, host_tuning=host_tuning)
@@ -422,6 +421,29 @@ def probe(
     result |= measured
     write_atomically(path, json.dumps(result, indent=1).encode())
     return result
+
+
+MAX_PROBE_FILE_BYTES = 1 << 20  # a probe's result is a few kB
+
+
+def _cached_probe(path: Path) -> dict[str, Any] | None:
+    """The run's cached probe result, or None when there is none or it is not usable (not JSON, a link,
+    its link's numbers not finite and in range): a cache is measured again, never trusted."""
+    from fsdpbench.core.readback import ReadBackError, read_json
+    from fsdpbench.predictors.comm_model import LinkError, check_link_numbers
+
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        cached = read_json(path, MAX_PROBE_FILE_BYTES, what="gloo probe result", follow_links=False)
+        link = cached["link"]
+        check_link_numbers(link["alpha_us"], link["busbw_GBps"], str(path))
+        for key in ("per_kind", "per_kind_queued"):
+            for _, alpha, busbw in link.get(key) or ():
+                check_link_numbers(alpha, busbw, f"{path}: {key}")
+    except (ReadBackError, LinkError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return cached if isinstance(cached, dict) else None
 
 
 def gloo_link(run_dir: Path, world_size: int, host_tuning: str = NO_HOST_TUNING) -> Link:

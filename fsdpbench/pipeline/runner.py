@@ -16,6 +16,7 @@ import pandas as pd
 from fsdpbench.core.case import HOST_TUNINGS, Case
 from fsdpbench.core.rundir import RunDirError, check_component, check_inside
 from fsdpbench.core.schema import (
+    CASE_ID,
     CASE_MODEL_STEP_TIME,
     COMM_PATTERN,
     ERROR,
@@ -32,8 +33,14 @@ from fsdpbench.core.schema import (
 from fsdpbench.engine.rank_result import CaseOutcome
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import CaseDirInUse, collect_case, launch_case
-from fsdpbench.pipeline.scenario import Skipped
-from fsdpbench.store.results import RunStore, build_rows, skipped_rows
+from fsdpbench.pipeline.scenario import ScenarioError, Skipped, case_from_row
+from fsdpbench.store.results import (
+    ResultsFileError,
+    RunStore,
+    build_rows,
+    read_results_file,
+    skipped_rows,
+)
 
 TRACED_LOG = "traced.log"  # in the run directory: what the traced predictor's processes wrote
 
@@ -121,6 +128,9 @@ def run_cases(
         except OSError as exc:  # a full disk, an unwritable directory: stored cases stay, resume works
             meta[STATUS] = f"failed: {exc.strerror or exc}"
             raise
+        except ResultsFileError as exc:  # a case file planted in cases/ that is not this run's
+            meta[STATUS] = f"failed: {exc}"
+            raise
         finally:
             _end_run(store, meta, tracer, failing=sys.exc_info()[0] is not None)
         return store.consolidate()
@@ -140,6 +150,8 @@ def _start_run(
     if link:
         meta["step_time_model"] = {"link": link}
     done = store.completed_ids()
+    if resume:
+        _check_stored_cases(store, done)
     if done and not resume:  # a fresh run must not take another run's rows into its results and gate
         raise RunDirError(
             f"{store.run_dir} already holds {len(done)} stored case(s) of another run; continue that run "
@@ -163,6 +175,21 @@ def host_tuning_record(cases: list[Case]) -> str:
         (tuning,) = counts
         return f"{tuning}: {HOST_TUNINGS[tuning]}"
     return "; ".join(f"{t} ({n} case{'s' if n != 1 else ''}): {HOST_TUNINGS[t]}" for t, n in counts.items())
+
+
+def _check_stored_cases(store: RunStore, done: set[str]) -> None:
+    """Each case file --resume keeps is this run's: a results table (``read_results_file``) of that one
+    case, its configuration checked as a scenario's case (``case_from_row``); ResultsFileError names the
+    file and the field otherwise (a foreign file failed later, in pyarrow, with the run left running)."""
+    for case_id in sorted(done):
+        path = store.cases_dir / f"{case_id}.parquet"
+        frame = read_results_file(path)
+        if frame.empty or set(frame[CASE_ID]) != {case_id}:
+            raise ResultsFileError(f"{path}: column {CASE_ID}: not the rows of case {case_id}")
+        try:
+            case_from_row(frame.iloc[0], source=str(path))
+        except ScenarioError as exc:
+            raise ResultsFileError(str(exc)) from None
 
 
 NOT_RUN = "not run"  # run.json's status of a case whose directory a live rank holds
