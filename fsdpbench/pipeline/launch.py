@@ -7,6 +7,7 @@ The orchestrating process never joins a process group.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -24,12 +25,15 @@ from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV, PIN_ENV, gloo_loop_idle
 from fsdpbench.pipeline import baton
 from fsdpbench.pipeline.interrupts import launcher_signal
 from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
-from fsdpbench.pipeline.rank_result import RankResult, rank_file
+from fsdpbench.pipeline.rank_result import NO_SPACE_EXIT, RankResult, rank_file
+from fsdpbench.pipeline.rundir import RESERVE_GLOB, remove_torch_tmp, remove_tree, torch_cache_env
+from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR
 from fsdpbench.schema import FAILED, OK, SKIPPED, TIMEOUT
 
 # the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
 _PRELOAD = [
     "fsdpbench.pipeline._forkserver_lifeline",
+    "fsdpbench.pipeline._forkserver_scratch",  # before torch: the cache directory its import makes
     "torch",
     "torch._dynamo",
     "torch.distributed.fsdp",
@@ -135,18 +139,25 @@ def launch_case(
     if case.emulate and together:
         groups = [list(case.emulate_ranks)]
     ranks: list[RankResult] = []
-    status, errors, pids, wall, exit_codes = OK, [], [], 0.0, {}
-    for group in groups:
-        g_status, g_error, g_ranks, g_pids, g_wall, g_codes = _launch_group(
-            case, case_dir, group, None if case.emulate else twin
-        )
-        ranks += g_ranks
-        pids += g_pids
-        wall += g_wall
-        exit_codes.update(g_codes)
-        if g_status != OK:
-            status = g_status if status == OK else status
-            errors.append(g_error)
+    status, errors, pids, wall, exit_codes = FAILED, [], [], 0.0, {}
+    try:
+        status = OK
+        for group in groups:
+            g_status, g_error, g_ranks, g_pids, g_wall, g_codes = _launch_group(
+                case, case_dir, group, None if case.emulate else twin
+            )
+            ranks += g_ranks
+            pids += g_pids
+            wall += g_wall
+            exit_codes.update(g_codes)
+            if g_status != OK:
+                status = g_status if status == OK else status
+                errors.append(g_error)
+    except BaseException:
+        status = FAILED  # interrupted: the case is not stored, and what it left is not kept
+        raise
+    finally:
+        remove_leftovers(case, case_dir, status)
     return CaseOutcome(
         status=status,
         error="; ".join(errors),
@@ -185,7 +196,7 @@ def _launch_group(
             # CPU ranks bind their compute threads to cores of their own (engine/threads.py)
             PIN_ENV: "1" if case.device == "cpu" else "0",
             GLOO_LOOP_IDLE_ENV: "1" if case.device == "cpu" and gloo_loop_idle_wanted() else "0",
-            **(compile_cache_env(case_dir) if case.compile else {}),
+            **torch_cache_env(case_dir),
         }
         for i, r in enumerate(group)
     }
@@ -258,24 +269,23 @@ def _add_twin(
             "MASTER_PORT": str(twin_port),
             "TORCHELASTIC_RUN_ID": f"{case.case_id}-twin",
             **baton.baton_env(port, baton.TWIN, case.world_size, case.steps, limit),
+            **torch_cache_env(twin_dir),
         }
         args[first + r] = (twin.to_json(), str(twin_dir))
 
 
-COMPILE_CACHE = "compile_cache"  # in a case directory: torch.compile's caches of its ranks
-
-
-def compile_cache_env(case_dir: Path) -> dict[str, str]:
-    """The environment of a compiled case's ranks that puts torch.compile's caches in the case
-    directory: by default they go to the system's temporary directory, outside the run. TMPDIR too:
-    inductor's precompiled headers (~150 MB on the CPU) go to its default cache directory, which
-    follows the temporary directory and not TORCHINDUCTOR_CACHE_DIR."""
-    cache = Path(case_dir).resolve() / COMPILE_CACHE
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-        "TRITON_CACHE_DIR": str(cache / "triton"),
-        "TMPDIR": str(cache / "tmp"),
-    }
+def remove_leftovers(case: Case, case_dir: Path, status: str) -> None:
+    """What a case's ranks leave that is no result, once they are gone: their temporary directory
+    (``rundir.torch_cache_env``), a rank's disk reserve (``worker.RankRecorder``), and the checkpoint
+    unless the case ended well and keeps it (a rank killed in a save, or a full disk, left it partial;
+    a failing rank removes its own, but not what its peers write after it)."""
+    with contextlib.suppress(OSError):  # a directory that is not there, or not ours: nothing to remove
+        for directory in (case_dir, case_dir / baton.TWIN_DIR):
+            remove_torch_tmp(directory)
+            for reserve in directory.glob(RESERVE_GLOB):
+                remove_tree(reserve, directory)
+        if case.checkpoint != "none" and (status != OK or not case.keep_checkpoints):
+            remove_tree(case_dir / CHECKPOINT_DIR, case_dir)
 
 
 def _wait(pc: Any, timeout_s: float, n_ranks: int) -> tuple[Any, dict[int, int]]:
@@ -297,10 +307,37 @@ def _wait(pc: Any, timeout_s: float, n_ranks: int) -> tuple[Any, dict[int, int]]
             for proc in procs[n_ranks:]:
                 if proc.exitcode is None:
                     proc.kill()
-        result = pc.wait(timeout=0)  # on a failure, this closes (SIGTERMs) the other ranks
+        try:
+            result = pc.wait(timeout=0)  # on a failure, this closes (SIGTERMs) the other ranks
+        except ValueError:
+            # a failed rank's error file that is not JSON: empty, where the disk was full when the rank
+            # wrote it (torch's launcher reads it after closing the ranks). The ranks that exited with a
+            # code of their own, not the launcher's signal, are the failures
+            for r, proc in enumerate(procs):
+                if proc.exitcode not in (None, 0) and proc.exitcode > 0:
+                    own_exits.setdefault(r, proc.exitcode)
+            codes = {r: code for r, code in own_exits.items() if code != 0}
+            codes = codes or {r: p.exitcode for r, p in enumerate(procs) if p.exitcode} or {0: 1}
+            return _Failed(codes), own_exits
         if result is not None or time.monotonic() >= deadline:
             return result, own_exits
         time.sleep(_POLL_S)
+
+
+@dataclass
+class _Failed:
+    """What the launcher's result says of a failure, where it could not say it itself."""
+
+    codes: dict[int, int]
+
+    @property
+    def failures(self) -> dict[int, Any]:
+        return {r: _Exited(code) for r, code in self.codes.items()}
+
+
+@dataclass
+class _Exited:
+    exitcode: int
 
 
 def _signal_handlers() -> dict[int, Any]:
@@ -391,7 +428,9 @@ def _failure(
     the OOM killer), else the rank whose error came first (the others usually fail because it left).
     A rank the launcher stopped after the first failure (SIGTERM, then SIGKILL) is never the cause."""
     silent = [
-        f"rank {ranks[r].rank} {_exit_text(code)} in phase {ranks[r].phase} without a Python exception"
+        f"rank {ranks[r].rank} in phase {ranks[r].phase}: no space left on device, not even for its rank file"
+        if code == NO_SPACE_EXIT
+        else f"rank {ranks[r].rank} {_exit_text(code)} in phase {ranks[r].phase} without a Python exception"
         for r, code in sorted(self_exited.items())
         if not ranks[r].ended and code not in (0, None)
     ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -19,7 +20,14 @@ from fsdpbench.engine.threads import gloo_loop_policy, gloo_loop_setting
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import CaseDirInUse, CaseOutcome, collect_case, launch_case
 from fsdpbench.pipeline.results import RunStore, build_rows, skipped_rows
-from fsdpbench.pipeline.rundir import RunDirError, check_component, check_inside
+from fsdpbench.pipeline.rundir import (
+    RunDirError,
+    check_component,
+    check_inside,
+    remove_torch_tmp,
+    torch_caches_in,
+    use_torch_cache,
+)
 from fsdpbench.pipeline.scenario import Skipped
 from fsdpbench.schema import (
     CASE_MODEL_STEP_TIME,
@@ -87,7 +95,8 @@ def run_cases(
     ``link`` (a --link value), each finished case gets its modelled step time on that link
     (``model_*`` columns; metrics/step_model.py)."""
     store.create()
-    with store.lock():  # refuses (RunDirError) while another run uses this directory
+    # refuses (RunDirError) while another run uses this directory
+    with store.lock(), torch_caches_in(store.run_dir):
         tracer = TracedPredictor(log_path=store.run_dir / TRACED_LOG) if traced else None
         done = _start_run(store, meta, skipped, resume=resume, traced=traced, link=link)
         try:
@@ -225,6 +234,8 @@ def _end_run(store: RunStore, meta: dict[str, Any], tracer: TracedPredictor | No
     """Close the tracer and store run.json's end; a write error is raised unless already failing."""
     if tracer is not None:
         tracer.close(kill=failing)  # interrupted: a trace under way is not waited for
+    with contextlib.suppress(OSError):  # the probe's and the tracer's, whose processes are gone
+        remove_torch_tmp(store.run_dir)
     meta["ended"] = now_iso()
     try:
         store.write_run_json(meta)
@@ -354,7 +365,10 @@ def _tracer_process_init(log_path: str) -> None:
 
     ignore_sigint()
     die_with_parent()
-    send_output_to(log_path)
+    run_dir = None if log_path == os.devnull else Path(log_path).parent
+    send_output_to(log_path, run_dir)  # in the run directory: a link planted there is not appended through
+    if run_dir is not None:
+        use_torch_cache(run_dir)
 
 
 # each tracing process holds torch and its trace (a 70B model's: ~2 GB resident): not one per core of

@@ -22,7 +22,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -55,8 +54,14 @@ from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
 from fsdpbench.models import ModelDef
 from fsdpbench.pipeline.baton import TWIN, Baton, env_role
-from fsdpbench.pipeline.rank_result import Harness, RankResult, Setup, rank_file
-from fsdpbench.pipeline.rundir import write_atomically
+from fsdpbench.pipeline.rank_result import NO_SPACE_EXIT, Harness, RankResult, Setup, rank_file
+from fsdpbench.pipeline.rundir import (
+    DiskReserve,
+    open_log,
+    space_error,
+    use_torch_cache,
+    write_atomically,
+)
 from fsdpbench.predictors.emulate import (
     build_rank_model,
     fake_collectives,
@@ -74,6 +79,8 @@ class RankRecorder:
     def __init__(self, out_dir: Path, rank: int) -> None:
         self.path = out_dir / rank_file(rank)
         self.result = RankResult(rank=rank, pid=os.getpid())
+        # on a disk that fills, the record that says so still fits: the reserve is given back for it
+        self.reserve = DiskReserve(self.path, out_dir)
         self.flush()
 
     def update(self, **fields: Any) -> None:
@@ -82,7 +89,13 @@ class RankRecorder:
         self.flush()
 
     def flush(self) -> None:
-        write_atomically(self.path, json.dumps(self.result.to_json(), default=str).encode())
+        data = json.dumps(self.result.to_json(), default=str).encode()
+        try:
+            write_atomically(self.path, data)
+        except OSError as exc:
+            if space_error(exc) is None or not self.reserve.release():
+                raise
+            write_atomically(self.path, data)
 
 
 # What a CPU case's rank sets before anything asks for a GPU, so that it sees none. Libraries that find
@@ -124,14 +137,20 @@ def run_rank(case: Case, out_dir: Path) -> RankResult:
         if baton is not None:
             baton.abandon()  # the other group must not wait for turns this rank will not take
         status = OOM if isinstance(exc, torch.OutOfMemoryError) else FAILED
-        rec.update(
-            status=status,
-            error=f"{type(exc).__name__}: {exc}",
-            traceback=traceback.format_exc(),
-            failed_at=time.time(),
-        )
+        try:
+            rec.update(
+                status=status,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+                failed_at=time.time(),
+            )
+        except OSError as lost:
+            if space_error(lost) is None:
+                raise
+            os._exit(NO_SPACE_EXIT)  # no room left even for the record: the exit code says why
         raise
     finally:
+        rec.reserve.release()
         if dist.is_initialized():
             dist.destroy_process_group()
     return rec.result
@@ -389,11 +408,10 @@ def rank_entry(case_json: str, out_dir: str) -> None:
     die_with_parent()  # the fork server is the parent; it dies with the orchestrator
     watch_orchestrator()
     hold_while_alive(Path(out_dir))  # a --resume does not clear this directory while this rank lives
-    if os.environ.get("TMPDIR"):  # a compiled case's (launch.compile_cache_env): made, and read anew,
-        Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-        tempfile.tempdir = None  # as the fork server cached the system's before the launcher set it
+    use_torch_cache(Path(out_dir))  # torch's caches and TMPDIR in the case directory
     rank = int(os.environ["RANK"])
-    log = open(Path(out_dir) / f"rank{rank}.log", "w")  # noqa: SIM115 — lives as long as the process
+    # no link planted at the log is written through (the case directory is fresh: appending is writing)
+    log = os.fdopen(open_log(Path(out_dir) / f"rank{rank}.log", Path(out_dir)), "w")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log

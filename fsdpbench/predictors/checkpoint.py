@@ -32,7 +32,9 @@ if TYPE_CHECKING:
 
 CHECKPOINT_DIR = "checkpoint"  # under the case directory (engine/checkpoint writes there)
 NATIVE_TAG = "native"  # the tag the engine's own checkpoint (DeepSpeed's) is saved under: its subdirectory
-FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
+# torch.save names its records after the file's stem, or "archive" when it writes to a stream, as
+# engine/checkpoint does for ``full`` and ``sharded`` (a file it created itself, no link followed)
+SAVED_ARCHIVE = "archive"
 SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
 
 
@@ -377,7 +379,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         if key not in local:
             graph = _state_graph(case, params, True, world, rank, sharded, padded_views=True)
             unpadded = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
-            saved = fmt.torch_save_bytes(graph, f"rank{rank}") if case.checkpoint == "sharded" else 0
+            saved = fmt.torch_save_bytes(graph, SAVED_ARCHIVE) if case.checkpoint == "sharded" else 0
             local[key] = (_payload(unpadded), _payload(unpadded["model"]), _payload(graph), saved)
         return local[key]
 
@@ -385,7 +387,7 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
         local_payload, local_model, sharded_payload, sharded_bytes = local_terms(rank)
         terms: dict[str, int] = {}
         if case.checkpoint == "full":
-            nbytes = fmt.torch_save_bytes(full_graph, FULL_ARCHIVE) if rank == 0 else 0
+            nbytes = fmt.torch_save_bytes(full_graph, SAVED_ARCHIVE) if rank == 0 else 0
             payload = full_payload if rank == 0 else 0
             # gathered shards are new memory; a whole tensor already on the host is its own entry
             held = full_payload if (sharded or on_gpu) else 0
