@@ -143,8 +143,8 @@ def _probe_rank(
     ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
     die_with_parent()  # the fork server, which dies with the orchestrator
     send_output_to(log_path, root)  # before torch runs: its C++ side writes to fds 1 and 2
-    if root is not None:
-        use_torch_cache(Path(root))  # torch's caches and temporary files in the run directory
+    if root is not None:  # torch's caches and temporary files in the run directory, removed after
+        use_torch_cache(Path(out_path).parent)
     import warnings
 
     import torch
