@@ -23,13 +23,14 @@ The methods (``Case.checkpoint``), as the engines' guides write them:
   rank with ZeRO-3; rank 0 also ``latest`` and the recovery scripts) and ``engine.load_checkpoint(dir, tag,
   load_optimizer_states=...)`` into the freshly built engine.
 
-Every file goes under the case's ``checkpoint/`` directory, which rank 0 makes anew; the phase removes it
-unless the case keeps it. fsdpbench creates each file itself, ``O_EXCL | O_NOFOLLOW`` beneath the case
-directory (``rundir.create_new``), DCP's included (``FilesBeneath``, its file system), so that no link
-planted there is written through; ``torch.save`` writes to that file as a stream (its records are then
-named "archive/…", not after the file). DeepSpeed opens its own files: its checkpoint is checked after the
-save and refused if it holds a link. A save that fails removes what it wrote (the launcher removes the
-rest once the ranks are gone), and a full disk is one line (``CheckpointSaveError``).
+Every file goes under the case's ``checkpoint/`` directory, which rank 0 makes anew; the phase removes
+it unless the case keeps it (``keep_checkpoints``), whether the save ends well or not. fsdpbench creates
+each file itself, ``O_EXCL | O_NOFOLLOW`` beneath the case directory (``rundir.create_new``), DCP's
+included (``FilesBeneath``, its file system), so that no link planted there is written through;
+``torch.save`` writes to that file as a stream (its records are then named "archive/…", not after the
+file). DeepSpeed opens its own files: its checkpoint is checked after the save and refused if it holds a
+link. A save that fails removes what it wrote, unless kept (the launcher removes the rest once the ranks
+are gone), and a full disk is one line (``CheckpointSaveError``).
 """
 
 from __future__ import annotations
@@ -469,7 +470,7 @@ def run_checkpoint_phase(
         reset_cuda_peaks(device)
         host = HostPeak()
         t0 = time.perf_counter()
-        with _removed_if_failing(method, directory, case_dir, rank):
+        with _removed_if_failing(method, directory, case_dir, rank, case.keep_checkpoints):
             pending = save(method, parallel, directory, rank, with_optim, device, case_dir)
             record.save_blocked_s = time.perf_counter() - t0
             host.mark()
@@ -507,28 +508,33 @@ def run_checkpoint_phase(
 
 
 @contextlib.contextmanager
-def _removed_if_failing(method: str, directory: Path, case_dir: Path, rank: int) -> Iterator[None]:
-    """A save that fails removes the partial checkpoint at once (before the rank records its failure:
-    on a full disk, that frees the space the record needs; the launcher removes what other ranks write
-    after this) and says why in one line: DCP gathers every rank's exception into one of many lines."""
+def _removed_if_failing(
+    method: str, directory: Path, case_dir: Path, rank: int, keep: bool
+) -> Iterator[None]:
+    """A save that fails removes the partial checkpoint at once, unless the case keeps its checkpoints
+    (before the rank records its failure: on a full disk, that frees the space the record needs; the
+    launcher removes what other ranks write after this), and says why in one line: DCP gathers every
+    rank's exception into one of many lines."""
     try:
         yield
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        with contextlib.suppress(OSError):
-            remove_tree(directory, case_dir)
+        if not keep:
+            with contextlib.suppress(OSError):
+                remove_tree(directory, case_dir)
+        left = "kept (keep_checkpoints)" if keep else "removed"
         full = space_error(exc)
         if full is not None:
             raise CheckpointSaveError(
                 f"no space left while saving the checkpoint ({method}) in {directory} "
-                f"({full.strerror}); the partial checkpoint is removed"
+                f"({full.strerror}); the partial checkpoint is {left}"
             ) from exc
         first = _first_failure(exc)
         raise CheckpointSaveError(
             f"saving the checkpoint ({method}) in {directory} failed on rank {rank}: "
             f"{type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''}; "
-            "the partial checkpoint is removed"
+            f"the partial checkpoint is {left}"
         ) from exc
 
 

@@ -139,9 +139,8 @@ def launch_case(
     if case.emulate and together:
         groups = [list(case.emulate_ranks)]
     ranks: list[RankResult] = []
-    status, errors, pids, wall, exit_codes = FAILED, [], [], 0.0, {}
+    status, errors, pids, wall, exit_codes = OK, [], [], 0.0, {}
     try:
-        status = OK
         for group in groups:
             g_status, g_error, g_ranks, g_pids, g_wall, g_codes = _launch_group(
                 case, case_dir, group, None if case.emulate else twin
@@ -153,11 +152,8 @@ def launch_case(
             if g_status != OK:
                 status = g_status if status == OK else status
                 errors.append(g_error)
-    except BaseException:
-        status = FAILED  # interrupted: the case is not stored, and what it left is not kept
-        raise
-    finally:
-        remove_leftovers(case, case_dir, status)
+    finally:  # interrupted too: the case is not stored, and what it left is not kept
+        remove_leftovers(case, case_dir)
     return CaseOutcome(
         status=status,
         error="; ".join(errors),
@@ -274,17 +270,17 @@ def _add_twin(
         args[first + r] = (twin.to_json(), str(twin_dir))
 
 
-def remove_leftovers(case: Case, case_dir: Path, status: str) -> None:
+def remove_leftovers(case: Case, case_dir: Path) -> None:
     """What a case's ranks leave that is no result, once they are gone: their temporary directory
     (``rundir.torch_cache_env``), a rank's disk reserve (``worker.RankRecorder``), and the checkpoint
-    unless the case ended well and keeps it (a rank killed in a save, or a full disk, left it partial;
-    a failing rank removes its own, but not what its peers write after it)."""
+    unless the case keeps it, whole or partial (a rank killed in a save, or a full disk, leaves it
+    partial; a failing rank removes its own, but not what its peers write after it)."""
     with contextlib.suppress(OSError):  # a directory that is not there, or not ours: nothing to remove
         for directory in (case_dir, case_dir / baton.TWIN_DIR):
             remove_torch_tmp(directory)
             for reserve in directory.glob(RESERVE_GLOB):
                 remove_tree(reserve, directory)
-        if case.checkpoint != "none" and (status != OK or not case.keep_checkpoints):
+        if case.checkpoint != "none" and not case.keep_checkpoints:
             remove_tree(case_dir / CHECKPOINT_DIR, case_dir)
 
 
