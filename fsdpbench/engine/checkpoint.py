@@ -29,8 +29,8 @@ each file itself, ``O_EXCL | O_NOFOLLOW`` beneath the case directory (``rundir.c
 included (``FilesBeneath``, its file system), so that no link planted there is written through;
 ``torch.save`` writes to that file as a stream (its records are then named "archive/…", not after the
 file). DeepSpeed opens its own files: its checkpoint is checked after the save and refused if it holds a
-link. A save that fails removes what it wrote, unless kept (the launcher removes the rest once the ranks
-are gone), and a full disk is one line (``CheckpointSaveError``).
+link. A save that fails is one line (``CheckpointSaveError``: "no space left while saving …" on a full
+disk), and the launcher removes the partial checkpoint once the ranks are gone, unless kept.
 """
 
 from __future__ import annotations
@@ -470,7 +470,7 @@ def run_checkpoint_phase(
         reset_cuda_peaks(device)
         host = HostPeak()
         t0 = time.perf_counter()
-        with _removed_if_failing(method, directory, case_dir, rank, case.keep_checkpoints):
+        with _save_failure_in_one_line(method, directory, case.keep_checkpoints):
             pending = save(method, parallel, directory, rank, with_optim, device, case_dir)
             record.save_blocked_s = time.perf_counter() - t0
             host.mark()
@@ -508,21 +508,16 @@ def run_checkpoint_phase(
 
 
 @contextlib.contextmanager
-def _removed_if_failing(
-    method: str, directory: Path, case_dir: Path, rank: int, keep: bool
-) -> Iterator[None]:
-    """A save that fails removes the partial checkpoint at once, unless the case keeps its checkpoints
-    (before the rank records its failure: on a full disk, that frees the space the record needs; the
-    launcher removes what other ranks write after this), and says why in one line: DCP gathers every
-    rank's exception into one of many lines."""
+def _save_failure_in_one_line(method: str, directory: Path, keep: bool) -> Iterator[None]:
+    """A save that fails says why in one line (DCP gathers every rank's exception into one of many
+    lines), and what becomes of the partial checkpoint: the launcher removes it once every rank is gone,
+    unless the case keeps its checkpoints. Not here: a peer still writing would fail for the directory
+    gone, and could be taken for the cause."""
     try:
         yield
     except BaseException as exc:
         if isinstance(exc, KeyboardInterrupt):
             raise
-        if not keep:
-            with contextlib.suppress(OSError):
-                remove_tree(directory, case_dir)
         left = "kept (keep_checkpoints)" if keep else "removed"
         full = space_error(exc)
         if full is not None:
@@ -532,7 +527,7 @@ def _removed_if_failing(
             ) from exc
         first = _first_failure(exc)
         raise CheckpointSaveError(
-            f"saving the checkpoint ({method}) in {directory} failed on rank {rank}: "
+            f"saving the checkpoint ({method}) in {directory} failed: "
             f"{type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''}; "
             f"the partial checkpoint is {left}"
         ) from exc

@@ -26,7 +26,13 @@ from fsdpbench.pipeline import baton
 from fsdpbench.pipeline.interrupts import launcher_signal
 from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
 from fsdpbench.pipeline.rank_result import NO_SPACE_EXIT, RankResult, rank_file
-from fsdpbench.pipeline.rundir import RESERVE_GLOB, remove_torch_tmp, remove_tree, torch_cache_env
+from fsdpbench.pipeline.rundir import (
+    RESERVE_GLOB,
+    make_dirs,
+    remove_torch_tmp,
+    remove_tree,
+    torch_cache_env,
+)
 from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR
 from fsdpbench.schema import FAILED, OK, SKIPPED, TIMEOUT
 
@@ -257,7 +263,7 @@ def _add_twin(
     for env in envs.values():
         env.update(baton.baton_env(port, baton.CASE, case.world_size, case.steps, limit))
     twin_dir = case_dir / baton.TWIN_DIR
-    twin_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(twin_dir, case_dir)  # a link planted there is replaced, never written through
     first, twin_port = len(envs), free_port()
     for r in range(twin.world_size):
         envs[first + r] = {
@@ -274,14 +280,18 @@ def remove_leftovers(case: Case, case_dir: Path) -> None:
     """What a case's ranks leave that is no result, once they are gone: their temporary directory
     (``rundir.torch_cache_env``), a rank's disk reserve (``worker.RankRecorder``), and the checkpoint
     unless the case keeps it, whole or partial (a rank killed in a save, or a full disk, leaves it
-    partial; a failing rank removes its own, but not what its peers write after it)."""
-    with contextlib.suppress(OSError):  # a directory that is not there, or not ours: nothing to remove
-        for directory in (case_dir, case_dir / baton.TWIN_DIR):
+    partial)."""
+    leftovers = [(case_dir / CHECKPOINT_DIR, case_dir)] if case.checkpoint != "none" else []
+    if case.keep_checkpoints:
+        leftovers = []
+    for directory in (case_dir, case_dir / baton.TWIN_DIR):
+        leftovers += [(reserve, directory) for reserve in directory.glob(RESERVE_GLOB)]
+    for path, root in leftovers:
+        with contextlib.suppress(OSError):  # not there, or a link on the way: nothing of ours to remove
+            remove_tree(path, root)
+    for directory in (case_dir, case_dir / baton.TWIN_DIR):
+        with contextlib.suppress(OSError):
             remove_torch_tmp(directory)
-            for reserve in directory.glob(RESERVE_GLOB):
-                remove_tree(reserve, directory)
-        if case.checkpoint != "none" and not case.keep_checkpoints:
-            remove_tree(case_dir / CHECKPOINT_DIR, case_dir)
 
 
 def _wait(pc: Any, timeout_s: float, n_ranks: int) -> tuple[Any, dict[int, int]]:

@@ -299,9 +299,11 @@ def remove_torch_tmp(directory: Path) -> None:
 def torch_caches_in(directory: Path) -> Iterator[None]:
     """In the orchestrator, during a run: torch's cache directories under ``directory/torch_cache/``
     (``torch_cache_env``; it makes inductor's when it first imports ``torch._dynamo``, for the FLOPs
-    counter), restored after; its own temporary directory stays the system's."""
+    counter), restored after, when the temporary files of the run's processes (the gloo probe's, the
+    traced predictor's) are removed too; its own temporary directory stays the system's."""
     env = torch_cache_env(directory)
     names = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+    make_dirs(Path(env[names[0]]), Path(directory))  # made here, not by torch's os.makedirs through a link
     before = {name: os.environ.get(name) for name in names}
     os.environ.update({name: env[name] for name in names})
     try:
@@ -312,6 +314,8 @@ def torch_caches_in(directory: Path) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+        with contextlib.suppress(OSError):  # the run's processes are gone: their temporary files too
+            remove_torch_tmp(directory)
 
 
 RESERVE_GLOB = ".*.reserve"  # the files of DiskReserve

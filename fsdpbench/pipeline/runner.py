@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
 import sys
@@ -24,7 +23,6 @@ from fsdpbench.pipeline.rundir import (
     RunDirError,
     check_component,
     check_inside,
-    remove_torch_tmp,
     space_error,
     torch_caches_in,
     use_torch_cache,
@@ -262,8 +260,6 @@ def _end_run(store: RunStore, meta: dict[str, Any], tracer: TracedPredictor | No
     """Close the tracer and store run.json's end; a write error is raised unless already failing."""
     if tracer is not None:
         tracer.close(kill=failing)  # interrupted: a trace under way is not waited for
-    with contextlib.suppress(OSError):  # the probe's and the tracer's, whose processes are gone
-        remove_torch_tmp(store.run_dir)
     meta["ended"] = now_iso()
     try:
         store.write_run_json(meta)

@@ -423,6 +423,7 @@ def probe(run_dir: Path, world_size: int, reps: int = PROBE_REPS) -> dict[str, A
         if cached.get("loop_threads_idle", False) == gloo_loop_idle_wanted():
             return cached  # else measured with the other loop-thread policy: measure again
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)  # the run's own directory (--out)
     make_dirs(path.parent, run_dir)  # a link planted as comm_probe/ is replaced, never written through
     measured = run_probe(world_size, reps, log_dir=path.parent, root=Path(run_dir))
     idle = gloo_loop_idle_wanted()
