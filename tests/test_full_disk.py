@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.core.rundir import CHECKPOINT_DIR
 from fsdpbench.pipeline import launch
-from fsdpbench.pipeline.results import RunStore, load_results
 from fsdpbench.pipeline.runner import run_cases
-from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR
+from fsdpbench.store.results import RunStore, load_results
 from tests.helpers import CPU, FAULTS, assert_all_gone, run
 
 CKPT = dict(
@@ -120,7 +120,7 @@ def test_a_rank_file_is_written_on_a_full_disk_from_the_ranks_reserve(
     """Attacks: the disk fills while a rank runs, so the record that says so could not be written (the
     rank died with an unrecorded OSError). Wanted: the rank gives back the space it set aside when it
     started (``rundir.DiskReserve``) and its record is written."""
-    from fsdpbench.pipeline import worker
+    from fsdpbench.engine import worker
 
     recorder = worker.RankRecorder(tmp_path, 1)
     assert [p.stat().st_size for p in tmp_path.glob(".*.reserve")] == [1 << 20]
@@ -144,7 +144,7 @@ def test_a_case_whose_rows_find_no_space_is_not_stored_and_the_sweep_goes_on(
     """Attacks: the disk full when the orchestrator stores a case's rows (the run stopped there). Wanted:
     that case ``not stored`` in one warning line, the next case run and stored, the run ``incomplete``;
     ``--resume`` runs the case again."""
-    from fsdpbench.pipeline import results
+    from fsdpbench.store import results
 
     first = Case(**{**CKPT, "model_args": {"width": 32, "depth": 1}}, strategy="ddp")
     second = Case(**{**CKPT, "model_args": {"width": 32, "depth": 1}}, strategy="zero3")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fsdpbench.pipeline.results import atomic_write_json, atomic_write_parquet
-from fsdpbench.pipeline.rundir import RunDirError, RunLock, write_atomically
+from fsdpbench.core.rundir import RunDirError, RunLock, write_atomically
+from fsdpbench.store.results import atomic_write_json, atomic_write_parquet
 
 SECRET = b"a file the user cares about\n"
 
@@ -98,7 +98,7 @@ def test_a_fresh_run_into_a_directory_with_another_runs_cases_stops_before_anyth
 
 def _probe(run_dir: Path) -> None:
     """The gloo probe of 2 processes, one repetition (where it writes does not depend on how long)."""
-    from fsdpbench.predictors.comm_probe import probe
+    from fsdpbench.pipeline.comm_probe import probe
 
     probe(run_dir, 2, reps=1)
 
@@ -167,8 +167,8 @@ def test_checkpoint_files_replaced_by_links_as_the_directory_appears_are_not_wri
     ``__1_0.distcp``, ``full.pt``, ``rank0.pt``, ``rank1.pt``) the moment rank 0 makes ``checkpoint/``
     (the ranks wait for it: ``WaitsForLinksBeforeSaving``); their targets outside the run were
     overwritten. Wanted: every target untouched, the checkpoint written and the round trip checked."""
-    from fsdpbench.case import Case
-    from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR
+    from fsdpbench.core.case import Case
+    from fsdpbench.core.rundir import CHECKPOINT_DIR
     from tests.helpers import CPU, FAULTS, run
 
     names = ["__0_0.distcp", "__1_0.distcp", "full.pt", "rank0.pt", "rank1.pt"]
@@ -251,11 +251,11 @@ def test_the_commit_is_read_without_writing_in_the_installs_checkout(tmp_path, m
     """Attacks: fsdpbench ran ``git status`` inside the checkout it is installed from, which refreshes
     the index there (creating ``.git/index.lock`` and rewriting ``.git/index``). Wanted: the commit and
     '+dirty' read, and the checkout's ``.git`` left as it was."""
-    from fsdpbench import env
+    from fsdpbench.store import env
 
     repo = tmp_path / "checkout"
     (repo / "fsdpbench").mkdir(parents=True)
-    source = repo / "fsdpbench" / "env.py"
+    source = repo / "fsdpbench" / "store/env.py"
     source.write_text("x = 1\n")
     git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "one"]):

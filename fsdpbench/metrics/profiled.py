@@ -13,12 +13,10 @@ from typing import Any
 
 import torch
 
-from fsdpbench.case import Case
-from fsdpbench.metrics.harness import request_cupti_teardown
-from fsdpbench.metrics.sampler import BackgroundSampler
-from fsdpbench.pipeline.rundir import create_new, make_fresh_dir, remove_tree
-from fsdpbench.precision import Precision
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.precision import Precision
+from fsdpbench.core.rundir import create_new, make_fresh_dir, remove_tree
+from fsdpbench.core.schema import (
     COMM_BACKEND_BYTES,
     COMM_BYTES,
     COMM_COUNT,
@@ -37,6 +35,8 @@ from fsdpbench.schema import (
     SAMPLED_PEAK,
     SAMPLED_PEAK_CASE,
 )
+from fsdpbench.metrics.harness import request_cupti_teardown
+from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.strategies.base import Sharding
 
 # phases that are steady-state steps (the optimizer state exists, no profiler running)

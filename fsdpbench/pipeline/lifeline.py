@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from fsdpbench.pipeline.rundir import open_log
+from fsdpbench.core.rundir import open_log
 
 PR_SET_PDEATHSIG = 1
 ORCHESTRATOR_PID_ENV = "FSDPBENCH_ORCHESTRATOR_PID"

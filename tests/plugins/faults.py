@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR
+from fsdpbench.core.rundir import CHECKPOINT_DIR
 from fsdpbench.strategies.base import ApplyContext
 from fsdpbench.strategies.ddp import DDP
 from fsdpbench.strategies.fsdp2 import Zero3

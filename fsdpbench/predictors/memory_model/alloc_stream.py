@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fsdpbench.pipeline.rundir import write_atomically
+from fsdpbench.core.rundir import write_atomically
 from fsdpbench.predictors.memory_model.allocator import (
     AllocatorStats,
     AllocConf,

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.schema import COMMIT, HOSTNAME, TORCH_VERSION
+from fsdpbench.core.schema import COMMIT, HOSTNAME, TORCH_VERSION
 
 # git, read-only in the install's checkout: no optional lock taken (``git status`` otherwise refreshes
 # the index, creating .git/index.lock and rewriting .git/index there), and no fsmonitor hook run
