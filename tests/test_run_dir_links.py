@@ -252,10 +252,11 @@ def test_the_commit_is_read_without_writing_in_the_installs_checkout(tmp_path, m
     the index there (creating ``.git/index.lock`` and rewriting ``.git/index``). Wanted: the commit and
     '+dirty' read, and the checkout's ``.git`` left as it was."""
     from fsdpbench.store import env
+    from tests.helpers import REPO
 
     repo = tmp_path / "checkout"
-    (repo / "fsdpbench").mkdir(parents=True)
-    source = repo / "fsdpbench" / "store/env.py"
+    source = repo / Path(env.__file__).resolve().relative_to(REPO)  # where it sits in a checkout
+    source.parent.mkdir(parents=True)
     source.write_text("x = 1\n")
     git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
     for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "one"]):

@@ -264,9 +264,8 @@ def remove_leftovers(case: Case, case_dir: Path) -> None:
     (``rundir.torch_cache_env``), a rank's disk reserve (``worker.RankRecorder``), and the checkpoint
     unless the case keeps it, whole or partial (a rank killed in a save, or a full disk, leaves it
     partial)."""
-    leftovers = [(case_dir / CHECKPOINT_DIR, case_dir)] if case.checkpoint != "none" else []
-    if case.keep_checkpoints:
-        leftovers = []
+    kept = case.checkpoint == "none" or case.keep_checkpoints
+    leftovers = [] if kept else [(case_dir / CHECKPOINT_DIR, case_dir)]
     for directory in (case_dir, case_dir / baton.TWIN_DIR):
         leftovers += [(reserve, directory) for reserve in directory.glob(RESERVE_GLOB)]
     for path, root in leftovers:
