@@ -224,7 +224,8 @@ def test_checkpoint_files_replaced_by_links_as_the_directory_appears_are_not_wri
 @pytest.mark.slow
 def test_a_run_leaves_nothing_in_the_temporary_directory(tmp_path):
     """Attacks: every run left ``$TMPDIR/torchinductor_<user>`` behind (inductor's cache directory,
-    made when the fork server, or the orchestrator's FLOPs counter, imports ``torch._dynamo``). Wanted:
+    made when the fork server, or the orchestrator's FLOPs counter, imports ``torch._dynamo``), and
+    every failed rank a ``$TMPDIR/pytorch-errorfile-*.pickle`` (torch's process starter's). Wanted:
     torch's caches and temporary files under the run directory, and nothing in ``$TMPDIR``."""
     from tests.helpers import REPO, repo_pythonpath
 
@@ -233,16 +234,17 @@ def test_a_run_leaves_nothing_in_the_temporary_directory(tmp_path):
     scenario = tmp_path / "s.yaml"
     scenario.write_text(
         "name: s\ndefaults: {model: mlp-tiny, steps: 1, warmup_steps: 1, world_size: 2, device: cpu, "
-        "backend: gloo}\nsweep: {strategy: [ddp]}\n"
+        "backend: gloo}\nsweep: {strategy: [ddp, 'tests.plugins.faults:CrashOnRank1']}\n"
     )
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO), "TMPDIR": str(tmpdir)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     proc = subprocess.run(
         [sys.executable, "-m", "fsdpbench", "run", str(scenario), "--out", str(out), "--no-report",
-         "--link", "none"],
+         "--link", "none", "--allow-plugins"],
         capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.returncode == 1, proc.stderr[-2000:]  # the crashing case failed, the other ran
+    assert "injected failure on rank 1" in proc.stdout + proc.stderr
     assert list(tmpdir.iterdir()) == []
     assert [p for p in out.rglob("torch_cache")] == []  # its temporary parts removed once the ranks ended
 

@@ -27,6 +27,7 @@ from fsdpbench.core.rundir import (
     make_dirs,
     remove_torch_tmp,
     remove_tree,
+    temporary_files_in,
     torch_cache_env,
 )
 from fsdpbench.core.schema import FAILED, OK, SKIPPED, TIMEOUT
@@ -192,14 +193,15 @@ def _launch_group(
     t0 = time.perf_counter()
     handlers = _signal_handlers()
     try:
-        pc = start_processes(
-            name=case.case_id,
-            entrypoint=rank_entry,
-            args=args,
-            envs=envs,
-            logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
-            start_method="forkserver",
-        )
+        with temporary_files_in(case_dir):  # the ranks' error files: removed with the case's leftovers
+            pc = start_processes(
+                name=case.case_id,
+                entrypoint=rank_entry,
+                args=args,
+                envs=envs,
+                logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
+                start_method="forkserver",
+            )
     except _signal_exception() as exc:  # the launcher's handlers caught a signal while it started ranks
         raise launcher_signal(exc) from None
     finally:
