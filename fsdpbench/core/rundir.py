@@ -287,21 +287,6 @@ def use_torch_cache(directory: Path) -> None:
     tempfile.tempdir = None
 
 
-@contextlib.contextmanager
-def temporary_files_in(directory: Path) -> Iterator[None]:
-    """In the orchestrator, while it starts a case's ranks: Python's temporary files under
-    ``directory/torch_cache/tmp`` (``torch_cache_env``), which ``remove_torch_tmp`` removes once the ranks
-    are gone: torch's process starter makes each rank's error file there (``pytorch-errorfile-*.pickle``,
-    left in the system's temporary directory by every rank that failed)."""
-    tmp = Path(torch_cache_env(directory)["TMPDIR"])
-    make_dirs(tmp, Path(directory))
-    before, tempfile.tempdir = tempfile.tempdir, str(tmp)
-    try:
-        yield
-    finally:
-        tempfile.tempdir = before
-
-
 def remove_torch_tmp(directory: Path) -> None:
     """The temporary directory of processes that are gone (``torch_cache_env``), and the cache
     directories they left empty."""

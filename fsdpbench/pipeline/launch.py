@@ -27,7 +27,6 @@ from fsdpbench.core.rundir import (
     make_dirs,
     remove_torch_tmp,
     remove_tree,
-    temporary_files_in,
     torch_cache_env,
 )
 from fsdpbench.core.schema import FAILED, OK, SKIPPED, TIMEOUT
@@ -193,15 +192,14 @@ def _launch_group(
     t0 = time.perf_counter()
     handlers = _signal_handlers()
     try:
-        with temporary_files_in(case_dir):  # the ranks' error files: removed with the case's leftovers
-            pc = start_processes(
-                name=case.case_id,
-                entrypoint=rank_entry,
-                args=args,
-                envs=envs,
-                logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
-                start_method="forkserver",
-            )
+        pc = start_processes(
+            name=case.case_id,
+            entrypoint=rank_entry,
+            args=args,
+            envs=envs,
+            logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
+            start_method="forkserver",
+        )
     except _signal_exception() as exc:  # the launcher's handlers caught a signal while it started ranks
         raise launcher_signal(exc) from None
     finally:
@@ -217,6 +215,7 @@ def _launch_group(
         if result is None:  # timeout or interrupt: stop the ranks now
             pc.close(timeout=5)
         del baton_store  # the case's ranks are gone: nobody waits for a turn
+        _remove_error_files(pc)
     wall = time.perf_counter() - t0
     # the launcher numbers a group's processes 0..len-1 (a twin's after them); results name the case's ranks
     exitcodes = {group[i]: code for i, code in _exitcodes(pc).items() if i < len(group)}
@@ -276,6 +275,14 @@ def remove_leftovers(case: Case, case_dir: Path) -> None:
     for directory in (case_dir, case_dir / baton.TWIN_DIR):
         with contextlib.suppress(OSError):
             remove_torch_tmp(directory)
+
+
+def _remove_error_files(pc: Any) -> None:
+    """torch's process starter gives every rank an error file in the system's temporary directory
+    (``pytorch-errorfile-*.pickle``), which a rank that failed leaves there: removed once read."""
+    for path in getattr(getattr(pc, "_pc", None), "error_files", None) or []:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _wait(pc: Any, timeout_s: float, n_ranks: int) -> tuple[Any, dict[int, int]]:
