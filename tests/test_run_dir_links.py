@@ -227,10 +227,13 @@ def test_a_run_leaves_nothing_in_the_temporary_directory(tmp_path):
     made when the fork server, or the orchestrator's FLOPs counter, imports ``torch._dynamo``), and
     every failed rank a ``$TMPDIR/pytorch-errorfile-*.pickle`` (torch's process starter's). Wanted:
     torch's caches and temporary files under the run directory, and nothing in ``$TMPDIR``."""
+    import shutil
+    import tempfile
+
     from tests.helpers import REPO, repo_pythonpath
 
-    tmpdir, out = tmp_path / "tmp", tmp_path / "run"
-    tmpdir.mkdir()
+    # a short path: multiprocessing's fork server binds its socket there (AF_UNIX: 108 bytes at most)
+    tmpdir, out = Path(tempfile.mkdtemp(prefix="fsb-")), tmp_path / "run"
     scenario = tmp_path / "s.yaml"
     scenario.write_text(
         "name: s\ndefaults: {model: mlp-tiny, steps: 1, warmup_steps: 1, world_size: 2, device: cpu, "
@@ -238,14 +241,18 @@ def test_a_run_leaves_nothing_in_the_temporary_directory(tmp_path):
     )
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(REPO), "TMPDIR": str(tmpdir)}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "fsdpbench", "run", str(scenario), "--out", str(out), "--no-report",
-         "--link", "none", "--allow-plugins"],
-        capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
-    )  # fmt: skip
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "fsdpbench", "run", str(scenario), "--out", str(out), "--no-report",
+             "--link", "none", "--allow-plugins"],
+            capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path,
+        )  # fmt: skip
+        left = list(tmpdir.iterdir())
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
     assert proc.returncode == 1, proc.stderr[-2000:]  # the crashing case failed, the other ran
     assert "injected failure on rank 1" in proc.stdout + proc.stderr
-    assert list(tmpdir.iterdir()) == []
+    assert left == []
     assert [p for p in out.rglob("torch_cache")] == []  # its temporary parts removed once the ranks ended
 
 
