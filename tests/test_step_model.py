@@ -494,7 +494,7 @@ def test_a_probe_is_cached_per_host_tuning_and_one_without_its_tuning_measured_a
     monkeypatch.setattr(
         comm_probe,
         "run_probe",
-        lambda n, reps, log_dir, host_tuning: probes.append((n, host_tuning)) or {"points": points},
+        lambda n, reps, log_dir, host_tuning, root: probes.append((n, host_tuning)) or {"points": points},
     )
     cache = tmp_path / "comm_probe" / "gloo_n2.json"
     cache.parent.mkdir()

@@ -134,12 +134,18 @@ def test_a_scenario_asking_for_a_tuning_this_torch_cannot_apply_skips_its_cases_
 def test_whether_gloo_names_its_loop_is_what_a_real_group_shows_and_leaves_no_thread() -> None:
     # in a fresh process: the check makes a gloo device; the group after it shows what a rank would find
     code = (
-        "import json, os, torch.distributed as dist\n"
-        "from fsdpbench.hosttuning.threads import GLOO_LOOP_THREAD, _threads_named, gloo_names_its_loop\n"
+        "import json, os, time, torch.distributed as dist\n"
+        "from fsdpbench.hosttuning.threads import GLOO_LOOP_THREAD, LOOP_NAMING_WAIT_S, _threads_named, "
+        "gloo_names_its_loop\n"
         "named = gloo_names_its_loop()\n"
         "left = len(_threads_named(GLOO_LOOP_THREAD))\n"
         "dist.init_process_group('gloo', rank=0, world_size=1, store=dist.HashStore())\n"
         "dist.barrier()\n"
+        # a group of one may not have run its loop thread yet, which names itself when it first runs: as
+        # long as a rank waits for it (threads.idle_gloo_loops)
+        "deadline = time.monotonic() + LOOP_NAMING_WAIT_S\n"
+        "while not _threads_named(GLOO_LOOP_THREAD) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.001)\n"
         "print(json.dumps([named, left, len(_threads_named(GLOO_LOOP_THREAD))]))\n"
     )
     named, left, in_a_group = _in_a_fresh_process(code)

@@ -193,9 +193,9 @@ def _finish(
     print(f"results: {run_dir / 'results.parquet'}")
     failed = frame[frame[STATUS].isin([FAILED, TIMEOUT, OOM])]["case_id"].nunique()
     not_run = {c.case_id for c in scenario.cases} - set(frame["case_id"])
-    if not_run:  # their directories are held by live ranks of another run (a warning named each)
+    if not_run:  # held by live ranks of another run, or no space left to store them (a warning named each)
         console.print(
-            f"[yellow]{len(not_run)} case(s) not run[/]: their directories are in use; "
+            f"[yellow]{len(not_run)} case(s) not run or not stored[/] (see the warnings above); "
             f"continue with: {escape(resume_hint)}",
             highlight=False,
         )

@@ -44,6 +44,8 @@ from fsdpbench.metrics.tracker import TrackedMemory
 
 PAIRED_SERIES = PAIRED.members  # metrics.reference.interleaved_steps
 NO_RESULT = "no result written"
+# a rank's exit code when the disk had no room even for the record of its failure (ENOSPC's number)
+NO_SPACE_EXIT = 28
 MAX_RANK_FILE_BYTES = 64 << 20  # a rank file holds per-step lists, not megabytes of them
 
 

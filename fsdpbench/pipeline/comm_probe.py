@@ -35,18 +35,25 @@ points, so a run's modelled figures can be traced to the measurement behind them
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from fsdpbench.core.case import HOST_TUNINGS, NO_HOST_TUNING
-from fsdpbench.core.rundir import write_atomically
+from fsdpbench.core.rundir import (
+    make_dirs,
+    make_fresh_dir,
+    remove_tree,
+    use_torch_cache,
+    write_atomically,
+)
 from fsdpbench.engine.intra_op import rank_threads
 from fsdpbench.hosttuning.threads import (
     bind_to_rank_cores,
@@ -124,13 +131,24 @@ def _burst(ms: float):
 
 
 def _probe_rank(
-    rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str, host_tuning: str
+    rank: int,
+    world_size: int,
+    port: int,
+    out_path: str,
+    reps: int,
+    log_path: str,
+    host_tuning: str,
+    root: str | None = None,
 ) -> None:
     """One probe process: join the gloo group, tuned as a case's CPU rank with ``host_tuning`` is, time
-    every (kind, size) in context and back to back; rank 0 writes the points."""
+    every (kind, size) in context and back to back; rank 0 writes the points. ``root``: the run
+    directory, beneath which its files are written without following a link (``rundir.open_log``,
+    ``rundir.write_atomically``)."""
     ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
     die_with_parent()  # the fork server, which dies with the orchestrator
-    send_output_to(log_path)  # before torch runs: its C++ side writes to fds 1 and 2
+    send_output_to(log_path, root)  # before torch runs: its C++ side writes to fds 1 and 2
+    if root is not None:  # torch's caches and temporary files in the run directory, removed after
+        use_torch_cache(Path(out_path).parent)
     import warnings
 
     import torch
@@ -150,7 +168,7 @@ def _probe_rank(
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        Path(out_path).write_text(json.dumps(measured))
+        write_atomically(Path(out_path), json.dumps(measured).encode(), Path(root) if root else None)
 
 
 def measure_in_group(reps: int) -> dict[str, Any] | None:
@@ -361,22 +379,28 @@ def run_probe(
     timeout_s: float = 120.0,
     log_dir: Path | None = None,
     host_tuning: str = NO_HOST_TUNING,
+    root: Path | None = None,
 ) -> dict[str, Any]:
     """Start ``world_size`` processes, tuned as CPU ranks with ``host_tuning`` are, run the probe, return
     rank 0's points. The processes' output goes to ``probe_log_path(log_dir, …)`` (without ``log_dir``:
-    nowhere)."""
+    nowhere), written beneath ``root`` (the run directory; default ``log_dir``) without following a link."""
     from fsdpbench.pipeline.launch import forkserver_context
 
     ctx = forkserver_context()
-    # rank 0's points: in the run's directory where there is one (nothing is written outside a run)
-    with tempfile.TemporaryDirectory(dir=log_dir) as tmp:
+    root = root if root is not None else log_dir
+    # rank 0's points: in the run's directory where there is one (nothing is written outside a run), in
+    # a directory this process made itself
+    with _points_dir(log_dir, root) as tmp:
         out = str(Path(tmp) / "points.json")
         logs = [
             str(probe_log_path(log_dir, world_size, r)) if log_dir else os.devnull for r in range(world_size)
         ]
         port = free_port()
         procs = [
-            ctx.Process(target=_probe_rank, args=(r, world_size, port, out, reps, logs[r], host_tuning))
+            ctx.Process(
+                target=_probe_rank,
+                args=(r, world_size, port, out, reps, logs[r], host_tuning, root and str(root)),
+            )
             for r in range(world_size)
         ]
         try:
@@ -396,6 +420,21 @@ def run_probe(
         return json.loads(Path(out).read_text())
 
 
+@contextlib.contextmanager
+def _points_dir(log_dir: Path | None, root: Path | None) -> Iterator[Path]:
+    """A fresh directory for rank 0's points: in ``log_dir`` beneath ``root`` (made by this process, no
+    link followed: ``rundir.make_fresh_dir``), removed after; without ``log_dir``, the system's."""
+    if log_dir is None or root is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp)
+        return
+    fresh = make_fresh_dir(log_dir, root, ".points-")
+    try:
+        yield fresh
+    finally:
+        remove_tree(fresh, root)
+
+
 def probe(
     run_dir: Path, world_size: int, reps: int = PROBE_REPS, host_tuning: str = NO_HOST_TUNING
 ) -> dict[str, Any]:
@@ -405,12 +444,13 @@ def probe(
     world_size = max(2, int(world_size))
     suffix = "" if host_tuning == NO_HOST_TUNING else f"_{host_tuning}"
     path = Path(run_dir) / "comm_probe" / f"gloo_n{world_size}{suffix}.json"
-    cached = _cached_probe(path)
+    cached = None if path.parent.is_symlink() else _cached_probe(path)
     if cached is not None and cached.get("host_tuning") == host_tuning:
         return cached  # else a cache without its tuning (an older run's), or not usable: measure again
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    measured = run_probe(world_size, reps, log_dir=path.parent, host_tuning=host_tuning)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)  # the run's own directory (--out)
+    make_dirs(path.parent, run_dir)  # a link planted as comm_probe/ is replaced, never written through
+    measured = run_probe(world_size, reps, log_dir=path.parent, host_tuning=host_tuning, root=Path(run_dir))
     link = fit_link(
         measured["points"],
         world_size,
@@ -419,7 +459,7 @@ def probe(
     )
     result = {"link": link.to_dict(), "world_size": world_size, "host_tuning": host_tuning}
     result |= measured
-    write_atomically(path, json.dumps(result, indent=1).encode())
+    write_atomically(path, json.dumps(result, indent=1).encode(), Path(run_dir))
     return result
 
 

@@ -14,7 +14,14 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.core.case import HOST_TUNINGS, Case
-from fsdpbench.core.rundir import RunDirError, check_component, check_inside
+from fsdpbench.core.rundir import (
+    RunDirError,
+    check_component,
+    check_inside,
+    space_error,
+    torch_caches_in,
+    use_torch_cache,
+)
 from fsdpbench.core.schema import (
     CASE_ID,
     CASE_MODEL_STEP_TIME,
@@ -93,7 +100,8 @@ def run_cases(
     ``link`` (a --link value), each finished case gets its modelled step time on that link
     (``model_*`` columns; predictors/step_model.py)."""
     store.create()
-    with store.lock():  # refuses (RunDirError) while another run uses this directory
+    # refuses (RunDirError) while another run uses this directory
+    with store.lock(), torch_caches_in(store.run_dir):
         tracer = TracedPredictor(log_path=store.run_dir / TRACED_LOG) if traced else None
         meta["host_tuning"] = host_tuning_record([*cases, *(s.case for s in skipped)])
         done = _start_run(store, meta, skipped, resume=resume, traced=traced, link=link)
@@ -113,14 +121,14 @@ def run_cases(
                 rows = _case_rows(
                     case, outcome, store, meta["env"], link=link, tracer=tracer, launch_twin=not collect
                 )
-                store.merge_timelines(case.case_id)
-                store.write_case(case.case_id, rows)
                 meta["cases"][case.case_id] = case_overhead(outcome)
-                store.write_run_json(meta)
+                if not _store_case(store, case, rows, meta):
+                    continue
                 if on_done:
                     on_done(case, outcome, rows)
-            not_run = [i for i, c in meta["cases"].items() if c.get(STATUS) == NOT_RUN]
-            # a case skipped because a live rank holds its directory is not done: --resume runs it
+            not_run = [i for i, c in meta["cases"].items() if c.get(STATUS) in (NOT_RUN, NOT_STORED)]
+            # a case skipped because a live rank holds its directory, or not stored for want of space, is
+            # not done: --resume runs it
             meta[STATUS] = f"incomplete: {len(not_run)} case(s) not run" if not_run else "complete"
         except KeyboardInterrupt:
             meta[STATUS] = "interrupted"
@@ -193,6 +201,33 @@ def _check_stored_cases(store: RunStore, done: set[str]) -> None:
 
 
 NOT_RUN = "not run"  # run.json's status of a case whose directory a live rank holds
+NOT_STORED = "not stored"  # run.json's status of a case whose rows found no space on the disk
+
+
+def _store_case(store: RunStore, case: Case, rows: pd.DataFrame, meta: dict[str, Any]) -> bool:
+    """Store the case's rows and run.json; whether its rows are stored. A disk with no space left is
+    this case's failure, in one line, not the run's: the sweep goes on (a failed case's removed
+    checkpoint, or the user, may free space), and ``--resume`` runs the case again."""
+    try:
+        store.merge_timelines(case.case_id)
+        store.write_case(case.case_id, rows)
+    except OSError as exc:
+        full = space_error(exc)
+        if full is None:
+            raise
+        stored = case.case_id in store.completed_ids()  # the case's file, if only results.parquet failed
+        if not stored:
+            error = f"no space left on device to store its rows ({full.filename or store.cases_dir})"
+            print(f"warning: {case.case_id} not stored: {error}; --resume runs it again", file=sys.stderr)
+            meta["cases"][case.case_id] = {STATUS: NOT_STORED, ERROR: error}
+    else:
+        stored = True
+    try:
+        store.write_run_json(meta)
+    except OSError as exc:  # written again after the next case and at the end
+        if space_error(exc) is None:
+            raise
+    return stored
 
 
 def _launch_or_collect(
@@ -402,7 +437,10 @@ def _tracer_process_init(log_path: str) -> None:
 
     ignore_sigint()
     die_with_parent()
-    send_output_to(log_path)
+    run_dir = None if log_path == os.devnull else Path(log_path).parent
+    send_output_to(log_path, run_dir)  # in the run directory: a link planted there is not appended through
+    if run_dir is not None:
+        use_torch_cache(run_dir)
 
 
 # each tracing process holds torch and its trace (a 70B model's: ~2 GB resident): not one per core of
