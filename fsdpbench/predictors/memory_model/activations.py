@@ -78,11 +78,11 @@ def get_activation_profile(family: str, args: dict[str, Any], shape: Shape) -> A
 
 # ---- decoder ---------------------------------------------------------------------------------------
 def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
-    from fsdpbench.models.families.decoder import default_ffn_dim
+    from fsdpbench.models.families.decoder import ffn_dim
 
     d, layers, heads, vocab = a["d_model"], a["n_layers"], a["n_heads"], a["vocab"]
-    kv = a.get("n_kv_heads") or heads
-    hd, f = d // heads, a.get("ffn_dim") or default_ffn_dim(d)
+    kv = a.get("n_kv_heads") or heads  # grouped-query attention: k and v have kv heads, q and out all
+    hd, f = d // heads, ffn_dim(a)
     b, s = sh.batch, sh.seq_len
     tok = b * s
     bd, bf, kvd = tok * d, tok * f, tok * kv * hd
