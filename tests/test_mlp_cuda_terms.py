@@ -19,7 +19,6 @@ def profile(case: Case):
     shape = Shape(
         batch=case.batch_size,
         seq_len=case.seq_len,
-        global_batch=case.global_batch_size,
         mode=FP32,
         device=case.device,
     )

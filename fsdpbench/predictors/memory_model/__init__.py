@@ -425,7 +425,6 @@ def _profile(case: Case, strategy: Strategy, prec: Precision) -> ActivationProfi
     shape = Shape(
         batch=case.batch_size,
         seq_len=case.seq_len,
-        global_batch=case.global_batch_size,
         mode=mode,
         checkpointing=case.activation_checkpointing,
         device=case.device,

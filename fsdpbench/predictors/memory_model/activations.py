@@ -48,7 +48,7 @@ class Stage:
 
 @dataclass(frozen=True, slots=True)
 class ActivationProfile:
-    inputs_bytes: int  # the step's batch: the worker slices views of the global batch, which stays alive
+    inputs_bytes: int  # the rank's own batch (engine/step.rank_batch): the global batch never exists there
     stages: tuple[Stage, ...]
     mode: str
     kernel_note: str = ""  # the kernel choices assumed, where they depend on versions, hardware or shapes
@@ -60,11 +60,10 @@ class ActivationProfile:
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """What activations depend on besides the model: per-rank batch, sequence, global batch."""
+    """What activations depend on besides the model: per-rank batch and sequence."""
 
     batch: int
     seq_len: int
-    global_batch: int
     mode: str = FP32
     checkpointing: bool = False
     device: str = "cpu"  # whose kernels run (kernels.py), and CUDA's 512-byte rounding of every storage
@@ -186,7 +185,7 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         0,
         (BwdMoment("end", 0, ("tok_embeddings.weight",), res * bd),),
     )
-    inputs = 2 * sh.global_batch * s * 8  # tokens and targets (int64) of the global batch
+    inputs = 2 * r(tok * 8)  # the rank's tokens and targets (int64)
     return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""))
 
 
@@ -233,12 +232,7 @@ def _mlp(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         ),
         in_model=(head_saved - logsm - loss_scalars, logits),
     )
-    # what engine/step.rank_batch keeps: on a GPU, ``.to("cuda")`` copies the rank's rows (the global batch
-    # stays in host memory, which the device's tracker does not count); on the CPU the rows are views
-    if sh.device == "cuda":
-        inputs = r(b * w * 4) + r(b * 8)  # fp32 features, int64 labels
-    else:
-        inputs = sh.global_batch * w * 4 + sh.global_batch * 8
+    inputs = r(b * w * 4) + r(b * 8)  # the rank's fp32 features and int64 labels (engine/step.rank_batch)
     return ActivationProfile(inputs, (*stages, head), sh.mode)
 
 
