@@ -54,7 +54,9 @@ def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def build(width: int = 64, depth: int = 2, vocab: int = 256, classes: int = 16) -> OwnModel:
     """Residual-MLP token classifier (width, depth, vocab, classes)."""
 
-    def make_batch(samples: int, seq_len: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    def make_batch(
+        samples: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.randint(0, vocab, (samples, seq_len), generator=generator)
         labels = torch.randint(0, classes, (samples, seq_len), generator=generator)
         return tokens, labels

@@ -146,7 +146,9 @@ def parse_model_args(text: str | None, model: str) -> dict[str, Any]:
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"][1:]) or "model_args"
-        raise ScenarioError(f"{MODEL_ARGS_FLAG} {where}: {err['msg'].removeprefix('Value error, ')}") from None
+        raise ScenarioError(
+            f"{MODEL_ARGS_FLAG} {where}: {err['msg'].removeprefix('Value error, ')}"
+        ) from None
     problem = check_model_args(model, out)
     if problem:
         raise ScenarioError(f"{MODEL_ARGS_FLAG}: {problem}")

@@ -48,7 +48,12 @@ def _rope(x: torch.Tensor, theta: float = 10000.0, scaling: str = "none") -> tor
 
 class Attention(nn.Module):
     def __init__(
-        self, d_model: int, n_heads: int, n_kv_heads: int, rope_theta: float = 10000.0, rope_scaling: str = "none"
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        rope_theta: float = 10000.0,
+        rope_scaling: str = "none",
     ) -> None:
         super().__init__()
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads

@@ -79,7 +79,9 @@ class ModelDef:
     # arguments alone (a 70B decoder in microseconds); None: the memory model builds it on the meta device
     param_shapes: Callable[[dict[str, Any]], tuple[tuple[ParamShape, ...], int]] | None = None
     # a loss that depends on the arguments (a user's factory returns one per argument set); None: ``loss``
-    loss_for_args: Callable[[dict[str, Any]], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = None
+    loss_for_args: Callable[[dict[str, Any]], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = (
+        None
+    )
 
     def get_loss(self, args: dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The loss of the model built from ``args``."""
@@ -216,7 +218,9 @@ def _own_model(path: str) -> ModelDef:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         if param.default is param.empty:
-            raise KeyError(f"model factory {path!r}: argument {param.name!r} needs a default (its model_args)")
+            raise KeyError(
+                f"model factory {path!r}: argument {param.name!r} needs a default (its model_args)"
+            )
         if not (param.default is None or isinstance(param.default, (bool, int, float, str))):
             raise KeyError(
                 f"model factory {path!r}: argument {param.name!r} has a default of type "
@@ -226,12 +230,16 @@ def _own_model(path: str) -> ModelDef:
     try:
         parts = _own_parts(path, json.dumps(defaults, sort_keys=True))
     except Exception as exc:  # noqa: BLE001 — the user's code: its error is the answer, on one line
-        raise KeyError(f"model factory {path!r} failed with its defaults: {type(exc).__name__}: {exc}") from None
+        raise KeyError(
+            f"model factory {path!r} failed with its defaults: {type(exc).__name__}: {exc}"
+        ) from None
     return ModelDef(
         name=path,
         build=lambda **args: _check_own(path, factory(**args)).module,
         defaults=defaults,
-        make_batch=lambda args, batch, seq_len, gen: _own_parts_for(path, args).make_batch(batch, seq_len, gen),
+        make_batch=lambda args, batch, seq_len, gen: _own_parts_for(path, args).make_batch(
+            batch, seq_len, gen
+        ),
         loss=parts.loss,
         loss_for_args=lambda args: _own_parts_for(path, args).loss,
         block_classes=lambda args: tuple(_own_parts_for(path, args).block_classes),
