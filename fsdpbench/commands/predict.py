@@ -320,7 +320,8 @@ def _build_cases(args: argparse.Namespace) -> list:
     _check_numbers(args)
     if args.model_args and args.params is not None:
         raise ValueError(f"{running.MODEL_ARGS_FLAG}: needs --model (a parameter count has no arguments)")
-    model_args = running.parse_model_args(args.model_args, args.model) if args.model else {}
+    # validated only when given: the schema it is checked by (pydantic) is not what an instant answer loads
+    model_args = running.parse_model_args(args.model_args, args.model) if args.model_args else {}
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
     if any(":" in s for s in strategies):  # a module:Class typed here is explicit: cwd is searched last
         from fsdpbench.pipeline.scenario import enable_plugin_imports

@@ -52,6 +52,9 @@ class ActivationProfile:
     stages: tuple[Stage, ...]
     mode: str
     kernel_note: str = ""  # the kernel choices assumed, where they depend on versions, hardware or shapes
+    # alive from the head's backward to the end of backward, beyond the head's saved tensors: the loss
+    # scalar the step holds and the ones gradient ``loss.backward()`` seeds autograd with
+    loss_bytes: int = 0
 
     @property
     def saved_bytes(self) -> int:
@@ -186,7 +189,9 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         (BwdMoment("end", 0, ("tok_embeddings.weight",), res * bd),),
     )
     inputs = 2 * r(tok * 8)  # the rank's tokens and targets (int64)
-    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""))
+    return ActivationProfile(
+        inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""), loss_bytes=2 * r(4)
+    )
 
 
 # ---- MLP -------------------------------------------------------------------------------------------

@@ -158,7 +158,7 @@ def step_schedule(
     else:
         hooks = _ReplicatedHooks(schedule, states)
     _forward(schedule, profile.stages, hooks)
-    _backward(schedule, profile.stages, hooks)
+    _backward(schedule, profile.stages, hooks, profile.loss_bytes)
     hooks.end_backward()
     # the optimizer reads the gradients as the resident states hold them, padding included
     schedule.alloc("gradients", "grads", states.grads + states.grads_padding)
@@ -186,9 +186,11 @@ def _forward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> N
         schedule.record(f"forward: {stage.name}", fwd_temp=stage.fwd_extra_bytes)
 
 
-def _backward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> None:
+def _backward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks, loss_bytes: int = 0) -> None:
     hooks.start_backward()
     for j, stage in reversed(list(enumerate(stages))):
+        if j == len(stages) - 2 and loss_bytes:  # the head's backward is done; the loss lives on
+            schedule.alloc("loss", "activations", loss_bytes)
         # its backward consumes what the stage saved: each moment says how much is left (saved_left_bytes)
         schedule.free(f"saved {stage.name}")
         for step in stage.bwd:
@@ -196,6 +198,8 @@ def _backward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> 
             hooks.pre_backward(stage, step)
             schedule.record(f"backward: {stage.name} ({step.label})", **_backward_transient(step))
         hooks.post_backward(stage, first_stage=j == 0)
+    if loss_bytes and len(stages) > 1:
+        schedule.free("loss")
 
 
 def _backward_transient(step: BwdMoment) -> dict[str, int]:
