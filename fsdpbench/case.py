@@ -127,7 +127,9 @@ class Case:
     derived from these declarations."""
 
     scenario: str = case_field("adhoc", doc="the scenario's name", accepts=None)  # the file's name
-    model: str = case_field("decoder-tiny", doc="the model's registry name", accepts=_TEXT)
+    model: str = case_field(
+        "decoder-tiny", doc="the model's registry name, or an own model's package.module:factory", accepts=_TEXT
+    )
     model_args: dict[str, Any] = case_field(
         factory=dict, doc="the model's arguments (JSON)", accepts=Accepts()
     )
