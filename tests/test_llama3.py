@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.models import build_model, check_model_args, count_params, resolve_model
 from fsdpbench.models.families.decoder import default_ffn_dim, ffn_dim, param_shapes
 from fsdpbench.predictors.memory_model import predict_memory

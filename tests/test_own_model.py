@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.case import Case
 from fsdpbench.cli import main
+from fsdpbench.core.case import Case
 from fsdpbench.models import check_model_args, count_params, resolve_model
 from fsdpbench.pipeline.scenario import ScenarioError, load_scenario
 from fsdpbench.predictors.traced import estimate

@@ -10,13 +10,13 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import LOSSES, PRED_PEAK, TRACKER_PEAK
 from fsdpbench.engine.step import rank_batch
 from fsdpbench.models import make_global_batch, make_samples
 from fsdpbench.models.registry import sample_seed
 from fsdpbench.predictors.memory_model import predict_memory
 from fsdpbench.predictors.traced import estimate
-from fsdpbench.schema import LOSSES, PRED_PEAK, TRACKER_PEAK
 from tests.helpers import run_with_predictions
 
 

@@ -14,7 +14,7 @@ for it, ``FSDPBENCH_BENCH_SELF_ROUNDS`` times (default 5; pytest-benchmark's med
   finished cases only, against a baseline written from the same run;
 - ``run scenarios/quickstart.yaml`` (13 cases, minutes; one round unless the rounds are set).
 
-Nothing is asserted about time (docs/self-speed.md has the figures, the machine and its load); each
+Nothing is asserted about time (docs/results/self-speed.md has the figures, the machine and its load); each
 test asserts that the command did its job. Run it on an idle machine: other work moves every number.
 """
 
@@ -84,9 +84,9 @@ def write_large_synthetic_run(run_dir: Path, n_cases: int = N_CASES, *, ok_only:
     """A run directory of ``n_cases`` synthetic cases: the report's synthetic cases (``ok_only``: less
     the failed and the skipped one, as a baseline must be), copied under distinct case ids;
     results.parquet and run.json, as ``consolidate`` leaves them."""
-    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.core.schema import OK, STATUS
     from fsdpbench.report.synthetic import synthetic_results, write_synthetic_run
-    from fsdpbench.schema import OK, STATUS
+    from fsdpbench.store.results import RunStore
 
     write_synthetic_run(run_dir, timelines=False)  # run.json (and 13 cases' files)
     base = synthetic_results()
