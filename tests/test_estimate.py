@@ -39,8 +39,8 @@ def test_traced_equals_the_measured_run(strategy, world, rank, peak, states):
 def test_traced_sees_the_gloo_reduce_scatter_copy():
     """decoder-small on 2 ranks peaks at the root's reduce-scatter, where gloo reduces a copy of the input."""
     case = Case(model="decoder-small", strategy="zero3", world_size=2, batch_size=1, seq_len=16)
-    assert estimate(case).peak_bytes == 63459628  # measured
-    assert estimate(case.replace(backend="nccl")).peak_bytes < 63459628
+    assert estimate(case).peak_bytes == 63459748  # measured
+    assert estimate(case.replace(backend="nccl")).peak_bytes < 63459748
 
 
 def test_traced_agrees_with_the_analytic_model_on_uneven_shards():

@@ -316,8 +316,8 @@ def make_samples(
         x, y = mdef.make_batch(args, 1, seq_len, gen)
         xs.append(x)
         ys.append(y)
-    if count == 1:
-        return xs[0], ys[0]
+    # collated as a data loader collates: new tensors, even for one sample (whose inputs and targets may
+    # be views of one storage, as the decoder's shifted tokens are)
     return torch.cat(xs), torch.cat(ys)
 
 
