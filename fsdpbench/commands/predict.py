@@ -71,7 +71,7 @@ METHODS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from fsdpbench.core.case import OPTIMIZERS, WRAPS
+    from fsdpbench.core.case import OPTIMIZER_IMPLS, OPTIMIZERS, WRAPS
     from fsdpbench.predictors.memory_model import PRECISIONS
 
     what = parser.add_mutually_exclusive_group(required=True)
@@ -96,7 +96,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=2048, help="sequence length (default: 2048)")
     parser.add_argument("--wrap", default="block", choices=WRAPS, help="FSDP wrap units (default: block)")
     parser.add_argument("--prefetch", type=int, default=0, help="FSDP2 explicit prefetch depth (default: 0)")
-    parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
+    parser.add_argument(
+        "--activation-checkpointing",
+        nargs="?",
+        const="full",
+        default=False,
+        metavar="POLICY",
+        help="checkpoint blocks: full (the bare flag: every block), op (torchtitan's selective op policy) "
+        "or every:N (every N-th block)",
+    )
+    parser.add_argument(
+        "--optimizer-impl",
+        default="for-loop",
+        choices=OPTIMIZER_IMPLS,
+        help="the optimizer's update (default: for-loop; torch's default on CUDA is foreach)",
+    )
+    parser.add_argument(
+        "--max-norm", type=float, default=None, help="gradient clipping to this total norm (default: none)"
+    )
     parser.add_argument(
         "--cpu-offload",
         action="store_true",
@@ -273,9 +290,10 @@ CASE_FLAGS = (
     "seq_len",
     "wrap",
     "prefetch",
-    "activation_checkpointing",
     "cpu_offload",
     "device",
+    "optimizer_impl",
+    "max_norm",
 )
 
 
@@ -300,10 +318,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {value}: must be {bound}")
 
 
-def _build_cases(args: argparse.Namespace) -> list:
-    from fsdpbench.core.case import Case
+def _check_args(args: argparse.Namespace) -> list[str]:
+    """The flags checked before any case is built; returns the strategies named (ValueError naming a flag)."""
     from fsdpbench.models import model_names
-    from fsdpbench.strategies import get_strategy
 
     if args.model and ":" in args.model:  # an own model typed here is explicit, as a plugin strategy is
         from fsdpbench.pipeline.scenario import enable_plugin_imports
@@ -318,21 +335,37 @@ def _build_cases(args: argparse.Namespace) -> list:
     if args.params is not None and not (math.isfinite(args.params) and 1 <= args.params <= MAX_PARAMS):
         raise ValueError(f"--params {args.params}: must be a parameter count from 1 to {MAX_PARAMS:.0e}")
     _check_numbers(args)
+    if args.max_norm is not None and not (math.isfinite(args.max_norm) and args.max_norm > 0):
+        raise ValueError(f"--max-norm {args.max_norm}: must be a positive number")
     if args.model_args and args.params is not None:
         raise ValueError(f"{running.MODEL_ARGS_FLAG}: needs --model (a parameter count has no arguments)")
-    # validated only when given: the schema it is checked by (pydantic) is not what an instant answer loads
-    model_args = running.parse_model_args(args.model_args, args.model) if args.model_args else {}
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
+    if not strategies:
+        raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
     if any(":" in s for s in strategies):  # a module:Class typed here is explicit: cwd is searched last
         from fsdpbench.pipeline.scenario import enable_plugin_imports
 
         enable_plugin_imports()
-    if not strategies:
-        raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
+    return strategies
+
+
+def _build_cases(args: argparse.Namespace) -> list:
+    from fsdpbench.core.case import Case, resolve_activation_checkpointing
+    from fsdpbench.strategies import get_strategy
+
+    strategies = _check_args(args)
+    # validated only when given: the schema it is checked by (pydantic) is not what an instant answer loads
+    model_args = running.parse_model_args(args.model_args, args.model) if args.model_args else {}
+    try:
+        ac_on, ac_policy = resolve_activation_checkpointing(args.activation_checkpointing)
+    except ValueError as exc:
+        raise ValueError(f"--activation-checkpointing: {exc}") from None
     cases = []
     for name in strategies:
         strategy = get_strategy(name)  # KeyError names the allowed strategies
         case = Case(
+            activation_checkpointing=ac_on,
+            activation_checkpointing_policy=ac_policy,
             model=args.model or "decoder",
             model_args=model_args,
             strategy=name,
@@ -450,7 +483,7 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
     import sys
 
     from fsdpbench.predictors.device_fit import AllocatorAnswer, DeviceModel
-    from fsdpbench.predictors.memory_model import resolve_shard_size
+    from fsdpbench.predictors.memory_model import recipe_note, resolve_shard_size
     from fsdpbench.strategies import get_strategy
 
     model = DeviceModel.for_case(
@@ -469,6 +502,7 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
             case, device_memory, max_world_size=args.max_world_size, multiple=shard
         ),
         max_world_size=args.max_world_size,
+        recipe=recipe_note(case),
     )
 
 

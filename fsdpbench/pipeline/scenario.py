@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from fsdpbench.core.case import MAX_TEXT, Accepts, Case, field_accepts
+from fsdpbench.core.case import MAX_TEXT, Accepts, Case, field_accepts, resolve_activation_checkpointing
 from fsdpbench.core.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
@@ -60,6 +60,8 @@ def accepted_type(hint: Any, accepts: Accepts) -> Any:
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         (hint,) = [a for a in args if a is not type(None)]
     origin = typing.get_origin(hint)
+    if hint is bool and accepts.pattern:  # a flag, or a word that says how it is on
+        return Flag | Annotated[str, Field(strict=True, pattern=accepts.pattern)]
     if hint is bool:
         return Flag
     if hint is str and accepts.choices:
@@ -105,6 +107,12 @@ def _known_alloc_conf(cls: Any, value: str | None) -> str | None:
     return value
 
 
+def _known_activation_checkpointing(cls: Any, value: Any) -> Any:
+    if isinstance(value, str):
+        resolve_activation_checkpointing(value)  # ValueError names the allowed values
+    return value
+
+
 def _known_model(cls: Any, value: str | None) -> str | None:
     from fsdpbench.models import model_names
 
@@ -140,6 +148,9 @@ else:
         Case,
         validators={
             "_known_alloc_conf": field_validator("alloc_conf")(_known_alloc_conf),
+            "_known_activation_checkpointing": field_validator("activation_checkpointing", mode="before")(
+                _known_activation_checkpointing
+            ),
             "_known_model": field_validator("model")(_known_model),
             "_known_strategy": field_validator("strategy")(_known_strategy),
         },
@@ -297,6 +308,22 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
 
 
+def in_section(name: str) -> str:
+    """What an error about the case field ``name`` ends with: the section of the case it belongs to
+    (``model_args.NAME`` is of model_args'); "" for a name that is no case field."""
+    field_name = name.partition(".")[0]
+    return f" [{Case.section_of(field_name).value} section]" if field_name in CASE_FIELDS else ""
+
+
+def _section_of_loc(loc: tuple[Any, ...]) -> str:
+    """The section note of a validation error's location: the first case field in it, after
+    ``defaults``, ``sweep`` or ``cases[i]``."""
+    if not loc or loc[0] not in ("defaults", "cases", "sweep"):
+        return ""
+    names = [p for p in loc[1:] if isinstance(p, str)]
+    return in_section(names[0]) if names else ""
+
+
 def _format_validation(source: str, exc: ValidationError) -> str:
     # an unknown field explains a missing one ('nmae:' → name missing): report it first
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
@@ -312,8 +339,10 @@ def _format_validation(source: str, exc: ValidationError) -> str:
         msg = (
             f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; allowed: {', '.join(allowed)}"
         )
-    elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], (dict, list)):
-        msg += f" (got {_short(err['input'])})"
+    else:
+        if "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], (dict, list)):
+            msg += f" (got {_short(err['input'])})"
+        msg += _section_of_loc(err["loc"])
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {loc}: {msg}{more}"
 
@@ -340,14 +369,18 @@ def _check_sweep(source: str, spec: ScenarioFile) -> None:
                     CaseFields.model_validate({key.partition(".")[0]: {key.partition(".")[2]: item}})
                 except ValidationError as exc:
                     msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                    raise ScenarioError(f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)})") from None
+                    raise ScenarioError(
+                        f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)}){in_section(key)}"
+                    ) from None
             continue
         for i, item in enumerate(values):
             try:
                 CaseFields.model_validate({key: item})
             except ValidationError as exc:
                 msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                raise ScenarioError(f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)})") from None
+                raise ScenarioError(
+                    f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)}){in_section(key)}"
+                ) from None
     for i, rule in enumerate(spec.exclude):
         bad = [k for k in rule if k not in CASE_FIELDS and not k.startswith(_ARG_AXES)]
         if bad:
@@ -434,6 +467,11 @@ def build_case(
     from fsdpbench.strategies import get_strategy
 
     fields = dict(fields)
+    # one value in the scenario, two fields of the case; a policy without checkpointing is no policy
+    on, policy = resolve_activation_checkpointing(fields.get("activation_checkpointing", False))
+    if on and not isinstance(fields.get("activation_checkpointing"), str):
+        policy = resolve_activation_checkpointing(fields.get("activation_checkpointing_policy", policy))[1]
+    fields["activation_checkpointing"], fields["activation_checkpointing_policy"] = on, policy
     if "wrap_classes" in fields:
         fields["wrap_classes"] = tuple(fields["wrap_classes"])
     name = fields.get("strategy", _DEFAULT.strategy)
@@ -454,10 +492,10 @@ def build_case(
     try:
         strategy = get_strategy(name)
     except KeyError as exc:
-        raise ScenarioError(f"{source}: strategy: {exc.args[0]}") from None
+        raise ScenarioError(f"{source}: strategy: {exc.args[0]}{in_section('strategy')}") from None
     problem = check_model_args(fields.get("model", _DEFAULT.model), fields.get("model_args") or {})
     if problem:
-        raise ScenarioError(f"{source}: model_args: {problem}")
+        raise ScenarioError(f"{source}: model_args: {problem}{in_section('model_args')}")
     device, backend = resolve_backend(fields.get("device", "auto"), fields.get("backend", "auto"))
     fields["device"], fields["backend"] = device, backend
     case = Case(**{k: v for k, v in fields.items() if k in {f.name for f in dataclasses.fields(Case)}})

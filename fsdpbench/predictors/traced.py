@@ -19,7 +19,8 @@ the FSDP2 first step shortened to what it leaves behind (the root's lazy init, t
 a step on zero gradients); FSDP2 splitting each parameter into only the chunks it reads
 (``rank_chunks.py``); the tracker answering device queries, half of a fake step's dispatches, directly
 (``metrics/tracker.fsdp2_tracker_class``); the garbage collector run less often (``_fewer_collections``).
-llama-70b on 1,024 ranks, in-process: 6.5–6.9 s, 7.4–8.2 s without the last three (docs/results/self-speed.md).
+llama-70b on 1,024 ranks, in-process: 6.5–6.9 s, 7.4–8.2 s without the last three
+(docs/results/self-speed.md).
 
 With ``backend: gloo`` (the CPU runs) the trace also stages the copy of the input that gloo's
 reduce-scatter makes, so it predicts what a gloo run measures; with nccl it does not.
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -63,6 +63,7 @@ from fsdpbench.core.schema import (
     WALL_S,
 )
 from fsdpbench.engine.fake_pg import fake_pg_compat, init_fake_process_group, patch_ddp
+from fsdpbench.metrics.rss import peak_rss_bytes
 from fsdpbench.predictors.rank_chunks import rank_chunks_only
 
 if TYPE_CHECKING:
@@ -191,7 +192,7 @@ def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> 
                 else:
                     train_step(parallel, rank_batch(case, rank, step, device))
             model, optimizer = parallel.model, parallel.optimizer
-            tracker = build_tracker(model, optimizer, parallel.strategy.fsdp_root(model))
+            tracker = build_tracker(model, optimizer, parallel.strategy)
             states: dict[str, int] = {}
             recorder = _recorder(record_stream, tracker, model, optimizer, device.type)
             with recorder.attached() if recorder else contextlib.nullcontext(), tracker:
@@ -296,12 +297,6 @@ def _fake_build(
     return build
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
-
-
 def cuda_kernels_dispatchable() -> bool:
     """Whether this torch can run CUDA kernels (fake CUDA tensors need them too): a CUDA build with a GPU."""
     return bool(torch.backends.cuda.is_built() and torch.cuda.is_available())
@@ -319,15 +314,18 @@ def trace_device(case: Case) -> tuple[torch.device, bool]:
 
 # ---- helpers ------------------------------------------------------------------------------------------
 def _host_step_counters(optimizer: Any) -> list[torch.Tensor]:
-    """The optimizer's ``step`` counters: host tensors on CUDA (not capturable, not fused)."""
+    """The optimizer's ``step`` counters: host tensors on CUDA unless the update is fused (or capturable),
+    which keeps them on the parameters' device."""
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
+    if any(group.get("fused") or group.get("capturable") for group in inner.param_groups):
+        return []
     states = inner.state.values()
     return [t for state in states for name, t in state.items() if name == "step" and torch.is_tensor(t)]
 
 
 def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
     """Take the optimizer's ``step`` counters out of a CPU-traced snapshot of a CUDA target: torch keeps
-    them on the host unless the optimizer is capturable or fused (fsdpbench's are neither), so a GPU's
+    them on the host unless the optimizer is capturable or fused (``_host_step_counters``), so a GPU's
     tracker does not count them (states.py leaves them out of CUDA predictions for the same reason)."""
     from fsdpbench.predictors.memory_model.kernels import storage_bytes
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from fsdpbench.core.case import Case
-from fsdpbench.strategies.base import OPTIM_SHARDED
+from fsdpbench.strategies.base import OPTIM_SHARDED, Checkpointing
 from fsdpbench.strategies.ddp import DDP
-from fsdpbench.strategies.optim import get_optimizer
+from fsdpbench.strategies.optim import get_optimizer, implementation_kwargs
 
 if TYPE_CHECKING:  # torch is imported where a strategy is applied, not where it is declared
     import torch
@@ -24,11 +24,16 @@ class Zero1(DDP):
     # partition onto one rank (torch.distributed.checkpoint.state_dict does not call it, so no DCP or
     # sharded state dict): the full checkpoint, rank 0 writing it, every rank loading it
     checkpoint_methods: ClassVar[tuple[str, ...]] = ("full",)
+    checkpointing = Checkpointing(optimizer_consolidation="to_rank0")
 
     def build_optimizer(self, model: nn.Module, case: Case) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         cls, kwargs = get_optimizer(case.optimizer)
         return ZeroRedundancyOptimizer(
-            model.parameters(), optimizer_class=cls, lr=case.lr, foreach=False, **kwargs
+            model.parameters(),
+            optimizer_class=cls,
+            lr=case.lr,
+            **implementation_kwargs(case.optimizer_impl),
+            **kwargs,
         )

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from fsdpbench.strategies import register_strategy
-from fsdpbench.strategies.base import FSDP_HYBRID_SHARD, ApplyContext, Strategy
+from fsdpbench.strategies.base import DISTRIBUTED_STATE_DICT, FSDP_HYBRID_SHARD, ApplyContext, Strategy
 from fsdpbench.strategies.fsdp2 import apply_fsdp2
 
 
@@ -26,11 +26,14 @@ class HybridKeepParams(Strategy):
     uses_wrap = True
     uses_prefetch = True
     native_mixed_precision = True
-    fsdp_version = 2
+    memory_tracker = "fsdp2"
+    shards_on_meta = True
+    checkpointing = DISTRIBUTED_STATE_DICT
+    checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         shard = ctx.case.shard_size or ctx.world_size
         mesh = init_device_mesh(
             ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
         )
-        return apply_fsdp2(model, ctx, reshard_after_forward=False, mesh=mesh)
+        return apply_fsdp2(model, ctx, kept_after_forward=self.kept_after_forward(ctx.case), mesh=mesh)

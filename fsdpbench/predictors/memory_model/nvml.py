@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MiB = 1 << 20
+from fsdpbench.core.numbers import MiB
+
 # NVML peak − allocator peak reserved, measured on the reference H100 (bf16: the larger of the two precisions)
 H100_CONTEXT_BYTES = 1_898_774_528
 H100_CONTEXT_SOURCE = (
