@@ -56,14 +56,17 @@ def test_a_bad_argument_is_one_line_naming_the_flag_and_the_argument(capsys, ver
 
 
 def test_the_flag_and_the_scenario_refuse_the_same_arguments(capsys):
-    """The same check as a scenario's model_args: the scenario's message after its own prefix."""
+    """The same check as a scenario's model_args: the scenario's message between its own prefix and the
+    field's section (a flag has none)."""
     with pytest.raises(ScenarioError) as exc:
         parse_scenario(
             "name: x\ndefaults: {model: decoder, model_args: {n_kv_heads: 3}}\nsweep: {strategy: [ddp]}\n"
         )
     code, _, err = run_cli(capsys, *PREDICT, "--model-args", "n_kv_heads=3")
     assert code == 2
-    assert str(exc.value).partition("model_args: ")[2] in err
+    message = str(exc.value).partition("model_args: ")[2]
+    assert message.endswith(" [model section]")
+    assert message.removesuffix(" [model section]") in err
 
 
 def test_compare_keeps_the_arguments_in_its_scenario():
