@@ -126,7 +126,7 @@ def test_traced_and_analytic_side_by_side(capsys):
     assert code == 0
     analytic, traced = json.loads(out)
     assert (analytic["method"], traced["method"]) == ("analytic", "traced")
-    assert analytic["peak_bytes"] == traced["peak_bytes"] == 5856220  # the measured zero3 n2 peak
+    assert analytic["peak_bytes"] == traced["peak_bytes"] == 5852124  # the measured zero3 n2 peak
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@
         --seq-len 4096 --device-memory 80GiB              # fits? largest batch? fewest GPUs?
     fsdpbench predict --model llama-7b --world-size 64 --strategy zero3 --method traced   # fake-tensor trace
     fsdpbench predict --model decoder-small --world-size 4 --strategy ddp,zero3 --device cpu --json
+    fsdpbench predict --model decoder --model-args d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8 \\
+        --world-size 8 --strategy zero3 --precision bf16                   # any shape of a family
     fsdpbench predict --model llama-7b --world-size 8 --strategy zero3 --checkpoint full --host-memory 64GiB
 
 Analytic (default): the memory model (instant, any size). Traced: the real strategy code on fake
@@ -73,8 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsdpbench.predictors.memory_model import PRECISIONS
 
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="model preset or family (fsdpbench's registry), e.g. llama-7b")
+    what.add_argument(
+        "--model",
+        help="model preset or family (fsdpbench's registry), e.g. llama3-8b, or your own factory "
+        "package.module:build (docs/scenarios.md)",
+    )
     what.add_argument("--params", type=float, help="only a parameter count Ψ (model states only), e.g. 7.5e9")
+    running.add_model_args_argument(parser)
     parser.add_argument("--world-size", type=int, required=True, help="ranks (GPUs)")
     running.add_strategies_argument(parser, "--strategy", FULL_SHARD_STRATEGY)
     parser.add_argument("--shard-size", type=int, help="HSDP ranks per shard group (default: 2)")
@@ -319,8 +326,14 @@ def _check_args(args: argparse.Namespace) -> list[str]:
     """The flags checked before any case is built; returns the strategies named (ValueError naming a flag)."""
     from fsdpbench.models import model_names
 
-    if args.model and args.model not in model_names():
-        raise ValueError(f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}")
+    if args.model and ":" in args.model:  # an own model typed here is explicit, as a plugin strategy is
+        from fsdpbench.pipeline.scenario import enable_plugin_imports
+
+        enable_plugin_imports()
+    elif args.model and args.model not in model_names():
+        raise ValueError(
+            f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}, or module:factory"
+        )
     if args.world_size < 1:
         raise ValueError(f"--world-size {args.world_size}: must be ≥ 1")
     if args.params is not None and not (math.isfinite(args.params) and 1 <= args.params <= MAX_PARAMS):
@@ -328,6 +341,8 @@ def _check_args(args: argparse.Namespace) -> list[str]:
     _check_numbers(args)
     if args.max_norm is not None and not (math.isfinite(args.max_norm) and args.max_norm > 0):
         raise ValueError(f"--max-norm {args.max_norm}: must be a positive number")
+    if args.model_args and args.params is not None:
+        raise ValueError(f"{running.MODEL_ARGS_FLAG}: needs --model (a parameter count has no arguments)")
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
     if not strategies:
         raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
@@ -343,6 +358,8 @@ def _build_cases(args: argparse.Namespace) -> list:
     from fsdpbench.strategies import get_strategy
 
     strategies = _check_args(args)
+    # validated only when given: the schema it is checked by (pydantic) is not what an instant answer loads
+    model_args = running.parse_model_args(args.model_args, args.model) if args.model_args else {}
     try:
         ac_on, ac_policy = resolve_activation_checkpointing(args.activation_checkpointing)
     except ValueError as exc:
@@ -354,6 +371,7 @@ def _build_cases(args: argparse.Namespace) -> list:
             activation_checkpointing=ac_on,
             activation_checkpointing_policy=ac_policy,
             model=args.model or "decoder",
+            model_args=model_args,
             strategy=name,
             backend="nccl" if args.device == "cuda" else "gloo",
             checkpoint=args.checkpoint,

@@ -188,7 +188,10 @@ class Case:
         "adhoc", section=Section.PROTOCOL, doc="the scenario's name", accepts=None
     )  # the file's name
     model: str = case_field(
-        "decoder-tiny", section=Section.MODEL, doc="the model's registry name", accepts=_TEXT
+        "decoder-tiny",
+        section=Section.MODEL,
+        doc="the model's registry name, or an own model's package.module:factory",
+        accepts=_TEXT,
     )
     model_args: dict[str, Any] = case_field(
         factory=dict, section=Section.MODEL, doc="the model's arguments (JSON)", accepts=Accepts()
@@ -416,7 +419,7 @@ class Case:
         # only fields that differ from the defaults: a new field (with a default) keeps old ids valid
         fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_ID and v != _DEFAULTS.get(k)}
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:6]
-        model = self.model + "".join(
+        model = self.model.replace(":", ".") + "".join(
             f"-{safe_part(k)}{safe_part(str(v))}" for k, v in sorted(self.model_args.items())
         )
         parts = [safe_part(self.strategy.replace(":", ".")), f"n{self.world_size}", safe_part(model, 120)]

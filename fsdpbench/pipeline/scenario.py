@@ -119,8 +119,12 @@ def _known_activation_checkpointing(cls: Any, value: Any) -> Any:
 def _known_model(cls: Any, value: str | None) -> str | None:
     from fsdpbench.models import model_names
 
-    if value is not None and value not in model_names():
-        raise ValueError(f"unknown model {value!r}; allowed: {', '.join(model_names())}")
+    if value is None or value in model_names():
+        return value
+    if ":" in value and not PLUGIN_PATTERN.fullmatch(value):
+        raise ValueError(f"own model {value!r} is not package.module:factory (absolute, no '/')")
+    if ":" not in value:
+        raise ValueError(f"unknown model {value!r}; allowed: {', '.join(model_names())}, or module:factory")
     return value
 
 
@@ -577,11 +581,12 @@ def build_case(
     if "wrap_classes" in fields:
         fields["wrap_classes"] = tuple(fields["wrap_classes"])
     name = fields.get("strategy", _DEFAULT.strategy)
-    if ":" in name and not allow_plugins:
-        raise ScenarioError(
-            f"{source}: strategy: {name!r} is a plugin; loading it imports and runs that module's code. "
-            f"Allow it with --allow-plugins (or {ALLOW_PLUGINS_ENV}=1)"
-        )
+    for key, plugin in (("strategy", name), ("model", fields.get("model", _DEFAULT.model))):
+        if ":" in plugin and not allow_plugins:
+            raise ScenarioError(
+                f"{source}: {key}: {plugin!r} is a plugin; loading it imports and runs that module's code. "
+                f"Allow it with --allow-plugins (or {ALLOW_PLUGINS_ENV}=1)"
+            )
     if fields.get("emulate"):
         from fsdpbench.engine.emulate import resolve_emulate_ranks
 
