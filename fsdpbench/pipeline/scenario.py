@@ -565,6 +565,19 @@ def expand(
     return cases, skipped
 
 
+def _resolved_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's values as the case's fields: one activation-checkpointing value is two fields of
+    the case (a policy without checkpointing is no policy); a list of wrap classes is a tuple."""
+    fields = dict(fields)
+    on, policy = resolve_activation_checkpointing(fields.get("activation_checkpointing", False))
+    if on and not isinstance(fields.get("activation_checkpointing"), str):
+        policy = resolve_activation_checkpointing(fields.get("activation_checkpointing_policy", policy))[1]
+    fields["activation_checkpointing"], fields["activation_checkpointing_policy"] = on, policy
+    if "wrap_classes" in fields:
+        fields["wrap_classes"] = tuple(fields["wrap_classes"])
+    return fields
+
+
 def build_case(
     fields: dict[str, Any], *, source: str = "<scenario>", allow_plugins: bool = True
 ) -> tuple[Case, str | None]:
@@ -572,14 +585,7 @@ def build_case(
     from fsdpbench.models import check_model_args
     from fsdpbench.strategies import get_strategy
 
-    fields = dict(fields)
-    # one value in the scenario, two fields of the case; a policy without checkpointing is no policy
-    on, policy = resolve_activation_checkpointing(fields.get("activation_checkpointing", False))
-    if on and not isinstance(fields.get("activation_checkpointing"), str):
-        policy = resolve_activation_checkpointing(fields.get("activation_checkpointing_policy", policy))[1]
-    fields["activation_checkpointing"], fields["activation_checkpointing_policy"] = on, policy
-    if "wrap_classes" in fields:
-        fields["wrap_classes"] = tuple(fields["wrap_classes"])
+    fields = _resolved_fields(fields)
     name = fields.get("strategy", _DEFAULT.strategy)
     for key, plugin in (("strategy", name), ("model", fields.get("model", _DEFAULT.model))):
         if ":" in plugin and not allow_plugins:
