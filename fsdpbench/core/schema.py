@@ -245,6 +245,7 @@ DEVICE = _case_column("device")
 ACTIVATION_CHECKPOINTING = _case_column("activation_checkpointing")
 COMPILE = _case_column("compile")
 CPU_OFFLOAD = _case_column("cpu_offload")
+HOST_TUNING = _case_column("host_tuning")
 # derived from the fields (Case's properties), or measured once per case (the model's size)
 MODE = _config("mode", "real, or emulated (one rank alone with a fake process group)")
 GLOBAL_BATCH_SIZE = _config("global_batch_size", "samples per step over all ranks")
@@ -920,7 +921,7 @@ def write_docs(path: Path) -> bool:
 
 
 if __name__ == "__main__":
-    docs = Path(__file__).resolve().parent.parent / "docs" / "measurements.md"
+    docs = Path(__file__).resolve().parents[2] / "docs" / "measurements.md"
     if sys.argv[1:] == ["--write-docs"]:
         print(f"{docs}: {'rewritten' if write_docs(docs) else 'up to date'}")
     else:

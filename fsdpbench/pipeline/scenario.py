@@ -47,6 +47,8 @@ PLUGIN_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a directory name under reports/
 # more CPU ranks than this per core are refused unless the run allows oversubscription
 CPU_RANKS_PER_CORE = 4
+# the user's permission to import a scenario's plugin strategies, as --allow-plugins: what a case measures
+# is its strategy field either way, so this switch changes only whether its code may be loaded
 ALLOW_PLUGINS_ENV = "FSDPBENCH_ALLOW_PLUGINS"
 
 # strict: a bool is not an int ('world_size: true'), a string is not a number ('steps: "5"')
@@ -607,6 +609,7 @@ def build_case(
     from fsdpbench.engine.knobs import check_knobs, normalize_knobs
 
     case = normalize_knobs(case, strategy)
+    from fsdpbench.hosttuning.threads import check_host_tuning
     from fsdpbench.predictors.checkpoint import check_checkpoint
 
     reason = (
@@ -614,6 +617,7 @@ def build_case(
         or check_knobs(case, strategy)
         or check_emulation(case)
         or check_devices(case)
+        or check_host_tuning(case)
         or check_checkpoint(case, strategy)
     )
     return case, reason
