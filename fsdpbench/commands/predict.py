@@ -60,6 +60,8 @@ ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or it
 )
 
 
+TERMINAL_COLUMNS = 80  # the lines printed outside rich's tables are wrapped to fit (rich wraps its own)
+
 # --method → which predictors run; "emulated" prints the measurement beside the (instant) analytic figure
 METHODS = {
     "analytic": ("analytic",),
@@ -219,8 +221,9 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r for res in results for r in res["json"]], indent=2))
     else:
+        shown_notes: set[str] = set()
         for res in results:
-            _print_table(args, res)
+            _print_table(args, res, shown_notes)
             if "checkpoint" in res:
                 _print_checkpoint(res["checkpoint"], args.units)
     return 0
@@ -415,7 +418,7 @@ def _predict_one(
             "the allocator model needs a model to trace"
         ]
     if device_memory is not None and case.device == "cuda" and facts is None:
-        out["allocator"] = _allocator_answer(args, case, device_memory)
+        out["allocator"], out["allocator_trace"] = _allocator_answer(args, case, device_memory)
         fit = None  # the allocator model answers "fits?" on CUDA, not tracked bytes + an allowance
     out["fit"] = fit
     methods = METHODS[args.method]
@@ -433,7 +436,8 @@ def _predict_one(
         from fsdpbench.predictors.traced import estimate
 
         try:
-            out["traced"] = est = estimate(case, rank=args.rank)
+            # the allocator model's trace of this case is the traced method's too: traced once
+            out["traced"] = est = out.get("allocator_trace") or estimate(case, rank=args.rank)
             out["json"].append(
                 {**est.to_dict(), **({"fallback": out["fallback"]} if "fallback" in out else {})}
             )
@@ -490,15 +494,22 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
     from fsdpbench.predictors.memory_model import recipe_note, resolve_shard_size
     from fsdpbench.strategies import get_strategy
 
+    def progress(traced: Any) -> None:
+        what = f"batch {traced.batch_size}, world size {traced.world_size}"
+        what = "the case asked" if traced == case else what
+        print(f"allocator model: tracing {what} ({case.strategy}) …", file=sys.stderr, flush=True)
+
     model = DeviceModel.for_case(
-        case, rank=args.rank, context_bytes=args.context_bytes, nccl_channels=args.nccl_channels
+        case,
+        rank=args.rank,
+        context_bytes=args.context_bytes,
+        nccl_channels=args.nccl_channels,
+        on_trace=progress,
     )
-    print(f"tracing {case.case_id} for the allocator model (seconds per trace) …", file=sys.stderr)
     memory = model.memory(case)
     fit = model.fit(case, device_memory)
-    print("searching the largest batch and the smallest world size that fit …", file=sys.stderr)
     shard = resolve_shard_size(case, get_strategy(case.strategy).sharding) or 1
-    return AllocatorAnswer(
+    answer = AllocatorAnswer(
         memory,
         fit,
         largest_batch=model.largest_batch(case, device_memory),
@@ -508,6 +519,7 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
         max_world_size=args.max_world_size,
         recipe=recipe_note(case),
     )
+    return answer, model.estimate(case)
 
 
 def _require_model(method: str, facts: Any) -> None:
@@ -559,16 +571,37 @@ def _add_emulated(
     out["json"].append(rec)
 
 
+# below one GB/GiB a size is named in the largest smaller unit it reaches (decimal or binary, as asked)
+SMALLER_UNITS = {
+    "GB": (("MB", 10**6), ("KB", 10**3), ("B", 1)),
+    "GiB": (("MiB", 2**20), ("KiB", 2**10), ("B", 1)),
+}
+
+
 def _fmt(nbytes: int | None, units: str) -> str:
+    """A size in ``units`` as a bare number (the unit is the table's), or below one unit with its own
+    smaller unit, e.g. "256 KiB", never "0.000244"."""
     if nbytes is None:
         return "not estimated"
     x = nbytes / (1e9 if units == "GB" else 2**30)
     if x == 0:
         return "0"
-    return f"{x:,.1f}" if abs(x) >= 1 else f"{x:.3g}"
+    if abs(x) >= 1:
+        return f"{x:,.1f}"
+    name, scale = next((n, k) for n, k in SMALLER_UNITS[units] if abs(nbytes) >= k or k == 1)
+    value = nbytes / scale
+    return f"{value:.0f} {name}" if abs(value) >= 100 else f"{value:.3g} {name}"
 
 
-def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
+def _size(nbytes: int | None, units: str) -> str:
+    """A size with its unit: "12.5 GiB", "256 KiB"."""
+    text = _fmt(nbytes, units)
+    return text if " " in text else f"{text} {units}"
+
+
+def _print_table(args: argparse.Namespace, res: dict[str, Any], shown_notes: set[str]) -> None:
+    """One case's table and lines; a note already shown for an earlier case (``shown_notes``) is not
+    repeated."""
     case, units = res["case"], args.units
     pred, est, emu = res.get("analytic"), res.get("traced"), res.get("emulated")
     size = f"Ψ = {args.params:.4g}" if args.params is not None else case.model
@@ -596,17 +629,20 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
     for note in (pred.notes if pred else ()) + (est.notes if est else ()):
         if res.get("fallback") and note == NO_ACTIVATION_MODEL.format(model=case.model):
             continue  # the fallback line above says what happened instead
-        if not (skipped and "need a model" in note):
+        if not (skipped and "need a model" in note) and note not in shown_notes:
+            shown_notes.add(note)
             console.print(f"  note: {escape(note)}", highlight=False)
     if emu:
         _print_emulated(console, emu, res.get("emulated_fit"), units, args)
     if res.get("fit"):
         _print_fit(console, res["fit"], units, args.max_world_size)
     for note in res.get("notes", ()):
-        console.print(f"  note: {escape(note)}", highlight=False)
+        if note not in shown_notes:
+            shown_notes.add(note)
+            console.print(f"  note: {escape(note)}", highlight=False)
     if res.get("allocator"):
-        for line in res["allocator"].lines(lambda n: f"{_fmt(n, units)} {units}"):
-            print(f"  {line}")  # not rich: a long source note must not wrap the figures at 80 columns
+        for line in res["allocator"].lines(lambda n: _size(n, units), width=TERMINAL_COLUMNS - 2):
+            print(f"  {line}")  # not rich: wrapped by lines() so that a figure never breaks
 
 
 def _term_rows(pred: Any, est: Any, emu: Any, units: str) -> tuple[list[tuple[str, list[str]]], list[str]]:
@@ -637,16 +673,16 @@ def _analytic_cell(pred: Any, key: str, units: str, *, beside: bool) -> str:
 
 def _print_fit(console: Console, fit: Any, units: str, max_world_size: int) -> None:
     """The fit test's verdict: fits?, the largest batch and the smallest world size that fit."""
-    mem, needed = _fmt(fit.device_memory_bytes, units), _fmt(fit.needed_bytes, units)
+    mem, needed = _size(fit.device_memory_bytes, units), _fmt(fit.needed_bytes, units)
     if fit.complete:
         text = (
-            f"{'fits' if fit.fits else 'does NOT fit'} in {mem} {units} (needs {needed}); "
+            f"{'fits' if fit.fits else 'does NOT fit'} in {mem} (needs {needed}); "
             f"largest per-rank batch that fits: {fit.largest_batch or 'none'}; smallest world size "
             f"that fits (powers of two ≤ {max_world_size}): {fit.smallest_world_size or 'none'}"
         )
     else:
         text = (
-            f"{'model states fit' if fit.fits else 'model states alone do NOT fit'} in {mem} {units} "
+            f"{'model states fit' if fit.fits else 'model states alone do NOT fit'} in {mem} "
             f"(model states {needed}; activations not estimated without --model); smallest world size "
             f"where the model states fit: {fit.smallest_world_size or 'none'}"
         )
@@ -696,7 +732,7 @@ def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, un
     if emu.alloc_peak_allocated_bytes is not None:
         console.print(
             f"  emulated CUDA allocator peak: allocated {_fmt(emu.alloc_peak_allocated_bytes, units)}, "
-            f"reserved {_fmt(emu.alloc_peak_reserved_bytes, units)} {units}; NVML peak "
+            f"reserved {_size(emu.alloc_peak_reserved_bytes, units)}; NVML peak "
             f"{_fmt(emu.nvml_peak_bytes, units)}",
             highlight=False,
         )
@@ -718,8 +754,8 @@ def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, un
         needed, fits = fit
         extra = f" + {args.context_allowance} CUDA context/NCCL allowance" if emu.device == "cuda" else ""
         console.print(
-            f"  emulated: {'fits' if fits else 'does NOT fit'} in {_fmt(parse_device_memory(args), units)} "
-            f"{units} (needs {_fmt(needed, units)}: emulated device peak{extra})",
+            f"  emulated: {'fits' if fits else 'does NOT fit'} in {_size(parse_device_memory(args), units)} "
+            f"(needs {_fmt(needed, units)}: emulated device peak{extra})",
             highlight=False,
         )
 
