@@ -116,7 +116,7 @@ METRICS: dict[str, MetricDef] = {
     # samples, one per block; the tolerance is the minimum effect (fsdpbench.analysis.timegate)
     STEP_TIME_REF_RATIOS: MetricDef(kind="time", tolerance=0.10, deterministic=False),
     LOSSES: MetricDef(kind="loss", tolerance=1e-4),
-    # the checkpoint phase (issue 23): bytes on disk are deterministic; the RSS spike is sampled, so
+    # the checkpoint phase: bytes on disk are deterministic; the RSS spike is sampled, so
     # close to, not exactly, repeatable; save and load time are one sample each, so same machine only
     CKPT_CASE_BYTES: _MEM,
     CKPT_RANK0_HOST_PEAK: MetricDef(kind="memory", tolerance=0.10, deterministic=False),

@@ -742,7 +742,7 @@ PEER_COLUMNS = (
     TIMED_STEPS,
 )
 
-# ---- issue 23: checkpointing, measured (fsdpbench/engine/checkpoint.py) and predicted ------------------
+# ---- checkpointing, measured (fsdpbench/engine/checkpoint.py) and predicted ------------------
 _CKPT = "checkpoint phase"
 _CKPT_RSS = "RSS sampler (checkpoint phase)"
 _CKPT_MODEL = "checkpoint model (modelled)"
@@ -822,7 +822,7 @@ CKPT_ROUND_TRIP_OK = column(
     "ckpt_round_trip_ok", BOOL, Agg.CASE, _CKPT, "every rank's state and loss equal after the load"
 )
 
-# ---- the CUDA caching allocator and NVML, predicted beside the measurement (issue 22) -------------------
+# ---- the CUDA caching allocator and NVML, predicted beside the measurement ----------------------------
 # per rank, modelled: the rank's traced allocation stream replayed through the allocator model
 # (fsdpbench.predictors.memory_model.allocator; CUDA cases of a traced run only)
 _ALLOC_MODEL = "allocator model (traced stream replayed; modelled)"

@@ -145,8 +145,8 @@ def bind_to_rank_cores(cores: list[int]) -> int:
 
     Why: floating, the scheduler places them anew in every process, beside the rank's own compute or
     beside its peer's, and a collective's time follows that placement from one set of processes to the
-    next. On this project's 2-core VM, quickstart's and ci's 2-rank cases, 6 benchmark runs each way
-    (2026-11-26): floating, the probe's in-context α 452-598 µs, quickstart's zero3 measured 31-40 ms,
+    next. On this project's 2-core VM, quickstart's and ci's 2-rank cases, 6 benchmark runs each way:
+    floating, the probe's in-context α 452-598 µs, quickstart's zero3 measured 31-40 ms,
     4-10 of 12 cases with steps spread over 20 % (p10-p90); bound, α 244-341 µs, zero3 25-33 ms (one run
     54 ms, the 1-rank cases slow too), 1-7 of 12 (docs/step-time-model.md).
 

@@ -18,7 +18,7 @@ what one more collective adds to a burst, for the collectives a step issues queu
 one, with no compute between them (``Link.per_kind_queued``; ZeRO-1's burst of broadcasts at the end of
 its step), which gloo's two worker threads pipeline. The start (a burst's idle threads woken) is not in
 it: a burst's first collective, issued after compute and timed in context, pays it. Per collective of
-one burst of 8, as until 2026-11-26, every queued collective paid an eighth of a start: 38 of them in
+one burst of 8, as the probe once timed them, every queued collective paid an eighth of a start: 38 of them in
 ZeRO-1's burst of 39 broadcasts at 2 ranks, and more with every parameter of a larger model.
 
 Per kind, a line through its (S·factor, time) points — the nccl-tests factor of comm_model.py —
@@ -361,7 +361,7 @@ def fit_link(
             f"{PROBE_SEQUENCE} against {PROBE_BURST_LONG}), "
             f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points" + tuned
         ),
-        # a cache from before reduce-scatters were probed (2026-11-26): time them as gloo's all-reduce
+        # a cache from before reduce-scatters were probed: time them as gloo's all-reduce
         reduce_scatter_as_all_reduce=all(kind != "reduce_scatter" for kind, _, _ in per_kind),
         per_kind=tuple(per_kind),
         per_kind_queued=tuple(_per_kind_queued(queued_points, world_size)) if queued_points else (),

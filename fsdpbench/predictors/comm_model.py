@@ -33,7 +33,7 @@ class Link:
     source: str = ""  # where the numbers come from ("preset: …", "probed: …", "given on the command line")
     # gloo has no reduce-scatter algorithm: it all-reduces a clone of the full input (metrics/comm.py).
     # The probe times reduce_scatter_tensor itself, a line of its own in ``per_kind``; a probed link
-    # without one (its cache from before 2026-11-26) times a reduce-scatter with the all-reduce's line.
+    # without one (a cache from before they were probed) times a reduce-scatter with the all-reduce's line.
     reduce_scatter_as_all_reduce: bool = False
     # (kind, α µs, busbw GB/s) of the kinds measured one by one (the gloo probe: gloo runs each kind
     # with its own algorithm, so one line does not fit all); α and busbw above are for the others
