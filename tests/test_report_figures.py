@@ -579,3 +579,22 @@ def test_every_case_caption_says_where_the_traced_predictions_came_from(tmp_path
     assert "asked for by --traced on the command line" in flag
     none = _case_table_html(tmp_path / "c", "fsdpbench run scenarios/ci.yaml", traced=False)
     assert "no traced predictions" in none and "peak traced" not in _headers(none)
+
+
+def test_a_case_whose_steps_were_starved_is_marked_and_neither_wins_nor_loses(cases):
+    # ddp n4 is the fastest: starved (its CPU time a tenth of its wall time), it is not named
+    n4 = (cases["world_size"] == 4) & (cases["prefetch"] == 0) & (cases["precision"] == "fp32")
+    ddp = _case(cases, "ddp", 4)["label"]
+    starved = cases.assign(step_cpu_share=[0.1 if r["label"] == ddp else 1.0 for _, r in cases.iterrows()])
+    line = [x for x in verdict_lines(starved) if x.startswith("4 CPU ranks (gloo), decoder-syn, fp32")][0]
+    assert "fastest: ddp" not in line and "fastest: zero2 n4 prefetch=0" in line
+    assert "not compared on step time, their steps starved of CPU: ddp n4 prefetch=0 " in line
+    rows = {r.metric: r for r in compare_rows(starved[n4 & (starved["status"] == "ok")])}
+    assert ddp not in rows["step time (p10–p90)"].winners and rows["step time (p10–p90)"].winners
+    assert ddp not in rows["throughput"].winners
+    assert "[starved: CPU 10% of wall]" in rows["step time (p10–p90)"].text[ddp]
+    table = case_table(starved)
+    assert "starved: CPU 10% of wall" in table[table["case"] == ddp].iloc[0]["step time (p10–p90)"]
+    # on a GPU rank the host waits for the device by design: the share marks nothing
+    gpu = starved.assign(device="cuda")
+    assert not any("starved" in x for x in verdict_lines(gpu))
