@@ -598,3 +598,34 @@ def test_a_case_whose_steps_were_starved_is_marked_and_neither_wins_nor_loses(ca
     # on a GPU rank the host waits for the device by design: the share marks nothing
     gpu = starved.assign(device="cuda")
     assert not any("starved" in x for x in verdict_lines(gpu))
+
+
+def test_two_size_wraps_are_told_apart_by_their_least_parameters_in_labels_and_the_sweep():
+    from fsdpbench.core import schema
+    from fsdpbench.core.case import Case
+    from fsdpbench.report.data import case_labels
+    from fsdpbench.report.figures_perf import build_sweep_panels
+
+    tutorial = [
+        Case(strategy="fsdp1_full", world_size=2, wrap="whole"),
+        Case(strategy="fsdp1_full", world_size=2, wrap="size", wrap_min_params=100),
+        Case(strategy="fsdp1_full", world_size=2, wrap="size", wrap_min_params=100_000),
+        Case(strategy="ddp", world_size=2),
+    ]
+    cases = pd.DataFrame(
+        [
+            {**schema.case_to_columns(c), "case_id": c.case_id, "status": "ok"}
+            | {"mem_tracker_peak_bytes": 1000 + i, "step_time_ms": 10.0 + i}
+            for i, c in enumerate(tutorial)
+        ]
+    )
+    labels = case_labels(cases)
+    assert labels[:3] == [
+        "fsdp1_full n2 wrap=whole",
+        "fsdp1_full n2 wrap=size(100)",
+        "fsdp1_full n2 wrap=size(1e5)",
+    ]
+    assert labels[3] == "ddp n2"  # DDP has no wrap: none named, and no hash needed anywhere
+    (panel,) = build_sweep_panels(cases)
+    xs = [list(t.x) for t in panel.figure.data]
+    assert xs[0] == ["whole", "size(100)", "size(1e5)"]  # three x positions, not ['whole','size','size']
