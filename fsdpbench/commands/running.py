@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import CASE_STEP_TIME, OK, SKIPPED, STEP_TIME
 from fsdpbench.metrics.timing import starved_note
 
