@@ -63,8 +63,7 @@ def _rank(rank: int, port: int, policy: str, reps: int, out: str) -> None:
     from fsdpbench.hosttuning.threads import pin_compute_threads, rank_cores
 
     torch.set_num_threads(rank_threads(2))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     pin_compute_threads(rank_cores(rank, 2))
     _set_loop_policy(policy)
     a = torch.randn(128, 128)
@@ -123,6 +122,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=16, help="repetitions per process pair (at least 2)")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"of {', '.join(POLICIES)}")
     args = parser.parse_args()
+    from fsdpbench.hosttuning.threads import GLOO_LOOP_THREAD, gloo_names_its_loop
+
+    if not gloo_names_its_loop():  # its threads are told apart by their names
+        parser.exit(2, f"error: this torch's gloo does not name its loop thread {GLOO_LOOP_THREAD!r}\n")
     policies = args.policies.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         for pair in range(args.pairs):

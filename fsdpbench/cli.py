@@ -59,13 +59,6 @@ def main(argv: list[str] | None = None) -> None:
         argv = sys.argv[1:]
         _start_forkserver_if_ranks_will_run(argv)
     args = build_parser(argv).parse_args(argv)
-    from fsdpbench.hosttuning.threads import gloo_loop_setting
-
-    try:  # read again by every rank launch (run, compare, regress --repeat, predict): refused before any
-        gloo_loop_setting()
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
     try:
         code = args._main(args)
     except KeyboardInterrupt:

@@ -16,9 +16,16 @@ from fsdpbench.hosttuning.baton import CASE, TWIN, Baton, BatonBroken
 
 
 def _baton(port: int, role: str, rank: int, world: int, steps: int, timeout_s: float = 20.0) -> Baton:
-    # the spec as a rank's environment carries it (never put into this process's environment: the
-    # processes a later test starts would inherit it)
-    return Baton.connect(baton_mod.baton_env(port, role, world, steps, timeout_s)[baton_mod.BATON_ENV], rank)
+    # the spec as the launcher passes it to a rank, in the rank entry's arguments
+    spec = baton_mod.baton_spec(port, role, world, steps, timeout_s)
+    assert baton_mod.spec_role(spec) == role
+    turns = Baton.from_spec(spec, rank)
+    assert turns is not None
+    return turns
+
+
+def test_no_spec_is_no_turns() -> None:
+    assert Baton.from_spec("", 0) is None and baton_mod.spec_role("") is None
 
 
 def _run_groups(

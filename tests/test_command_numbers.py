@@ -57,10 +57,8 @@ def test_compare_refuses_more_cpu_ranks_than_run_allows(capsys, monkeypatch, tmp
     assert "--allow-oversubscribe" in text and not out.exists()  # nothing started
 
 
-def test_a_bad_gloo_loop_setting_is_one_line_and_exit_2_before_anything_runs(capsys, monkeypatch, tmp_path):
-    monkeypatch.setenv("FSDPBENCH_GLOO_LOOP_IDLE", "yes")  # a typo must not measure the default
+def test_a_bad_host_tuning_is_one_line_and_exit_2_before_anything_runs(capsys, tmp_path):
     out = tmp_path / "run"
-    code, text = run(capsys, "run", str(tmp_path / "any.yaml"), "--out", str(out))  # not read
-    expected = "error: environment variable FSDPBENCH_GLOO_LOOP_IDLE='yes': expected auto, 0 or 1"
-    assert code == 2 and text == expected
+    code, text = run(capsys, "run", "scenarios/ci.yaml", "--set", "host_tuning=yes", "--out", str(out))
+    assert code == 2 and text == "error: --set host_tuning: Input should be 'none', 'pin' or 'pin-idle-loops'"
     assert not out.exists()

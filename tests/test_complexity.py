@@ -16,7 +16,6 @@ MAX_COMPLEXITY = 20
 PENDING = {
     ("metrics/comm.py", "_records_from_c10d"),
     ("metrics/bandwidth.py", "bandwidth_by_kind"),
-    ("predictors/memory_model/activations.py", "_decoder"),  # split once i40-models (GQA) lands
 }
 
 

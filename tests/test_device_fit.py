@@ -1,6 +1,6 @@
 """The largest-batch search of the allocator model (predictors/device_fit.py), on a stand-in fit whose
 answer is known, so that the search itself is checked, not the traces (tests/test_predict_cli.py runs it
-for real)."""
+for real): it ends on the edge, and traces few batches, none twice."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ DEVICE = 80 * 2**30
 CASE = Case(model="decoder-small", world_size=4, strategy="zero3", device="cuda", backend="nccl")
 
 
-def stand_in(monkeypatch: pytest.MonkeyPatch, need: Callable[[int], int], bound: int) -> list[int]:
-    """A DeviceModel whose fit is ``need(batch) <= DEVICE`` and whose analytic bound is ``bound``; returns
-    the batches it was asked about, in order."""
-    import fsdpbench.predictors.memory_model.search as search
-
+def stand_in(
+    monkeypatch: pytest.MonkeyPatch, need: Callable[[int], int], analytic: Callable[[int], int]
+) -> list[int]:
+    """A DeviceModel whose allocator need is ``need(batch)`` (fits: ≤ DEVICE), whose analytic need is
+    ``analytic(batch)`` (never above ``need``) and whose case asked has batch 1; returns the batches the
+    allocator model was asked about (each one a trace), in order."""
     tried: list[int] = []
 
     def fit(self: DeviceModel, case: Case, device_memory: int) -> DeviceFit:
@@ -29,19 +30,35 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, need: Callable[[int], int], bound:
         fits = needed <= device_memory
         return DeviceFit(device_memory, fits, "stand-in", device_memory - needed, needed if fits else None)
 
+    def analytic_largest_batch(self: DeviceModel, case: Case, limit: int, *, max_batch: int = 1 << 20) -> int:
+        fitting = [b for b in range(1, 20_000) if analytic(b) <= limit]
+        return min(max(fitting), max_batch) if fitting else None  # type: ignore[return-value]
+
     monkeypatch.setattr(DeviceModel, "fit", fit)
-    monkeypatch.setattr(search, "largest_batch", lambda *a, **k: bound)
+    monkeypatch.setattr(DeviceModel, "analytic_largest_batch", analytic_largest_batch)
+    monkeypatch.setattr(DeviceModel, "analytic_needed", lambda self, case: analytic(case.batch_size))
+    monkeypatch.setattr(DeviceModel, "allocator_needed", lambda self, case: need(case.batch_size))
     monkeypatch.setattr(DeviceModel, "terms", lambda self, case: device_fit.nvml_terms(4, backend="nccl"))
     return tried
 
 
-def test_an_affine_need_is_found_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
-    need = lambda b: 30 * 2**30 + b * 7_340_033  # noqa: E731 — states + batch × activations
-    tried = stand_in(monkeypatch, need, bound=12_000)
+def test_an_affine_need_is_found_with_two_traces(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the allocator adds a fixed 2 GiB to the analytic need: the guess from the case asked is the edge
+    need = lambda b: 32 * 2**30 + b * 7_340_033  # noqa: E731 — states + batch × activations
+    tried = stand_in(monkeypatch, need, analytic=lambda b: need(b) - 2 * 2**30)
     best = DeviceModel().largest_batch(CASE, DEVICE)
     assert need(best) <= DEVICE < need(best + 1)  # the exact edge
-    assert best == (DEVICE - 30 * 2**30) // 7_340_033
-    assert len(tried) <= 15 and len(set(tried)) == len(tried)  # batch 1, then a bisection of 12,001
+    assert best == (DEVICE - 32 * 2**30) // 7_340_033
+    assert tried == [best, best + 1]  # the guess fits, one more does not
+
+
+def test_an_overhead_growing_with_the_batch_walks_down_to_the_edge(monkeypatch: pytest.MonkeyPatch) -> None:
+    # fragmentation grows with the batch: the guess from batch 1's overhead is too large
+    need = lambda b: 30 * 2**30 + b * 8_000_000  # noqa: E731
+    tried = stand_in(monkeypatch, need, analytic=lambda b: 30 * 2**30 + b * 7_000_000)
+    best = DeviceModel().largest_batch(CASE, DEVICE)
+    assert need(best) <= DEVICE < need(best + 1)
+    assert len(tried) <= 24 and len(set(tried)) == len(tried)  # never asked twice
 
 
 def test_a_need_that_is_not_affine_still_ends_on_an_edge(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,12 +67,13 @@ def test_a_need_that_is_not_affine_still_ends_on_an_edge(monkeypatch: pytest.Mon
         stairs = 30 * 2**30 + (b // 64) * 64 * 9_000_000
         return stairs + (2**30 if b % 64 == 63 else 0)  # every 64th batch opens a segment the next closes
 
-    tried = stand_in(monkeypatch, need, bound=9_000)
+    tried = stand_in(monkeypatch, need, analytic=lambda b: 30 * 2**30 + b * 8_000_000)
     best = DeviceModel().largest_batch(CASE, DEVICE)
     assert need(best) <= DEVICE < need(best + 1)
-    assert len(tried) <= 16 and len(set(tried)) == len(tried)  # never asked twice
+    assert len(tried) <= 24 and len(set(tried)) == len(tried)  # never asked twice
 
 
 def test_nothing_fits_when_batch_one_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
-    stand_in(monkeypatch, lambda b: DEVICE + b, bound=100)
+    tried = stand_in(monkeypatch, lambda b: DEVICE + b, analytic=lambda b: DEVICE // 2 + b)
     assert DeviceModel().largest_batch(CASE, DEVICE) is None
+    assert tried[-1] == 1 and len(set(tried)) == len(tried)

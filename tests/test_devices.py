@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fsdpbench.core.case import Case
+from fsdpbench.engine.process_env import process_env
 from fsdpbench.engine.worker import resolve_device
 from fsdpbench.pipeline.launch import launch_case
 from fsdpbench.pipeline.scenario import check_devices, parse_scenario, resolve_backend
@@ -112,15 +113,21 @@ def test_the_traced_predictor_keeps_a_cpu_case_on_cpu_where_the_accelerator_is_c
 
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))
     est = estimate(Case(model="decoder-tiny", strategy="zero3", world_size=4, **CPU), rank=0)
-    assert (est.peak_bytes, est.model_states_bytes) == (5347356, 689492)
+    assert (est.peak_bytes, est.model_states_bytes) == (5335068, 689492)
 
 
-def test_a_cpu_cases_rank_hides_the_machines_gpus_from_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_cpu_cases_rank_starts_with_the_machines_gpus_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before anything in the rank can ask for a GPU (DCP's writer made a CUDA context on GPU 0 in every
-    rank of a CPU checkpoint case). On a GPU machine, test_on_cuda.py checks what this does to torch and
-    the driver; a CUDA case's rank keeps its GPUs."""
+    rank of a CPU checkpoint case), from its process's start: the launcher gives it this environment,
+    the rank itself never changes its own. On a GPU machine, test_on_cuda.py checks what this does to
+    torch and the driver; a CUDA case's rank keeps its GPUs."""
+    assert process_env(Case(**CPU)) == {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+    assert process_env(Case(device="cuda", backend="nccl")) == {}
+    assert process_env(Case(**CPU, alloc_conf="expandable_segments:True")) == {
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
-    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
     assert resolve_device(Case(**CPU), 0) == torch.device("cpu")
-    assert os.environ["CUDA_VISIBLE_DEVICES"] == ""
-    assert os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] == "1"  # torch asks NVML, not the driver
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"  # resolving a device changes no environment

@@ -15,11 +15,11 @@ from fsdpbench.predictors.traced import estimate
 @pytest.mark.parametrize(
     "strategy,world,rank,peak,states",
     [
-        ("ddp", 2, 0, 6890332, 2757716),
-        ("zero1", 2, 1, 6200624, 2068008),
-        ("zero2", 2, 0, 6545628, 1378900),
-        ("zero3", 4, 0, 5347356, 689492),
-        ("hsdp", 4, 0, 5864412, 1378900),
+        ("ddp", 2, 0, 6886236, 2757716),
+        ("zero1", 2, 1, 6196528, 2068008),
+        ("zero2", 2, 0, 6541532, 1378900),
+        ("zero3", 4, 0, 5335068, 689492),
+        ("hsdp", 4, 0, 5852124, 1378900),
     ],
 )
 def test_traced_equals_the_measured_run(strategy, world, rank, peak, states):
@@ -39,8 +39,8 @@ def test_traced_equals_the_measured_run(strategy, world, rank, peak, states):
 def test_traced_sees_the_gloo_reduce_scatter_copy():
     """decoder-small on 2 ranks peaks at the root's reduce-scatter, where gloo reduces a copy of the input."""
     case = Case(model="decoder-small", strategy="zero3", world_size=2, batch_size=1, seq_len=16)
-    assert estimate(case).peak_bytes == 63460004  # measured
-    assert estimate(case.replace(backend="nccl")).peak_bytes < 63460004
+    assert estimate(case).peak_bytes == 63459748  # measured
+    assert estimate(case.replace(backend="nccl")).peak_bytes < 63459748
 
 
 def test_traced_agrees_with_the_analytic_model_on_uneven_shards():

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from fsdpbench.analysis.regress import BaselineError, load_baseline
+from fsdpbench.analysis.regress import BaselineError, baseline_host_tuning, load_baseline
 from fsdpbench.core.formats import BASELINE, FORMAT_VERSION, RESULTS, RUN_JSON, FileFormat, FormatVersionError
 from fsdpbench.store.results import (
     ResultsFileError,
@@ -47,9 +47,9 @@ def test_a_format_reads_its_versions_and_refuses_the_others_in_one_line() -> Non
             fmt.check("f.json", bad)
 
 
-def test_every_file_is_written_at_version_1_and_read_from_version_0() -> None:
-    for fmt in (RUN_JSON, BASELINE, RESULTS):
-        assert (fmt.version, fmt.oldest) == (1, 0)
+def test_every_file_is_read_from_version_0_and_written_at_its_version() -> None:
+    for fmt, version in ((RUN_JSON, 1), (BASELINE, 2), (RESULTS, 1)):
+        assert (fmt.version, fmt.oldest) == (version, 0)
         assert fmt.check("x", None) == 0
 
 
@@ -80,7 +80,7 @@ def test_run_json_of_an_unknown_version_is_refused(tmp_path: Path, version: obje
 
 
 def test_results_parquet_carries_its_version_in_the_file_metadata(tmp_path: Path) -> None:
-    frame = pd.DataFrame({"case_id": ["a", "b"], "rank": [0, 1]})
+    frame = pd.DataFrame({"case_id": ["a", "b"], "rank": [0, 1], "status": ["ok", "ok"]})  # a results table
     atomic_write_parquet(tmp_path / "results.parquet", frame)
     assert pq.read_schema(tmp_path / "results.parquet").metadata[b"format_version"] == b"1"
     assert load_results(tmp_path).equals(frame)
@@ -115,14 +115,23 @@ def test_the_ci_baseline_carries_version_1_and_an_unversioned_baseline_is_read(t
     assert set(load_baseline(tmp_path / "old.json")["cases"]) == set(data["cases"])
 
 
+def test_a_baseline_before_version_2_is_read_with_the_host_tuning_its_launcher_applied() -> None:
+    """Versions 0 and 1 name no case's host tuning: the CI baseline's CPU ranks were pinned, gloo's loop
+    threads as gloo has them (its provenance: device cpu, gloo_loops_idle false)."""
+    baseline = load_baseline(CI_BASELINE)
+    tunings = {baseline_host_tuning(baseline, entry) for entry in baseline["cases"].values()}
+    assert tunings == {"pin"}
+    assert all("host_tuning" not in entry for entry in baseline["cases"].values())
+
+
 def test_a_baseline_of_a_newer_version_is_refused_in_one_line_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "newer.json"
     shutil.copy(CI_BASELINE, path)
     data = json.loads(path.read_text())
-    data[FORMAT_VERSION] = 2
+    data[FORMAT_VERSION] = 3
     path.write_text(json.dumps(data))
     with pytest.raises(
-        BaselineError, match=r"baseline format_version 2 is newer than this fsdpbench reads \(1\)"
+        BaselineError, match=r"baseline format_version 3 is newer than this fsdpbench reads \(2\)"
     ):
         load_baseline(path)
     run = subprocess.run(
@@ -134,4 +143,4 @@ def test_a_baseline_of_a_newer_version_is_refused_in_one_line_exit_2(tmp_path: P
     )
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(path) in lines[0] and "format_version 2" in lines[0]
+    assert len(lines) == 1 and str(path) in lines[0] and "format_version 3" in lines[0]

@@ -1,6 +1,6 @@
 """The MLP's activation profile on a GPU: what the worker's step keeps there (engine/step.rank_batch
-copies the rank's rows to the device; the global batch stays in host memory) and CUDA's 512-byte
-storage blocks, while the CPU's figures stay those the CPU tracker measures."""
+makes the rank's own samples and copies them to the device) and CUDA's 512-byte storage blocks, while
+the CPU's figures stay those the CPU tracker measures."""
 
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ def profile(case: Case):
     shape = Shape(
         batch=case.batch_size,
         seq_len=case.seq_len,
-        global_batch=case.global_batch_size,
         mode=FP32,
         device=case.device,
     )
@@ -47,11 +46,12 @@ def test_on_a_gpu_the_batch_is_the_ranks_copy():
     assert profile(case).inputs_bytes == sum(storage_bytes(n, "cuda") for n in kept) == 1024 + 512
 
 
-def test_on_the_cpu_the_batch_is_views_of_the_global_one():
+def test_on_the_cpu_the_rank_holds_only_its_own_samples():
+    """A data loader's batch: the rank's 3 rows are its own storages; the global batch of 12 never exists."""
     case = mlp("cpu")
     x, y = rank_batch(case, rank=1, step=0, device=torch.device("cpu"))
     kept = [t.untyped_storage().nbytes() for t in (x, y)]
-    assert kept == [12 * 64 * 4, 12 * 8]  # the global batch of 4 ranks × 3 rows stays alive
+    assert kept == [3 * 64 * 4, 3 * 8]
     assert profile(case).inputs_bytes == sum(kept)
 
 

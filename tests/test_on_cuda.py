@@ -65,9 +65,6 @@ def test_one_rank_on_cuda_measures_every_source_and_predicts_beside_it(strategy:
 
 CPU_RANK_SAVES = """
 import torch, torch.distributed.checkpoint as dcp
-from fsdpbench.core.case import Case
-from fsdpbench.engine.worker import resolve_device
-resolve_device(Case(device="cpu", backend="gloo"), 0)
 dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter("ckpt"), no_dist=True)
 print(torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.is_initialized())
 """
@@ -76,9 +73,14 @@ print(torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.is_initia
 def test_a_cpu_ranks_checkpoint_leaves_the_gpu_and_the_driver_alone(tmp_path: Path) -> None:
     """A CPU rank on a GPU machine: DCP's writer, which copies through a CUDA stream wherever CUDA is
     available, finds none, and the driver is never started (it writes its cache under $HOME/.nv)."""
+    from fsdpbench.core.case import Case
+    from fsdpbench.engine.process_env import process_env
+
     home = tmp_path / "home"
     home.mkdir()
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": repo_pythonpath(REPO)}
+    # the environment the launcher starts a CPU case's rank with
+    cpu_rank = process_env(Case(device="cpu", backend="gloo"))
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": repo_pythonpath(REPO), **cpu_rank}
     done = subprocess.run(
         [sys.executable, "-c", CPU_RANK_SAVES],
         cwd=tmp_path,

@@ -126,7 +126,7 @@ def test_traced_and_analytic_side_by_side(capsys):
     assert code == 0
     analytic, traced = json.loads(out)
     assert (analytic["method"], traced["method"]) == ("analytic", "traced")
-    assert analytic["peak_bytes"] == traced["peak_bytes"] == 5856220  # the measured zero3 n2 peak
+    assert analytic["peak_bytes"] == traced["peak_bytes"] == 5852124  # the measured zero3 n2 peak
 
 
 @pytest.mark.parametrize(
@@ -162,8 +162,9 @@ def test_device_memory_on_cuda_prints_each_layer_and_answers_from_the_allocator(
         "+ NCCL buffers",
         "NVML used, no limit",
     ):
-        assert label in lines and "GiB" in lines[label]  # each its own line, in the units asked
-    assert "2 channels (given)" in lines["+ NCCL buffers"]
+        figure = lines[label].split("  (")[0]  # each its own line, in binary units as asked
+        assert label in lines and figure.endswith((" GiB", " MiB", " KiB"))
+    assert "2 channels (given)" in out
     assert "fits in 3.0 GiB: the allocator model's reserved peak + context + NCCL" in out
     assert "+ CUDA context / NCCL allowance" in out  # the analytic table keeps its flat allowance row
 
@@ -207,3 +208,52 @@ def test_a_model_with_an_activation_model_is_not_traced(capsys):
     assert code == 0
     (analytic,) = json.loads(out)
     assert analytic["method"] == "analytic" and analytic["peak_bytes"] > 0
+
+
+def test_device_memory_traces_each_stream_once_and_fits_80_columns(capsys, monkeypatch):
+    import fsdpbench.predictors.traced as traced
+
+    traced_ids: list[str] = []
+    trace = traced.estimate
+
+    def counted(case, **kwargs):  # noqa: ANN001, ANN003, ANN202 — traced.estimate's own
+        traced_ids.append(case.case_id)
+        return trace(case, **kwargs)
+
+    monkeypatch.setattr(traced, "estimate", counted)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(
+        capsys,
+        *("--model", "decoder-small", "--world-size", "4", "--strategy", "zero2,zero3"),
+        *("--precision", "bf16", "--seq-len", "128", "--batch-size", "4"),
+        *("--device-memory", "3GiB", "--nccl-channels", "2", "--method", "both"),
+    )
+    assert code == 0
+    # one trace per distinct stream: the case asked once (the allocator model's and the traced column's),
+    # then the searches' candidates, none twice
+    assert len(traced_ids) == len(set(traced_ids))
+    asked = [ln for ln in err.splitlines() if "tracing the case asked" in ln]
+    assert len(asked) == 2 and len(err.splitlines()) == len(traced_ids)  # a progress line per trace
+    lines = out.splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    notes = [ln.strip() for ln in lines if ln.strip().startswith("note:")]
+    assert notes and len(notes) == len(set(notes))  # a note shared by both strategies printed once
+    assert "e-0" not in out  # no size in scientific notation
+
+
+@pytest.mark.parametrize(
+    "nbytes,units,shown",
+    [
+        (4, "GiB", "4 B"),
+        (256 * 2**10, "GiB", "256 KiB"),
+        (500 * 2**20, "GiB", "500 MiB"),
+        (3 * 2**29, "GiB", "1.5"),
+        (250 * 10**6, "GB", "250 MB"),
+        (1_500, "GB", "1.5 KB"),
+        (0, "GB", "0"),
+    ],
+)
+def test_sizes_print_in_a_unit_a_person_reads(nbytes, units, shown):
+    from fsdpbench.commands.predict import _fmt
+
+    assert _fmt(nbytes, units) == shown

@@ -25,6 +25,7 @@ from fsdpbench.analysis.regress import (
 from fsdpbench.cli import build_parser
 from fsdpbench.core import schema
 from fsdpbench.core.case import Case
+from fsdpbench.core.schema import RUN_CASE_ID
 from tests.helpers import made_once
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -58,9 +59,11 @@ def case_rows(case: Case, *, peak: list[int], step_ms: float, losses=LOSSES, sta
     return rows
 
 
-def run_frame(*, ddp_ms=20.0, zero3_ms=50.0, zero3_peak=(1000, 1000), zero3_losses=LOSSES, **extra):
-    rows = case_rows(DDP, peak=[2000, 2000], step_ms=ddp_ms) + case_rows(
-        ZERO3, peak=list(zero3_peak), step_ms=zero3_ms, losses=zero3_losses
+def run_frame(
+    *, ddp_ms=20.0, zero3_ms=50.0, zero3_peak=(1000, 1000), zero3_losses=LOSSES, tuning="none", **extra
+):
+    rows = case_rows(DDP.replace(host_tuning=tuning), peak=[2000, 2000], step_ms=ddp_ms) + case_rows(
+        ZERO3.replace(host_tuning=tuning), peak=list(zero3_peak), step_ms=zero3_ms, losses=zero3_losses
     )
     frame = pd.DataFrame(rows)
     for key, value in extra.items():
@@ -148,23 +151,91 @@ def test_unchanged_run_passes(baseline):
     assert result.machine_matches and not result.notes
 
 
-def test_a_run_whose_gloo_loop_threads_differ_from_the_baselines_says_so(baseline):
-    # the baseline's ranks as gloo leaves them (gloo_loops_idle 0, or a baseline from before the column)
-    assert baseline["provenance"]["gloo_loops_idle"] is False
-    idle = compare(baseline, run_frame(gloo_loops_idle=1))
-    assert idle.passed  # a note, not a verdict: the ratios are compared as before
-    assert idle.notes == [
-        "gloo's loop threads differ (baseline: as gloo leaves them, now: under SCHED_IDLE, on each pinned "
-        "rank's own cores): step times of CPU ranks that communicate differ for that reason alone; set "
-        "FSDPBENCH_GLOO_LOOP_IDLE to the same 0 or 1 for both (docs/ci.md)"
+def test_times_under_another_host_tuning_are_not_comparable_and_the_rest_is_gated(baseline):
+    assert {c["host_tuning"] for c in baseline["cases"].values()} == {"none"}  # each case says its own
+    pinned = run_frame(tuning="pin", ddp_ms=20.0, zero3_ms=80.0)  # ids differ; zero3 "slower" by 60%
+    result = compare(baseline, pinned)
+    rec = result.records
+    assert result.passed and set(rec["case_id"]) == {DDP.case_id, ZERO3.case_id}  # no "missing", no "new"
+    assert set(rec[RUN_CASE_ID]) == {
+        DDP.replace(host_tuning="pin").case_id,
+        ZERO3.replace(host_tuning="pin").case_id,
+    }
+    times = rec[rec["kind"] == "time"]
+    assert not times.empty and set(times["verdict"]) == {"not comparable"} and not times["fails"].any()
+    assert set(times["note"]) == {"host tuning differs (baseline: none, now: pin)"}
+    assert set(rec[rec["kind"] != "time"]["verdict"]) == {"ok"}  # memory, communication, losses: gated
+    assert result.notes == [
+        "not comparable: host tuning differs in 2 case(s) (baseline: none, now: pin): their step times are "
+        "not compared, their memory, communication and losses are; to compare times, run with --set "
+        "host_tuning=none or re-write the baseline (docs/ci.md)"
     ]
-    assert not compare(baseline, run_frame(gloo_loops_idle=0)).notes
-    written_idle = json.loads(json.dumps(build_baseline(run_frame(gloo_loops_idle=1))))
-    assert written_idle["provenance"]["gloo_loops_idle"] is True
-    back = compare(written_idle, run_frame()).notes
-    assert "baseline: under SCHED_IDLE, on each pinned rank's own cores, now: as gloo leaves them" in back[0]
-    written_idle["provenance"]["gloo_loops_idle"] = "yes"  # a stranger's file: only true is true
-    assert not compare(written_idle, run_frame()).notes
+    # a memory regression under another tuning still fails
+    worse = compare(baseline, run_frame(tuning="pin", zero3_peak=(1000, 1100)))
+    assert not worse.passed and [d.metric for d in worse.failures] == ["mem_tracker_peak_bytes"]
+    # and the same tuning on both sides is compared as before, whatever the tuning
+    pinned_baseline = json.loads(json.dumps(build_baseline(run_frame(tuning="pin"))))
+    assert compare(pinned_baseline, run_frame(tuning="pin")).passed
+    assert not compare(pinned_baseline, run_frame(tuning="pin", zero3_ms=80.0)).passed
+
+
+def test_the_renderers_print_the_not_comparable_verdicts_and_the_tuning_note(baseline):
+    """Host tuning's verdicts are data in the DifferenceReport; the table, Markdown and JSON print them."""
+    from fsdpbench.commands.regress import build_table, render_markdown, to_json, verdict_line
+
+    report = compare(baseline, run_frame(tuning="pin", zero3_ms=80.0))
+    differs = [d for d in report.differences if d.verdict == "not comparable"]
+    assert differs and {d.kind for d in differs} == {"time"} and not any(d.fails for d in differs)
+    assert {d.note for d in differs} == {"host tuning differs (baseline: none, now: pin)"}
+    assert report.verdict_counts()["not comparable"] == len(differs)
+    assert f"{len(differs)} not comparable" in verdict_line(report).splitlines()[-1]
+    markdown = render_markdown(report, {}, "b.json", "run")
+    assert "> not comparable: host tuning differs in 2 case(s) (baseline: none, now: pin)" in markdown
+    assert markdown.count("not comparable | host tuning differs (baseline: none, now: pin) |") == len(differs)
+    table = build_table(report, "b.json", "run")
+    assert table.row_count == len(report.differences)
+    data = to_json(report, "b.json", "run")
+    assert data["notes"] == report.notes and data["passed"] is True
+    assert sum(r["verdict"] == "not comparable" for r in data["records"]) == len(differs)
+
+
+def test_a_baseline_from_before_tuning_was_recorded_is_read_as_its_launcher_tuned(baseline):
+    # then every CPU rank was pinned, and its gloo loops idled where gloo_loops_idle says so
+    for entry in baseline["cases"].values():
+        del entry["host_tuning"]
+    baseline["provenance"].update(device="cpu", gloo_loops_idle=False)
+    untuned = compare(baseline, run_frame())
+    assert untuned.passed and "(baseline: pin, now: none)" in untuned.notes[0]
+    assert set(untuned.records[untuned.records["kind"] == "time"]["verdict"]) == {"not comparable"}
+    pinned = compare(baseline, run_frame(tuning="pin", zero3_ms=80.0))  # as it was measured: compared
+    assert not pinned.notes and not pinned.passed
+    assert {d.case_id for d in pinned.failures} == {ZERO3.case_id}  # the baseline's id, not the run's
+    baseline["provenance"]["gloo_loops_idle"] = True
+    assert "(baseline: pin-idle-loops, now: pin)" in compare(baseline, run_frame(tuning="pin")).notes[0]
+    baseline["provenance"]["gloo_loops_idle"] = "yes"  # a stranger's file: only true is true
+    assert not compare(baseline, run_frame(tuning="pin")).notes
+    baseline["provenance"]["device"] = "cuda"  # GPU ranks were never tuned
+    assert not compare(baseline, run_frame()).notes
+
+
+def test_a_run_from_before_tuning_was_recorded_is_read_as_its_launcher_tuned(baseline):
+    legacy = run_frame().drop(columns=["host_tuning"]).assign(gloo_loops_idle=0)
+    assert "(baseline: none, now: pin)" in compare(baseline, legacy).notes[0]
+    assert (
+        "(baseline: none, now: pin-idle-loops)"
+        in compare(baseline, legacy.assign(gloo_loops_idle=1)).notes[0]
+    )
+
+
+def test_a_baselines_host_tuning_must_be_one_fsdpbench_knows(tmp_path):
+    data = build_baseline(run_frame())
+    data["cases"][DDP.case_id]["host_tuning"] = "turbo"
+    path = tmp_path / "b.json"
+    write_baseline(path, data)
+    with pytest.raises(
+        BaselineError, match=rf"cases\.{DDP.case_id}\.host_tuning: 'turbo'; expected one of none, pin"
+    ):
+        load_baseline(path)
 
 
 def test_memory_over_tolerance_on_one_rank_fails_naming_case_and_metric(baseline):

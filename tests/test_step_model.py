@@ -477,33 +477,37 @@ def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache
     assert link.alpha_busbw("all_reduce", queued=True) == pytest.approx((250.0, 1.0))  # factor 2(N−1)/N = 1
     cache = tmp_path / "comm_probe" / "gloo_n2.json"
     cache.parent.mkdir()
-    cache.write_text(json.dumps({"link": link.to_dict(), "world_size": 2, "points": in_context}))
+    cache.write_text(
+        json.dumps({"link": link.to_dict(), "world_size": 2, "points": in_context, "host_tuning": "none"})
+    )
     assert gloo_link(tmp_path, 2) == link  # per_kind and per_kind_queued back as tuples
 
 
-def test_a_probe_cached_with_the_other_loop_thread_policy_is_measured_again(
+def test_a_probe_is_cached_per_host_tuning_and_one_without_its_tuning_measured_again(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV
+    from fsdpbench.core.case import HOST_TUNINGS
     from fsdpbench.pipeline import comm_probe
 
     points = [{"kind": "all_reduce", "payload_bytes": s, "time_us": 400.0 + s / 1e3} for s in (4096, 1 << 20)]
-    probes: list[int] = []
+    probes: list[tuple[int, str]] = []
     monkeypatch.setattr(
-        comm_probe, "run_probe", lambda n, reps, log_dir, root: probes.append(n) or {"points": points}
+        comm_probe,
+        "run_probe",
+        lambda n, reps, log_dir, host_tuning, root: probes.append((n, host_tuning)) or {"points": points},
     )
     cache = tmp_path / "comm_probe" / "gloo_n2.json"
     cache.parent.mkdir()
     cache.write_text(json.dumps({"link": {}, "world_size": 2, "points": [], "loop_threads_idle": False}))
-    monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "1")  # asked for now; the cache was measured without
-    again = comm_probe.probe(tmp_path, 2)
-    assert probes == [2] and again["loop_threads_idle"] is True and again["points"] == points
-    assert again["link"]["source"].endswith(
-        "; gloo's loop threads under SCHED_IDLE, on each pinned rank's own cores"
-    )
-    assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is True and probes == [2]  # same: the cache
-    monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "0")
-    assert comm_probe.probe(tmp_path, 2)["loop_threads_idle"] is False and probes == [2, 2]
+    again = comm_probe.probe(tmp_path, 2)  # an older run's cache, its processes pinned then: measured again
+    assert probes == [(2, "none")] and again["host_tuning"] == "none" and again["points"] == points
+    assert again["link"]["source"].endswith(" points")  # untuned: nothing said
+    stored = json.loads(json.dumps(again))  # as read back from its file
+    assert comm_probe.probe(tmp_path, 2) == stored and len(probes) == 1  # the cache
+    tuned = comm_probe.probe(tmp_path, 2, host_tuning="pin")  # a tuned case's ranks: a probe of its own
+    assert probes[-1] == (2, "pin") and (tmp_path / "comm_probe" / "gloo_n2_pin.json").exists()
+    assert tuned["link"]["source"].endswith(f"; host tuning pin: {HOST_TUNINGS['pin']}")
+    assert comm_probe.probe(tmp_path, 2) == stored and len(probes) == 2  # each tuning keeps its own
 
 
 def test_a_queued_collective_costs_what_it_adds_to_a_burst_not_a_share_of_its_start() -> None:
@@ -594,30 +598,32 @@ def test_real_cpu_ranks_beyond_the_cores_get_no_modelled_figure_no_probe_and_no_
 
 @pytest.mark.slow
 def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Path, monkeypatch) -> None:
-    from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV
+    from fsdpbench.core.case import HOST_TUNINGS
+    from fsdpbench.hosttuning.threads import host_tuning_unsupported
     from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.report.data import build_case_frame
     from fsdpbench.report.tables import case_table
     from fsdpbench.store.results import RunStore
     from tests.helpers import tiny_case
 
-    # the opt-in (the default is the one-case run's, tests/test_threads.py): ranks and probe both take it
-    monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "1")
+    # the opt-in (the default is the one-case run's, tests/test_threads.py): ranks and probe both take
+    # it; where this torch's gloo cannot be told apart (host_tuning_unsupported), the pin alone
+    tuning = "pin" if host_tuning_unsupported("pin-idle-loops") else "pin-idle-loops"
     store = RunStore(tmp_path / "run")
-    frame = run_cases([tiny_case(strategy="zero3", world_size=2)], [], store, {"env": {}}, link="auto")
+    case = tiny_case(strategy="zero3", world_size=2, host_tuning=tuning)
+    frame = run_cases([case], [], store, {"env": {}}, link="auto")
     assert set(frame["status"]) == {"ok"}
-    probe = store.run_dir / "comm_probe" / "gloo_n2.json"
+    probe = store.run_dir / "comm_probe" / f"gloo_n2_{tuning}.json"
     assert probe.exists()  # cached in the run directory
-    if hasattr(os, "SCHED_IDLE"):
-        assert list(frame["gloo_loops_idle"]) == [1, 1]  # each rank's one group
-        if len(os.sched_getaffinity(0)) >= 2:  # each rank pinned to a core of its own: the default
-            assert (frame["gloo_threads_bound"] >= 1).all()  # group's gloo threads bound to it too
-    assert json.loads(probe.read_text())["loop_threads_idle"] is True
-    assert (
-        frame["model_link_source"]
-        .str.endswith("; gloo's loop threads under SCHED_IDLE, on each pinned rank's own cores")
-        .all()
-    )
+    assert list(frame["gloo_loops_idle"]) == (
+        [1, 1] if tuning == "pin-idle-loops" else [0, 0]
+    )  # a group each
+    if len(os.sched_getaffinity(0)) >= 2:  # each rank pinned to a core of its own
+        assert (frame["cores"] != "").all()
+        if tuning == "pin-idle-loops":  # the default group's gloo threads bound to it too
+            assert (frame["gloo_threads_bound"] >= 1).all()
+    assert json.loads(probe.read_text())["host_tuning"] == tuning
+    assert frame["model_link_source"].str.endswith(f"; host tuning {tuning}: {HOST_TUNINGS[tuning]}").all()
     for col in (
         "model_step_time_ms",
         "model_compute_ms",
@@ -645,7 +651,7 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     # the link is the fit of the cached points: a line per kind whose times grow with size. Which ones
     # do is the machine's (under the suite's load a kind's points can come out flat, and that kind then
     # takes the line through all the points), so the test refits them rather than naming the kinds
-    refit = fit_link(probed["points"], 2, queued_points=probed["points_queued"], loops_idle=True)
+    refit = fit_link(probed["points"], 2, queued_points=probed["points_queued"], host_tuning=tuning)
     assert [list(line) for line in refit.per_kind] == probed["link"]["per_kind"]
     assert {k for k, _, _ in refit.per_kind} <= kinds and refit.per_kind
     # a reduce-scatter with a line of its own is timed as gloo runs it, not as an all-reduce

@@ -1,4 +1,5 @@
-"""A CPU rank's compute threads, one per core of its own (fsdpbench/hosttuning/threads.py)."""
+"""The host tuning of CPU ranks (fsdpbench/hosttuning): opt-in per case; compute threads one per core of
+their own, gloo's loop threads under SCHED_IDLE, and a refusal where this torch cannot."""
 
 from __future__ import annotations
 
@@ -6,15 +7,20 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fsdpbench.core.case import HOST_TUNINGS, Case
 from fsdpbench.engine.intra_op import rank_threads
-from fsdpbench.hosttuning.threads import GLOO_LOOP_THREAD, rank_cores
-from tests.helpers import REPO, repo_pythonpath
+from fsdpbench.hosttuning import threads
+from fsdpbench.hosttuning.threads import GLOO_LOOP_THREAD, gloo_names_its_loop, rank_cores
+from tests.helpers import REPO, repo_pythonpath, tiny_case
+
+NAMED_LOOPS = pytest.mark.skipif(
+    not gloo_names_its_loop(), reason=f"this torch's gloo does not name its loop thread {GLOO_LOOP_THREAD}"
+)
 
 
 def test_each_rank_gets_its_own_cores_in_order_and_none_when_they_must_share() -> None:
@@ -57,132 +63,108 @@ def test_the_main_thread_and_the_intra_op_thread_are_bound_one_per_core() -> Non
 
 
 @pytest.mark.slow
-def test_a_real_runs_ranks_say_which_cores_they_were_bound_to(one_case_run: Path) -> None:
+def test_a_default_run_tunes_nothing_and_says_so(one_case_run: Path) -> None:
     from fsdpbench.store.results import load_results
 
     frame = load_results(one_case_run)
-    cores, threads = rank_cores(0, 1), rank_threads(1)  # one rank: every core, a thread on each
-    expected = ",".join(map(str, cores)) if len(cores) >= threads else ""  # fewer cores allowed: unbound
-    assert list(frame["cores"]) == [expected] and list(frame["threads"]) == [threads]
-    assert list(frame["gloo_loops_idle"]) == [0]  # as gloo leaves them: the suite pins it (conftest.py)
+    assert list(frame["host_tuning"]) == ["none"]
+    # its threads where the scheduler puts them: none bound, no gloo thread idled or bound
+    assert list(frame["cores"]) == [""] and list(frame["threads"]) == [rank_threads(1)]
+    assert list(frame["gloo_loops_idle"]) == [0] and list(frame["gloo_threads_bound"]) == [0]
     run_json = json.loads((one_case_run / "run.json").read_text())
-    expected = "gloo's loop threads as gloo leaves them (FSDPBENCH_GLOO_LOOP_IDLE=0)"
-    assert run_json["gloo_loop_policy"] == expected
+    assert run_json["host_tuning"] == f"none: {HOST_TUNINGS['none']}"
+    assert "gloo_loop_policy" not in run_json
     from fsdpbench.report.data import load_runs
     from fsdpbench.report.page import render_environment
 
-    row = '<tr><th class="l">gloo loop threads</th><td class="l">gloo&#x27;s loop threads as gloo leaves them'
+    row = '<tr><th class="l">host tuning</th><td class="l">none: CPU ranks as the machine runs them'
     assert row in render_environment(load_runs([one_case_run]))  # the report's environment section
 
 
-def _fresh_auto(monkeypatch: pytest.MonkeyPatch, value: str | None) -> list[float]:
-    """``GLOO_LOOP_IDLE_ENV`` set to ``value`` (None: unset), no decision made yet in this process; the
-    list collects every sample length that ``gloo_loop_policy``'s machine watch is asked for."""
-    from fsdpbench.hosttuning import threads
+def test_a_run_json_says_each_tuning_and_how_many_cases_ran_with_it() -> None:
+    from fsdpbench.pipeline.runner import host_tuning_record
 
-    monkeypatch.setattr(threads, "_auto_policy", [])
-    if value is None:
-        monkeypatch.delenv(threads.GLOO_LOOP_IDLE_ENV, raising=False)
-    else:
-        monkeypatch.setenv(threads.GLOO_LOOP_IDLE_ENV, value)
-    return []
+    assert host_tuning_record([tiny_case(host_tuning="pin")] * 2) == f"pin: {HOST_TUNINGS['pin']}"
+    mixed = host_tuning_record([tiny_case(), tiny_case(host_tuning="pin"), tiny_case()])
+    assert mixed == f"none (2 cases): {HOST_TUNINGS['none']}; pin (1 case): {HOST_TUNINGS['pin']}"
 
 
-@pytest.mark.parametrize("value", [None, "", "auto", " auto "])
-def test_auto_idles_the_loops_on_an_idle_machine_and_keeps_the_decision(monkeypatch, value) -> None:
-    from fsdpbench.hosttuning.threads import BUSY_SAMPLE_S, gloo_loop_idle_wanted, gloo_loop_policy
+@pytest.mark.parametrize(
+    ("tuning", "pin", "idle"), [("none", False, False), ("pin", True, False), ("pin-idle-loops", True, True)]
+)
+def test_a_ranks_hooks_do_what_its_cases_tuning_says_and_nothing_by_default(tuning, pin, idle) -> None:
+    from fsdpbench.hosttuning.hooks import HostHooks
 
-    asked = _fresh_auto(monkeypatch, value)
-    policy = gloo_loop_policy(lambda s: asked.append(s) or 0.03)
-    cores = os.cpu_count()
-    assert policy.idle
-    assert (
-        policy.reason == "under SCHED_IDLE, on each pinned rank's own cores "
-        f"(auto: other work kept 0.03 of {cores} cores busy as the run started)"
+    hooks = HostHooks.for_case(tiny_case(host_tuning=tuning), "", rank=0)
+    assert (hooks.pin, hooks.idle_loops, hooks.baton) == (pin, idle, None)  # "": no turns with a twin
+
+
+def test_tuning_is_refused_in_one_line_where_it_cannot_apply(monkeypatch) -> None:
+    from fsdpbench.hosttuning.threads import check_host_tuning
+
+    assert check_host_tuning(tiny_case()) is None  # none: nothing to apply, anywhere
+    assert check_host_tuning(Case(device="cuda", backend="nccl", host_tuning="pin")) == (
+        "host_tuning pin tunes CPU ranks; a cuda case runs with none"
     )
-    assert asked == [BUSY_SAMPLE_S]
-    # decided once: later calls (each case's launch, the probe) do not watch the machine again
-    assert gloo_loop_policy(lambda s: asked.append(s) or 2.0) == policy and gloo_loop_idle_wanted()
-    assert asked == [BUSY_SAMPLE_S]
-    # a run that starts (pipeline/runner.py) decides again: the machine may be busy now
-    again = gloo_loop_policy(lambda s: asked.append(s) or 2.0, anew=True)
-    assert not again.idle and gloo_loop_policy() == again and asked == [BUSY_SAMPLE_S] * 2
+    monkeypatch.setattr(threads, "gloo_names_its_loop", lambda: False)  # as torch 2.11's gloo
+    import torch
 
-
-def test_auto_leaves_the_loops_alone_beside_other_work_or_where_it_cannot_tell(monkeypatch) -> None:
-    from fsdpbench.hosttuning.threads import BUSY_CORES_LIMIT, gloo_loop_policy
-
-    _fresh_auto(monkeypatch, None)
-    busy = gloo_loop_policy(lambda s: BUSY_CORES_LIMIT + 0.01)
-    assert not busy.idle
-    assert busy.reason.startswith(
-        f"as gloo leaves them (auto: other work kept {BUSY_CORES_LIMIT + 0.01:.2f} of"
+    assert check_host_tuning(tiny_case(host_tuning="pin")) is None  # pinning needs no gloo thread's name
+    assert check_host_tuning(tiny_case(host_tuning="pin-idle-loops")) == (
+        f"host_tuning pin-idle-loops: the gloo of torch {torch.__version__} does not name its TCP loop "
+        "thread 'gloo_tcp_loop', so it cannot be told from gloo's other threads (use pin or none)"
     )
-    assert "would starve" in busy.reason
-    _fresh_auto(monkeypatch, "auto")
-    assert gloo_loop_policy(lambda s: BUSY_CORES_LIMIT).idle  # at the limit: still idle
-    _fresh_auto(monkeypatch, None)
-    unknown = gloo_loop_policy(lambda s: None)
-    assert not unknown.idle and "no /proc/stat" in unknown.reason
 
 
-@pytest.mark.parametrize(("value", "idle"), [("1", True), ("0", False)])
-def test_an_explicit_setting_is_obeyed_without_watching_the_machine(monkeypatch, value, idle) -> None:
-    from fsdpbench.hosttuning.threads import gloo_loop_policy
+def test_a_scenario_asking_for_a_tuning_this_torch_cannot_apply_skips_its_cases_saying_why(
+    monkeypatch,
+) -> None:
+    from fsdpbench.pipeline.scenario import parse_scenario
 
-    asked = _fresh_auto(monkeypatch, value)
-    policy = gloo_loop_policy(lambda s: asked.append(s) or 0.0)
-    assert policy.idle is idle and policy.reason.endswith(f"(FSDPBENCH_GLOO_LOOP_IDLE={value})")
-    assert asked == []
-
-
-def test_a_re_launch_follows_its_runs_policy_unless_the_user_set_one(monkeypatch) -> None:
-    from fsdpbench.hosttuning import threads
-    from fsdpbench.hosttuning.threads import follow_gloo_loop_policy, gloo_loop_idle_wanted
-
-    _fresh_auto(monkeypatch, None)
-    monkeypatch.setattr(threads, "busy_cores", lambda s: pytest.fail("the machine was watched"))
-    assert follow_gloo_loop_policy(False, "run r").reason == "as gloo leaves them (auto: as in run r)"
-    assert not gloo_loop_idle_wanted()  # the run's policy, without watching the machine
-    _fresh_auto(monkeypatch, "1")  # the user's setting wins over the run's
-    assert follow_gloo_loop_policy(False, "run r").idle and gloo_loop_idle_wanted()
+    monkeypatch.setattr(threads, "gloo_names_its_loop", lambda: False)
+    text = (
+        "name: t\ndefaults: {model: decoder-tiny, device: cpu}\nsweep: {strategy: [ddp], world_size: [2]}\n"
+    )
+    scenario = parse_scenario(text, overrides={"host_tuning": "pin-idle-loops"})
+    assert scenario.cases == [] and len(scenario.skipped) == 1
+    assert scenario.skipped[0].reason.startswith("host_tuning pin-idle-loops: the gloo of torch")
+    assert "_host-pin-idle-loops_" in scenario.skipped[0].case.case_id  # the tuning is in the id
 
 
-@pytest.mark.parametrize("value", ["yes", "2", "true", "idle"])
-def test_any_other_setting_is_refused_by_name(monkeypatch, value) -> None:
-    from fsdpbench.hosttuning.threads import gloo_loop_idle_wanted, gloo_loop_setting
+def test_whether_gloo_names_its_loop_is_what_a_real_group_shows_and_leaves_no_thread() -> None:
+    # in a fresh process: the check makes a gloo device; the group after it shows what a rank would find
+    code = (
+        "import json, os, time, torch.distributed as dist\n"
+        "from fsdpbench.hosttuning.threads import GLOO_LOOP_THREAD, LOOP_NAMING_WAIT_S, _threads_named, "
+        "gloo_names_its_loop\n"
+        "named = gloo_names_its_loop()\n"
+        "left = len(_threads_named(GLOO_LOOP_THREAD))\n"
+        "dist.init_process_group('gloo', rank=0, world_size=1, store=dist.HashStore())\n"
+        "dist.barrier()\n"
+        # a group of one may not have run its loop thread yet, which names itself when it first runs: as
+        # long as a rank waits for it (threads.idle_gloo_loops)
+        "deadline = time.monotonic() + LOOP_NAMING_WAIT_S\n"
+        "while not _threads_named(GLOO_LOOP_THREAD) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.001)\n"
+        "print(json.dumps([named, left, len(_threads_named(GLOO_LOOP_THREAD))]))\n"
+    )
+    named, left, in_a_group = _in_a_fresh_process(code)
+    assert left == 0  # the check's device and its loop thread are gone
+    assert named == (in_a_group == 1)
 
-    asked = _fresh_auto(monkeypatch, value)
-    for read in (gloo_loop_setting, gloo_loop_idle_wanted):
-        with pytest.raises(ValueError, match=f"FSDPBENCH_GLOO_LOOP_IDLE='{value}': expected auto, 0 or 1"):
-            read()
-    assert asked == []
 
+def test_a_rank_never_idles_fewer_loops_than_its_groups_without_saying_so(monkeypatch) -> None:
+    from fsdpbench.hosttuning.threads import idle_gloo_loops
 
-@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="/proc/stat is Linux's")
-def test_the_runs_own_processes_are_not_other_work() -> None:
-    """A child process spins through the sample: the machine counts it, "auto" does not (the run's
-    fork server importing torch as the run starts made "auto" see a busy machine)."""
-    from fsdpbench.hosttuning.threads import busy_cores, busy_split
-
-    spin = "import time\nend = time.monotonic() + 5\nwhile time.monotonic() < end:\n    pass\n"
-    child = subprocess.Popen([sys.executable, "-c", spin])
-    try:
-        time.sleep(0.1)  # started
-        split = busy_split(0.3)
-    finally:
-        child.kill()
-        child.wait()
-    assert split is not None
-    machine, own = split
-    cores = os.cpu_count() or 1
-    # the child ran and was counted as the run's own (how much of a core it got depends on the load)
-    assert 0.0 < own <= machine + 0.1 and machine <= cores + 0.01
-    other = busy_cores(0.05)
-    assert other is not None and 0.0 <= other <= cores + 0.01
+    monkeypatch.setattr(threads, "_gloo_groups", lambda: 2)
+    monkeypatch.setattr(threads, "_threads_named", lambda name: [])  # as in torch 2.11's gloo
+    monkeypatch.setattr(threads, "LOOP_NAMING_WAIT_S", 0.01)
+    with pytest.raises(RuntimeError, match="0 thread\\(s\\) named 'gloo_tcp_loop' for 2 gloo group\\(s\\)"):
+        idle_gloo_loops()
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+@NAMED_LOOPS
 def test_every_groups_gloo_loop_thread_and_only_it_goes_idle(tmp_path: Path) -> None:
     # in a fresh process: a policy set here would stay with this test process's threads
     code = (
@@ -252,42 +234,3 @@ def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:
         # libgomp's idle worker spins (300,000 pause loops by default) before it sleeps: it used a core
         # for some of the 50 ms the main thread slept (8.7 ms on this project's 2-core VM)
         assert two > 0.0005
-
-
-def test_a_ctrl_c_while_auto_watches_the_machine_ends_the_runs_record(tmp_path, monkeypatch) -> None:
-    from fsdpbench.hosttuning import threads
-    from fsdpbench.pipeline.runner import run_cases
-    from fsdpbench.store.results import RunStore
-    from tests.helpers import tiny_case
-
-    def interrupted(sample_s: float) -> float:
-        raise KeyboardInterrupt
-
-    _fresh_auto(monkeypatch, "auto")
-    monkeypatch.setattr(threads, "busy_cores", interrupted)
-    store = RunStore(tmp_path / "run")
-    with pytest.raises(KeyboardInterrupt):
-        run_cases([tiny_case(strategy="ddp", world_size=2)], [], store, {"env": {}}, link="auto")
-    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "interrupted"
-    assert not (tmp_path / "run" / "cases").exists() or not any((tmp_path / "run" / "cases").iterdir())
-
-
-def test_autos_decision_is_recorded_and_printed_in_80_columns(monkeypatch, capsys) -> None:
-    from fsdpbench.hosttuning import threads
-    from fsdpbench.pipeline.runner import _decide_gloo_loops
-
-    _fresh_auto(monkeypatch, None)
-    monkeypatch.setattr(threads, "busy_cores", lambda s: 0.0)
-    meta: dict = {}
-    _decide_gloo_loops(meta)
-    cores = os.cpu_count()
-    expected = (
-        "gloo's loop threads under SCHED_IDLE, on each pinned rank's own cores "
-        f"(auto: other work kept 0.00 of {cores} cores busy as the run started)"
-    )
-    assert meta["gloo_loop_policy"] == expected
-    err = capsys.readouterr().err
-    assert " ".join(err.split()) == expected and all(len(line) <= 80 for line in err.splitlines())
-    monkeypatch.setenv(threads.GLOO_LOOP_IDLE_ENV, "0")  # the user's own choice: recorded, not printed
-    _decide_gloo_loops(meta)
-    assert meta["gloo_loop_policy"].endswith("(FSDPBENCH_GLOO_LOOP_IDLE=0)") and capsys.readouterr().err == ""

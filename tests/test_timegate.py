@@ -71,9 +71,15 @@ def test_block_ratios_use_the_slowest_rank_per_pair_and_cpu_time_on_cpu():
 # ---- in regress: samples in the baseline, the verdict per case, --pool, --repeat -----------------
 
 
-def sampled_frame(zero3_samples: list[float], ddp_samples: list[float] = BASE, zero3_ms: float = 50.0):
-    rows = case_rows(DDP, peak=[2000, 2000], step_ms=20.0, **{SAMPLED: ddp_samples})
-    rows += case_rows(ZERO3, peak=[1000, 1000], step_ms=zero3_ms, **{SAMPLED: zero3_samples})
+def sampled_frame(
+    zero3_samples: list[float], ddp_samples: list[float] = BASE, zero3_ms: float = 50.0, tuning: str = "none"
+):
+    rows = case_rows(
+        DDP.replace(host_tuning=tuning), peak=[2000, 2000], step_ms=20.0, **{SAMPLED: ddp_samples}
+    )
+    rows += case_rows(
+        ZERO3.replace(host_tuning=tuning), peak=[1000, 1000], step_ms=zero3_ms, **{SAMPLED: zero3_samples}
+    )
     return pd.DataFrame(rows)
 
 
@@ -113,21 +119,14 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     import fsdpbench.store.results
 
     base = tmp_path / "b.json"
-    assert cli(write_run(tmp_path / "a", sampled_frame(BASE)), "--write-baseline", base) == 0
-    slow = sampled_frame([x * 1.3 for x in BASE]).assign(gloo_loops_idle=1)  # its ranks' loops were idle
-    bad_minute = write_run(tmp_path / "r", slow)
-    launched, loops_idle = [], []
-    from fsdpbench.hosttuning import threads
-    from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV, gloo_loop_idle_wanted
-
-    # "auto", and the machine looks busy now: the re-launches still take the run's policy (idle here)
-    monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "auto")
-    monkeypatch.setattr(threads, "_auto_policy", [])
-    monkeypatch.setattr(threads, "busy_cores", lambda s: 2.0)
+    pinned = ZERO3.replace(host_tuning="pin")
+    assert cli(write_run(tmp_path / "a", sampled_frame(BASE, tuning="pin")), "--write-baseline", base) == 0
+    bad_minute = write_run(tmp_path / "r", sampled_frame([x * 1.3 for x in BASE], tuning="pin"))
+    launched, tunings = [], []
 
     def fake_launch(case, case_dir):
         launched.append((case.case_id, case_dir.name))
-        loops_idle.append(gloo_loop_idle_wanted())  # what the launcher gives the ranks
+        tunings.append(case.host_tuning)  # the run's case, its tuning with it
         return object()
 
     def fake_rows(case, outcome, env):  # each re-launch measures the baseline's distribution again
@@ -143,13 +142,9 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     assert cli(bad_minute, "--baseline", base) == 1  # no repeat: fails
     capsys.readouterr()
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 0
-    assert launched == [(ZERO3.case_id, "repeat1"), (ZERO3.case_id, "repeat2")]
-    assert loops_idle == [True, True]  # as in the run (its ranks' gloo_loops_idle), not as the machine is
-    assert (
-        threads.gloo_loop_policy().reason
-        == "under SCHED_IDLE, on each pinned rank's own cores (auto: as in the run being re-measured)"
-    )
-    assert f"re-measured {ZERO3.case_id} (2/2)" in capsys.readouterr().err
+    assert launched == [(pinned.case_id, "repeat1"), (pinned.case_id, "repeat2")]
+    assert tunings == ["pin", "pin"]  # as in the run, so that the samples pool
+    assert f"re-measured {pinned.case_id} (2/2)" in capsys.readouterr().err
     # a real slowdown stays slow in the re-launches: still fails
     monkeypatch.setattr(
         fsdpbench.store.results,
@@ -157,6 +152,28 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
         lambda c, o, e: pd.DataFrame([{SAMPLED: [x * 1.3 for x in BASE]}]),
     )
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 1
+
+
+def test_a_run_from_before_tuning_was_recorded_is_re_measured_as_its_launcher_tuned(tmp_path, monkeypatch):
+    import fsdpbench.pipeline.launch
+    import fsdpbench.store.results
+
+    base = tmp_path / "b.json"
+    assert cli(write_run(tmp_path / "a", sampled_frame(BASE, tuning="pin")), "--write-baseline", base) == 0
+    slow = sampled_frame([x * 1.3 for x in BASE]).drop(columns=["host_tuning"]).assign(gloo_loops_idle=0)
+    tunings = []
+
+    class Outcome:
+        status = "ok"
+
+    monkeypatch.setattr(
+        fsdpbench.pipeline.launch, "launch_case", lambda c, d: tunings.append(c.host_tuning) or Outcome()
+    )
+    monkeypatch.setattr(
+        fsdpbench.store.results, "build_rows", lambda c, o, e: pd.DataFrame([{SAMPLED: BASE}])
+    )
+    assert cli(write_run(tmp_path / "r", slow), "--baseline", base, "--repeat", "2") == 0
+    assert tunings == ["pin", "pin"]  # its CPU ranks were pinned then: re-measured pinned
 
 
 # ---- recorded on the loaded 2-core machine (tests/data/timegate_loaded_runs.json) -----------------

@@ -18,7 +18,9 @@ What is compared, and how (docs/ci.md explains why):
 - losses (global mean per step): a changed loss means the benchmark trains something else, so any
   change beyond 1e-4 relative, in either direction, fails.
 A case missing from the run, failed, or skipped where it ran before is a regression; a case
-not in the baseline is reported as new.
+not in the baseline is reported as new. Host tuning (a case's ``host_tuning``) is part of what a step
+time is: a run case and a baseline case that differ only in it are the same case, whose memory,
+communication and losses are gated and whose times are "not comparable".
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from fsdpbench.analysis.frame import (
     time_references,
 )
 from fsdpbench.analysis.timegate import ALPHA
+from fsdpbench.core.case import HOST_TUNINGS, NO_HOST_TUNING, PIN, PIN_IDLE_LOOPS
 from fsdpbench.core.formats import BASELINE, FORMAT_VERSION, FormatVersionError
 from fsdpbench.core.numbers import number
 from fsdpbench.core.readback import ReadBackError, finite_number, read_json
@@ -55,11 +58,13 @@ from fsdpbench.core.schema import (
     CKPT_RANK0_HOST_PEAK,
     COMM_TOTAL,
     COMMIT,
+    DEVICE,
     DEVICE_NAME,
     ERROR,
     FAILED,
     GLOO_LOOPS_IDLE,
     HARNESS_OVERHEAD_RATIO,
+    HOST_TUNING,
     HOSTNAME,
     LOSSES,
     OK,
@@ -76,13 +81,13 @@ from fsdpbench.core.schema import (
     case_from_columns,
     tracker_peak_column,
 )
-from fsdpbench.hosttuning.threads import loop_state
 
 # what says a file is a baseline (its value never changes); its layout's version is BASELINE's format_version
 BASELINE_MARKER = "fsdpbench_baseline"
 KINDS = ("memory", "comm", "time", "loss")
 GATES = ("fail", "warn", "off")
 FAILING = ("regressed", "changed", "missing", FAILED)
+NOT_COMPARABLE = "not comparable"  # a time metric measured under another host tuning
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -152,7 +157,8 @@ class MetricDifference:
     change: float | None  # relative; for samples the effect, for losses the largest over steps
     tolerance: float | None
     gate: str | None  # fail | warn | off
-    verdict: str  # ok | regressed | improved | changed | missing | failed | warn | new | not compared
+    verdict: str  # ok | regressed | improved | changed | missing | failed | warn | new | not compared |
+    # not comparable (a time metric measured under another host tuning; its note says which)
     fails: bool
     note: str
     run_case_id: str  # the id the case ran as
@@ -318,6 +324,7 @@ def case_records(frame: pd.DataFrame, reference: str = REFERENCE_STRATEGY) -> di
     gated = [name for name, m in METRICS.items() if m.kind in ("memory", "comm")]
     maxima = rank_maxima(frame, gated)
     refs = time_references(cases, reference)
+    loops_idle = gloo_loops_idle(frame)
     out: dict[str, dict[str, Any]] = {}
     for i, case in cases.iterrows():
         cid = case["case_id"]
@@ -332,8 +339,33 @@ def case_records(frame: pd.DataFrame, reference: str = REFERENCE_STRATEGY) -> di
             else {},
             "mode": case_mode(case),
             "time_reference": None if refs[i] is None else cases.at[refs[i], "case_id"],
+            HOST_TUNING: str(case[HOST_TUNING])
+            if HOST_TUNING in case and isinstance(case[HOST_TUNING], str)
+            else legacy_host_tuning(str(case.get(DEVICE)), loops_idle),
+            "ids_by_tuning": _ids_by_tuning(case),
         }
     return out
+
+
+def legacy_host_tuning(device: str, loops_idle: bool) -> str:
+    """The host tuning of a run or baseline written before fsdpbench recorded it: its launcher pinned every
+    CPU rank (where each had a core per thread) and put their gloo loop threads under SCHED_IDLE where the
+    ranks' ``gloo_loops_idle`` says so; GPU ranks ran as the machine runs them."""
+    if device != "cpu":
+        return NO_HOST_TUNING
+    return PIN_IDLE_LOOPS if loops_idle else PIN
+
+
+def _ids_by_tuning(case: pd.Series) -> dict[str, str]:
+    """The case's id under each host tuning, everything else the same ({} where its columns do not give
+    back its id: a run from another fsdpbench version)."""
+    try:
+        rebuilt = case_from_columns(case)
+    except (TypeError, ValueError):
+        return {}
+    if rebuilt.case_id != case["case_id"]:
+        return {}
+    return {tuning: rebuilt.replace(host_tuning=tuning).case_id for tuning in HOST_TUNINGS}
 
 
 def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
@@ -363,8 +395,8 @@ def time_ratio(cases: Mapping[str, dict[str, Any]], case_id: str, ref_id: str) -
 
 
 def gloo_loops_idle(frame: pd.DataFrame) -> bool:
-    """Whether the run's CPU ranks had gloo's loop threads under SCHED_IDLE (hosttuning/threads.py); a
-    baseline from before the column is as gloo leaves them, the only behaviour there was."""
+    """Whether any of the run's CPU ranks had gloo's loop threads under SCHED_IDLE (a run from before the
+    column: as gloo leaves them, the only behaviour there was)."""
     if GLOO_LOOPS_IDLE not in frame:
         return False
     return bool((pd.to_numeric(frame[GLOO_LOOPS_IDLE], errors="coerce").fillna(0) > 0).any())
@@ -421,7 +453,12 @@ def build_baseline(
 def _baseline_entry(cid: str, cases: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
     """One case of the baseline: status, strategy, world size, its metrics rounded as stored."""
     c = cases[cid]
-    entry: dict[str, Any] = {STATUS: c[STATUS], "strategy": c["strategy"], "world_size": c["world_size"]}
+    entry: dict[str, Any] = {
+        STATUS: c[STATUS],
+        "strategy": c["strategy"],
+        "world_size": c["world_size"],
+        HOST_TUNING: c[HOST_TUNING],
+    }
     if c["mode"] == "emulated":  # only then: baselines of real runs stay as they were
         entry["mode"] = "emulated"
     if c[STATUS] == SKIPPED:
@@ -456,7 +493,6 @@ def _provenance(frame: pd.DataFrame, run_meta: Mapping[str, Any]) -> dict[str, A
         run_command=run_meta.get("command"),
         run_started=run_meta.get("started"),
     )
-    provenance[GLOO_LOOPS_IDLE] = gloo_loops_idle(frame)  # any rank's, as a bool
     return provenance
 
 
@@ -522,6 +558,11 @@ def _check_entry(entry: Any, where: str) -> None:
     for key, kind in _ENTRY_TYPES.items():
         if key in entry and (isinstance(entry[key], bool) or not isinstance(entry[key], kind)):
             raise BaselineError(f"{where}.{key}: {_short(entry[key])} is not of type {_type_name(kind)}")
+    tuning = entry.get(HOST_TUNING, NO_HOST_TUNING)
+    if not isinstance(tuning, str) or tuning not in HOST_TUNINGS:  # a list is no key of HOST_TUNINGS
+        raise BaselineError(
+            f"{where}.{HOST_TUNING}: {_short(entry[HOST_TUNING])}; expected one of {', '.join(HOST_TUNINGS)}"
+        )
     for name, value in entry.get("metrics", {}).items():
         check_metric_name(name, where=f"{where}.metrics")
         _check_metric_value(name, value, f"{where}.metrics.{name}")
@@ -590,7 +631,7 @@ def compare(
     fail|warn|off) override only the gate, e.g. ``{"time": "warn"}``; ``strict`` fails a
     deterministic metric that improved beyond its tolerance (the baseline is stale).
     """
-    cases = case_records(frame)
+    cases = same_case_across_tuning(case_records(frame), baseline["cases"])
     machine_now = machine_of(frame)
     machine_base = baseline.get("machine") or {}
     differs = [k for k in MACHINE_KEYS if str(machine_base.get(k)) != machine_now[k]]
@@ -598,16 +639,8 @@ def compare(
     notes = [f"machine differs ({changes}): absolute step times not compared"] if differs else []
     if TORCH_VERSION in differs:
         notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
-    provenance = baseline.get("provenance")
-    loops_base = isinstance(provenance, dict) and provenance.get(GLOO_LOOPS_IDLE) is True
-    loops_now = gloo_loops_idle(frame)
-    if loops_now != loops_base:
-        states = f"baseline: {loop_state(loops_base)}, now: {loop_state(loops_now)}"
-        notes.append(
-            f"gloo's loop threads differ ({states}): step "
-            "times of CPU ranks that communicate differ for that reason alone; set FSDPBENCH_GLOO_LOOP_IDLE "
-            "to the same 0 or 1 for both (docs/ci.md)"
-        )
+    tunings = tuning_differences(baseline, cases)
+    notes += tuning_notes(tunings)
     rows: list[MetricDifference] = []
     for cid, entry in sorted(baseline["cases"].items()):
         layers = [
@@ -617,7 +650,15 @@ def compare(
         ]
         now = cases.get(cid)
         rows += _compare_case(
-            cid, entry, now, cases, layers, gates or {}, strict=strict, machine_differs=bool(differs)
+            cid,
+            entry,
+            now,
+            cases,
+            layers,
+            gates or {},
+            strict=strict,
+            machine_differs=bool(differs),
+            tuning_differs=_tuning_reason(tunings.get(cid)),
         )
     for cid in sorted(set(cases) - set(baseline["cases"])):
         rows.append(
@@ -643,6 +684,65 @@ def compare(
     if any(d.mode == "emulated" for d in differences):
         notes.append("emulated cases: one rank alone with a fake process group; step times are compute only")
     return DifferenceReport(differences=differences, machine_matches=not differs, notes=notes)
+
+
+def baseline_host_tuning(baseline: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
+    """The host tuning a baseline case was measured with: its entry's, or for a baseline written before
+    entries recorded it, the tuning its launcher applied then (``legacy_host_tuning``)."""
+    if HOST_TUNING in entry:
+        return str(entry[HOST_TUNING])
+    provenance = baseline.get("provenance")
+    provenance = provenance if isinstance(provenance, dict) else {}
+    return legacy_host_tuning(str(provenance.get("device")), provenance.get(GLOO_LOOPS_IDLE) is True)
+
+
+def tuning_differences(
+    baseline: Mapping[str, Any], cases: Mapping[str, dict[str, Any]]
+) -> dict[str, tuple[str, str]]:
+    """(the baseline's host tuning, the run's) of each baseline case the run has under another tuning."""
+    pairs = {
+        cid: (baseline_host_tuning(baseline, entry), cases[cid][HOST_TUNING])
+        for cid, entry in baseline["cases"].items()
+        if cid in cases
+    }
+    return {cid: pair for cid, pair in pairs.items() if pair[0] != pair[1]}
+
+
+def _tuning_reason(pair: tuple[str, str] | None) -> str | None:
+    """Why a case's time metrics are not comparable (the note of each), None when they are."""
+    return None if pair is None else "host tuning differs (baseline: {}, now: {})".format(*pair)
+
+
+def same_case_across_tuning(
+    cases: dict[str, dict[str, Any]], baseline_cases: Mapping[str, Any]
+) -> dict[str, dict[str, Any]]:
+    """The run's cases keyed as the baseline's: a run case not in the baseline whose id under another host
+    tuning is, and is matched by no other run case, is that baseline case (its own id stays in
+    ``run_case_id``), so that the verdict says its times are not comparable instead of one case
+    "missing" and another "new"."""
+    free = set(baseline_cases) - set(cases)
+    out: dict[str, dict[str, Any]] = {}
+    for cid, record in cases.items():
+        matches = [other for other in record["ids_by_tuning"].values() if other in free]
+        key = matches[0] if cid not in baseline_cases and len(matches) == 1 else cid
+        free.discard(key)
+        out[key] = record
+    return out
+
+
+def tuning_notes(differing: Mapping[str, tuple[str, str]]) -> list[str]:
+    """One note per (baseline tuning, run tuning) pair that differs: how many cases, and what to do."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for cid, pair in sorted(differing.items()):
+        groups.setdefault(pair, []).append(cid)
+    notes = []
+    for (base, now), cids in groups.items():
+        notes.append(
+            f"not comparable: host tuning differs in {len(cids)} case(s) (baseline: {base}, now: {now}): "
+            "their step times are not compared, their memory, communication and losses are; to compare "
+            f"times, run with --set host_tuning={base} or re-write the baseline (docs/ci.md)"
+        )
+    return notes
 
 
 SAMPLED = STEP_TIME_REF_RATIOS  # the sampled time metric; the single-number ones only warn beside it
@@ -671,8 +771,10 @@ def _row(
 
 
 def _compare_case(
-    cid, entry, now, cases, layers, gates, *, strict, machine_differs
+    cid, entry, now, cases, layers, gates, *, strict, machine_differs, tuning_differs=None
 ) -> list[MetricDifference]:
+    """Every metric of one baseline case against the run's; ``tuning_differs`` (why, or None): its time
+    metrics are not comparable."""
     if now is None:
         return [_row(cid, "case", entry[STATUS], None, None, None, "missing", True, "case not in the run")]
     if entry[STATUS] == SKIPPED or now[STATUS] != OK:
@@ -720,6 +822,11 @@ def _compare_case(
         th = dataclasses.replace(th, gate=gate) if gate else th
         if th.gate == "off":
             continue
+        if tuning_differs and METRICS[metric].kind == "time":
+            value = metrics_now.get(metric)
+            row = (_typical(base), _typical(value), None, th, NOT_COMPARABLE, False, tuning_differs)
+            out.append(_row(cid, metric, *row, run_case_id=now[RUN_CASE_ID]))
+            continue
         if metric == SAMPLED:
             *row, stats = _compare_samples(base, metrics_now.get(metric), th)
         else:
@@ -735,6 +842,11 @@ def _compare_case(
             stats = None
         out.append(_row(cid, metric, *row, run_case_id=now[RUN_CASE_ID], stats=stats))
     return out
+
+
+def _typical(value: Any) -> Any:
+    """A metric's value as its row shows it: a list of samples by its median."""
+    return statistics.median(value) if isinstance(value, list) and value else value
 
 
 def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs, ref):

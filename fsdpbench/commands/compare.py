@@ -34,7 +34,12 @@ DEFAULT_STRATEGIES = "ddp,zero2,zero3"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsdpbench.core.case import OPTIMIZERS, PRECISIONS, WRAPS
 
-    parser.add_argument("--model", default="decoder-tiny", help="model preset (default: decoder-tiny)")
+    parser.add_argument(
+        "--model",
+        default="decoder-tiny",
+        help="model preset, or your own factory package.module:build (default: decoder-tiny)",
+    )
+    running.add_model_args_argument(parser)
     parser.add_argument("--world-size", type=int, required=True, help="ranks (CPU processes or GPUs)")
     running.add_strategies_argument(parser, "--strategies", DEFAULT_STRATEGIES)
     parser.add_argument("--precision", choices=PRECISIONS, help="mixed precision (default: fp32)")
@@ -65,6 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def build_scenario_text(args: argparse.Namespace) -> str:
     """The scenario YAML equivalent to these arguments (what run.json keeps)."""
     defaults: dict[str, Any] = {"model": args.model, "world_size": args.world_size}
+    if args.model_args:
+        defaults["model_args"] = running.parse_model_args(args.model_args, args.model)
     for name in ("precision", "optimizer", "wrap", "batch_size", "seq_len", "steps", "warmup_steps"):
         value = getattr(args, name)
         if value is not None:
@@ -83,10 +90,18 @@ def _check_args(args: argparse.Namespace) -> str | None:
     from fsdpbench.models import model_names
     from fsdpbench.strategies import strategy_names
 
-    if args.model not in model_names():
-        return f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}"
+    if ":" in args.model:  # an own model typed here is explicit, as a plugin strategy is
+        from fsdpbench.pipeline.scenario import enable_plugin_imports
+
+        enable_plugin_imports()
+    elif args.model not in model_names():
+        return f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}, or module:factory"
     if args.world_size < 1:
         return f"--world-size {args.world_size}: must be ≥ 1"
+    try:
+        running.parse_model_args(args.model_args, args.model)
+    except ValueError as exc:  # a ScenarioError naming the flag and the argument
+        return str(exc)
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if not strategies:
         return f"--strategies {args.strategies!r}: give at least one, e.g. {DEFAULT_STRATEGIES}"
@@ -118,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
         overrides = running.parse_overrides(args.set)
         running.validate_overrides(overrides)
         # a module:Class typed on this command line is the user's explicit act: allowed, cwd searched last
-        plugins = any(":" in s for s in args.strategies.split(","))
+        plugins = ":" in args.model or any(":" in s for s in args.strategies.split(","))
         if plugins:
             enable_plugin_imports()
         scenario = parse_scenario(

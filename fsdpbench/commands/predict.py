@@ -6,6 +6,8 @@
         --seq-len 4096 --device-memory 80GiB              # fits? largest batch? fewest GPUs?
     fsdpbench predict --model llama-7b --world-size 64 --strategy zero3 --method traced   # fake-tensor trace
     fsdpbench predict --model decoder-small --world-size 4 --strategy ddp,zero3 --device cpu --json
+    fsdpbench predict --model decoder --model-args d_model=4096,n_layers=32,n_heads=32,n_kv_heads=8 \\
+        --world-size 8 --strategy zero3 --precision bf16                   # any shape of a family
     fsdpbench predict --model llama-7b --world-size 8 --strategy zero3 --checkpoint full --host-memory 64GiB
 
 Analytic (default): the memory model (instant, any size). Traced: the real strategy code on fake
@@ -58,6 +60,8 @@ ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or it
 )
 
 
+TERMINAL_COLUMNS = 80  # the lines printed outside rich's tables are wrapped to fit (rich wraps its own)
+
 # --method → which predictors run; "emulated" prints the measurement beside the (instant) analytic figure
 METHODS = {
     "analytic": ("analytic",),
@@ -73,8 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsdpbench.predictors.memory_model import PRECISIONS
 
     what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", help="model preset or family (fsdpbench's registry), e.g. llama-7b")
+    what.add_argument(
+        "--model",
+        help="model preset or family (fsdpbench's registry), e.g. llama3-8b, or your own factory "
+        "package.module:build (docs/scenarios.md)",
+    )
     what.add_argument("--params", type=float, help="only a parameter count Ψ (model states only), e.g. 7.5e9")
+    running.add_model_args_argument(parser)
     parser.add_argument("--world-size", type=int, required=True, help="ranks (GPUs)")
     running.add_strategies_argument(parser, "--strategy", FULL_SHARD_STRATEGY)
     parser.add_argument("--shard-size", type=int, help="HSDP ranks per shard group (default: 2)")
@@ -212,8 +221,9 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r for res in results for r in res["json"]], indent=2))
     else:
+        shown_notes: set[str] = set()
         for res in results:
-            _print_table(args, res)
+            _print_table(args, res, shown_notes)
             if "checkpoint" in res:
                 _print_checkpoint(res["checkpoint"], args.units)
     return 0
@@ -319,8 +329,14 @@ def _check_args(args: argparse.Namespace) -> list[str]:
     """The flags checked before any case is built; returns the strategies named (ValueError naming a flag)."""
     from fsdpbench.models import model_names
 
-    if args.model and args.model not in model_names():
-        raise ValueError(f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}")
+    if args.model and ":" in args.model:  # an own model typed here is explicit, as a plugin strategy is
+        from fsdpbench.pipeline.scenario import enable_plugin_imports
+
+        enable_plugin_imports()
+    elif args.model and args.model not in model_names():
+        raise ValueError(
+            f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}, or module:factory"
+        )
     if args.world_size < 1:
         raise ValueError(f"--world-size {args.world_size}: must be ≥ 1")
     if args.params is not None and not (math.isfinite(args.params) and 1 <= args.params <= MAX_PARAMS):
@@ -328,6 +344,8 @@ def _check_args(args: argparse.Namespace) -> list[str]:
     _check_numbers(args)
     if args.max_norm is not None and not (math.isfinite(args.max_norm) and args.max_norm > 0):
         raise ValueError(f"--max-norm {args.max_norm}: must be a positive number")
+    if args.model_args and args.params is not None:
+        raise ValueError(f"{running.MODEL_ARGS_FLAG}: needs --model (a parameter count has no arguments)")
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
     if not strategies:
         raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
@@ -343,6 +361,8 @@ def _build_cases(args: argparse.Namespace) -> list:
     from fsdpbench.strategies import get_strategy
 
     strategies = _check_args(args)
+    # validated only when given: the schema it is checked by (pydantic) is not what an instant answer loads
+    model_args = running.parse_model_args(args.model_args, args.model) if args.model_args else {}
     try:
         ac_on, ac_policy = resolve_activation_checkpointing(args.activation_checkpointing)
     except ValueError as exc:
@@ -354,6 +374,7 @@ def _build_cases(args: argparse.Namespace) -> list:
             activation_checkpointing=ac_on,
             activation_checkpointing_policy=ac_policy,
             model=args.model or "decoder",
+            model_args=model_args,
             strategy=name,
             backend="nccl" if args.device == "cuda" else "gloo",
             checkpoint=args.checkpoint,
@@ -397,7 +418,7 @@ def _predict_one(
             "the allocator model needs a model to trace"
         ]
     if device_memory is not None and case.device == "cuda" and facts is None:
-        out["allocator"] = _allocator_answer(args, case, device_memory)
+        out["allocator"], out["allocator_trace"] = _allocator_answer(args, case, device_memory)
         fit = None  # the allocator model answers "fits?" on CUDA, not tracked bytes + an allowance
     out["fit"] = fit
     methods = METHODS[args.method]
@@ -415,7 +436,8 @@ def _predict_one(
         from fsdpbench.predictors.traced import estimate
 
         try:
-            out["traced"] = est = estimate(case, rank=args.rank)
+            # the allocator model's trace of this case is the traced method's too: traced once
+            out["traced"] = est = out.get("allocator_trace") or estimate(case, rank=args.rank)
             out["json"].append(
                 {**est.to_dict(), **({"fallback": out["fallback"]} if "fallback" in out else {})}
             )
@@ -472,15 +494,22 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
     from fsdpbench.predictors.memory_model import recipe_note, resolve_shard_size
     from fsdpbench.strategies import get_strategy
 
+    def progress(traced: Any) -> None:
+        what = f"batch {traced.batch_size}, world size {traced.world_size}"
+        what = "the case asked" if traced == case else what
+        print(f"allocator model: tracing {what} ({case.strategy}) …", file=sys.stderr, flush=True)
+
     model = DeviceModel.for_case(
-        case, rank=args.rank, context_bytes=args.context_bytes, nccl_channels=args.nccl_channels
+        case,
+        rank=args.rank,
+        context_bytes=args.context_bytes,
+        nccl_channels=args.nccl_channels,
+        on_trace=progress,
     )
-    print(f"tracing {case.case_id} for the allocator model (seconds per trace) …", file=sys.stderr)
     memory = model.memory(case)
     fit = model.fit(case, device_memory)
-    print("searching the largest batch and the smallest world size that fit …", file=sys.stderr)
     shard = resolve_shard_size(case, get_strategy(case.strategy).sharding) or 1
-    return AllocatorAnswer(
+    answer = AllocatorAnswer(
         memory,
         fit,
         largest_batch=model.largest_batch(case, device_memory),
@@ -490,6 +519,7 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
         max_world_size=args.max_world_size,
         recipe=recipe_note(case),
     )
+    return answer, model.estimate(case)
 
 
 def _require_model(method: str, facts: Any) -> None:
@@ -541,16 +571,37 @@ def _add_emulated(
     out["json"].append(rec)
 
 
+# below one GB/GiB a size is named in the largest smaller unit it reaches (decimal or binary, as asked)
+SMALLER_UNITS = {
+    "GB": (("MB", 10**6), ("KB", 10**3), ("B", 1)),
+    "GiB": (("MiB", 2**20), ("KiB", 2**10), ("B", 1)),
+}
+
+
 def _fmt(nbytes: int | None, units: str) -> str:
+    """A size in ``units`` as a bare number (the unit is the table's), or below one unit with its own
+    smaller unit, e.g. "256 KiB", never "0.000244"."""
     if nbytes is None:
         return "not estimated"
     x = nbytes / (1e9 if units == "GB" else 2**30)
     if x == 0:
         return "0"
-    return f"{x:,.1f}" if abs(x) >= 1 else f"{x:.3g}"
+    if abs(x) >= 1:
+        return f"{x:,.1f}"
+    name, scale = next((n, k) for n, k in SMALLER_UNITS[units] if abs(nbytes) >= k or k == 1)
+    value = nbytes / scale
+    return f"{value:.0f} {name}" if abs(value) >= 100 else f"{value:.3g} {name}"
 
 
-def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
+def _size(nbytes: int | None, units: str) -> str:
+    """A size with its unit: "12.5 GiB", "256 KiB"."""
+    text = _fmt(nbytes, units)
+    return text if " " in text else f"{text} {units}"
+
+
+def _print_table(args: argparse.Namespace, res: dict[str, Any], shown_notes: set[str]) -> None:
+    """One case's table and lines; a note already shown for an earlier case (``shown_notes``) is not
+    repeated."""
     case, units = res["case"], args.units
     pred, est, emu = res.get("analytic"), res.get("traced"), res.get("emulated")
     size = f"Ψ = {args.params:.4g}" if args.params is not None else case.model
@@ -578,17 +629,20 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
     for note in (pred.notes if pred else ()) + (est.notes if est else ()):
         if res.get("fallback") and note == NO_ACTIVATION_MODEL.format(model=case.model):
             continue  # the fallback line above says what happened instead
-        if not (skipped and "need a model" in note):
+        if not (skipped and "need a model" in note) and note not in shown_notes:
+            shown_notes.add(note)
             console.print(f"  note: {escape(note)}", highlight=False)
     if emu:
         _print_emulated(console, emu, res.get("emulated_fit"), units, args)
     if res.get("fit"):
         _print_fit(console, res["fit"], units, args.max_world_size)
     for note in res.get("notes", ()):
-        console.print(f"  note: {escape(note)}", highlight=False)
+        if note not in shown_notes:
+            shown_notes.add(note)
+            console.print(f"  note: {escape(note)}", highlight=False)
     if res.get("allocator"):
-        for line in res["allocator"].lines(lambda n: f"{_fmt(n, units)} {units}"):
-            print(f"  {line}")  # not rich: a long source note must not wrap the figures at 80 columns
+        for line in res["allocator"].lines(lambda n: _size(n, units), width=TERMINAL_COLUMNS - 2):
+            print(f"  {line}")  # not rich: wrapped by lines() so that a figure never breaks
 
 
 def _term_rows(pred: Any, est: Any, emu: Any, units: str) -> tuple[list[tuple[str, list[str]]], list[str]]:
@@ -619,16 +673,16 @@ def _analytic_cell(pred: Any, key: str, units: str, *, beside: bool) -> str:
 
 def _print_fit(console: Console, fit: Any, units: str, max_world_size: int) -> None:
     """The fit test's verdict: fits?, the largest batch and the smallest world size that fit."""
-    mem, needed = _fmt(fit.device_memory_bytes, units), _fmt(fit.needed_bytes, units)
+    mem, needed = _size(fit.device_memory_bytes, units), _fmt(fit.needed_bytes, units)
     if fit.complete:
         text = (
-            f"{'fits' if fit.fits else 'does NOT fit'} in {mem} {units} (needs {needed}); "
+            f"{'fits' if fit.fits else 'does NOT fit'} in {mem} (needs {needed}); "
             f"largest per-rank batch that fits: {fit.largest_batch or 'none'}; smallest world size "
             f"that fits (powers of two ≤ {max_world_size}): {fit.smallest_world_size or 'none'}"
         )
     else:
         text = (
-            f"{'model states fit' if fit.fits else 'model states alone do NOT fit'} in {mem} {units} "
+            f"{'model states fit' if fit.fits else 'model states alone do NOT fit'} in {mem} "
             f"(model states {needed}; activations not estimated without --model); smallest world size "
             f"where the model states fit: {fit.smallest_world_size or 'none'}"
         )
@@ -678,7 +732,7 @@ def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, un
     if emu.alloc_peak_allocated_bytes is not None:
         console.print(
             f"  emulated CUDA allocator peak: allocated {_fmt(emu.alloc_peak_allocated_bytes, units)}, "
-            f"reserved {_fmt(emu.alloc_peak_reserved_bytes, units)} {units}; NVML peak "
+            f"reserved {_size(emu.alloc_peak_reserved_bytes, units)}; NVML peak "
             f"{_fmt(emu.nvml_peak_bytes, units)}",
             highlight=False,
         )
@@ -700,8 +754,8 @@ def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, un
         needed, fits = fit
         extra = f" + {args.context_allowance} CUDA context/NCCL allowance" if emu.device == "cuda" else ""
         console.print(
-            f"  emulated: {'fits' if fits else 'does NOT fit'} in {_fmt(parse_device_memory(args), units)} "
-            f"{units} (needs {_fmt(needed, units)}: emulated device peak{extra})",
+            f"  emulated: {'fits' if fits else 'does NOT fit'} in {_size(parse_device_memory(args), units)} "
+            f"(needs {_fmt(needed, units)}: emulated device peak{extra})",
             highlight=False,
         )
 

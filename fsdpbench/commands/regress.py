@@ -42,7 +42,14 @@ MAX_REPEAT = 100  # re-launches of one suspect case: each is a whole case's run
 if TYPE_CHECKING:
     from fsdpbench.analysis.regress import DifferenceReport, MetricDifference
 
-_VERDICT_STYLE = {OK: "green", "improved": "cyan", "new": "cyan", "warn": "yellow", "not compared": "dim"}
+_VERDICT_STYLE = {
+    OK: "green",
+    "improved": "cyan",
+    "new": "cyan",
+    "warn": "yellow",
+    "not compared": "dim",
+    "not comparable": "dim",  # analysis.regress.NOT_COMPARABLE
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

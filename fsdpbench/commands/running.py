@@ -1,6 +1,6 @@
 """What the verbs that run cases (``run``, ``compare``) share: --link and --set, plugin imports, the
 header of run.json, and the progress lines printed as cases start and finish; also the strategy-list
-option that ``compare`` and ``predict`` both take."""
+and ``--model-args`` options that ``compare`` and ``predict`` both take."""
 
 from __future__ import annotations
 
@@ -106,6 +106,53 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
             out[key.strip()] = load_yaml(value)
         except YamlInputError as exc:
             raise ScenarioError(f"--set {item!r}: {exc}") from None
+    return out
+
+
+MODEL_ARGS_FLAG = "--model-args"
+
+
+def add_model_args_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        MODEL_ARGS_FLAG,
+        metavar="NAME=VALUE,…",
+        help="the model's arguments, as a scenario's model_args, e.g. d_model=4096,n_layers=32,n_kv_heads=8 "
+        "(values read as YAML scalars; the names each model takes: docs/scenarios.md)",
+    )
+
+
+def parse_model_args(text: str | None, model: str) -> dict[str, Any]:
+    """``--model-args NAME=VALUE,…`` for ``model``, checked as a scenario's ``model_args`` are (the case
+    schema's type check, then the model's own): a ScenarioError names the flag and the argument."""
+    from pydantic import ValidationError
+
+    from fsdpbench.core.safe_yaml import YamlInputError, load_yaml
+    from fsdpbench.models import check_model_args
+    from fsdpbench.pipeline.scenario import CaseFields, ScenarioError
+
+    out: dict[str, Any] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ScenarioError(f"{MODEL_ARGS_FLAG} {item.strip()!r}: expected NAME=VALUE")
+        try:
+            out[key] = load_yaml(value.strip())
+        except YamlInputError as exc:
+            raise ScenarioError(f"{MODEL_ARGS_FLAG} {key}: {exc}") from None
+    try:
+        CaseFields.model_validate({"model_args": out})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"][1:]) or "model_args"
+        raise ScenarioError(
+            f"{MODEL_ARGS_FLAG} {where}: {err['msg'].removeprefix('Value error, ')}"
+        ) from None
+    problem = check_model_args(model, out)
+    if problem:
+        raise ScenarioError(f"{MODEL_ARGS_FLAG}: {problem}")
     return out
 
 

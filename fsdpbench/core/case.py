@@ -45,6 +45,14 @@ def wrap_text(wrap: Any, min_params: Any = None, classes: Any = None) -> str:
 # how the checkpoint phase saves and loads (fsdpbench/engine/checkpoint.py); a strategy declares which it
 # runs. "native": the engine's own checkpoint API (DeepSpeed's save_checkpoint/load_checkpoint)
 CHECKPOINT_METHODS = ("none", "full", "sharded", "dcp", "dcp_async", "native")
+# how fsdpbench tunes the host of CPU ranks (fsdpbench/hosttuning), each with what it does. Part of what is
+# measured, so part of a case's id; never decided from the machine's load or from the environment
+NO_HOST_TUNING, PIN, PIN_IDLE_LOOPS = "none", "pin", "pin-idle-loops"
+HOST_TUNINGS = {
+    NO_HOST_TUNING: "CPU ranks as the machine runs them (every thread where the scheduler puts it)",
+    PIN: "each CPU rank's compute threads bound to cores of its own, where there is a core per thread",
+    PIN_IDLE_LOOPS: "pinned, and gloo's loop threads under SCHED_IDLE, gloo's threads on the rank's cores",
+}
 # how activation checkpointing treats the blocks (engine/knobs.py): "full" recomputes every block; "op" is
 # torchtitan's selective op-level policy; "every:N" (N >= 2) recomputes every N-th block whole
 AC_FULL, AC_OP, AC_EVERY = "full", "op", "every:"
@@ -116,7 +124,7 @@ _SECTION_DOCS = {
     Section.PROTOCOL: "the phases a rank runs, how many steps each, the samplers and the time limit",
     Section.CHECKPOINT: "the checkpoint phase: method, what is saved, limits",
     Section.EMULATION: "ranks run alone on one device with a fake process group",
-    Section.HOST: "the device, backend and allocator settings the case runs with",
+    Section.HOST: "the device, backend and allocator settings the case runs with, and how its host is tuned",
 }
 
 
@@ -195,7 +203,10 @@ class Case:
         "adhoc", section=Section.PROTOCOL, doc="the scenario's name", accepts=None
     )  # the file's name
     model: str = case_field(
-        "decoder-tiny", section=Section.MODEL, doc="the model's registry name", accepts=_TEXT
+        "decoder-tiny",
+        section=Section.MODEL,
+        doc="the model's registry name, or an own model's package.module:factory",
+        accepts=_TEXT,
     )
     model_args: dict[str, Any] = case_field(
         factory=dict, section=Section.MODEL, doc="the model's arguments (JSON)", accepts=Accepts()
@@ -383,6 +394,14 @@ class Case:
         doc="the CUDA caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax)",
         accepts=Accepts(max_length=MAX_TEXT),
     )
+    # opt-in: by default fsdpbench measures the ranks as the machine runs them (HOST_TUNINGS)
+    host_tuning: str = case_field(
+        NO_HOST_TUNING,
+        section=Section.HOST,
+        doc="host tuning of CPU ranks: none, pin (compute threads bound to cores), pin-idle-loops "
+        "(and gloo's loop threads under SCHED_IDLE); docs/step-time-model.md",
+        accepts=Accepts(choices=tuple(HOST_TUNINGS)),
+    )
 
     @property
     def global_batch_size(self) -> int:
@@ -415,7 +434,7 @@ class Case:
         # only fields that differ from the defaults: a new field (with a default) keeps old ids valid
         fields = {k: v for k, v in self.to_dict().items() if k not in _NOT_IN_ID and v != _DEFAULTS.get(k)}
         digest = hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:6]
-        model = self.model + "".join(
+        model = self.model.replace(":", ".") + "".join(
             f"-{safe_part(k)}{safe_part(str(v))}" for k, v in sorted(self.model_args.items())
         )
         parts = [safe_part(self.strategy.replace(":", ".")), f"n{self.world_size}", safe_part(model, 120)]
@@ -446,6 +465,8 @@ class Case:
             parts.append(f"ckpt-{self.checkpoint}" + ("" if self.checkpoint_optimizer else "-model"))
         if self.alloc_conf:
             parts.append("alloc-" + safe_part(self.alloc_conf.replace(":", "-").replace(",", "_")))
+        if self.host_tuning != NO_HOST_TUNING:
+            parts.append("host-" + self.host_tuning)
         readable = "_".join(parts)[:MAX_ID_CHARS]
         return readable + "_" + digest
 

@@ -69,9 +69,12 @@ class FileFormat:
 
 # version 0 (no field) and 1 have the same layout: 1 only adds the field
 RUN_JSON = FileFormat(name="run.json", version=1, oldest=0, remedy="run the scenario again")
+# a baseline of version 2 names each case's host_tuning; one of 0 or 1 does not, and is read with the
+# tuning its launcher applied then (analysis.regress.legacy_host_tuning: its provenance's device and
+# gloo_loops_idle)
 BASELINE = FileFormat(
     name="baseline",
-    version=1,
+    version=2,
     oldest=0,
     remedy="write one with: fsdpbench regress RUN_DIR --write-baseline PATH",
 )

@@ -84,7 +84,7 @@ def build_parallel(case: Case, device: torch.device, rank: int, *, build: Build 
         strategy=strategy,
         model=model,
         optimizer=strategy.build_optimizer(model, case),
-        loss_fn=mdef.loss,
+        loss_fn=mdef.get_loss(margs),
         autocast=autocast_for(case.precision_spec, strategy, device),
         params=params,
         n_units=parallelize.n_units,

@@ -1,9 +1,11 @@
 """One training step, as every rank runs it — shared by the worker (real ranks), the traced predictor
 (fake tensors, fake process group) and the step benchmarks, so what is predicted is what is measured.
 
-A rank takes its slice of the global batch (``batch_size`` rows from ``rank * batch_size``), so the
-loss averaged over ranks is the loss of the same global batch on one rank (the correctness check).
-The batch is an argument: a timed step gets one built before its timer starts.
+A rank makes only its own samples of the step's global batch (``batch_size`` of them from
+``rank * batch_size``, each from its own seed), as a data loader hands a rank its batch: the global batch
+never exists on a rank, and the loss averaged over ranks is the loss of the same global batch on one rank
+(the correctness check), whatever the strategy. The batch is an argument: a timed step gets one built
+before its timer starts.
 """
 
 from __future__ import annotations
@@ -14,18 +16,18 @@ import torch
 
 from fsdpbench.core.case import Case
 from fsdpbench.engine.parallel import Parallel
-from fsdpbench.models import make_global_batch
+from fsdpbench.models import make_samples
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs, targets
 
 
 def rank_batch(case: Case, rank: int, step: int, device: torch.device) -> Batch:
-    """This rank's inputs and targets for a step: its rows of the seeded global batch."""
-    x, y = make_global_batch(
-        case.model, case.model_args, case.global_batch_size, case.seq_len, case.seed, step
+    """This rank's inputs and targets for a step, made on the host and moved to ``device`` (on a GPU the
+    host copies are dropped: the device holds the rank's batch once)."""
+    x, y = make_samples(
+        case.model, case.model_args, rank * case.batch_size, case.batch_size, case.seq_len, case.seed, step
     )
-    lo, hi = rank * case.batch_size, (rank + 1) * case.batch_size
-    return x[lo:hi].to(device), y[lo:hi].to(device)
+    return x.to(device), y.to(device)
 
 
 def train_step(

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fsdpbench.core.case import Case
+from fsdpbench.core.case import NO_HOST_TUNING, Case
 from fsdpbench.core.rundir import DiskReserve, space_error, write_atomically
 from fsdpbench.core.schema import FAILED, OK, OOM
 from fsdpbench.engine.emulate import (
@@ -45,6 +45,7 @@ from fsdpbench.engine.fake_pg import init_fake_process_group
 from fsdpbench.engine.intra_op import rank_threads
 from fsdpbench.engine.knobs import state_placement_bytes
 from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
+from fsdpbench.engine.process_env import process_env
 from fsdpbench.engine.rank_result import NO_SPACE_EXIT, Harness, RankResult, Setup, rank_file
 from fsdpbench.engine.reference import ReferenceWorkload, interleaved_steps
 from fsdpbench.engine.step import Batch, rank_batch, train_step
@@ -120,20 +121,10 @@ class RankHooks:
 NO_HOOKS = RankHooks()
 
 
-# What a CPU case's rank sets before anything asks for a GPU, so that it sees none. Libraries that find
-# one use it unasked: DCP's FileSystemWriter copies a CPU state dict through a CUDA stream whenever CUDA
-# is available (torch/distributed/checkpoint/filesystem.py, _OverlappingCpuLoader), which made a CUDA
-# context on GPU 0 in every rank of a CPU checkpoint case on a GPU machine (device memory there, the
-# context's host memory in the rank's RSS, its start-up in the save's time) and the driver's cache
-# under $HOME/.nv. NVML's count answers torch.cuda.is_available() without starting the driver.
-CPU_RANK_ENV = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
-
-
 def resolve_device(case: Case, local_rank: int) -> torch.device:
     if case.device == "cuda":
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
-    os.environ.update(CPU_RANK_ENV)
     return torch.device("cpu")
 
 
@@ -143,11 +134,11 @@ def synchronize(device: torch.device) -> None:
 
 
 def run_rank(case: Case, out_dir: Path, hooks: RankHooks = NO_HOOKS) -> RankResult:
-    """Set up this rank, run every phase of the case, return (and write) its results."""
+    """Set up this rank, run every phase of the case, return (and write) its results. The process was
+    started with ``process_env(case)``; RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE are the
+    launcher protocol (torchrun's)."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    if case.alloc_conf:  # read by the caching allocator when CUDA first allocates, which is later
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = case.alloc_conf
     rec = RankRecorder(out_dir, rank)
     t_start = time.perf_counter()
     try:
@@ -487,13 +478,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--out", required=True, help="directory for rank{R}.json")
     args = parser.parse_args(argv)
+    case = Case.from_dict(json.loads(Path(args.case).read_text()))
+    if case.host_tuning != NO_HOST_TUNING:  # fsdpbench's own launcher applies it (pipeline/rank_process.py)
+        parser.exit(2, f"error: {args.case}: host_tuning {case.host_tuning}: run it with fsdpbench run\n")
+    # this process's configuration, as fsdpbench's launcher would have given it: before torch uses a device
+    os.environ.update(process_env(case))
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun without torchrun
         os.environ.setdefault("RANK", os.environ["SLURM_PROCID"])
         os.environ.setdefault("WORLD_SIZE", os.environ["SLURM_NTASKS"])
         os.environ.setdefault("LOCAL_RANK", os.environ.get("SLURM_LOCALID", "0"))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    run_rank(Case.from_dict(json.loads(Path(args.case).read_text())), out)
+    run_rank(case, out)
 
 
 if __name__ == "__main__":

@@ -11,22 +11,21 @@ their spin, measured in each process: ``hosttuning/threads.idle_spin_s``; 0 with
 so neither is slowed by the other, and both medians come from the same second.
 
 The turns go through a TCPStore that the orchestrator serves for the case (``serve``); every process
-of both groups reaches it through ``BATON_ENV``. The twin's processes wait, before they build
-anything, until the case's ranks have finished their warm-up, so the case's set-up and warm-up are
-timed as without a twin. Then the case's ranks wait for the twin's to be warmed up, and the turns
-begin. A twin rank that fails gives the case's ranks every turn at once (``abandon``), and they go on
-alone; a turn not given within the wait's limit (a quarter of the case's timeout) ends the turns
-too. The twin's ranks then fail, and the model falls back to a twin run after the case (and says so).
+of both groups reaches it through the spec its launcher passes it as an argument (``baton_spec``). The
+twin's processes wait, before they build anything, until the case's ranks have finished their warm-up,
+so the case's set-up and warm-up are timed as without a twin. Then the case's ranks wait for the
+twin's to be warmed up, and the turns begin. A twin rank that fails gives the case's ranks every turn
+at once (``abandon``), and they go on alone; a turn not given within the wait's limit (a quarter of
+the case's timeout) ends the turns too. The twin's ranks then fail, and the model falls back to a
+twin run after the case (and says so).
 """
 
 from __future__ import annotations
 
-import os
 import time
 from datetime import timedelta
 from typing import Any
 
-BATON_ENV = "FSDPBENCH_BATON"  # "port:role:world_size:steps:timeout_s" of the case's baton store
 CASE, TWIN = "case", "twin"
 TWIN_DIR = "compute_twin"  # in a case directory: the twin's rank files
 
@@ -35,10 +34,11 @@ class BatonBroken(RuntimeError):
     """The other group did not take its turn in time: the turns are over."""
 
 
-def baton_env(port: int, role: str, world_size: int, steps: int, timeout_s: float) -> dict[str, str]:
-    """The environment entry that makes a rank of ``role`` take turns through the store at ``port``,
-    waiting at most ``timeout_s`` for a turn (the twin's set-up and warm-up, or a step of the other group)."""
-    return {BATON_ENV: f"{port}:{role}:{world_size}:{steps}:{timeout_s:g}"}
+def baton_spec(port: int, role: str, world_size: int, steps: int, timeout_s: float) -> str:
+    """The spec ("port:role:world_size:steps:timeout_s") that makes a rank of ``role`` take turns through
+    the store at ``port``, waiting at most ``timeout_s`` for a turn (the twin's set-up and warm-up, or a
+    step of the other group); "" is no turns."""
+    return f"{port}:{role}:{world_size}:{steps}:{timeout_s:g}"
 
 
 def serve() -> Any:
@@ -48,14 +48,13 @@ def serve() -> Any:
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
-def env_role() -> str | None:
-    """This process's role in the turns (``CASE`` or ``TWIN``), or None when it takes none."""
-    spec = os.environ.get(BATON_ENV, "")
+def spec_role(spec: str) -> str | None:
+    """The role (``CASE`` or ``TWIN``) a ``baton_spec`` gives its rank, or None for no turns ("")."""
     return spec.split(":")[1] if spec.count(":") == 4 else None
 
 
 class Baton:
-    """This rank's side of the turns (``from_env``: None when the case runs without a twin)."""
+    """This rank's side of the turns (``from_spec``: None when the case runs without a twin)."""
 
     def __init__(
         self, store: Any, role: str, world_size: int, steps: int, rank: int, timeout_s: float
@@ -68,13 +67,13 @@ class Baton:
         self.gap_s = 0.0  # slept after a turn is given, before the step: the other group's threads settle
 
     @classmethod
-    def from_env(cls, rank: int) -> Baton | None:
-        spec = os.environ.get(BATON_ENV)
+    def from_spec(cls, spec: str, rank: int) -> Baton | None:
+        """This rank's side of the turns ``spec`` (a ``baton_spec``) describes; None for "" (no turns)."""
         return cls.connect(spec, rank) if spec else None
 
     @classmethod
     def connect(cls, spec: str, rank: int) -> Baton:
-        """This rank's side of the turns that ``spec`` (``baton_env``'s value) describes."""
+        """This rank's side of the turns that ``spec`` (a ``baton_spec``) describes."""
         import torch.distributed as dist
 
         port, role, world_size, steps, timeout_s = spec.split(":")

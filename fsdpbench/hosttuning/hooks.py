@@ -1,38 +1,37 @@
 """Host tuning of a CPU rank, at the moments the worker offers (``engine.worker.RankHooks``): its compute
-threads pinned, gloo's loop threads idled and bound, and the turns a case's ranks take with its compute
-twin's (``baton``). The worker calls these moments and knows nothing of what they do."""
+threads pinned, gloo's loop threads idled and bound (the case's ``host_tuning``), and the turns a case's
+ranks take with its compute twin's (``baton``). The worker calls these moments and knows nothing of what
+they do."""
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from fsdpbench.core.case import Case
 from fsdpbench.engine.worker import RankHooks
 from fsdpbench.hosttuning.baton import TWIN, Baton
 from fsdpbench.hosttuning.threads import (
-    GLOO_LOOP_IDLE_ENV,
-    PIN_ENV,
     bind_to_rank_cores,
     idle_gloo_loops,
     idle_spin_s,
+    idles_loops,
     pin_compute_threads,
+    pins,
     rank_cores,
 )
 
 
 class HostHooks(RankHooks):
-    """What the launcher asked of this rank: pinning (``PIN_ENV``), idle gloo loops (``GLOO_LOOP_IDLE_ENV``),
-    turns with a compute twin (``baton``)."""
+    """What the case asks of this rank (its ``host_tuning``: pinning, idle gloo loops) and what the launcher
+    arranged for it (turns with a compute twin: ``baton``)."""
 
     def __init__(self, baton: Baton | None, pin: bool, idle_loops: bool) -> None:
         self.baton, self.pin, self.idle_loops = baton, pin, idle_loops
 
     @classmethod
-    def from_env(cls, rank: int) -> HostHooks:
-        return cls(
-            Baton.from_env(rank), os.environ.get(PIN_ENV) == "1", os.environ.get(GLOO_LOOP_IDLE_ENV) == "1"
-        )
+    def for_case(cls, case: Case, baton_spec: str, rank: int) -> HostHooks:
+        """The hooks of ``case``'s rank ``rank``; ``baton_spec``: its turns ("" for none)."""
+        return cls(Baton.from_spec(baton_spec, rank), pins(case.host_tuning), idles_loops(case.host_tuning))
 
     def before_setup(self) -> None:
         if self.baton is not None and self.baton.role == TWIN:

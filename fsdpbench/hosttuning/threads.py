@@ -1,161 +1,76 @@
-"""How many torch intra-op threads one CPU rank gets: the worker sets them, and whatever must run as the
-run's ranks do (the gloo probe, the compute twin) sets the same."""
+"""The host tuning of CPU ranks (a case's ``host_tuning``, ``core.case.HOST_TUNINGS``): compute threads
+bound to cores of their own (``pin``), and gloo's loop threads under SCHED_IDLE beside that
+(``pin-idle-loops``); what this machine and torch can apply (``host_tuning_unsupported``). Nothing here
+is applied unless a case asks: by default ranks run as the machine runs them."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from functools import cache
 
-PIN_ENV = "FSDPBENCH_PIN_THREADS"  # "1": the launcher asks each CPU rank to bind its compute threads
-# gloo's loop threads under SCHED_IDLE (``idle_gloo_loops``), and a pinned rank's default-group gloo threads
-# on its own cores (``bind_to_rank_cores``), for CPU ranks and the gloo probe: "1" always,
-# "0" never, unset or "auto" when the machine is idle as the run starts (``gloo_loop_policy``); the
-# launcher passes the orchestrator's decision on to every rank as "1" or "0"
-GLOO_LOOP_IDLE_ENV = "FSDPBENCH_GLOO_LOOP_IDLE"
-GLOO_LOOP_SETTINGS = ("auto", "0", "1")
-# "auto": other work using more than this many cores as the run starts keeps gloo's loop as it is. Not
-# a fitted number: an idle machine uses a few hundredths of a core (this project's VM: 0.00-0.05), one
-# busy process a whole core; under SCHED_IDLE the loop would starve beside that process
-BUSY_CORES_LIMIT = 0.25
-BUSY_SAMPLE_S = 0.2  # how long "auto" watches the machine's CPU time (/proc/stat)
+from fsdpbench.core.case import NO_HOST_TUNING, PIN, PIN_IDLE_LOOPS, Case
+
+GLOO_LOOP_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread (loop.cc)
+LOOP_NAMING_WAIT_S = 2.0  # at most, for a group's new loop thread to run and name itself (a loaded machine)
 
 
-@dataclass(frozen=True)
-class LoopPolicy:
-    """Whether CPU ranks put gloo's loop threads under SCHED_IDLE, and why (for the run's record)."""
-
-    idle: bool
-    reason: str
+def pins(tuning: str) -> bool:
+    """Whether ``tuning`` binds a CPU rank's compute threads to cores of its own."""
+    return tuning in (PIN, PIN_IDLE_LOOPS)
 
 
-def gloo_loop_setting() -> str:
-    """The user's ``GLOO_LOOP_IDLE_ENV``: "auto" (also when unset or empty), "0" or "1"; anything else
-    a ValueError naming it, so that a typo does not measure something else without a word."""
-    value = os.environ.get(GLOO_LOOP_IDLE_ENV, "").strip() or "auto"
-    if value not in GLOO_LOOP_SETTINGS:
-        raise ValueError(f"environment variable {GLOO_LOOP_IDLE_ENV}={value!r}: expected auto, 0 or 1")
-    return value
+def idles_loops(tuning: str) -> bool:
+    """Whether ``tuning`` puts a CPU rank's gloo loop threads under SCHED_IDLE (and binds gloo's threads)."""
+    return tuning == PIN_IDLE_LOOPS
 
 
-def loop_state(idle: bool) -> str:
-    """How a policy reads in every record of it (idle: a pinned rank binds its gloo threads to its cores
-    too, ``bind_to_rank_cores``; its ``gloo_threads_bound`` says how many)."""
-    return "under SCHED_IDLE, on each pinned rank's own cores" if idle else "as gloo leaves them"
-
-
-_auto_policy: list[LoopPolicy] = []  # "auto" decides once per process: every case of a run the same
-
-
-def gloo_loop_policy(
-    busy: Callable[[float], float | None] | None = None, *, anew: bool = False
-) -> LoopPolicy:
-    """This run's policy for gloo's loop threads on CPU ranks (``GLOO_LOOP_IDLE_ENV``). With "auto",
-    the first call (or one with ``anew``: a run starting) watches the machine for ``BUSY_SAMPLE_S``
-    (``busy``: cores in use over that time, default ``busy_cores``); later calls keep that decision."""
-    setting = gloo_loop_setting()
-    if setting != "auto":
-        return LoopPolicy(setting == "1", f"{loop_state(setting == '1')} ({GLOO_LOOP_IDLE_ENV}={setting})")
-    if anew:
-        _auto_policy.clear()
-    if not _auto_policy:
-        used = (busy or busy_cores)(BUSY_SAMPLE_S)
-        load = f"other work kept {used or 0:.2f} of {os.cpu_count() or 1} cores busy as the run started"
-        if used is None:
-            decided = LoopPolicy(False, f"{loop_state(False)} (auto: no /proc/stat to tell an idle machine)")
-        elif used <= BUSY_CORES_LIMIT:
-            decided = LoopPolicy(True, f"{loop_state(True)} (auto: {load})")
-        else:
-            decided = LoopPolicy(
-                False,
-                f"{loop_state(False)} (auto: {load}, over {BUSY_CORES_LIMIT:g}; under SCHED_IDLE the loop "
-                "would starve beside that work)",
-            )
-        _auto_policy.append(decided)
-    return _auto_policy[0]
-
-
-def follow_gloo_loop_policy(idle: bool, whose: str) -> LoopPolicy:
-    """Re-launches of an earlier run's cases (``regress --repeat``) take that run's policy, not the
-    machine's now, so that their samples pool with the run's; a setting of 0 or 1 still wins."""
-    if gloo_loop_setting() != "auto":
-        return gloo_loop_policy()
-    _auto_policy[:] = [LoopPolicy(idle, f"{loop_state(idle)} (auto: as in {whose})")]
-    return _auto_policy[0]
-
-
-def gloo_loop_idle_wanted() -> bool:
-    """Whether this run's CPU ranks put gloo's loop threads under SCHED_IDLE (``gloo_loop_policy``)."""
-    return gloo_loop_policy().idle
-
-
-def busy_cores(sample_s: float) -> float | None:
-    """How many of the machine's cores *other* work kept busy (user, system, interrupts, stolen) over
-    the next ``sample_s`` seconds: /proc/stat's busy time less this process's and its descendants'
-    (the fork server importing torch as the run starts is the run's own, not other work); None where
-    there is no /proc/stat (not Linux)."""
-    split = busy_split(sample_s)
-    return None if split is None else max(0.0, split[0] - split[1])
-
-
-def busy_split(sample_s: float) -> tuple[float, float] | None:
-    """(cores the machine kept busy, cores this process and its descendants did) over the next
-    ``sample_s`` seconds, from /proc/stat and /proc/<pid>/stat; None without /proc/stat."""
-
-    def machine() -> tuple[int, int] | None:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        idle = sum(fields[3:5])  # idle, iowait
-        return sum(fields[:8]) - idle, sum(fields[:8])  # guest time is in user already
-
-    tree = _own_tree()  # before the sample: its reads below are then a few files, next to /proc/stat's
-    before, own_before = machine(), _ticks(tree)
-    time.sleep(sample_s)
-    after, own_after = machine(), _ticks(tree)
-    if before is None or after is None or after[1] <= before[1]:
+def check_host_tuning(case: Case) -> str | None:
+    """Why ``case``'s host tuning cannot be applied here (one line), or None: it tunes CPU ranks only,
+    and only where this platform and torch offer what it needs."""
+    if case.host_tuning == NO_HOST_TUNING:
         return None
-    cores, elapsed = os.cpu_count() or 1, after[1] - before[1]  # both in the kernel's USER_HZ ticks
-    own = sum(own_after.get(pid, ticks) - ticks for pid, ticks in own_before.items())
-    return (after[0] - before[0]) / elapsed * cores, max(0, own) / elapsed * cores
+    if case.device != "cpu":
+        return f"host_tuning {case.host_tuning} tunes CPU ranks; a {case.device} case runs with none"
+    return host_tuning_unsupported(case.host_tuning)
 
 
-def _own_tree() -> list[int]:
-    """This process and its live descendants."""
-    parent = {}
-    for entry in os.scandir("/proc"):
-        stat = _stat_fields(entry.name) if entry.name.isdigit() else None
-        if stat is not None:
-            parent[int(entry.name)] = int(stat[1])
-    mine, todo = [], [os.getpid()]
-    while todo:
-        pid = todo.pop()
-        mine.append(pid)
-        todo.extend(child for child, up in parent.items() if up == pid and child not in mine)
-    return mine
+def host_tuning_unsupported(tuning: str) -> str | None:
+    """Why this platform or torch cannot apply ``tuning`` to a CPU rank (one line), or None."""
+    if tuning == NO_HOST_TUNING:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        return f"host_tuning {tuning}: binding threads to cores needs os.sched_setaffinity (Linux)"
+    if not idles_loops(tuning):
+        return None
+    if not hasattr(os, "SCHED_IDLE"):
+        return f"host_tuning {tuning}: this platform has no SCHED_IDLE scheduling policy"
+    if not gloo_names_its_loop():
+        import torch
+
+        return (
+            f"host_tuning {tuning}: the gloo of torch {torch.__version__} does not name its TCP loop thread "
+            f"{GLOO_LOOP_THREAD!r}, so it cannot be told from gloo's other threads (use pin or none)"
+        )
+    return None
 
 
-def _ticks(pids: list[int]) -> dict[int, int]:
-    """User + system ticks so far of each of ``pids`` still alive (all its threads)."""
-    found = {}
-    for pid in pids:
-        stat = _stat_fields(str(pid))
-        if stat is not None:
-            found[pid] = int(stat[11]) + int(stat[12])
-    return found
+@cache
+def gloo_names_its_loop() -> bool:
+    """Whether this torch's gloo names its TCP loop thread ``GLOO_LOOP_THREAD`` (torch 2.13 does, 2.11 not):
+    a gloo device made here, alone (no process group, nothing connected), starts its loop thread, which
+    names itself when it first runs; the device and its thread end before this returns."""
+    from torch.distributed import ProcessGroupGloo
 
-
-def _stat_fields(pid: str) -> list[str] | None:
-    """/proc/<pid>/stat's fields after the command name (which may hold spaces): state, ppid, …"""
+    before = set(_threads_named(GLOO_LOOP_THREAD))
+    device = ProcessGroupGloo.create_device(hostname="127.0.0.1")
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except OSError:  # the process has ended
-        return None
-    return text[text.rindex(")") + 2 :].split()
+        deadline = time.monotonic() + LOOP_NAMING_WAIT_S
+        while not set(_threads_named(GLOO_LOOP_THREAD)) - before and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return bool(set(_threads_named(GLOO_LOOP_THREAD)) - before)
+    finally:
+        del device  # its destructor stops and joins the loop thread
 
 
 def idle_spin_s(probe_s: float = 0.05) -> float:
@@ -235,7 +150,7 @@ def bind_to_rank_cores(cores: list[int]) -> int:
     4-10 of 12 cases with steps spread over 20 % (p10-p90); bound, α 244-341 µs, zero3 25-33 ms (one run
     54 ms, the 1-rank cases slow too), 1-7 of 12 (docs/step-time-model.md).
 
-    Only with gloo's loops under SCHED_IDLE (``idle_gloo_loops``; the caller's choice): a loop thread
+    Only with gloo's loops under SCHED_IDLE (``idle_gloo_loops``: the tuning pin-idle-loops): a loop thread
     left as gloo has it spins while the worker thread it waits for needs a core, and bound to the same
     core that spin starves it: quickstart's 2-rank zero3 measured 51-56 ms so against 25-33 ms.
     Where the ranks outnumber the cores nothing is pinned (``rank_cores``: []), nor bound."""
@@ -253,14 +168,11 @@ def bind_to_rank_cores(cores: list[int]) -> int:
     return bound
 
 
-GLOO_LOOP_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread (loop.cc)
-LOOP_NAMING_WAIT_S = 2.0  # at most, for a group's new loop thread to run and name itself (a loaded machine)
-
-
 def idle_gloo_loops() -> int:
-    """Put every gloo TCP loop thread of this process under ``SCHED_IDLE``; returns how many (0 where
-    the platform has no such policy). Call it once the process's groups exist: each group has its own.
-    Where (``gloo_loop_policy``): on a machine with nothing else running, by default; see the last paragraph.
+    """Put every gloo TCP loop thread of this process under ``SCHED_IDLE``; returns how many. Call it once
+    the process's groups exist: each group has its own. RuntimeError where a group's loop thread cannot be
+    found by its name (``gloo_names_its_loop``: a check before the run refuses such a torch): a rank
+    never measures with fewer loops idled than its tuning says.
 
     Why: the loop thread spins. When it cannot take a pair's lock at once (a gloo worker thread holds it
     to post a send or a receive) it skips the pair "until the next tick", and the level-triggered epoll
@@ -275,19 +187,21 @@ def idle_gloo_loops() -> int:
     collective, 3 process pairs each way: median 77-97 µs (p90 94-334) against 84-367 µs (p90
     285-1264); docs/step-time-model.md has the effect on the cases.
 
-    Why only on an idle machine: under SCHED_IDLE the loop gets a core only when no other thread of the
-    machine wants one (weight 3 against 1024), so beside other work its collectives starve. With two busy
-    loops of another process on the same 2 cores, the 689 KB all-reduce after 2 ms of compute took
+    What it costs on a busy machine: under SCHED_IDLE the loop gets a core only when no other thread of
+    the machine wants one (weight 3 against 1024), so beside other work its collectives starve. With two
+    busy loops of another process on the same 2 cores, the 689 KB all-reduce after 2 ms of compute took
     63-66 ms against 3.1-3.7 ms with gloo's loop as it is (analysis/gloo_loop_spin.py). An unprivileged
-    thread cannot leave SCHED_IDLE again, so a rank cannot undo it when the machine gets busy: "auto"
-    decides as the run starts, and other work that starts later slows the run's collectives."""
-    if not hasattr(os, "SCHED_IDLE"):
-        return 0
+    thread cannot leave SCHED_IDLE again. Hence opt-in, a case's own tuning, never the default."""
     # a loop thread names itself when it first runs: until then it bears its creator's name. A group of
     # several ranks connects through its loop before it exists; a group of one may not have run it yet
     expected, deadline = _gloo_groups(), time.monotonic() + LOOP_NAMING_WAIT_S
     while len(loops := _threads_named(GLOO_LOOP_THREAD)) < expected and time.monotonic() < deadline:
         time.sleep(0.001)
+    if len(loops) < expected:
+        raise RuntimeError(
+            f"host tuning: {len(loops)} thread(s) named {GLOO_LOOP_THREAD!r} for {expected} gloo group(s); "
+            "gloo's loop threads cannot be put under SCHED_IDLE"
+        )
     idled = 0
     for tid in loops:
         try:

@@ -40,15 +40,15 @@ def step_flops(model: str, model_args_json: str, batch_size: int, seq_len: int) 
 
     from torch.utils.flop_counter import FlopCounterMode
 
-    from fsdpbench.models import build_model, make_global_batch, resolve_model
+    from fsdpbench.models import build_model, make_samples, resolve_model
 
     args = json.loads(model_args_json)
-    mdef, _ = resolve_model(model, args)
+    mdef, full = resolve_model(model, args)
     net = build_model(model, args, device="meta")
-    x, y = make_global_batch(model, args, batch_size, seq_len, seed=0, step=0)
+    x, y = make_samples(model, args, 0, batch_size, seq_len, seed=0, step=0)
     counter = FlopCounterMode(display=False)
     with counter:
-        loss = mdef.loss(net(x.to("meta")), y.to("meta"))
+        loss = mdef.get_loss(full)(net(x.to("meta")), y.to("meta"))
         loss.backward()
     return int(counter.get_total_flops())
 

@@ -40,9 +40,11 @@ def _split(total: int, parts: int) -> list[int]:
 
 def request_cupti_teardown() -> None:
     """Make Kineto detach CUPTI when a CUDA profile stops (its default keeps it attached, slowing
-    every later kernel launch). A value the user set is kept; torch sets 0 itself where CUDA graphs
-    need it (torch.profiler, CUDA < 12.6)."""
-    os.environ.setdefault("TEARDOWN_CUPTI", "1")
+    every later kernel launch, so every phase after the profiled step). Library configuration of this
+    rank process, the same in every run: a value in the user's environment does not change what the
+    later phases measure. torch sets 0 itself, after this, where CUDA graphs need it (torch.profiler,
+    CUDA < 12.6)."""
+    os.environ["TEARDOWN_CUPTI"] = "1"
 
 
 def instruments_left_installed() -> list[str]:

@@ -126,6 +126,8 @@ def _find_by_uuid(pynvml: ModuleType, uuid: str) -> tuple[int, Any]:
 
 def _resolve(pynvml: ModuleType | None, local_rank: int) -> tuple[int, Any]:
     """(NVML index, handle or None) of the device ``local_rank`` uses; UUIDs need NVML initialised."""
+    # process plumbing: which GPUs the launcher gave this process (CUDA reads the same), read to find the
+    # one it measures, not a switch of what is measured
     entries = visible_device_entries(os.environ.get("CUDA_VISIBLE_DEVICES"))
     if entries is None:
         index = local_rank
@@ -147,7 +149,7 @@ def _resolve(pynvml: ModuleType | None, local_rank: int) -> tuple[int, Any]:
 
 def resolve_nvml_index(local_rank: int) -> int:
     """NVML index of the GPU the process with this local rank uses (MIG: its parent GPU)."""
-    entries = visible_device_entries(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    entries = visible_device_entries(os.environ.get("CUDA_VISIBLE_DEVICES"))  # as in _resolve
     needs_nvml = entries is not None and any(e.startswith(("GPU-", "MIG-")) for e in entries)
     if not needs_nvml:
         return _resolve(None, local_rank)[0]

@@ -5,12 +5,15 @@ when a model is built, fed or scored."""
 from fsdpbench.models import families  # noqa: F401  (registration)
 from fsdpbench.models.registry import (
     ModelDef,
+    OwnModel,
     ParamShape,
     Preset,
     build_model,
     check_model_args,
     count_params,
+    is_own_model,
     make_global_batch,
+    make_samples,
     model_names,
     register_model,
     register_preset,
@@ -19,12 +22,15 @@ from fsdpbench.models.registry import (
 
 __all__ = [
     "ModelDef",
+    "OwnModel",
     "ParamShape",
     "Preset",
     "build_model",
     "check_model_args",
     "count_params",
+    "is_own_model",
     "make_global_batch",
+    "make_samples",
     "model_names",
     "register_model",
     "register_preset",

@@ -7,12 +7,19 @@ shape — and names its torch side (``fsdpbench/models/<family>.py``: the module
 by ``"module:attr"`` references that are imported when first called. So the registry, a scenario's
 validation and the analytic memory model never import torch. A new model is one family file with one
 ``register_model`` call, its torch module, and one line in ``fsdpbench/models/families/__init__.py``.
+
+A user's own model is named ``package.module:factory`` (a scenario's ``model``, allowed as plugin
+strategies are): the factory takes keyword arguments with defaults (its ``model_args``) and returns an
+``OwnModel`` — the module, its block classes, its loss and its batch maker. It runs, is emulated and is
+traced as a registered model; the analytic memory model has no activation model for it.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import inspect
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -71,6 +78,28 @@ class ModelDef:
     # every trainable parameter in ``model.parameters()`` order, and the number of blocks, from the
     # arguments alone (a 70B decoder in microseconds); None: the memory model builds it on the meta device
     param_shapes: Callable[[dict[str, Any]], tuple[tuple[ParamShape, ...], int]] | None = None
+    # a loss that depends on the arguments (a user's factory returns one per argument set); None: ``loss``
+    loss_for_args: Callable[[dict[str, Any]], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] | None = (
+        None
+    )
+
+    def get_loss(self, args: dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The loss of the model built from ``args``."""
+        return self.loss_for_args(args) if self.loss_for_args else self.loss
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OwnModel:
+    """What a user's model factory (``model: package.module:factory``) returns."""
+
+    module: nn.Module
+    # the per-block wrap units (FSDP units with ``wrap: block``, activation checkpointing, compile)
+    block_classes: tuple[type[nn.Module], ...]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (model output, targets) → scalar
+    # (samples, seq_len, generator) → (inputs, targets) with ``samples`` rows; fsdpbench calls it once per
+    # sample (samples=1) with that sample's own generator, so every rank makes exactly its own samples
+    make_batch: Callable[[int, int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    is_sequence: bool = False  # throughput in tokens/s too
 
 
 @dataclass(frozen=True)
@@ -103,8 +132,11 @@ def model_names() -> list[str]:
 
 
 def resolve_model(name: str, overrides: dict[str, Any] | None = None) -> tuple[ModelDef, dict[str, Any]]:
-    """Look up a family or preset; return its definition and the full argument set."""
-    if name in _PRESETS:
+    """Look up a family, preset or own model (``module:factory``); its definition and full argument set."""
+    if ":" in name and name not in _MODELS:
+        mdef = _own_model(name)
+        args = dict(mdef.defaults)
+    elif name in _PRESETS:
         preset = _PRESETS[name]
         mdef = _MODELS[preset.model]
         args = {**mdef.defaults, **preset.args}
@@ -135,6 +167,11 @@ def check_model_args(name: str, overrides: dict[str, Any]) -> str | None:
         problem = _check_arg(value, mdef.defaults[key])
         if problem:
             return f"{key}: {problem} (got {value!r:.60})"
+    if is_own_model(name):  # its constraints are its factory's: called on the meta device
+        try:
+            _own_parts_for(name, args)
+        except Exception as exc:  # noqa: BLE001 — the user's code: its error is the answer
+            return f"model factory {name!r} failed with these arguments: {type(exc).__name__}: {exc}"
     return mdef.check_args(args) if mdef.check_args else None
 
 
@@ -167,6 +204,78 @@ def _check_float_arg(value: Any, default: float) -> str | None:
     return None if value > 0 or default <= 0 else "should be greater than 0"
 
 
+def is_own_model(name: str) -> bool:
+    """A user's factory (``module:attr``) rather than a registered family or preset."""
+    return ":" in name and name not in _MODELS and name not in _PRESETS
+
+
+@functools.cache
+def _own_model(path: str) -> ModelDef:
+    """A user's factory as a model definition: its keyword arguments (each with a default) are its
+    ``model_args``; the rest comes from the ``OwnModel`` it returns for an argument set, called on the
+    meta device (nothing allocated) when the definition needs it without building the model."""
+    try:
+        factory = _resolve(path)
+    except (ImportError, AttributeError) as exc:
+        raise KeyError(f"cannot load model factory {path!r}: {exc}") from None
+    if not callable(factory):
+        raise KeyError(f"model factory {path!r} is not callable")
+    defaults: dict[str, Any] = {}
+    for param in inspect.signature(factory).parameters.values():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.default is param.empty:
+            raise KeyError(
+                f"model factory {path!r}: argument {param.name!r} needs a default (its model_args)"
+            )
+        if not (param.default is None or isinstance(param.default, (bool, int, float, str))):
+            raise KeyError(
+                f"model factory {path!r}: argument {param.name!r} has a default of type "
+                f"{type(param.default).__name__}; model_args are numbers, strings, booleans or None"
+            )
+        defaults[param.name] = param.default
+    try:
+        parts = _own_parts(path, json.dumps(defaults, sort_keys=True))
+    except Exception as exc:  # noqa: BLE001 — the user's code: its error is the answer, on one line
+        raise KeyError(
+            f"model factory {path!r} failed with its defaults: {type(exc).__name__}: {exc}"
+        ) from None
+    return ModelDef(
+        name=path,
+        build=lambda **args: _check_own(path, factory(**args)).module,
+        defaults=defaults,
+        make_batch=lambda args, batch, seq_len, gen: _own_parts_for(path, args).make_batch(
+            batch, seq_len, gen
+        ),
+        loss=parts.loss,
+        loss_for_args=lambda args: _own_parts_for(path, args).loss,
+        block_classes=lambda args: tuple(_own_parts_for(path, args).block_classes),
+        block_class_names=tuple(cls.__name__ for cls in parts.block_classes),
+        is_sequence=parts.is_sequence,
+        description=(inspect.getdoc(factory) or "").partition("\n")[0] or f"own model {path}",
+    )
+
+
+def _own_parts_for(path: str, args: dict[str, Any]) -> OwnModel:
+    return _own_parts(path, json.dumps(args, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=32)
+def _own_parts(path: str, args_key: str) -> OwnModel:
+    import torch
+
+    with torch.device("meta"):
+        return _check_own(path, _resolve(path)(**json.loads(args_key)))
+
+
+def _check_own(path: str, parts: Any) -> OwnModel:
+    if not isinstance(parts, OwnModel):
+        raise TypeError(
+            f"model factory {path!r} returned {type(parts).__name__}, not fsdpbench.models.OwnModel"
+        )
+    return parts
+
+
 def build_model(
     name: str, overrides: dict[str, Any] | None = None, *, device: str | torch.device = "cpu"
 ) -> nn.Module:
@@ -184,12 +293,44 @@ def count_params(name: str, overrides: dict[str, Any] | None = None) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def make_global_batch(
-    name: str, overrides: dict[str, Any] | None, global_batch: int, seq_len: int, seed: int, step: int
+SEED_STRIDE = 1_000_003  # odd, prime: (seed, step, sample) never collide for the sizes a case takes
+
+
+def sample_seed(seed: int, step: int, index: int) -> int:
+    """The generator seed of one sample of one step: a pure function of (seed, step, sample index), so
+    any rank makes exactly its own samples, and the same global batch whatever the world size."""
+    return ((seed * SEED_STRIDE + step) * SEED_STRIDE + index) % 2**64
+
+
+def make_samples(
+    name: str,
+    overrides: dict[str, Any] | None,
+    first: int,
+    count: int,
+    seq_len: int,
+    seed: int,
+    step: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The synthetic global batch of one step: identical on every rank and in a 1-rank reference."""
+    """Samples ``first … first+count-1`` of a step's synthetic global batch, as a data loader hands a rank
+    its own: each sample made from its own generator (``sample_seed``), then stacked. Nothing of the rest
+    of the global batch is made."""
     import torch
 
     mdef, args = resolve_model(name, overrides)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step)
-    return mdef.make_batch(args, global_batch, seq_len, gen)
+    xs, ys = [], []
+    for index in range(first, first + count):
+        gen = torch.Generator().manual_seed(sample_seed(seed, step, index))
+        x, y = mdef.make_batch(args, 1, seq_len, gen)
+        xs.append(x)
+        ys.append(y)
+    # collated as a data loader collates: new tensors, even for one sample (whose inputs and targets may
+    # be views of one storage, as the decoder's shifted tokens are)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def make_global_batch(
+    name: str, overrides: dict[str, Any] | None, global_batch: int, seq_len: int, seed: int, step: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The synthetic global batch of one step (a 1-rank reference, the FLOP count): every rank's samples
+    in rank order, identical to what the ranks make between them."""
+    return make_samples(name, overrides, 0, global_batch, seq_len, seed, step)

@@ -27,8 +27,10 @@ messages, where α is everything, count as much as the large ones. A line throug
 the link's fallback for other kinds. The processes write nothing to the terminal: each one's file
 descriptors 1 and 2 (where gloo's, torch's and kineto's C++ log lines go) are its log,
 ``<run dir>/comm_probe/gloo_n<N>_rank<r>.log``, as a case rank's are its ``rank<r>.log``.
-The result is cached as ``<run dir>/comm_probe/gloo_n<N>.json`` with its points, so a run's
-modelled figures can be traced to the measurement behind them, and re-used on resume.
+The processes run with the host tuning of the cases the link is for (a case's ``host_tuning``: pinned,
+gloo's loops idled, or neither, as that case's ranks), so that α and β are those ranks'. The result is
+cached as ``<run dir>/comm_probe/gloo_n<N>.json`` (a tuned probe's: ``gloo_n<N>_<tuning>.json``) with its
+points, so a run's modelled figures can be traced to the measurement behind them, and re-used on resume.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from fsdpbench.core.case import HOST_TUNINGS, NO_HOST_TUNING
 from fsdpbench.core.rundir import (
     make_dirs,
     make_fresh_dir,
@@ -54,10 +57,10 @@ from fsdpbench.core.rundir import (
 from fsdpbench.engine.intra_op import rank_threads
 from fsdpbench.hosttuning.threads import (
     bind_to_rank_cores,
-    gloo_loop_idle_wanted,
     idle_gloo_loops,
-    loop_state,
+    idles_loops,
     pin_compute_threads,
+    pins,
     rank_cores,
 )
 from fsdpbench.pipeline.interrupts import ignore_sigint
@@ -134,12 +137,13 @@ def _probe_rank(
     out_path: str,
     reps: int,
     log_path: str,
-    idle_loops: bool,
+    host_tuning: str,
     root: str | None = None,
 ) -> None:
-    """One probe process: join the gloo group, time every (kind, size) in context and back to back;
-    rank 0 writes the points. ``root``: the run directory, beneath which its files are written without
-    following a link (``rundir.open_log``, ``rundir.write_atomically``)."""
+    """One probe process: join the gloo group, tuned as a case's CPU rank with ``host_tuning`` is, time
+    every (kind, size) in context and back to back; rank 0 writes the points. ``root``: the run
+    directory, beneath which its files are written without following a link (``rundir.open_log``,
+    ``rundir.write_atomically``)."""
     ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
     die_with_parent()  # the fork server, which dies with the orchestrator
     send_output_to(log_path, root)  # before torch runs: its C++ side writes to fds 1 and 2
@@ -152,11 +156,11 @@ def _probe_rank(
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # all_gather_into_tensor's rename
     torch.set_num_threads(rank_threads(world_size))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    cores = rank_cores(rank, world_size)
-    cores = cores if pin_compute_threads(cores) else []  # as a case's CPU rank does, after its group
-    if idle_loops:  # as a case's CPU rank does when the run's policy says so
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    # as a case's CPU rank with this tuning does, after its group (hosttuning/hooks.py)
+    cores = rank_cores(rank, world_size) if pins(host_tuning) else []
+    cores = cores if pin_compute_threads(cores) else []
+    if idles_loops(host_tuning):
         idle_gloo_loops()
         bind_to_rank_cores(cores)
     try:
@@ -335,13 +339,17 @@ def fit_link(
     world_size: int,
     name: str = "gloo",
     queued_points: list[dict[str, Any]] | None = None,
-    loops_idle: bool = False,
+    host_tuning: str = NO_HOST_TUNING,
 ) -> Link:
     """One α–β line per probed kind (``Link.per_kind``), and one through every point for the rest;
     ``queued_points`` (the totals of bursts issued at once) give the lines of queued collectives
     (``Link.per_kind_queued``; without them, queued collectives take the in-context lines)."""
     alpha, slope = _fit_line(points, world_size)
     per_kind = _per_kind(points, world_size)
+    # the probe of tuned ranks says so; an untuned one, as the machine runs it, needs no words
+    tuned = (
+        f"; host tuning {host_tuning}: {HOST_TUNINGS[host_tuning]}" if host_tuning != NO_HOST_TUNING else ""
+    )
     return Link(
         name,
         alpha_us=alpha,
@@ -351,8 +359,7 @@ def fit_link(
             f"step's rhythm (after {PROBE_COMPUTE_MS:g} ms of compute, {PROBE_SEQUENCE} in a row; the "
             f"mean extra time; queued: what one more adds to a burst issued at once, "
             f"{PROBE_SEQUENCE} against {PROBE_BURST_LONG}), "
-            f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points"
-            + (f"; gloo's loop threads {loop_state(True)}" if loops_idle else "")
+            f"one line per kind ({', '.join(k for k, _, _ in per_kind)}) over {len(points)} points" + tuned
         ),
         # a cache from before reduce-scatters were probed (2026-11-26): time them as gloo's all-reduce
         reduce_scatter_as_all_reduce=all(kind != "reduce_scatter" for kind, _, _ in per_kind),
@@ -371,11 +378,12 @@ def run_probe(
     reps: int = PROBE_REPS,
     timeout_s: float = 120.0,
     log_dir: Path | None = None,
+    host_tuning: str = NO_HOST_TUNING,
     root: Path | None = None,
 ) -> dict[str, Any]:
-    """Start ``world_size`` processes, run the probe, return rank 0's points. The processes' output goes
-    to ``probe_log_path(log_dir, …)`` (without ``log_dir``: nowhere), written beneath ``root`` (the run
-    directory; default ``log_dir``) without following a link."""
+    """Start ``world_size`` processes, tuned as CPU ranks with ``host_tuning`` are, run the probe, return
+    rank 0's points. The processes' output goes to ``probe_log_path(log_dir, …)`` (without ``log_dir``:
+    nowhere), written beneath ``root`` (the run directory; default ``log_dir``) without following a link."""
     from fsdpbench.pipeline.launch import forkserver_context
 
     ctx = forkserver_context()
@@ -391,7 +399,7 @@ def run_probe(
         procs = [
             ctx.Process(
                 target=_probe_rank,
-                args=(r, world_size, port, out, reps, logs[r], gloo_loop_idle_wanted(), root and str(root)),
+                args=(r, world_size, port, out, reps, logs[r], host_tuning, root and str(root)),
             )
             for r in range(world_size)
         ]
@@ -427,23 +435,29 @@ def _points_dir(log_dir: Path | None, root: Path | None) -> Iterator[Path]:
         remove_tree(fresh, root)
 
 
-def probe(run_dir: Path, world_size: int, reps: int = PROBE_REPS) -> dict[str, Any]:
-    """The probe's result for ``world_size`` CPU ranks, from the run's cache or measured now (``reps``
-    repetitions of each sequence): {"link": Link fields, "points": [...], "world_size": N}."""
+def probe(
+    run_dir: Path, world_size: int, reps: int = PROBE_REPS, host_tuning: str = NO_HOST_TUNING
+) -> dict[str, Any]:
+    """The probe's result for ``world_size`` CPU ranks tuned with ``host_tuning``, from the run's cache or
+    measured now (``reps`` repetitions of each sequence): {"link": Link fields, "points": [...],
+    "world_size": N, "host_tuning": …}."""
     world_size = max(2, int(world_size))
-    path = Path(run_dir) / "comm_probe" / f"gloo_n{world_size}.json"
+    suffix = "" if host_tuning == NO_HOST_TUNING else f"_{host_tuning}"
+    path = Path(run_dir) / "comm_probe" / f"gloo_n{world_size}{suffix}.json"
     cached = None if path.parent.is_symlink() else _cached_probe(path)
-    if cached is not None and cached.get("loop_threads_idle", False) == gloo_loop_idle_wanted():
-        return cached  # else measured with the other loop-thread policy, or not usable: measure again
+    if cached is not None and cached.get("host_tuning") == host_tuning:
+        return cached  # else a cache without its tuning (an older run's), or not usable: measure again
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
     Path(run_dir).mkdir(parents=True, exist_ok=True)  # the run's own directory (--out)
     make_dirs(path.parent, run_dir)  # a link planted as comm_probe/ is replaced, never written through
-    measured = run_probe(world_size, reps, log_dir=path.parent, root=Path(run_dir))
-    idle = gloo_loop_idle_wanted()
+    measured = run_probe(world_size, reps, log_dir=path.parent, host_tuning=host_tuning, root=Path(run_dir))
     link = fit_link(
-        measured["points"], world_size, queued_points=measured.get("points_queued"), loops_idle=idle
+        measured["points"],
+        world_size,
+        queued_points=measured.get("points_queued"),
+        host_tuning=host_tuning,
     )
-    result = {"link": link.to_dict(), "world_size": world_size, "loop_threads_idle": idle}
+    result = {"link": link.to_dict(), "world_size": world_size, "host_tuning": host_tuning}
     result |= measured
     write_atomically(path, json.dumps(result, indent=1).encode(), Path(run_dir))
     return result
@@ -472,17 +486,20 @@ def _cached_probe(path: Path) -> dict[str, Any] | None:
     return cached if isinstance(cached, dict) else None
 
 
-def gloo_link(run_dir: Path, world_size: int) -> Link:
-    """The probed gloo link for ``world_size`` ranks."""
-    fields = dict(probe(run_dir, world_size)["link"])
+def gloo_link(run_dir: Path, world_size: int, host_tuning: str = NO_HOST_TUNING) -> Link:
+    """The probed gloo link for ``world_size`` ranks tuned with ``host_tuning``."""
+    fields = dict(probe(run_dir, world_size, host_tuning=host_tuning)["link"])
     for key in ("per_kind", "per_kind_queued"):  # JSON gave lists
         fields[key] = tuple(tuple(k) for k in fields.get(key) or ())
     return Link(**fields)
 
 
-def resolve_link(spec: str, backend: str, world_size: int, run_dir: Path) -> Link:
+def resolve_link(
+    spec: str, backend: str, world_size: int, run_dir: Path, host_tuning: str = NO_HOST_TUNING
+) -> Link:
     """The Link a --link value names for a case: 'auto' is the probed gloo link for gloo cases
-    and nvlink4 for the others; 'gloo' is probed (cached in the run directory). A 1-rank case, on any
+    and nvlink4 for the others; 'gloo' is probed (cached in the run directory), its processes tuned
+    as the case's ranks (``host_tuning``). A 1-rank case, on any
     link, has no collective that leaves its process: nothing to probe, and no link to name
     (ONE_RANK_LINK; a 1-GPU NCCL case was labelled nvlink4)."""
     from fsdpbench.predictors.comm_model import AUTO, LINK_PRESETS, ONE_RANK_LINK, parse_explicit_link
@@ -492,7 +509,7 @@ def resolve_link(spec: str, backend: str, world_size: int, run_dir: Path) -> Lin
     if spec == AUTO:
         spec = "gloo" if backend == "gloo" else "nvlink4"
     if spec == "gloo":
-        return gloo_link(run_dir, world_size)
+        return gloo_link(run_dir, world_size, host_tuning)
     if spec in LINK_PRESETS:
         return LINK_PRESETS[spec]
     return parse_explicit_link(spec)

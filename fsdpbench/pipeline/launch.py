@@ -30,11 +30,12 @@ from fsdpbench.core.rundir import (
     torch_cache_env,
 )
 from fsdpbench.core.schema import FAILED, OK, SKIPPED, TIMEOUT
+from fsdpbench.engine.process_env import process_env
 from fsdpbench.engine.rank_result import NO_SPACE_EXIT, CaseOutcome, RankResult, rank_file
 from fsdpbench.hosttuning import baton
-from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV, PIN_ENV, gloo_loop_idle_wanted
+from fsdpbench.hosttuning.threads import check_host_tuning
 from fsdpbench.pipeline.interrupts import launcher_signal
-from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
+from fsdpbench.pipeline.lifeline import held_by_a_live_rank, pid_alive
 
 # the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
 _PRELOAD = [
@@ -117,7 +118,8 @@ def launch_case(
     case's."""
     from fsdpbench.pipeline.scenario import check_devices
 
-    shortfall = check_devices(case)  # a Case built in code, not from a scenario, is checked here too
+    # a Case built in code, not from a scenario, is checked here too
+    shortfall = check_devices(case) or check_host_tuning(case)
     if shortfall:
         return CaseOutcome(status=SKIPPED, error=shortfall)
 
@@ -167,7 +169,9 @@ def _launch_group(case: Case, case_dir: Path, group: list[int], twin: Case | Non
     them (timeout), read what they wrote."""
     baton_store = baton.serve() if twin is not None else None
     envs = _rank_envs(case, case_dir, group)
-    args = {i: (case.to_json(), str(case_dir)) for i in range(len(group))}
+    # what fsdpbench tells a rank goes in its arguments (rank_process.rank_entry: the case, where to write,
+    # its turns with a twin ("" for none), whose end ends it)
+    args = {i: (case.to_json(), str(case_dir), "", os.getpid()) for i in range(len(group))}
     if baton_store is not None and twin is not None:
         _add_twin(case, twin, case_dir, envs, args, baton_store.port)
     log_dir = case_dir / "elastic" / (f"rank{group[0]}" if case.emulate else "")
@@ -200,8 +204,9 @@ def _launch_group(case: Case, case_dir: Path, group: list[int], twin: Case | Non
 
 
 def _rank_envs(case: Case, case_dir: Path, group: list[int]) -> dict[int, dict[str, str]]:
-    """The environment of each launcher process of ``group`` (numbered 0..len-1): the process group's
-    rendezvous and what the rank needs to know of the orchestrator and the host."""
+    """The environment of each launcher process of ``group`` (numbered 0..len-1): the launcher protocol
+    (torchrun's: the process group's rendezvous) and the libraries' process configuration
+    (``engine.process_env``); no message of fsdpbench's own (those are ``rank_entry``'s arguments)."""
     n, port = case.world_size, free_port()
     # an emulated rank has the machine to itself: on a GPU, cuda:0; on the CPU, the threads a real rank
     # of this case would get here (so its compute time is one real rank's)
@@ -215,10 +220,7 @@ def _rank_envs(case: Case, case_dir: Path, group: list[int]) -> dict[int, dict[s
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
             "TORCHELASTIC_RUN_ID": case.case_id,
-            ORCHESTRATOR_PID_ENV: str(os.getpid()),
-            # CPU ranks bind their compute threads to cores of their own (hosttuning/threads.py)
-            PIN_ENV: "1" if case.device == "cpu" else "0",
-            GLOO_LOOP_IDLE_ENV: "1" if case.device == "cpu" and gloo_loop_idle_wanted() else "0",
+            **process_env(case),
             **torch_cache_env(case_dir),
         }
         for i, r in enumerate(group)
@@ -272,20 +274,21 @@ def _add_twin(
     through the baton store at ``port``; the twin's own process group (a 1-rank twin's is real) on a
     port of its own."""
     limit = case.timeout_s / 4  # a turn not given by then: the turns are over, the case goes on alone
-    for env in envs.values():
-        env.update(baton.baton_env(port, baton.CASE, case.world_size, case.steps, limit))
+    case_turns = baton.baton_spec(port, baton.CASE, case.world_size, case.steps, limit)
+    for i, (case_json, out_dir, _, orchestrator) in list(args.items()):
+        args[i] = (case_json, out_dir, case_turns, orchestrator)
     twin_dir = case_dir / baton.TWIN_DIR
     make_dirs(twin_dir, case_dir)  # a link planted there is replaced, never written through
     first, twin_port = len(envs), free_port()
+    twin_turns = baton.baton_spec(port, baton.TWIN, case.world_size, case.steps, limit)
     for r in range(twin.world_size):
         envs[first + r] = {
             **envs[r],
             "MASTER_PORT": str(twin_port),
             "TORCHELASTIC_RUN_ID": f"{case.case_id}-twin",
-            **baton.baton_env(port, baton.TWIN, case.world_size, case.steps, limit),
             **torch_cache_env(twin_dir),
         }
-        args[first + r] = (twin.to_json(), str(twin_dir))
+        args[first + r] = (twin.to_json(), str(twin_dir), twin_turns, os.getpid())
 
 
 def remove_leftovers(case: Case, case_dir: Path) -> None:
@@ -329,24 +332,34 @@ def _wait(pc: Any, timeout_s: float, n_ranks: int) -> tuple[Any, dict[int, int]]
         if ranks_done_at is None and all(own_exits.get(r) == 0 for r in range(min(n_ranks, len(procs)))):
             ranks_done_at = time.monotonic()
         if ranks_done_at is not None and time.monotonic() - ranks_done_at > _TWIN_GRACE_S:
-            for proc in procs[n_ranks:]:
-                if proc.exitcode is None:
-                    proc.kill()
+            _kill_running(procs[n_ranks:])
         try:
             result = pc.wait(timeout=0)  # on a failure, this closes (SIGTERMs) the other ranks
         except ValueError:
             # a failed rank's error file that is not JSON: empty, where the disk was full when the rank
-            # wrote it (torch's launcher reads it after closing the ranks). The ranks that exited with a
-            # code of their own, not the launcher's signal, are the failures
-            for r, proc in enumerate(procs):
-                if proc.exitcode not in (None, 0) and proc.exitcode > 0:
-                    own_exits.setdefault(r, proc.exitcode)
-            codes = {r: code for r, code in own_exits.items() if code != 0}
-            codes = codes or {r: p.exitcode for r, p in enumerate(procs) if p.exitcode} or {0: 1}
-            return _Failed(codes), own_exits
+            # wrote it (torch's launcher reads it after closing the ranks)
+            return _failed_by_own_exits(procs, own_exits), own_exits
         if result is not None or time.monotonic() >= deadline:
             return result, own_exits
         time.sleep(_POLL_S)
+
+
+def _kill_running(procs: list[Any]) -> None:
+    """Kill each of ``procs`` that has not ended."""
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+
+
+def _failed_by_own_exits(procs: list[Any], own_exits: dict[int, int]) -> _Failed:
+    """The failure where the launcher could not read it: the ranks that exited with a code of their own,
+    not the launcher's signal, are the failures (``own_exits`` gains them)."""
+    for r, proc in enumerate(procs):
+        if proc.exitcode not in (None, 0) and proc.exitcode > 0:
+            own_exits.setdefault(r, proc.exitcode)
+    codes = {r: code for r, code in own_exits.items() if code != 0}
+    codes = codes or {r: p.exitcode for r, p in enumerate(procs) if p.exitcode} or {0: 1}
+    return _Failed(codes)
 
 
 @dataclass

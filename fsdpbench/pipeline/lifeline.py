@@ -20,7 +20,6 @@ from pathlib import Path
 from fsdpbench.core.rundir import open_log
 
 PR_SET_PDEATHSIG = 1
-ORCHESTRATOR_PID_ENV = "FSDPBENCH_ORCHESTRATOR_PID"
 # in a case directory: every rank launched into it holds a shared lock on this file while it lives
 ALIVE_FILE = ".ranks.alive"
 _held: list[int] = []  # the lock's descriptor, open for the life of the rank
@@ -68,11 +67,10 @@ def pid_alive(pid: int) -> bool:
         return True  # no /proc (not Linux): kill(0) said it exists
 
 
-def watch_orchestrator(interval_s: float = 1.0) -> None:
-    """Exit this process (no cleanup: its results are on disk) once the orchestrator is gone."""
-    pid = int(os.environ.get(ORCHESTRATOR_PID_ENV, "0") or 0)
+def watch_orchestrator(pid: int, interval_s: float = 1.0) -> None:
+    """Exit this process (no cleanup: its results are on disk) once the orchestrator ``pid`` is gone."""
     if pid <= 0:
-        return  # launched by torchrun/srun: their agent owns our lifetime
+        return  # no orchestrator of ours (torchrun/srun: their agent owns our lifetime)
 
     def watch() -> None:
         while pid_alive(pid):

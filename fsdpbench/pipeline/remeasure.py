@@ -14,13 +14,13 @@ from pathlib import Path
 import pandas as pd
 
 from fsdpbench.analysis.regress import SAMPLED, DifferenceReport
-from fsdpbench.core.schema import OK, RUN_CASE_ID
+from fsdpbench.core.schema import HOST_TUNING, OK, RUN_CASE_ID
 from fsdpbench.pipeline.scenario import PluginPermission
 
 
-def suspects(result: DifferenceReport) -> list[str]:
-    """Baseline case ids whose sampled step time failed."""
-    return sorted({d.case_id for d in result.failures if d.metric == SAMPLED})
+def suspects(result: DifferenceReport) -> list[tuple[str, str]]:
+    """(baseline case id, the run's own id of that case) of each case whose sampled step time failed."""
+    return sorted({(d.case_id, d.run_case_id) for d in result.failures if d.metric == SAMPLED})
 
 
 def remeasure(
@@ -40,8 +40,7 @@ def remeasure(
     each case as launched, checked as a scenario's case is, a plugin strategy included: re-launched only
     where ``allow_plugins`` permits that plugin (all, or these names), as ``run`` launched it, its module
     then also searched for in the current directory)."""
-    from fsdpbench.analysis.regress import gloo_loops_idle
-    from fsdpbench.hosttuning.threads import follow_gloo_loop_policy
+    from fsdpbench.analysis.regress import gloo_loops_idle, legacy_host_tuning
     from fsdpbench.pipeline.launch import launch_case
     from fsdpbench.pipeline.scenario import case_from_row, enable_plugin_imports, plugin_permitted
     from fsdpbench.store.results import build_rows
@@ -49,13 +48,13 @@ def remeasure(
     cases = suspects(result)
     if not cases or repeat <= 0:
         return result
-    follow_gloo_loop_policy(gloo_loops_idle(run_frame), "the run being re-measured")
     frame = frame.copy()
-    for cid in cases:
-        rows = frame.index[frame["case_id"] == cid]
-        run_id = frame.at[rows[0], RUN_CASE_ID]
+    for cid, run_id in cases:
+        rows = frame.index[frame[RUN_CASE_ID] == run_id]
         row = run_frame[run_frame["case_id"] == run_id].iloc[0]
-        case = case_from_row(row, source=str(out_dir.parent / "results.parquet"))
+        case = case_from_row(row, source=str(out_dir.parent / "results.parquet"))  # its host tuning too
+        if HOST_TUNING not in run_frame:  # a run from before cases recorded it: the tuning it ran with
+            case = case.replace(host_tuning=legacy_host_tuning(case.device, gloo_loops_idle(run_frame)))
         pooled = list(frame.at[rows[0], SAMPLED])
         if not plugin_permitted(case.strategy, allow_plugins):
             log(

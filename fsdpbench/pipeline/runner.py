@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import textwrap
 import time
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -14,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.core.case import Case
+from fsdpbench.core.case import HOST_TUNINGS, Case
 from fsdpbench.core.rundir import (
     RunDirError,
     check_component,
@@ -39,7 +38,6 @@ from fsdpbench.core.schema import (
     WALL_S,
 )
 from fsdpbench.engine.rank_result import CaseOutcome
-from fsdpbench.hosttuning.threads import gloo_loop_policy, gloo_loop_setting
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import CaseDirInUse, collect_case, launch_case
 from fsdpbench.pipeline.scenario import ScenarioError, Skipped, case_from_row
@@ -105,10 +103,9 @@ def run_cases(
     # refuses (RunDirError) while another run uses this directory
     with store.lock(), torch_caches_in(store.run_dir):
         tracer = TracedPredictor(log_path=store.run_dir / TRACED_LOG) if traced else None
+        meta["host_tuning"] = host_tuning_record([*cases, *(s.case for s in skipped)])
         done = _start_run(store, meta, skipped, resume=resume, traced=traced, link=link)
         try:
-            if not collect and any(c.device == "cpu" and not c.emulate for c in cases):
-                _decide_gloo_loops(meta)  # in the try: a Ctrl-C during its 0.2 s still ends the run's record
             for i, case in enumerate(cases):
                 if case.case_id in done:
                     continue
@@ -176,6 +173,18 @@ def _start_run(
     return done
 
 
+def host_tuning_record(cases: list[Case]) -> str:
+    """run.json's (and the report's) words for the host tuning of a run's cases: each tuning, what it
+    does, and how many cases ran with it (one sentence when they all did)."""
+    counts: dict[str, int] = {}
+    for case in cases:
+        counts[case.host_tuning] = counts.get(case.host_tuning, 0) + 1
+    if len(counts) == 1:
+        (tuning,) = counts
+        return f"{tuning}: {HOST_TUNINGS[tuning]}"
+    return "; ".join(f"{t} ({n} case{'s' if n != 1 else ''}): {HOST_TUNINGS[t]}" for t, n in counts.items())
+
+
 def _check_stored_cases(store: RunStore, done: set[str]) -> None:
     """Each case file --resume keeps is this run's: a results table (``read_results_file``) of that one
     case, its configuration checked as a scenario's case (``case_from_row``); ResultsFileError names the
@@ -189,16 +198,6 @@ def _check_stored_cases(store: RunStore, done: set[str]) -> None:
             case_from_row(frame.iloc[0], source=str(path))
         except ScenarioError as exc:
             raise ResultsFileError(str(exc)) from None
-
-
-def _decide_gloo_loops(meta: dict[str, Any]) -> None:
-    """Decide, before the first case, whether the CPU ranks' gloo loop threads go under SCHED_IDLE
-    (hosttuning/threads.py: "auto" watches the machine now, while nothing of this run computes); run.json
-    says which and why, and so does stderr when the user left the choice to "auto"."""
-    policy = gloo_loop_policy(anew=True)  # a process that runs again (a benchmark) decides again
-    meta["gloo_loop_policy"] = f"gloo's loop threads {policy.reason}"
-    if gloo_loop_setting() == "auto":  # a terminal of 80 columns: wrapped, as the rest of the run's lines
-        print(textwrap.fill(meta["gloo_loop_policy"], 80, subsequent_indent="  "), file=sys.stderr)
 
 
 NOT_RUN = "not run"  # run.json's status of a case whose directory a live rank holds
@@ -343,7 +342,7 @@ def add_step_model(
         rows[MODEL_UNCHECKED_REASON] = beyond
         return rows
     try:
-        link = resolve_link(link_spec, case.backend, case.world_size, run_dir)
+        link = resolve_link(link_spec, case.backend, case.world_size, run_dir, case.host_tuning)
         sharding = get_strategy(case.strategy).sharding
         bare, method = _bare_compute_ms(case, rows, case_dir, device_type, launch_twin=launch_twin)
         # real ranks on this machine whose threads fill its cores: no collective overlaps compute

@@ -47,6 +47,8 @@ PLUGIN_PATTERN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")  # a directory name under reports/
 # more CPU ranks than this per core are refused unless the run allows oversubscription
 CPU_RANKS_PER_CORE = 4
+# the user's permission to import a scenario's plugin strategies, as --allow-plugins: what a case measures
+# is its strategy field either way, so this switch changes only whether its code may be loaded
 ALLOW_PLUGINS_ENV = "FSDPBENCH_ALLOW_PLUGINS"
 
 # strict: a bool is not an int ('world_size: true'), a string is not a number ('steps: "5"')
@@ -117,8 +119,12 @@ def _known_activation_checkpointing(cls: Any, value: Any) -> Any:
 def _known_model(cls: Any, value: str | None) -> str | None:
     from fsdpbench.models import model_names
 
-    if value is not None and value not in model_names():
-        raise ValueError(f"unknown model {value!r}; allowed: {', '.join(model_names())}")
+    if value is None or value in model_names():
+        return value
+    if ":" in value and not PLUGIN_PATTERN.fullmatch(value):
+        raise ValueError(f"own model {value!r} is not package.module:factory (absolute, no '/')")
+    if ":" not in value:
+        raise ValueError(f"unknown model {value!r}; allowed: {', '.join(model_names())}, or module:factory")
     return value
 
 
@@ -559,6 +565,19 @@ def expand(
     return cases, skipped
 
 
+def _resolved_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The scenario's values as the case's fields: one activation-checkpointing value is two fields of
+    the case (a policy without checkpointing is no policy); a list of wrap classes is a tuple."""
+    fields = dict(fields)
+    on, policy = resolve_activation_checkpointing(fields.get("activation_checkpointing", False))
+    if on and not isinstance(fields.get("activation_checkpointing"), str):
+        policy = resolve_activation_checkpointing(fields.get("activation_checkpointing_policy", policy))[1]
+    fields["activation_checkpointing"], fields["activation_checkpointing_policy"] = on, policy
+    if "wrap_classes" in fields:
+        fields["wrap_classes"] = tuple(fields["wrap_classes"])
+    return fields
+
+
 def build_case(
     fields: dict[str, Any], *, source: str = "<scenario>", allow_plugins: bool = True
 ) -> tuple[Case, str | None]:
@@ -566,20 +585,14 @@ def build_case(
     from fsdpbench.models import check_model_args
     from fsdpbench.strategies import get_strategy
 
-    fields = dict(fields)
-    # one value in the scenario, two fields of the case; a policy without checkpointing is no policy
-    on, policy = resolve_activation_checkpointing(fields.get("activation_checkpointing", False))
-    if on and not isinstance(fields.get("activation_checkpointing"), str):
-        policy = resolve_activation_checkpointing(fields.get("activation_checkpointing_policy", policy))[1]
-    fields["activation_checkpointing"], fields["activation_checkpointing_policy"] = on, policy
-    if "wrap_classes" in fields:
-        fields["wrap_classes"] = tuple(fields["wrap_classes"])
+    fields = _resolved_fields(fields)
     name = fields.get("strategy", _DEFAULT.strategy)
-    if ":" in name and not allow_plugins:
-        raise ScenarioError(
-            f"{source}: strategy: {name!r} is a plugin; loading it imports and runs that module's code. "
-            f"Allow it with --allow-plugins (or {ALLOW_PLUGINS_ENV}=1)"
-        )
+    for key, plugin in (("strategy", name), ("model", fields.get("model", _DEFAULT.model))):
+        if ":" in plugin and not allow_plugins:
+            raise ScenarioError(
+                f"{source}: {key}: {plugin!r} is a plugin; loading it imports and runs that module's code. "
+                f"Allow it with --allow-plugins (or {ALLOW_PLUGINS_ENV}=1)"
+            )
     if fields.get("emulate"):
         from fsdpbench.engine.emulate import resolve_emulate_ranks
 
@@ -607,6 +620,7 @@ def build_case(
     from fsdpbench.engine.knobs import check_knobs, normalize_knobs
 
     case = normalize_knobs(case, strategy)
+    from fsdpbench.hosttuning.threads import check_host_tuning
     from fsdpbench.predictors.checkpoint import check_checkpoint
 
     reason = (
@@ -614,6 +628,7 @@ def build_case(
         or check_knobs(case, strategy)
         or check_emulation(case)
         or check_devices(case)
+        or check_host_tuning(case)
         or check_checkpoint(case, strategy)
     )
     return case, reason

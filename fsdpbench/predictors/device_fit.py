@@ -15,12 +15,17 @@ tensors — so a case whose tracked peak alone does not fit is answered without 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, CudaRuntime
 from fsdpbench.predictors.memory_model.allocator import AllocConf, OutOfMemory
 from fsdpbench.predictors.memory_model.nvml import NvmlTerms, nvml_terms
+
+if TYPE_CHECKING:
+    from fsdpbench.predictors.traced import TracedEstimate
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,8 +118,9 @@ class AllocatorAnswer:
             "smallest_world_size": self.smallest_world_size,
         }
 
-    def lines(self, fmt) -> list[str]:  # noqa: ANN001 — a bytes formatter
-        """The answer as the terminal shows it: each figure on its own line, then the verdict."""
+    def lines(self, fmt, *, width: int = 78) -> list[str]:  # noqa: ANN001 — a bytes formatter
+        """The answer as the terminal shows it: each figure on its own line, then the verdict; every line
+        at most ``width`` columns (a figure's source goes on the line below when it does not fit)."""
         m, t = self.memory, self.memory.terms
         settings = m.conf.describe() or "torch's defaults"
         rows = [
@@ -129,28 +135,45 @@ class AllocatorAnswer:
             ("+ NCCL buffers", t.nccl_bytes, t.nccl_source),
             ("NVML used, no limit", m.nvml_peak, "reserved + context + NCCL"),
         ]
-        width = max(len(label) for label, _, _ in rows)
-        out = [
+        label_width = max(len(label) for label, _, _ in rows)
+        out = _wrapped(
             "device memory, modelled: the step's allocation stream (traced) replayed through the CUDA "
-            f"caching allocator model (CUDACachingAllocator.cpp, torch 2.11 rules; settings: {settings})"
-        ]
-        out += [
-            f"  {label:<{width}}  {fmt(value):>12}" + (f"  ({why})" if why else "")
-            for label, value, why in rows
-        ]
+            f"caching allocator model (CUDACachingAllocator.cpp, torch 2.11 rules; settings: {settings})",
+            width,
+        )
+        for label, value, why in rows:
+            figure = f"  {label:<{label_width}}  {fmt(value):>12}"
+            if why and len(figure) + len(why) + 4 <= width:
+                out.append(f"{figure}  ({why})")
+            else:
+                out.append(figure)
+                out += _wrapped(f"({why})", width, indent=" " * 6) if why else []
         if self.recipe:
-            out.append(f"  {self.recipe}")
-        out.append(self.fit.describe(fmt))
-        out.append(
+            out += _wrapped(self.recipe, width, indent="  ")
+        out += _wrapped(self.fit.describe(fmt), width)
+        out += _wrapped(
             f"largest per-rank batch that fits: {self.largest_batch or 'none'}; smallest world size that "
             f"fits (powers of two ≤ {self.max_world_size}): {self.smallest_world_size or 'none'} "
-            "(allocator model)"
+            "(allocator model)",
+            width,
         )
         return out
 
 
+def _wrapped(text: str, width: int, *, indent: str = "") -> list[str]:
+    """``text`` in lines of at most ``width`` columns, the first indented by ``indent``, the rest by two
+    more spaces."""
+    import textwrap
+
+    return textwrap.wrap(
+        text, width, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False
+    )
+
+
 class DeviceModel:
-    """Traces and replays cases for one set of settings, each case traced once."""
+    """Traces and replays cases for one set of settings. A step's allocation stream is fixed by the case
+    (its batch, world size, strategy, recipe …) and the rank, so each distinct case is traced once and its
+    stream replayed under every limit asked; ``traced`` lists the cases traced, in order."""
 
     def __init__(
         self,
@@ -160,13 +183,16 @@ class DeviceModel:
         runtime: CudaRuntime | None = None,
         context_bytes: int | None = None,
         nccl_channels: int | None = None,
+        on_trace: Callable[[Case], None] | None = None,
     ) -> None:
         self.conf = conf or AllocConf()  # a case's own alloc_conf: DeviceModel.for_case
         self.rank = rank
         self.runtime = runtime or CudaRuntime()
         self.context_bytes = context_bytes
         self.nccl_channels = nccl_channels
-        self._streams: dict[str, tuple[AllocStream, int]] = {}
+        self.on_trace = on_trace  # told before each trace (a progress line)
+        self.traced: list[Case] = []
+        self._estimates: dict[str, TracedEstimate] = {}
 
     @classmethod
     def for_case(cls, case: Case, **kwargs) -> DeviceModel:  # noqa: ANN003 — DeviceModel's keywords
@@ -188,15 +214,24 @@ class DeviceModel:
             nccl_channels=self.nccl_channels,
         )
 
-    def stream(self, case: Case) -> tuple[AllocStream, int]:
-        """The case's traced allocation stream and tracked peak (traced once per case)."""
+    def estimate(self, case: Case) -> TracedEstimate:
+        """The case's trace (tracker peak, states and allocation stream), made once per distinct case."""
         key = repr(sorted(case.to_dict().items()))
-        if key not in self._streams:
+        if key not in self._estimates:
             from fsdpbench.predictors.traced import estimate
 
-            est = estimate(case, rank=min(self.rank, case.world_size - 1), record_stream=True)
-            self._streams[key] = (est.alloc_stream, est.peak_bytes)
-        return self._streams[key]
+            if self.on_trace is not None:
+                self.on_trace(case)
+            self.traced.append(case)
+            rank = min(self.rank, case.world_size - 1)
+            self._estimates[key] = estimate(case, rank=rank, record_stream=True)
+        return self._estimates[key]
+
+    def stream(self, case: Case) -> tuple[AllocStream, int]:
+        """The case's traced allocation stream and tracked peak."""
+        est = self.estimate(case)
+        assert est.alloc_stream is not None  # recorded: record_stream=True
+        return est.alloc_stream, est.peak_bytes
 
     def memory(self, case: Case) -> DeviceMemory:
         stream, tracked = self.stream(case)
@@ -217,20 +252,29 @@ class DeviceModel:
             notes=stream.notes,
         )
 
-    def fit(self, case: Case, device_memory: int) -> DeviceFit:
-        """Fits? The analytic tracked peak first (a necessary condition), then the allocator model."""
+    def analytic_needed(self, case: Case) -> int | None:
+        """The analytic tracked peak + NVML's terms: what the device needs at least (allocator ≥ tracker)."""
         from fsdpbench.predictors.memory_model import predict_memory
 
-        terms = self.terms(case)
-        budget = device_memory - terms.total  # what the caching allocator may reserve
         analytic = predict_memory(case, rank=min(self.rank, case.world_size - 1), context_bytes=0)
         tracked = analytic.device_peak_bytes
-        if tracked is not None and tracked > budget:
+        return None if tracked is None else tracked + self.terms(case).total
+
+    def allocator_needed(self, case: Case) -> int:
+        """NVML's figure with no limit: the allocator model's reserved peak + context + NCCL."""
+        return self.memory(case).nvml_peak
+
+    def fit(self, case: Case, device_memory: int) -> DeviceFit:
+        """Fits? The analytic tracked peak first (a necessary condition), then the allocator model."""
+        terms = self.terms(case)
+        budget = device_memory - terms.total  # what the caching allocator may reserve
+        needed = self.analytic_needed(case)
+        if needed is not None and needed > device_memory:
             return DeviceFit(
                 device_memory,
                 False,
                 "the tracked peak alone (analytic) + context + NCCL",
-                budget - tracked,
+                device_memory - needed,
                 None,
             )
         stream, _ = self.stream(case)
@@ -248,31 +292,61 @@ class DeviceModel:
         )
 
     # ---- searches -----------------------------------------------------------------------------------
-    def largest_batch(self, case: Case, device_memory: int, *, max_batch: int = 1 << 20) -> int | None:
-        """The largest per-rank batch that fits: bisection below the analytic answer (allocator ≥ tracker)."""
+    def analytic_largest_batch(self, case: Case, limit: int, *, max_batch: int = 1 << 20) -> int | None:
+        """The largest per-rank batch whose analytic need (tracked peak + NVML's terms) is ≤ ``limit``."""
         from fsdpbench.predictors.memory_model import predict_memory
         from fsdpbench.predictors.memory_model.search import largest_batch
 
-        terms = self.terms(case)
         rank = min(self.rank, case.world_size - 1)
-        bound = largest_batch(
-            case,
-            lambda c: predict_memory(c, rank=rank, context_bytes=terms.total),
-            device_memory,
-            max_batch=max_batch,
+        total = self.terms(case).total
+        return largest_batch(
+            case, lambda c: predict_memory(c, rank=rank, context_bytes=total), limit, max_batch=max_batch
         )
-        if bound is None or not self.fit(case.replace(batch_size=1), device_memory).fits:
+
+    def largest_batch(self, case: Case, device_memory: int, *, max_batch: int = 1 << 20) -> int | None:
+        """The largest per-rank batch that fits, traced only near its edge. The analytic answer bounds it
+        from above (the allocator holds at least the live tensors). The first guess is the analytic answer
+        under the device memory less what the allocator model added to the analytic need of the case
+        asked (its own trace); from there the search steps outwards, doubling, until it straddles the edge,
+        then bisects: a right guess costs two traces (it fits, one more does not), or one at the bound."""
+        bound = self.analytic_largest_batch(case, device_memory, max_batch=max_batch)
+        if bound is None:
             return None
-        lo, hi = 1, bound + 1  # lo fits, hi does not
+        guess, analytic = bound, self.analytic_needed(case)
+        if analytic is not None:
+            overhead = max(0, self.allocator_needed(case) - analytic)
+            guess = self.analytic_largest_batch(case, device_memory - overhead, max_batch=bound) or 1
+
+        def fits(b: int) -> bool:
+            return self.fit(case.replace(batch_size=b), device_memory).fits
+
+        if fits(guess):  # walk up to the edge: lo fits, hi does not (bound + 1 does not, analytically)
+            lo, hi, step = guess, bound + 1, 1
+            while lo + step < hi:
+                if not fits(lo + step):
+                    hi = lo + step
+                    break
+                lo, step = lo + step, 2 * step
+        else:  # walk down to the edge: hi does not fit
+            hi, step = guess, 1
+            while True:
+                if hi == 1:
+                    return None  # batch 1 does not fit
+                lo = max(1, hi - step)
+                if fits(lo):
+                    break
+                hi, step = lo, 2 * step
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if self.fit(case.replace(batch_size=mid), device_memory).fits else (lo, mid)
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return lo
 
     def smallest_world_size(
         self, case: Case, device_memory: int, *, max_world_size: int = 65536, multiple: int = 1
     ) -> int | None:
-        """Powers of two from the analytic answer up (the allocator needs at least what the tracker does)."""
+        """Powers of two from the analytic answer up (the allocator needs at least what the tracker does):
+        each candidate traced only when the analytic need lets it fit, so usually one trace, none when
+        the answer is the world size asked."""
         from fsdpbench.predictors.memory_model import predict_memory
         from fsdpbench.predictors.memory_model.search import smallest_world_size
 

@@ -186,7 +186,9 @@ def render_environment(data: ReportData) -> str:
         ranks = describe_ranks(data.cases[data.cases[RUN] == run.run]) if RUN in data.cases else ""
         items = [*_run_items(run), *_machine_items(run.meta.get("env") or {}), ("ranks", ranks)]
         items += _emulation_items(run.meta.get("emulation") or {})
-        if run.meta.get("gloo_loop_policy"):  # CPU ranks only (hosttuning/threads.py); runs before it: none
+        if run.meta.get("host_tuning"):  # runs from before cases recorded it: their gloo loop policy
+            items.append(("host tuning", str(run.meta["host_tuning"])))
+        elif run.meta.get("gloo_loop_policy"):
             items.append(("gloo loop threads", str(run.meta["gloo_loop_policy"])))
         skipped = run.meta.get(SKIPPED) or []
         if skipped:

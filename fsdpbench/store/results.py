@@ -316,7 +316,8 @@ _RUN_JSON_FIELDS: dict[str, type | tuple[type, ...]] = {
     "step_time_model": dict,
     "command": str,
     "started": str,
-    "gloo_loop_policy": str,
+    "host_tuning": str,  # the words of runner.host_tuning_record
+    "gloo_loop_policy": str,  # a run's from before cases recorded their host tuning
 }
 # the mappings of run.json whose every entry is itself of a type (a case's launch record is an object)
 _RUN_JSON_ENTRIES: dict[str, type | tuple[type, ...]] = {"cases": dict}

@@ -109,7 +109,9 @@ def build_ds_config(case: Case, stage: int) -> dict[str, Any]:
 
 
 def import_deepspeed(device: torch.device) -> Any:
-    """Import DeepSpeed with the accelerator of this rank's device (cpu or cuda), named explicitly."""
+    """Import DeepSpeed with the accelerator of this rank's device (cpu or cuda), named explicitly: DeepSpeed
+    reads DS_ACCELERATOR once per process, so this is library configuration derived from the case's device,
+    whatever the user's environment holds."""
     os.environ["DS_ACCELERATOR"] = "cuda" if device.type == "cuda" else "cpu"
     import deepspeed
 
@@ -303,6 +305,8 @@ def deepspeed_estimate_bytes(case: Case, stage: int) -> int | None:
     from fsdpbench.models.facts import get_model_facts
 
     psi = get_model_facts(case.model, case.model_args).n_params
+    # DeepSpeed needs an accelerator named to import; its estimators below are arithmetic on Ψ and the
+    # ranks, the same whichever accelerator it picks
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if case.device == "cuda" else "cpu")
     if stage == 2:
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs

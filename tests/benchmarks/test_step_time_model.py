@@ -11,9 +11,9 @@ work on the machine moves one and not the other. Environment:
 - ``FSDPBENCH_BENCH_STEP_MODEL_RUNS`` (default 3): runs in a row, each a fresh run directory (a fresh
   gloo probe and fresh compute twins);
 - ``FSDPBENCH_BENCH_STEP_MODEL_OUT``: a file to write the markdown table to (default: printed only);
-- ``FSDPBENCH_GLOO_LOOP_IDLE`` (``auto``, ``0``, ``1``): gloo's loop threads on the runs' CPU ranks and
-  probe, as for ``fsdpbench run``; by default (``auto``) each run decides as it starts, under
-  ``SCHED_IDLE`` on an idle machine (hosttuning/threads.py); each run's line says what it did and why.
+- ``FSDPBENCH_BENCH_STEP_MODEL_HOST_TUNING`` (``none``, ``pin``, ``pin-idle-loops``; default ``none``):
+  the cases' ``host_tuning``, as ``fsdpbench run --set host_tuning=…`` (the recorded tables of
+  docs/step-time-model.md were measured pinned, most with the loops idle); each run's line says it.
 
 The cases run as their scenarios define them (``fsdpbench run`` with the default ``--link auto``).
 The target (docs/step-time-model.md) is each case within 10% and a mean absolute error ≤ 5% in every
@@ -42,11 +42,18 @@ pytestmark = pytest.mark.skipif(
 
 
 def checkable_cases() -> list[Any]:
-    """The scenarios' cases with at most MAX_RANKS ranks, no more than this machine's cores."""
+    """The scenarios' cases with at most MAX_RANKS ranks, no more than this machine's cores, with the
+    benchmark's host tuning."""
     from fsdpbench.pipeline.scenario import load_scenario
 
     limit = min(MAX_RANKS, os.cpu_count() or 1)
-    return [c for path in SCENARIOS for c in load_scenario(path).cases if c.world_size <= limit]
+    from fsdpbench.core.case import HOST_TUNINGS
+
+    tuning = {"host_tuning": os.environ.get(f"{SWITCH}_HOST_TUNING", "none")}
+    assert tuning["host_tuning"] in HOST_TUNINGS, f"{SWITCH}_HOST_TUNING: one of {', '.join(HOST_TUNINGS)}"
+    return [
+        c for path in SCENARIOS for c in load_scenario(path, overrides=tuning).cases if c.world_size <= limit
+    ]
 
 
 def one_run(out: Path) -> list[dict[str, Any]]:
@@ -58,7 +65,7 @@ def one_run(out: Path) -> list[dict[str, Any]]:
 
     frame = run_cases(checkable_cases(), [], RunStore(out), {"env": {}}, link="auto")
     cases = build_case_frame(frame)
-    loops = json.loads((out / "run.json").read_text())["gloo_loop_policy"]  # decided as the run started
+    loops = "host tuning " + json.loads((out / "run.json").read_text())["host_tuning"]
     return [
         {
             "scenario": r["scenario"],

@@ -1,7 +1,10 @@
 """The Llama-style decoder family, declared: its arguments and presets, its blocks and every parameter's
 shape (the torch side, ``fsdpbench/models/decoder.py``, builds what this declares).
 
-Presets reproduce the published parameter counts of Llama-2 7B/13B/70B exactly.
+Presets reproduce the published parameter counts of Llama-2 7B/13B/70B exactly, and torchtitan's Llama 3
+flavors (``torchtitan/models/llama3``: grouped-query attention with 8 KV heads, a 128,256-token vocabulary,
+RoPE θ = 500,000 with Llama 3.1's frequency scaling, the SwiGLU width rule with ``multiple_of`` and
+``ffn_dim_multiplier``, an untied output head) to the parameter.
 """
 
 from __future__ import annotations
@@ -13,19 +16,35 @@ from fsdpbench.models.registry import ModelDef, ParamShape, TorchSide, register_
 TORCH_SIDE = "fsdpbench.models.decoder"
 
 
-def default_ffn_dim(d_model: int, multiple_of: int = 32) -> int:
-    """Llama's SwiGLU width: 2/3 of 4·d, rounded up to a multiple."""
+ROPE_SCALINGS = ("none", "llama3")  # llama3: Llama 3.1's frequency scaling, as torchtitan applies it
+
+
+def default_ffn_dim(d_model: int, multiple_of: int = 32, ffn_dim_multiplier: float = 1.0) -> int:
+    """Llama's SwiGLU width, as torchtitan's ``FeedForward`` sizes it: 2/3 of 4·d, times the multiplier,
+    rounded up to a multiple of ``multiple_of``."""
     hidden = int(2 * 4 * d_model / 3)
+    hidden = int(ffn_dim_multiplier * hidden)
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
+def ffn_dim(args: dict[str, Any]) -> int:
+    """The SwiGLU width of a full argument set: ``ffn_dim`` when given, else the sizing rule."""
+    return args.get("ffn_dim") or default_ffn_dim(
+        args["d_model"], args.get("multiple_of", 32), args.get("ffn_dim_multiplier", 1.0)
+    )
+
+
 def _check_args(args: dict[str, Any]) -> str | None:
-    """What Decoder's constructor and attention need of the widths and head counts."""
+    """What Decoder's constructor and attention need of the widths, head counts and RoPE."""
     n_kv = args["n_kv_heads"] or args["n_heads"]
     if args["d_model"] % args["n_heads"]:
         return f"n_heads: d_model={args['d_model']} is not divisible by n_heads={args['n_heads']}"
     if args["n_heads"] % n_kv:
         return f"n_kv_heads: n_heads={args['n_heads']} is not divisible by n_kv_heads={n_kv}"
+    if (args["d_model"] // args["n_heads"]) % 2:
+        return f"n_heads: the head dimension {args['d_model'] // args['n_heads']} is odd (RoPE rotates pairs)"
+    if args["rope_scaling"] not in ROPE_SCALINGS:
+        return f"rope_scaling: {args['rope_scaling']!r} is not one of {', '.join(ROPE_SCALINGS)}"
     return None
 
 
@@ -35,7 +54,7 @@ def param_shapes(a: dict[str, Any]) -> tuple[tuple[ParamShape, ...], int]:
     d, layers, heads, vocab = a["d_model"], a["n_layers"], a["n_heads"], a["vocab"]
     kv = a.get("n_kv_heads") or heads
     hd = d // heads
-    ffn = a.get("ffn_dim") or default_ffn_dim(d)
+    ffn = ffn_dim(a)
     out = [ParamShape("tok_embeddings.weight", (vocab, d), -1)]
     for i in range(layers):
         p = f"layers.{i}."
@@ -66,6 +85,12 @@ register_model(
             "vocab": 512,
             "ffn_dim": None,
             "norm_eps": 1e-5,
+            # the SwiGLU sizing rule when ffn_dim is not given (torchtitan's names; its multiple_of
+            # defaults to 256, fsdpbench's decoder has always rounded to 32)
+            "multiple_of": 32,
+            "ffn_dim_multiplier": 1.0,
+            "rope_theta": 10000.0,
+            "rope_scaling": "none",
         },
         make_batch=TorchSide(f"{TORCH_SIDE}:make_batch"),
         loss=TorchSide(f"{TORCH_SIDE}:loss"),
@@ -74,7 +99,10 @@ register_model(
         is_sequence=True,
         check_args=_check_args,
         param_shapes=param_shapes,
-        description="Llama-style decoder (d_model, n_layers, n_heads, n_kv_heads, vocab, ffn_dim)",
+        description=(
+            "Llama-style decoder (d_model, n_layers, n_heads, n_kv_heads, vocab, ffn_dim or multiple_of and "
+            "ffn_dim_multiplier, rope_theta, rope_scaling)"
+        ),
     )
 )
 register_preset(
@@ -143,4 +171,64 @@ register_preset(
     n_kv_heads=8,
     vocab=32000,
     ffn_dim=28672,
+)
+
+
+# torchtitan's Llama 3 flavors (torchtitan/models/llama3/__init__.py: 8B, 70B, 405B)
+LLAMA3 = dict(n_kv_heads=8, vocab=128256, rope_theta=500000.0, rope_scaling="llama3")
+register_preset(
+    "llama3-8b",
+    "decoder",
+    "Llama 3.1 8B as torchtitan builds it (8,030,261,248 params)",
+    d_model=4096,
+    n_layers=32,
+    n_heads=32,
+    multiple_of=1024,
+    ffn_dim_multiplier=1.3,
+    **LLAMA3,
+)
+register_preset(
+    "llama3-70b",
+    "decoder",
+    "Llama 3.1 70B as torchtitan builds it (70,553,706,496 params)",
+    d_model=8192,
+    n_layers=80,
+    n_heads=64,
+    multiple_of=4096,
+    ffn_dim_multiplier=1.3,
+    **LLAMA3,
+)
+register_preset(
+    "llama3-405b",
+    "decoder",
+    "Llama 3.1 405B as torchtitan builds it (405,853,388,800 params)",
+    d_model=16384,
+    n_layers=126,
+    n_heads=128,
+    multiple_of=4096,
+    ffn_dim_multiplier=1.2,
+    **LLAMA3,
+)
+# the same rules at CPU size: 4 query heads per KV head as in llama3-8b, a small vocabulary
+register_preset(
+    "llama3-tiny",
+    "decoder",
+    "Llama 3 rules at d64 L2 H8 KV2 V512 (GQA 4:1, θ 500k, ffn 256): seconds on a CPU",
+    d_model=64,
+    n_layers=2,
+    n_heads=8,
+    multiple_of=64,
+    ffn_dim_multiplier=1.3,
+    **{**LLAMA3, "n_kv_heads": 2, "vocab": 512},
+)
+register_preset(
+    "llama3-mini",
+    "decoder",
+    "Llama 3 rules at d256 L4 H8 KV2 V2048 (GQA 4:1, θ 500k, ffn 1024)",
+    d_model=256,
+    n_layers=4,
+    n_heads=8,
+    multiple_of=256,
+    ffn_dim_multiplier=1.3,
+    **{**LLAMA3, "n_kv_heads": 2, "vocab": 2048},
 )

@@ -450,7 +450,6 @@ def _profile(case: Case, strategy: Strategy, prec: Precision) -> ActivationProfi
     shape = Shape(
         batch=case.batch_size,
         seq_len=case.seq_len,
-        global_batch=case.global_batch_size,
         mode=mode,
         checkpointing=case.activation_checkpointing,
         checkpoint_policy=case.activation_checkpointing_policy,

@@ -50,7 +50,7 @@ class Stage:
 
 @dataclass(frozen=True, slots=True)
 class ActivationProfile:
-    inputs_bytes: int  # the step's batch: the worker slices views of the global batch, which stays alive
+    inputs_bytes: int  # the rank's own batch (engine/step.rank_batch): the global batch never exists there
     stages: tuple[Stage, ...]
     mode: str
     kernel_note: str = ""  # the kernel choices assumed, where they depend on versions, hardware or shapes
@@ -63,11 +63,10 @@ class ActivationProfile:
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """What activations depend on besides the model: per-rank batch, sequence, global batch."""
+    """What activations depend on besides the model: per-rank batch and sequence."""
 
     batch: int
     seq_len: int
-    global_batch: int
     mode: str = FP32
     checkpointing: bool = False
     checkpoint_policy: str = AC_FULL  # with checkpointing: full, op or every:N (fsdpbench/core/case.py)
@@ -81,108 +80,199 @@ def get_activation_profile(family: str, args: dict[str, Any], shape: Shape) -> A
 
 
 # ---- decoder ---------------------------------------------------------------------------------------
-def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
-    from fsdpbench.models.families.decoder import default_ffn_dim
+_BLOCK_PARAMS = (
+    "attention_norm.weight",
+    "attention.wq.weight",
+    "attention.wk.weight",
+    "attention.wv.weight",
+    "attention.wo.weight",
+    "ffn_norm.weight",
+    "feed_forward.w1.weight",
+    "feed_forward.w3.weight",
+    "feed_forward.w2.weight",
+)
 
-    d, layers, heads, vocab = a["d_model"], a["n_layers"], a["n_heads"], a["vocab"]
-    kv = a.get("n_kv_heads") or heads
-    hd, f = d // heads, a.get("ffn_dim") or default_ffn_dim(d)
-    b, s = sh.batch, sh.seq_len
-    tok = b * s
-    bd, bf, kvd = tok * d, tok * f, tok * kv * hd
-    e = 4 if sh.mode == FP32 else 2  # matmul/attention path
-    res = 2 if sh.mode == PURE16 else 4  # residual stream and norm inputs
-    norm, attn = kernels_for(sh.device, sh.mode != FP32)
 
-    def r(nbytes: int) -> int:  # one tensor's storage
-        return storage_bytes(nbytes, sh.device)
+@dataclass(frozen=True, slots=True)
+class _DecoderDims:
+    """The decoder's sizes for one rank's batch, and the kernels and dtypes its tensors are saved in."""
 
-    def norm_bytes() -> int:
-        # beyond its input: the fused kernel saves an fp32 (b, s, 1) rstd; the decomposed one also the
-        # normalised fp32 result, and in pure16 an fp32 copy of its input instead of the input. The
-        # output (norm·weight, compute dtype) is saved by the Linear(s) that read it.
-        if norm.fused:
-            return r(4 * tok)
-        upcast = r(4 * bd) if sh.mode == PURE16 else 0
-        return upcast + r(4 * tok) + r(4 * bd)
+    d: int
+    layers: int
+    heads: int
+    kv: int  # grouped-query attention: k and v have kv heads, q and out all
+    f: int
+    vocab: int
+    sh: Shape
+    e: int  # bytes per element on the matmul/attention path
+    res: int  # bytes per element of the residual stream and norm inputs
+    norm: Any
+    attn: Any
 
-    if sh.mode == AUTOCAST16:
+    @classmethod
+    def of(cls, a: dict[str, Any], sh: Shape) -> _DecoderDims:
+        from fsdpbench.models.families.decoder import ffn_dim
+
+        norm, attn = kernels_for(sh.device, sh.mode != FP32)
+        return cls(
+            d=a["d_model"],
+            layers=a["n_layers"],
+            heads=a["n_heads"],
+            kv=a.get("n_kv_heads") or a["n_heads"],
+            f=ffn_dim(a),
+            vocab=a["vocab"],
+            sh=sh,
+            e=4 if sh.mode == FP32 else 2,
+            res=2 if sh.mode == PURE16 else 4,
+            norm=norm,
+            attn=attn,
+        )
+
+    @property
+    def hd(self) -> int:
+        return self.d // self.heads
+
+    @property
+    def tok(self) -> int:
+        return self.sh.batch * self.sh.seq_len
+
+    @property
+    def bd(self) -> int:
+        return self.tok * self.d
+
+    @property
+    def bf(self) -> int:
+        return self.tok * self.f
+
+    @property
+    def kvd(self) -> int:
+        return self.tok * self.kv * self.hd
+
+    @property
+    def keeps_residual(self) -> bool:
+        """The residual stream is saved by the norms that read it, unless they save an fp32 copy instead."""
+        return self.norm.fused or self.sh.mode != PURE16
+
+    @property
+    def lse(self) -> int:
+        return 4 * math.prod(self.attn.lse_shape(self.sh.batch, self.heads, self.sh.seq_len))  # fp32
+
+    def r(self, nbytes: int) -> int:
+        """One tensor's storage on the device."""
+        return storage_bytes(nbytes, self.sh.device)
+
+    def norm_bytes(self) -> int:
+        """Beyond its input: the fused kernel saves an fp32 (b, s, 1) rstd; the decomposed one also the
+        normalised fp32 result, and in pure16 an fp32 copy of its input instead of the input. The output
+        (norm·weight, compute dtype) is saved by the Linear(s) that read it."""
+        if self.norm.fused:
+            return self.r(4 * self.tok)
+        upcast = self.r(4 * self.bd) if self.sh.mode == PURE16 else 0
+        return upcast + self.r(4 * self.tok) + self.r(4 * self.bd)
+
+    def block_input(self) -> int:
+        return self.r(self.res * self.bd) if self.keeps_residual else 0
+
+    def matmuls(self) -> tuple[int, ...]:
+        """The block's matmuls in forward order (output bytes): wq, wk, wv, wo, w1, w3, w2."""
+        r, e = self.r, self.e
+        return (
+            r(e * self.bd),
+            r(e * self.kvd),
+            r(e * self.kvd),
+            r(e * self.bd),
+            r(e * self.bf),
+            r(e * self.bf),
+            r(e * self.bd),
+        )
+
+    def attention_kernel_outputs(self) -> int:
+        """The attention kernel's outputs beside the attention output: logsumexp and the RNG state."""
+        return self.r(self.lse) + (2 * self.r(8) if self.attn.rng_state else 0)
+
+
+def _block_saved(dm: _DecoderDims) -> int:
+    """What one block saves for its backward without checkpointing."""
+    r, e, bd = dm.r, dm.e, dm.bd
+    if dm.sh.mode == AUTOCAST16:
         norm_out_attn, norm_out_ffn = 3 * r(2 * bd), 2 * r(2 * bd)  # each Linear saves its own 16-bit cast
     else:
         norm_out_attn = norm_out_ffn = r(e * bd)  # one tensor, saved by wq/wk/wv (w1/w3)
-    # the residual stream is saved by the norms that read it, unless they save an fp32 copy instead
-    keeps_residual = norm.fused or sh.mode != PURE16
-    block_input = r(res * bd) if keeps_residual else 0
-    h1 = r(res * bd) if keeps_residual else 0  # residual after attention (saved by ffn_norm)
-    lse = 4 * math.prod(attn.lse_shape(b, heads, s))  # fp32 logsumexp
+    h1 = dm.block_input()  # residual after attention (saved by ffn_norm)
     attention = (
         2 * r(e * bd)
-        + 2 * r(e * kvd)  # q, out; k, v
-        + (0 if attn.output_heads_last else r(e * bd))  # the (b, s, h·d) copy of out that wo reads
-        + r(lse)
-        + (2 * r(8) if attn.rng_state else 0)  # RNG seed and offset (int64 scalars)
+        + 2 * r(e * dm.kvd)  # q, out; k, v
+        + (0 if dm.attn.output_heads_last else r(e * bd))  # the (b, s, h·d) copy of out that wo reads
+        + dm.attention_kernel_outputs()
     )
-    rope = 4 * r(s * (hd // 2) * e)  # cos and sin for q and for k (s × hd/2 each)
-    ffn = 4 * r(e * bf)  # w1 out, silu out, w3 out, product
-    block_saved = block_input + 2 * norm_bytes() + norm_out_attn + norm_out_ffn + attention + rope + h1 + ffn
+    rope = 4 * r(dm.sh.seq_len * (dm.hd // 2) * e)  # cos and sin for q and for k (s × hd/2 each)
+    ffn = 4 * r(e * dm.bf)  # w1 out, silu out, w3 out, product
+    hd, d, f = dm.hd, dm.d, dm.f
     autocast_weights = (
-        2 * ((heads + 2 * kv) * hd * d + d * heads * hd + 3 * d * f) if sh.mode == AUTOCAST16 else 0
+        2 * ((dm.heads + 2 * dm.kv) * hd * d + d * dm.heads * hd + 3 * d * f)
+        if dm.sh.mode == AUTOCAST16
+        else 0
     )
-    block_saved += autocast_weights
-    # the block's matmuls in forward order (output bytes): what the op-level policy saves of them
-    matmuls = (r(e * bd), r(e * kvd), r(e * kvd), r(e * bd), r(e * bf), r(e * bf), r(e * bd))
-    sac_saved = sum(nbytes for i, nbytes in enumerate(matmuls, 1) if saves_output("aten.mm", i))
-    if saves_output(attn.op, 0):  # the kernel's outputs: attention output, logsumexp, RNG state
-        sac_saved += r(e * bd) + r(lse) + (2 * r(8) if attn.rng_state else 0)
+    norms = 2 * dm.norm_bytes()
+    return (
+        dm.block_input()
+        + norms
+        + norm_out_attn
+        + norm_out_ffn
+        + attention
+        + rope
+        + h1
+        + ffn
+        + autocast_weights
+    )
 
-    blocks = []
-    for i in range(layers):
-        p = f"layers.{i}."
-        names = tuple(
-            p + n
-            for n in (
-                "attention_norm.weight",
-                "attention.wq.weight",
-                "attention.wk.weight",
-                "attention.wv.weight",
-                "attention.wo.weight",
-                "ffn_norm.weight",
-                "feed_forward.w1.weight",
-                "feed_forward.w3.weight",
-                "feed_forward.w2.weight",
-            )
-        )
-        # op policy: the recompute stops once the last tensor backward needs is saved (early stop) — as
-        # w2's matmul saves its input, before it runs — so w2's cached output stays with the checkpoint
-        # until the block's backward is done
-        held = matmuls[-1] if _op_checkpointed(sh) and saves_output("aten.mm", len(matmuls)) else 0
-        bwd = (
-            BwdMoment(
-                "start", block_saved + held, (), res * bd, pre_backward=True
-            ),  # grad of the block output
-            # w2 backward then the SwiGLU product: grad of the block output, grad of w2's input and the
-            # two gradients of the product alive together
-            BwdMoment(
-                "ffn", block_saved - e * bf + held, (p + "feed_forward.w2.weight",), res * bd + 3 * e * bf
-            ),
-            # end of the block: every parameter has its gradient; grads w.r.t. the block input and residual
-            BwdMoment("end", 0, names, 2 * res * bd),
-        )
-        blocks.append(Stage(f"block{i}", names, _kept(sh, i, block_saved, res * bd, sac_saved), 0, bwd))
 
+def _sac_saved(dm: _DecoderDims) -> int:
+    """What the op-level policy saves of one block: its selected matmuls' outputs and, where the attention
+    kernel is in the save list, the kernel's outputs (attention output, logsumexp, RNG state)."""
+    saved = sum(nbytes for i, nbytes in enumerate(dm.matmuls(), 1) if saves_output("aten.mm", i))
+    if saves_output(dm.attn.op, 0):
+        saved += dm.r(dm.e * dm.bd) + dm.attention_kernel_outputs()
+    return saved
+
+
+def _block_stage(dm: _DecoderDims, i: int, block_saved: int, sac_saved: int) -> Stage:
+    sh, e, res, bd = dm.sh, dm.e, dm.res, dm.bd
+    p = f"layers.{i}."
+    names = tuple(p + n for n in _BLOCK_PARAMS)
+    # op policy: the recompute stops once the last tensor backward needs is saved (early stop) — as
+    # w2's matmul saves its input, before it runs — so w2's cached output stays with the checkpoint
+    # until the block's backward is done
+    matmuls = dm.matmuls()
+    held = matmuls[-1] if _op_checkpointed(sh) and saves_output("aten.mm", len(matmuls)) else 0
+    bwd = (
+        BwdMoment("start", block_saved + held, (), res * bd, pre_backward=True),  # grad of the block output
+        # w2 backward then the SwiGLU product: grad of the block output, grad of w2's input and the
+        # two gradients of the product alive together
+        BwdMoment(
+            "ffn", block_saved - e * dm.bf + held, (p + "feed_forward.w2.weight",), res * bd + 3 * e * dm.bf
+        ),
+        # end of the block: every parameter has its gradient; grads w.r.t. the block input and residual
+        BwdMoment("end", 0, names, 2 * res * bd),
+    )
+    return Stage(f"block{i}", names, _kept(sh, i, block_saved, res * bd, sac_saved), 0, bwd)
+
+
+def _head_stage(dm: _DecoderDims) -> Stage:
+    """The final norm, the output projection and the loss on fp32-upcast logits."""
+    r, e, tok, vocab, autocast = dm.r, dm.e, dm.tok, dm.vocab, dm.sh.mode == AUTOCAST16
     logits_e = r(e * tok * vocab)
     logsm = r(4 * tok * vocab)  # log_softmax of fp32 logits (the loss upcasts 16-bit logits)
-    head_autocast = r(2 * vocab * d) if sh.mode == AUTOCAST16 else 0
     loss_scalar = r(8)  # nll_loss's total weight
     head_saved = (
-        block_input
-        + norm_bytes()
-        + r(2 * bd if sh.mode == AUTOCAST16 else e * bd)
+        dm.block_input()
+        + dm.norm_bytes()
+        + r(2 * dm.bd if autocast else e * dm.bd)
         + logsm
         + loss_scalar
-        + head_autocast
+        + (r(2 * vocab * dm.d) if autocast else 0)
     )
-    head = Stage(
+    return Stage(
         "head",
         ("norm.weight", "output.weight"),
         head_saved,
@@ -190,20 +280,27 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         (
             BwdMoment("loss", head_saved, (), 2 * 4 * tok * vocab),  # nll grad + log_softmax grad, fp32
             BwdMoment("logits grad", head_saved - logsm, (), logits_e, pre_backward=True),
-            BwdMoment("output", head_saved - logsm, ("output.weight",), logits_e + e * bd),
-            BwdMoment("end", 0, ("norm.weight", "output.weight"), 2 * res * bd),
+            BwdMoment("output", head_saved - logsm, ("output.weight",), logits_e + e * dm.bd),
+            BwdMoment("end", 0, ("norm.weight", "output.weight"), 2 * dm.res * dm.bd),
         ),
         in_model=(head_saved - logsm - loss_scalar, logits_e),
     )
+
+
+def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
+    dm = _DecoderDims.of(a, sh)
+    block_saved, sac_saved = _block_saved(dm), _sac_saved(dm)
+    blocks = [_block_stage(dm, i, block_saved, sac_saved) for i in range(dm.layers)]
     emb = Stage(
         "embedding",
         ("tok_embeddings.weight",),
         0,
         0,
-        (BwdMoment("end", 0, ("tok_embeddings.weight",), res * bd),),
+        (BwdMoment("end", 0, ("tok_embeddings.weight",), dm.res * dm.bd),),
     )
-    inputs = 2 * sh.global_batch * s * 8  # tokens and targets (int64) of the global batch
-    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""), r(4))
+    inputs = 2 * dm.r(dm.tok * 8)  # the rank's tokens and targets (int64)
+    profile_stages = (emb, *blocks, _head_stage(dm))
+    return ActivationProfile(inputs, profile_stages, sh.mode, ASSUMED_CASE.get(sh.device, ""), dm.r(4))
 
 
 def _op_checkpointed(sh: Shape) -> bool:
@@ -265,12 +362,7 @@ def _mlp(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         ),
         in_model=(head_saved - logsm - loss_scalars, logits),
     )
-    # what engine/step.rank_batch keeps: on a GPU, ``.to("cuda")`` copies the rank's rows (the global batch
-    # stays in host memory, which the device's tracker does not count); on the CPU the rows are views
-    if sh.device == "cuda":
-        inputs = r(b * w * 4) + r(b * 8)  # fp32 features, int64 labels
-    else:
-        inputs = sh.global_batch * w * 4 + sh.global_batch * 8
+    inputs = r(b * w * 4) + r(b * 8)  # the rank's fp32 features and int64 labels (engine/step.rank_batch)
     return ActivationProfile(inputs, (*stages, head), sh.mode, scalar_bytes=r(4))
 
 
