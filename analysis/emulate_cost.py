@@ -1,7 +1,7 @@
 """What emulating one rank costs: llama-7b as rank 0 of 64 (ZeRO-3), one emulated step, on this machine.
 
-    PYTHONPATH=$PWD python analysis/emulate_cost.py                         # CPU: batch 1, seq 64
-    PYTHONPATH=$PWD python analysis/emulate_cost.py --device cuda --seq-len 2048 --precision bf16
+    python analysis/emulate_cost.py                         # CPU: batch 1, seq 64
+    python analysis/emulate_cost.py --device cuda --seq-len 2048 --precision bf16
 
 Runs exactly one emulated step (``--tracked``: a second, memory-tracked one). Prints the case's wall
 time (fresh process: build on meta, shard, materialise the shard, steps), the emulated step time

@@ -1,7 +1,7 @@
 """gloo's loop thread and a collective's slow mode on CPU ranks: the evidence behind ``idle_gloo_loops``.
 
-    PYTHONPATH=$PWD python analysis/gloo_loop_spin.py                  # 3 process pairs per policy
-    PYTHONPATH=$PWD python analysis/gloo_loop_spin.py --pairs 5 --policies as-is,idle
+    python analysis/gloo_loop_spin.py                  # 3 process pairs per policy
+    python analysis/gloo_loop_spin.py --pairs 5 --policies as-is,idle
 
 Two gloo processes, each bound as a fsdpbench CPU rank is (torch threads = cores ÷ 2, compute threads
 pinned), per repetition: 2 ms of compute, then a burst of 8 queued 44 KB broadcasts issued at once and

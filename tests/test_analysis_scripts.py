@@ -70,3 +70,16 @@ def test_emulate_cost_runs_as_the_docs_say_and_reports_the_emulated_rank() -> No
     case = Case(model="decoder-tiny", strategy="zero3", world_size=4, batch_size=1, seq_len=64, emulate=True)
     assert measured == pytest.approx(predict_memory(case, rank=0).peak_bytes, rel=1e-4)
     assert peak_line.split(": ", 1)[1] == f"{measured / 1e9:.3f} GB ({measured:,} B)"
+
+
+def test_every_scripts_usage_is_the_command_the_docs_give() -> None:
+    # with fsdpbench installed (the README's set-up), `python analysis/NAME.py` is the whole command:
+    # no script tells a user to set PYTHONPATH where the docs do not
+    for script in sorted((REPO / "analysis").glob("*.py")):
+        usage = [
+            line.strip()
+            for line in (script.read_text().split('"""')[1]).splitlines()
+            if "analysis/" in line and line.strip().split(" ")[0] in ("python", "PYTHONPATH=$PWD")
+        ]
+        assert usage, f"{script.name}: no usage line in its docstring"
+        assert all(line.startswith(f"python analysis/{script.name}") for line in usage), (script.name, usage)

@@ -3,7 +3,6 @@ no rank process is left behind; nothing already measured is lost."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -31,12 +30,10 @@ def test_a_rank_that_dies_without_an_exception_fails_the_case(tmp_path: Path) ->
 
 
 def test_a_hang_past_the_timeout_is_recorded_and_killed(tmp_path: Path) -> None:
-    t0 = time.perf_counter()
     outcome = run(tiny_case(strategy=f"{FAULTS}:HangOnRank1", world_size=2, timeout_s=6), tmp_path)
     assert outcome.status == "timeout"
     assert outcome.error.startswith("timed out after 6 s; ranks stopped in phase: 0:")
     assert "1:setup" in outcome.error
-    assert time.perf_counter() - t0 < 6 + 20
     assert_all_gone(outcome.pids)
 
 

@@ -599,3 +599,25 @@ def test_the_renderers_print_a_difference_report_built_by_hand():
         "p_value": None,
         "mode": "real",
     }
+
+
+def test_the_terminal_shows_the_verdict_first_and_only_what_changed_at_80_columns(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("COLUMNS", "80")  # rich's console width, as in a CI log
+    base = tmp_path / "base.json"
+    assert cli(write_run(tmp_path / "a", run_frame()), "--write-baseline", base) == 0
+    capsys.readouterr()
+    bad = write_run(tmp_path / "c", run_frame(zero3_peak=(1000, 1100)))
+    assert cli(bad, "--baseline", base, "--json", tmp_path / "all.json") == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"REGRESSION {ZERO3.case_id} mem_tracker_peak_bytes: regressed")
+    assert lines[1].startswith("FAIL: ")
+    table = [x for x in lines if x[:1] in "┏┃┡│└━┗╇"]
+    assert table and all(len(x) <= 80 for x in table)
+    assert "ddp_n2" not in "".join(table)  # DDP's metrics did not move: none of its rows is shown
+    records = json.loads((tmp_path / "all.json").read_text())["records"]
+    unchanged = len(records) - sum(r["verdict"] != "ok" or (r["change"] or 0) != 0 for r in records)
+    assert unchanged > 0 and f"{unchanged} metric(s) unchanged and within tolerance, not shown" in " ".join(
+        lines
+    )

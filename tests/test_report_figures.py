@@ -579,3 +579,53 @@ def test_every_case_caption_says_where_the_traced_predictions_came_from(tmp_path
     assert "asked for by --traced on the command line" in flag
     none = _case_table_html(tmp_path / "c", "fsdpbench run scenarios/ci.yaml", traced=False)
     assert "no traced predictions" in none and "peak traced" not in _headers(none)
+
+
+def test_a_case_whose_steps_were_starved_is_marked_and_neither_wins_nor_loses(cases):
+    # ddp n4 is the fastest: starved (its CPU time a tenth of its wall time), it is not named
+    n4 = (cases["world_size"] == 4) & (cases["prefetch"] == 0) & (cases["precision"] == "fp32")
+    ddp = _case(cases, "ddp", 4)["label"]
+    starved = cases.assign(step_cpu_share=[0.1 if r["label"] == ddp else 1.0 for _, r in cases.iterrows()])
+    line = [x for x in verdict_lines(starved) if x.startswith("4 CPU ranks (gloo), decoder-syn, fp32")][0]
+    assert "fastest: ddp" not in line and "fastest: zero2 n4 prefetch=0" in line
+    assert "not compared on step time, their steps starved of CPU: ddp n4 prefetch=0 " in line
+    rows = {r.metric: r for r in compare_rows(starved[n4 & (starved["status"] == "ok")])}
+    assert ddp not in rows["step time (p10–p90)"].winners and rows["step time (p10–p90)"].winners
+    assert ddp not in rows["throughput"].winners
+    assert "[starved: CPU 10% of wall]" in rows["step time (p10–p90)"].text[ddp]
+    table = case_table(starved)
+    assert "starved: CPU 10% of wall" in table[table["case"] == ddp].iloc[0]["step time (p10–p90)"]
+    # on a GPU rank the host waits for the device by design: the share marks nothing
+    gpu = starved.assign(device="cuda")
+    assert not any("starved" in x for x in verdict_lines(gpu))
+
+
+def test_two_size_wraps_are_told_apart_by_their_least_parameters_in_labels_and_the_sweep():
+    from fsdpbench.core import schema
+    from fsdpbench.core.case import Case
+    from fsdpbench.report.data import case_labels
+    from fsdpbench.report.figures_perf import build_sweep_panels
+
+    tutorial = [
+        Case(strategy="fsdp1_full", world_size=2, wrap="whole"),
+        Case(strategy="fsdp1_full", world_size=2, wrap="size", wrap_min_params=100),
+        Case(strategy="fsdp1_full", world_size=2, wrap="size", wrap_min_params=100_000),
+        Case(strategy="ddp", world_size=2),
+    ]
+    cases = pd.DataFrame(
+        [
+            {**schema.case_to_columns(c), "case_id": c.case_id, "status": "ok"}
+            | {"mem_tracker_peak_bytes": 1000 + i, "step_time_ms": 10.0 + i}
+            for i, c in enumerate(tutorial)
+        ]
+    )
+    labels = case_labels(cases)
+    assert labels[:3] == [
+        "fsdp1_full n2 wrap=whole",
+        "fsdp1_full n2 wrap=size(100)",
+        "fsdp1_full n2 wrap=size(1e5)",
+    ]
+    assert labels[3] == "ddp n2"  # DDP has no wrap: none named, and no hash needed anywhere
+    (panel,) = build_sweep_panels(cases)
+    xs = [list(t.x) for t in panel.figure.data]
+    assert xs[0] == ["whole", "size(100)", "size(1e5)"]  # three x positions, not ['whole','size','size']

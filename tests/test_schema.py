@@ -392,3 +392,17 @@ def test_the_real_case_declares_the_scenario_schema_and_its_rows_columns():
     assert columns[schema.CASE_ID] == case.case_id and columns[schema.MODE] == "real"
     assert columns[schema.GLOBAL_BATCH_SIZE] == 16 and columns["wrap_classes"] == "Linear"
     assert schema.case_from_columns(columns) == case
+
+
+def test_the_reports_contents_list_only_sections_with_content(one_case_run, tmp_path):
+    import re
+
+    from fsdpbench.report import write_report
+
+    html = write_report([one_case_run], tmp_path / "report.html").read_text()
+    nav = re.search(r"<nav>(.*?)</nav>", html, re.S).group(1)  # type: ignore[union-attr]
+    missing = set(re.findall(r'data-missing="([^"]+)"', html))
+    assert missing and "sweep" in missing  # one case: nothing swept, the section says so
+    assert not any(f'href="#{key}"' in nav for key in missing)
+    assert 'href="#glance"' in nav and 'href="#cases"' in nav
+    assert "Sweeps" not in nav

@@ -32,6 +32,7 @@ from fsdpbench.core.schema import (
     WARMUP_STEPS,
     WORLD_SIZE,
 )
+from fsdpbench.metrics.timing import starved_note
 
 
 def case_summary(frame: pd.DataFrame) -> pd.DataFrame:
@@ -63,6 +64,7 @@ def case_summary(frame: pd.DataFrame) -> pd.DataFrame:
                     ("peak_bytes", TRACKER_PEAK),
                 )
             },
+            "starved": [starved_note(r) for _, r in cases.iterrows()],
             "throughput": [fmt_throughput(r, tokens=False) for _, r in cases.iterrows()],
             "compute": [fmt_compute(r) for _, r in cases.iterrows()],
             "harness_overhead": [fmt_harness_overhead(r) for _, r in cases.iterrows()],
@@ -86,7 +88,7 @@ def _cells(row: Any, *, gpu: bool, bare: bool) -> list[Text | str]:
         f"{row.world_size} {row.device}"
         if row.mode != EMULATED
         else f"{row.ranks_run} of {row.world_size} {row.device}, emulated",
-        f"{ms:.1f} ms{spread}" if _ok(ms) else "—",
+        f"{ms:.1f} ms{spread}" + (f" [{row.starved}]" if row.starved else "") if _ok(ms) else "—",
         row.throughput,
         *([row.compute] if gpu else []),
         *([row.harness_overhead] if bare else []),

@@ -262,16 +262,28 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
         )
     check_compared(result, args.baseline)
 
-    out = Console() if sys.stdout.isatty() else Console(width=250)  # CI logs: no folding
+    out = Console()  # the terminal's width, 80 columns in a CI log
     if args.markdown == "-":  # the Markdown is the table (CI logs, job summaries)
         _emit("-", render_markdown(result, baseline, args.baseline, args.run_dir))
+        out.print(escape(verdict_line(result)), highlight=False, soft_wrap=True)
     else:
-        out.print(build_table(result, args.baseline, args.run_dir))
+        # the verdict first, then only what changed: every row is in --markdown and --json
+        # each verdict line whole (no fold inserted): a log is searched for "REGRESSION <case id>"
+        out.print(escape(verdict_line(result)), highlight=False, soft_wrap=True)
+        changed = changed_rows(result)
+        if changed:
+            out.print(build_table(result, args.baseline, args.run_dir, changed))
+        unchanged = len(result.differences) - len(changed)
+        if unchanged:
+            out.print(
+                f"{unchanged} metric(s) unchanged and within tolerance, not shown "
+                "(--markdown FILE or --json FILE lists every one)",
+                highlight=False,
+            )
         for note in result.notes:
             out.print(f"note: {escape(note)}", highlight=False)
         if args.markdown:
             _emit(args.markdown, render_markdown(result, baseline, args.baseline, args.run_dir))
-    out.print(escape(verdict_line(result)), highlight=False)
     if args.json:
         _emit(
             args.json, json.dumps(to_json(result, args.baseline, args.run_dir), indent=1, default=str) + "\n"
@@ -346,14 +358,29 @@ def _cells(row: MetricDifference) -> list[str]:
 _HEADERS = ["case", "metric", "baseline", "now", "change", "tolerance", "verdict", "note"]
 
 
-def build_table(result: DifferenceReport, baseline_path: str, run_dir: str) -> Table:
+def changed_rows(result: DifferenceReport) -> list[MetricDifference]:
+    """The rows a person must see: every verdict but ok, and an ok metric that moved (within tolerance)."""
+    return [
+        r
+        for r in result.differences
+        if r.verdict != "ok" or r.fails or (r.change is not None and r.change == r.change and r.change != 0)
+    ]
+
+
+def build_table(
+    result: DifferenceReport,
+    baseline_path: str,
+    run_dir: str,
+    rows: list[MetricDifference] | None = None,
+) -> Table:
+    """The differences (``rows``, or all of them) as a table whose cells fold to the console's width."""
     table = Table(title=escape(f"regress {run_dir} against {baseline_path} (memory: largest rank)"))
     for h in _HEADERS:
         table.add_column(
             h, overflow="fold", justify="right" if h in ("baseline", "now", "change") else "left"
         )
     previous = None
-    for row in result.differences:
+    for row in result.differences if rows is None else rows:
         cells = _cells(row)
         if cells[0] == previous:
             cells[0] = ""  # the case id once per group

@@ -16,7 +16,8 @@ from typing import Any
 from rich.console import Console
 
 from fsdpbench.core.markup import escape
-from fsdpbench.core.schema import CASE_STEP_TIME, OK, SKIPPED
+from fsdpbench.core.schema import CASE_STEP_TIME, OK, SKIPPED, STEP_TIME
+from fsdpbench.metrics.timing import starved_note
 
 # run_cases' callbacks: on_start(case, index) and on_done(case, outcome, rows)
 OnStart = Callable[[Any, int], None]
@@ -200,9 +201,14 @@ def outcome_line(case: Any, outcome: Any, rows: Any) -> str:
     """One finished case as a line of console markup: status, case id, step time, first error line."""
     colour = "green" if outcome.status == OK else "red"
     ms = rows[CASE_STEP_TIME].iloc[0] if CASE_STEP_TIME in rows else None
+    # the slowest rank's row: the one whose steps make the case's step time
+    note = ""
+    if STEP_TIME in rows and rows[STEP_TIME].notna().any():
+        note = starved_note(rows.loc[rows[STEP_TIME].astype(float).idxmax()])
     return (
         f"  [{colour}]{outcome.status:7}[/] {case.case_id}"
         + (f"  {ms:.1f} ms/step" if ms is not None and ms == ms else "")
+        + (f"  [yellow]{note}: not compared[/]" if note else "")
         + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else "")
     )
 

@@ -27,6 +27,21 @@ PRECISIONS = runnable_precisions()
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "adadelta")
 WRAPS = ("none", "whole", "block", "size", "classes")
 BACKWARD_PREFETCH_POLICIES = ("pre", "post", "none")
+
+
+def wrap_text(wrap: Any, min_params: Any = None, classes: Any = None) -> str:
+    """The wrap policy as a person reads it, with what tells two of a kind apart: ``size(1e+05)``
+    (least parameters per unit), ``classes(Block)``; the other policies by name."""
+    if wrap == "size" and min_params is not None and min_params == min_params:
+        n = int(min_params)
+        short = f"{n:.0e}".replace("e+0", "e").replace("e+", "e")  # 100000 → 1e5, exact ones only
+        return f"size({short if n >= 10_000 and float(short) == n else n})"
+    if wrap == "classes" and classes is not None and len(classes):
+        names = classes.split(",") if isinstance(classes, str) else list(classes)
+        return f"classes({','.join(str(n) for n in names)})"
+    return str(wrap)
+
+
 # how the checkpoint phase saves and loads (fsdpbench/engine/checkpoint.py); a strategy declares which it
 # runs. "native": the engine's own checkpoint API (DeepSpeed's save_checkpoint/load_checkpoint)
 CHECKPOINT_METHODS = ("none", "full", "sharded", "dcp", "dcp_async", "native")

@@ -369,6 +369,21 @@ STEP_TIME_MEAN = column("step_time_mean_ms", MS, Agg.SLOWEST, "timing", "mean of
 STEP_TIME_STD = column("step_time_std_ms", MS, Agg.SLOWEST, "timing", "standard deviation of the timed steps")
 STEP_TIME_SPREAD_COLUMNS = (STEP_TIME_P10, STEP_TIME_P90, STEP_TIME_MEAN, STEP_TIME_STD)
 STEP_TIMES = column("step_times_ms", LIST, Agg.PER_RANK, "timing", "every timed step")
+STEP_CPU_TIMES = column(
+    "step_cpu_times_ms",
+    LIST,
+    Agg.PER_RANK,
+    "timing",
+    "CPU time of every timed step (the process's, all threads)",
+)
+STEP_CPU_SHARE = column(
+    "step_cpu_share",
+    RATIO,
+    Agg.SLOWEST,
+    "timing",
+    "the timed steps' CPU time (time.process_time, all threads) ÷ their wall time; on CPU ranks under "
+    "STARVED_CPU_SHARE the steps were starved (metrics/timing.py)",
+)
 WARMUP_TIMES = column("warmup_times_ms", LIST, Agg.PER_RANK, "timing", "every warm-up step")
 FIRST_STEP = column("first_step_ms", MS, Agg.MAX, "timing", "the first warm-up step (holds compilation)")
 CASE_STEP_TIME = column(

@@ -33,6 +33,8 @@ from fsdpbench.core.schema import (
     SETUP_S,
     STATUS,
     STATUSES,
+    STEP_CPU_SHARE,
+    STEP_CPU_TIMES,
     STEP_TIMES,
     STEPS_WALL_S,
     THREADS,
@@ -178,6 +180,8 @@ class RankResult:
             out.update({WARMUP_TIMES: times, FIRST_STEP: times[0] if times else None})
         if self.timed is not None:
             out.update({STEP_TIMES: self.timed.times_ms, **self.timed.to_columns()})
+            if self.timed.cpu_ms:
+                out[STEP_CPU_TIMES] = self.timed.cpu_ms
         if self.memory is not None:
             out["memory"] = self.memory.to_json()
         for source in _SOURCES:
@@ -198,7 +202,9 @@ class RankResult:
             **{k: data.get(k) for k in (*_HEAD[1:], *_OPTIONAL)},
             setup=_setup_from_json(data),
             warmup=StepTimes(times_ms=warmup) if warmup is not None else None,
-            timed=StepTimes(times_ms=timed) if timed is not None else None,
+            timed=StepTimes(times_ms=timed, cpu_ms=list(data.get(STEP_CPU_TIMES) or []))
+            if timed is not None
+            else None,
             memory=TrackedMemory.from_json(data["memory"]) if "memory" in data else None,
             allocator=dict(data.get("allocator") or {}),
             placement=dict(data.get("placement") or {}),
@@ -222,10 +228,12 @@ class RankResult:
             **setup,
             WALL_S: self.wall_s,
             **{k: step_times.get(k) for k in StepTimes.COLUMNS},
+            STEP_CPU_SHARE: step_times.get(STEP_CPU_SHARE),
             FIRST_STEP: warmup[0] if warmup else None,
             STEPS_WALL_S: self.steps_wall_s,
             EXIT_CODE: self.exit_code,
             STEP_TIMES: self.timed.times_ms if self.timed else [],
+            STEP_CPU_TIMES: self.timed.cpu_ms if self.timed else [],
             WARMUP_TIMES: warmup,
             **{PAIRED.of(k): self.paired.get(k) or [] for k in PAIRED_SERIES},
             **(self.memory or TrackedMemory()).to_columns(),
@@ -293,6 +301,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     WALL_S: (int, float),
     WARMUP_TIMES: (list,),
     STEP_TIMES: (list,),
+    STEP_CPU_TIMES: (list,),
     "memory": (dict,),
     **dict.fromkeys(_SOURCES, (dict,)),
     "harness": (dict,),
@@ -341,12 +350,12 @@ def _check_fields(path: Path, data: dict[str, Any], rank: int) -> None:
             raise RankFileError(f"{path.name}: field {name!r} has type {type(value).__name__}")
     if data.get(STATUS) not in (None, RUNNING, *STATUSES):
         raise RankFileError(f"{path.name}: field {STATUS!r} is {data.get(STATUS)!r}")
-    for name in (LOSSES, WARMUP_TIMES, STEP_TIMES):
+    for name in (LOSSES, WARMUP_TIMES, STEP_TIMES, STEP_CPU_TIMES):
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in data.get(name) or ()):
             raise RankFileError(f"{path.name}: field {name!r} holds a value that is not a number")
     _check_integers(data, path.name)
     # a diverged run's loss may be NaN (a measurement); a step time never is
-    for name in (WARMUP_TIMES, STEP_TIMES):
+    for name in (WARMUP_TIMES, STEP_TIMES, STEP_CPU_TIMES):
         if not all(math.isfinite(v) and v >= 0 for v in data.get(name) or ()):
             raise RankFileError(f"{path.name}: field {name!r} holds a time that is not a finite number ≥ 0")
 

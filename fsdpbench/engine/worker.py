@@ -188,18 +188,19 @@ class RankSteps:
             self.wall_s += time.perf_counter() - t0
         self.next += 1
 
-    def timed(self, n: int, hooks: RankHooks = NO_HOOKS) -> list[float]:
-        """Wall ms of each of the next n steps, device-synchronised before and after each; ``hooks``
-        act before and after each step, outside the timer."""
-        times = []
+    def timed(self, n: int, hooks: RankHooks = NO_HOOKS) -> StepTimes:
+        """Wall and CPU ms of each of the next n steps, device-synchronised before and after each;
+        ``hooks`` act before and after each step, outside the timer."""
+        times = StepTimes()
         for _ in range(n):
             batch = self.batch(self.next)
             hooks.before_step()
             synchronize(self.device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             self.run(batch)
             synchronize(self.device)
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.times_ms.append((time.perf_counter() - t0) * 1e3)
+            times.cpu_ms.append((time.process_time() - c0) * 1e3)
             hooks.after_step()
             del batch
         return times
@@ -338,7 +339,7 @@ def setup(
 def warmup_phase(run: RankRun) -> None:
     """Compile, lazy init, optimizer state creation."""
     run.samplers.set_phase("warmup")
-    run.rec.update(warmup=StepTimes(times_ms=run.steps.timed(run.case.warmup_steps)))
+    run.rec.update(warmup=run.steps.timed(run.case.warmup_steps))
     run.hooks.after_warmup()
 
 
@@ -353,7 +354,7 @@ def timed_phase(run: RankRun) -> None:
     for kind, n in interleaved_blocks(run.case.steps, run.case.bare_steps):
         run.samplers.set_phase(kind)
         if kind == "timed":
-            timed.times_ms += run.steps.timed(n, run.hooks)
+            timed.extend(run.steps.timed(n, run.hooks))
         else:
             run.bare_ms += run.steps.bare(n)
     run.hooks.after_timed()

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpbench.analysis.frame import case_frame
+from fsdpbench.core.case import wrap_text
 from fsdpbench.core.schema import OK, PHASE, RANK, RUN, STATUS
 
 # configuration columns that may vary in a scenario (besides strategy and world size); a case's label
@@ -202,16 +203,32 @@ def ranks_label(
 _PER_STRATEGY_AXES = ("wrap", "shard_size")
 
 
+def axis_values(cases: pd.DataFrame, axis: str) -> pd.Series:
+    """The cases' values on an axis as a person tells them apart: the wrap policy with its parameter
+    (``size(1e5)``, core.case.wrap_text), every other axis its column."""
+    if axis != "wrap":
+        return cases[axis]
+    return pd.Series(
+        [
+            wrap_text(r.get("wrap"), r.get("wrap_min_params"), r.get("wrap_classes"))
+            for _, r in cases.iterrows()
+        ],
+        index=cases.index,
+        dtype=object,
+    )
+
+
 def varying_axes(cases: pd.DataFrame, axes: tuple[str, ...] = AXES) -> list[str]:
     """The configuration columns that take more than one value among these cases."""
     out = []
     for axis in axes:
         if axis not in cases:
             continue
+        values = axis_values(cases, axis)
         if axis in _PER_STRATEGY_AXES and "strategy" in cases:
-            varies = any(sub[axis].astype(str).nunique() > 1 for _, sub in cases.groupby("strategy"))
+            varies = any(sub.astype(str).nunique() > 1 for _, sub in values.groupby(cases["strategy"]))
         else:
-            varies = cases[axis].astype(str).nunique(dropna=False) > 1
+            varies = values.astype(str).nunique(dropna=False) > 1
         if varies:
             out.append(axis)
     return out
@@ -241,15 +258,18 @@ def case_labels(cases: pd.DataFrame) -> list[str]:
     """Short unique labels: strategy, ranks and only the axes that vary (and the run when several)."""
     axes = varying_axes(cases)
     several_runs = RUN in cases and cases[RUN].nunique() > 1
+    shown = {a: axis_values(cases, a).tolist() for a in axes}
     labels = []
-    for _, r in cases.iterrows():
+    for i, (_, r) in enumerate(cases.iterrows()):
         parts = [
             str(r.get("strategy")),
             f"n{int(r['world_size'])}" if _present(r.get("world_size")) else "n?",
         ]
         if "shard_size" not in axes and shard_label(r):
             parts.append(shard_label(r))
-        parts += [t for t in (axis_text(a, r.get(a)) for a in axes if not _unused(a, r.get("strategy"))) if t]
+        parts += [
+            t for t in (axis_text(a, shown[a][i]) for a in axes if not _unused(a, r.get("strategy"))) if t
+        ]
         if several_runs:
             parts.append(f"[{r[RUN]}]")
         labels.append(" ".join(parts))

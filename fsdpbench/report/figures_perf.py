@@ -24,7 +24,7 @@ from fsdpbench.core.schema import (
     STEP_TIME_P90,
     TRACKER_PEAK,
 )
-from fsdpbench.report.data import axis_text, ok_cases, rows_with
+from fsdpbench.report.data import axis_text, axis_values, ok_cases, rows_with
 from fsdpbench.report.figures import series_key_axes, series_name
 from fsdpbench.report.panel import (
     TRACKER_SOURCE,
@@ -405,9 +405,22 @@ def swept_axes(cases: pd.DataFrame) -> list[str]:
     ok = ok_cases(cases)
     out = []
     for axis in SWEEP_AXES:
-        if axis in ok and any(sub[axis].astype(str).nunique() > 1 for _, sub in ok.groupby("strategy")):
+        if axis in ok and any(
+            sub.astype(str).nunique() > 1 for _, sub in axis_values(ok, axis).groupby(ok["strategy"])
+        ):
             out.append(axis)
     return out
+
+
+def _size_key(shown: Any) -> float:
+    """Size wraps in order of their least parameters per unit: size(100) before size(2e4)."""
+    text = str(shown)
+    if text.startswith("size(") and text.endswith(")"):
+        try:
+            return float(text[5:-1])
+        except ValueError:
+            return 0.0
+    return 0.0
 
 
 def build_sweep_panels(cases: pd.DataFrame) -> list[Panel]:
@@ -427,19 +440,27 @@ def build_sweep_panels(cases: pd.DataFrame) -> list[Panel]:
 
 def _sweep_panel(ok: pd.DataFrame, axis: str) -> Panel:
     order = SWEEP_AXES[axis]
-    values = list(dict.fromkeys(ok[axis].dropna()))
-    values = [v for v in order if v in values] if order else sorted(values)
+    # the x position of a case: its value as a person tells it apart (two size wraps: size(100), size(2e4))
+    ok = ok.assign(_shown=axis_values(ok, axis))
+    kind = {shown: v for shown, v in zip(ok["_shown"], ok[axis], strict=True) if v in (order or ())}
+    values = list(dict.fromkeys(v for v in ok["_shown"].tolist() if v is not None and v == v))
+    if order:
+        values = sorted((v for v in values if v in kind), key=lambda v: (order.index(kind[v]), _size_key(v)))
+    else:
+        values = sorted(values)
     others = [a for a in series_key_axes(ok) if a != axis]
     several_runs = ok[RUN].nunique() > 1 if RUN in ok else False
     ok = ok.assign(
         _series=[f"{series_name(r, others, several_runs)} n{int(r['world_size'])}" for _, r in ok.iterrows()]
     )
-    ok = ok[ok.groupby("_series")[axis].transform(lambda s: s.astype(str).nunique()) > 1]
+    ok = ok[ok.groupby("_series")["_shown"].transform(lambda s: s.astype(str).nunique()) > 1]
     unit, div = byte_unit(ok.get(TRACKER_PEAK, pd.Series(dtype=float)))
     fig = make_subplots(rows=1, cols=2, subplot_titles=(f"peak memory per rank ({unit})", "step time (ms)"))
     for name, sub in ok.groupby("_series", sort=False):
-        sub = sub.assign(_x=sub[axis].map(lambda v: values.index(v) if v in values else -1)).sort_values("_x")
-        x = [axis_text(axis, v) if isinstance(v, bool) else str(v) for v in sub[axis]]
+        sub = sub.assign(_x=sub["_shown"].map(lambda v: values.index(v) if v in values else -1)).sort_values(
+            "_x"
+        )
+        x = [axis_text(axis, v) if isinstance(v, bool) else str(v) for v in sub["_shown"]]
         color = strategy_color(sub["strategy"].iloc[0])
         common: dict[str, Any] = dict(
             x=x, mode="lines+markers", name=name, legendgroup=name, line=dict(color=color)

@@ -262,10 +262,11 @@ def render_page(data: ReportData, panels: list[Panel], plotly_js: str) -> str:
     counts = cases[STATUS].value_counts().to_dict() if STATUS in cases else {}
     summary = ", ".join(f"{n} {s}" for s, n in counts.items())
     n_figs = sum(p.figure is not None for p in panels)
+    # the contents list only what has content: a panel without data stays on the page, saying why
     nav = " ".join(
         f'<a href="#{_e(k)}">{_e(t)}</a>'
         for k, t in [("glance", "At a glance")]
-        + [(p.key, p.title) for p in panels]
+        + [(p.key, p.title) for p in panels if p.figure is not None]
         + [("cases", "Every case"), ("environment", "Environment")]
     )
     stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -71,6 +71,7 @@ from fsdpbench.core.schema import (
     VENDOR_MODEL_STATES_ERR,
     WALL_S,
 )
+from fsdpbench.metrics.timing import STARVED_CPU_SHARE, starved, starved_note
 from fsdpbench.report.data import axis_text, case_labels, ok_cases
 
 TIE_TOLERANCE = 0.005  # values within 0.5% of the best are all winners
@@ -136,16 +137,24 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
         fmt: Callable[[pd.Series, Any], str],
         better: str | None,
         between_ranks: bool = False,
+        timed: bool = False,
     ) -> None:
-        """between_ranks: a communication metric, which a 1-rank case does not have (said so, not '—')."""
+        """between_ranks: a communication metric, which a 1-rank case does not have (said so, not '—');
+        timed: a figure of the timed steps, which a case with starved steps shows, marked, but neither
+        wins nor loses."""
         alone = {k for k, r in cols.items() if between_ranks and _one_rank(r)}
         values = {k: None if k in alone else value_fn(r) for k, r in cols.items()}
         if all(v is None for v in values.values()) and not alone:
             return
         text = {k: NO_COMM if k in alone else fmt(r, values[k]) for k, r in cols.items()}
+        hungry = {k for k, r in cols.items() if timed and starved(r)}
+        for k in hungry:
+            note = starved_note(cols[k])
+            text[k] += "" if note in text[k] else f" [{note}]"
+        compared = {k: v for k, v in values.items() if k not in hungry}
         rows.append(
             CompareRow(
-                metric=metric, text=text, values=values, better=better, winners=_winners(values, better)
+                metric=metric, text=text, values=values, better=better, winners=_winners(compared, better)
             )
         )
 
@@ -201,10 +210,16 @@ def compare_rows(cases: pd.DataFrame) -> list[CompareRow]:
             lambda r, v: f"{fmt_bytes(v)} / {fmt_bytes(number(r.get(PRED_PARAMS_HOST)))}",
             None,
         )
-    add("step time (p10–p90)", lambda r: number(r.get(STEP_TIME)), _fmt_step, "low")
+    add("step time (p10–p90)", lambda r: number(r.get(STEP_TIME)), _fmt_step, "low", timed=True)
     # a model's estimate on a link the run may not have: shown beside the measurement, never a winner
     add("step time, modelled (error)", _checked_model, _fmt_modelled, None)
-    add("throughput", lambda r: number(r.get(THROUGHPUT_SAMPLES)), lambda r, v: fmt_throughput(r), "high")
+    add(
+        "throughput",
+        lambda r: number(r.get(THROUGHPUT_SAMPLES)),
+        lambda r, v: fmt_throughput(r),
+        "high",
+        timed=True,
+    )
     # on CPU ranks MFU is not meaningful: said in the row, never a winner
     add("MFU, achieved TFLOP/s", lambda r: number(r.get(ACHIEVED_TFLOPS)), lambda r, v: fmt_compute(r), None)
     if has_values(cases, HARNESS_OVERHEAD_RATIO):  # only with a bare loop (bare_steps)
@@ -273,7 +288,12 @@ def _fmt_step(r: pd.Series, v: Any) -> str:
     if v is None:
         return "—"
     p10, p90 = number(r.get(STEP_TIME_P10)), number(r.get(STEP_TIME_P90))
-    return f"{v:.1f} ms" + (f" ({p10:.0f}–{p90:.0f})" if p10 is not None and p90 is not None else "")
+    note = starved_note(r)
+    return (
+        f"{v:.1f} ms"
+        + (f" ({p10:.0f}–{p90:.0f})" if p10 is not None and p90 is not None else "")
+        + (f" [{note}]" if note else "")
+    )
 
 
 def _model_checked(r: pd.Series) -> bool:
@@ -388,8 +408,14 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
                     f"least memory per rank: {' = '.join(best)} ({fmt_bytes(peaks[best[0]])} "
                     f"tracker peak{vs})"
                 )
+        hungry = [str(k) for k, r in by_label.iterrows() if starved(r)]
         if has_values(group, STEP_TIME):
-            times = {str(k): x for k, v in by_label[STEP_TIME].items() if (x := number(v)) is not None}
+            times = {
+                str(k): x
+                for k, v in by_label[STEP_TIME].items()
+                if (x := number(v)) is not None and str(k) not in hungry
+            }
+        if has_values(group, STEP_TIME) and len(times) >= 2:
             best = _winners(times, "low")
             slowest = max(times, key=times.__getitem__)
             if best:
@@ -400,6 +426,11 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
                 )
             else:
                 parts.append(f"step time equal for all ({times[slowest]:.1f} ms)")
+        if hungry:
+            parts.append(
+                f"not compared on step time, their steps starved of CPU: {', '.join(hungry)} "
+                f"(CPU time under {STARVED_CPU_SHARE:.0%} of wall)"
+            )
         if parts:
             lines.append(f"{title} — " + "; ".join(parts))
     return lines
