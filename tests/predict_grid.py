@@ -11,7 +11,8 @@ rank came to hold only its own batch (the batch term, and the peaks it is part o
 autograd's seed gradient came to be counted through backward; rewritten at 023b06c, the merge of the recipe
 (every answer's note names the optimizer update, the clipping and the checkpointing it assumes, and the JSON
 its ``optimizer_impl``; the MLP's loss and seed gradient, counted through backward as the decoder's were,
-add two scalars to its activations in backward). Written by
+add two scalars to its activations in backward); rewritten at 138d3c6, where predict came to print sizes
+below one unit in a smaller one (256 KiB, 4 B), notes once and lines within 80 columns. Written by
 
     PYTHONPATH=$PWD python tests/predict_grid.py --write tests/data/predict_grid.json.gz --commit <commit>
 
