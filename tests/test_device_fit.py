@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from fsdpbench.case import Case
-from fsdpbench.predictors import device_fit
 from fsdpbench.predictors.device_fit import DeviceFit, DeviceModel
+from fsdpbench.predictors.memory_model.nvml import JobLoads, nvml_terms
 
 DEVICE = 80 * 2**30
 CASE = Case(model="decoder-small", world_size=4, strategy="zero3", device="cuda", backend="nccl")
@@ -31,7 +31,7 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, need: Callable[[int], int], bound:
 
     monkeypatch.setattr(DeviceModel, "fit", fit)
     monkeypatch.setattr(search, "largest_batch", lambda *a, **k: bound)
-    monkeypatch.setattr(DeviceModel, "terms", lambda self, case: device_fit.nvml_terms(4, backend="nccl"))
+    monkeypatch.setattr(DeviceModel, "terms", lambda self, case: nvml_terms(JobLoads(nccl_communicators=1, nccl_peers=True)))
     return tried
 
 

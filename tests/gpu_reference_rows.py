@@ -1,0 +1,60 @@
+"""Measured rows of fsdpbench's own runs on the reference H100 (``../shared/reference/gpu-h100-2026-11-27``):
+each row's case and what it measured at each layer — tracker, allocator, NVML — in the order the run ran
+them. ``tests/data/gpu_h100_fsdpbench_runs.json`` holds them; it was written by
+
+    PYTHONPATH=$PWD python tests/gpu_reference_rows.py --write tests/data/gpu_h100_fsdpbench_runs.json
+
+and is what the allocator and NVML tests, and ``fsdpbench check``'s report tests, read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "gpu-h100-2026-11-27"
+RUNS = {
+    "emulated_decoder": "emulated_decoder_results.parquet",  # run --emulate, traced: true
+    "gpu_step_time": "gpu_step_time_results.parquet",  # one real rank, NCCL
+}
+DATA = Path(__file__).parent / "data" / "gpu_h100_fsdpbench_runs.json"
+
+
+def measured_columns() -> tuple[str, ...]:
+    from fsdpbench import schema
+
+    return (
+        schema.TRACKER_PEAK,
+        schema.ALLOC_PEAK_ALLOCATED,
+        schema.ALLOC_PEAK_RESERVED,
+        schema.ALLOC_RETRIES,
+        schema.NVML_PEAK,
+        schema.DEVICE_NAME,
+        schema.TORCH_VERSION,
+    )
+
+
+def extract(reference: Path = REFERENCE) -> dict[str, Any]:
+    import pandas as pd
+
+    from fsdpbench.schema import case_from_columns
+
+    rows = []
+    for run, name in RUNS.items():
+        frame = pd.read_parquet(reference / name)
+        for order, (_, row) in enumerate(frame.iterrows()):
+            measured = {c: (row[c].item() if hasattr(row[c], "item") else row[c]) for c in measured_columns()}
+            rows.append({"run": run, "order": order, "case": case_from_columns(row).to_dict(), "measured": measured})
+    return {"source": str(reference.name), "rows": rows}
+
+
+def load() -> list[dict[str, Any]]:
+    """The stored rows: run, order in it, case (``Case.to_dict``), measured columns."""
+    return json.loads(DATA.read_text())["rows"]
+
+
+if __name__ == "__main__":
+    out = Path(sys.argv[sys.argv.index("--write") + 1])
+    out.write_text(json.dumps(extract(), indent=1) + "\n")
