@@ -46,7 +46,8 @@ def extract(reference: Path = REFERENCE) -> dict[str, Any]:
         frame = pd.read_parquet(reference / name)
         for order, (_, row) in enumerate(frame.iterrows()):
             measured = {c: (row[c].item() if hasattr(row[c], "item") else row[c]) for c in measured_columns()}
-            rows.append({"run": run, "order": order, "case": case_from_columns(row).to_dict(), "measured": measured})
+            case = case_from_columns(row).to_dict()
+            rows.append({"run": run, "order": order, "case": case, "measured": measured})
     return {"source": str(reference.name), "rows": rows}
 
 

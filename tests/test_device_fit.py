@@ -31,7 +31,8 @@ def stand_in(monkeypatch: pytest.MonkeyPatch, need: Callable[[int], int], bound:
 
     monkeypatch.setattr(DeviceModel, "fit", fit)
     monkeypatch.setattr(search, "largest_batch", lambda *a, **k: bound)
-    monkeypatch.setattr(DeviceModel, "terms", lambda self, case: nvml_terms(JobLoads(nccl_communicators=1, nccl_peers=True)))
+    terms = nvml_terms(JobLoads(nccl_communicators=1, nccl_peers=True))
+    monkeypatch.setattr(DeviceModel, "terms", lambda self, case: terms)
     return tried
 
 

@@ -28,7 +28,8 @@ TRACER_CONTEXT_BYTES = 10_289_086_464 - 8_283_750_400 - (11_182_866_432 - 9_875_
 
 def _id(row: dict) -> str:
     c = Case.from_dict(row["case"])
-    return f"{row['run']}-{c.strategy}-{c.model}-{c.precision}" + ("-ac" if c.activation_checkpointing else "")
+    ac = "-ac" if c.activation_checkpointing else ""
+    return f"{row['run']}-{c.strategy}-{c.model}-{c.precision}{ac}"
 
 
 def _other_processes(row: dict) -> int:

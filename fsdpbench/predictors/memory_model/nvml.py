@@ -217,7 +217,8 @@ def nvml_terms(
                 "nccl_buffers",
                 loads.nccl_communicators * channels * per_connection,
                 f"({loads.nccl_communicators} communicator(s) × {channels} channels ({chan_src}) × one ring "
-                f"connection's buffers: Simple {simple / MiB:g} MiB ({buf_src}) + LL 0.5 MiB + LL128 4.6875 MiB)",
+                f"connection's buffers: Simple {simple / MiB:g} MiB ({buf_src}) + LL 0.5 MiB "
+                "+ LL128 4.6875 MiB)",
             )
         )
     if loads.profiler:
