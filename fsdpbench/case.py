@@ -224,6 +224,13 @@ class Case:
         doc="the CUDA caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax)",
         accepts=Accepts(max_length=MAX_TEXT),
     )
+    # the allocator's limit as torch.cuda.set_per_process_memory_fraction sets it (fsdpbench check's fits
+    # boundary); the allocator model replays under the same limit
+    memory_fraction: float = case_field(
+        0.0,
+        doc="share of the GPU's memory the caching allocator may reserve (0: no limit)",
+        accepts=Accepts(ge=0, le=1),
+    )
 
     @property
     def global_batch_size(self) -> int:

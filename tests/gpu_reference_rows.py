@@ -2,9 +2,12 @@
 each row's case and what it measured at each layer — tracker, allocator, NVML — in the order the run ran
 them. ``tests/data/gpu_h100_fsdpbench_runs.json`` holds them; it was written by
 
-    PYTHONPATH=$PWD python tests/gpu_reference_rows.py --write tests/data/gpu_h100_fsdpbench_runs.json
+    PYTHONPATH=$PWD python tests/gpu_reference_rows.py --write tests/data/gpu_h100_fsdpbench_runs.json \\
+        --commit <commit>
 
-and is what the allocator and NVML tests, and ``fsdpbench check``'s report tests, read.
+and is what the allocator and NVML tests, and ``fsdpbench check``'s report tests, read. Each row also
+carries the traced predictor's figures for its case (``traced``: what ``run --traced`` records beside a
+CUDA case, columns ``traced_*``), predicted on the writing machine with the code of ``predicted_at``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,22 @@ def extract(reference: Path = REFERENCE) -> dict[str, Any]:
     return {"source": str(reference.name), "rows": rows}
 
 
+def traced_columns_of(case_dict: dict[str, Any]) -> dict[str, Any]:
+    """The traced_* columns ``run --traced`` would record for rank 0 of this case."""
+    from fsdpbench import schema
+    from fsdpbench.case import Case
+    from fsdpbench.predictors.device_fit import DeviceModel
+
+    case = Case.from_dict(case_dict)
+    memory = DeviceModel.for_case(case, fsdpbench_run=True).memory(case)
+    return {
+        schema.TRACED_PEAK: memory.tracked_peak,
+        schema.TRACED_ALLOC_ALLOCATED: memory.allocated_peak,
+        schema.TRACED_ALLOC_RESERVED: memory.reserved_peak,
+        schema.TRACED_NVML: memory.nvml_peak,
+    }
+
+
 def load() -> list[dict[str, Any]]:
     """The stored rows: run, order in it, case (``Case.to_dict``), measured columns."""
     return json.loads(DATA.read_text())["rows"]
@@ -58,4 +77,8 @@ def load() -> list[dict[str, Any]]:
 
 if __name__ == "__main__":
     out = Path(sys.argv[sys.argv.index("--write") + 1])
-    out.write_text(json.dumps(extract(), indent=1) + "\n")
+    data = extract()
+    data["predicted_at"] = sys.argv[sys.argv.index("--commit") + 1]
+    for row in data["rows"]:
+        row["traced"] = traced_columns_of(row["case"])
+    out.write_text(json.dumps(data, indent=1) + "\n")

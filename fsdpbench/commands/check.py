@@ -1,0 +1,471 @@
+"""``fsdpbench check``: how far to trust fsdpbench's memory predictions on this GPU, driver and torch.
+
+    fsdpbench check --out check/                 # on a CUDA machine: ~5 minutes on one GPU
+    fsdpbench predict ... --calibration check/calibration.json
+
+It runs a fixed grid of cases with the run machinery (``pipeline.runner.run_cases``, ``traced: true``):
+every strategy family (DDP, ZeRO-1, FSDP2's ZeRO-2/3 and HSDP, FSDP1, DeepSpeed's ZeRO-2/3 where
+installed) as rank 0 of 8-rank jobs emulated on this GPU (fake process group: every allocation real),
+fp32 and bf16, with and without activation checkpointing, one ``expandable_segments`` case, one without
+the profiler (its share of NVML), a Hugging Face model where ``transformers`` is installed, and one real
+one-rank case with NCCL (its library's share). Each case is measured (tracker, allocator, NVML) and
+predicted by every method (analytic; traced and its allocator model); three cases also get their fits
+boundary measured — the smallest ``torch.cuda.set_per_process_memory_fraction`` at which a step runs,
+bisected, each probe a fresh process — beside the allocator model's. Out come the table of errors per
+layer (terminal and ``check.html``), ``check.json`` and ``calibration.json``: this machine's measured NVML
+terms (``predictors/memory_model/nvml.py``) for ``predict --calibration``.
+
+``--from RUN_DIR`` renders the report of a check run already measured (its results.parquet and run.json)
+without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fsdpbench import schema
+
+CHECK_MODEL = "decoder-base"
+NVML_NEEDS_GPU = "fsdpbench check needs a CUDA GPU"
+EMULATED_WORLD_SIZE = 8
+EXPANDABLE = "expandable_segments:True"
+# each case: its fields beyond the grid's defaults (its label, ``case_label``, says what differs)
+GRID: tuple[dict[str, Any], ...] = (
+    {"strategy": "ddp"},
+    {"strategy": "zero1"},
+    {"strategy": "zero2"},
+    {"strategy": "zero3"},
+    {"strategy": "hsdp", "shard_size": 4},
+    {"strategy": "fsdp1_full"},
+    {"strategy": "ddp", "precision": "fp32"},
+    {"strategy": "zero3", "precision": "fp32"},
+    {"strategy": "zero3", "activation_checkpointing": True},
+    {"strategy": "zero3", "precision": "fp32", "activation_checkpointing": True},
+    {"strategy": "zero3", "alloc_conf": EXPANDABLE},
+    {"strategy": "zero3", "profile_steps": 0},
+    {"strategy": "zero3", "world_size": 1, "emulate": False},
+)
+DEEPSPEED_GRID = ({"strategy": "ds_zero2"}, {"strategy": "ds_zero3"})
+HF_GRID = ({"strategy": "zero3", "model": "hf-llama", "seq_len": 256},)
+BOUNDARY_LABELS = ("zero3 bf16", "ddp bf16", "zero3 fp32 AC")
+BOUNDARY_PROBES = 6
+LAYERS = ("tracker", "allocated", "reserved", "nvml")
+METHODS = ("analytic", "traced")
+MEASURED = {
+    "tracker": schema.TRACKER_PEAK,
+    "allocated": schema.ALLOC_PEAK_ALLOCATED,
+    "reserved": schema.ALLOC_PEAK_RESERVED,
+    "nvml": schema.NVML_PEAK,
+}
+TRACED = {
+    "tracker": schema.TRACED_PEAK,
+    "allocated": schema.TRACED_ALLOC_ALLOCATED,
+    "reserved": schema.TRACED_ALLOC_RESERVED,
+    "nvml": schema.TRACED_NVML,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", default="check", help="the check's directory (default: ./check)")
+    parser.add_argument(
+        "--from",
+        dest="from_dir",
+        metavar="RUN_DIR",
+        help="render the report of a check already run (its results.parquet, run.json); no GPU needed",
+    )
+    parser.add_argument("--no-boundary", action="store_true", help="skip the fits-boundary bisections")
+
+
+def main(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.from_dir:
+        from fsdpbench.pipeline.results import ResultsFileError, RunStore, load_results
+
+        try:
+            rows = load_results(args.from_dir)
+            env = RunStore(Path(args.from_dir)).read_run_json().get("env", {})
+        except (ResultsFileError, OSError, ValueError) as exc:
+            print(f"error: --from {args.from_dir}: {exc}", file=sys.stderr)
+            return 2
+        boundaries = _read_boundaries(Path(args.from_dir))
+        return write_report(check_records(rows), env, boundaries, out)
+    from fsdpbench.env import cuda_status
+
+    ok, why = cuda_status()
+    if not ok:
+        print(f"{NVML_NEEDS_GPU}: {why}", file=sys.stderr)
+        return 2
+    return _run_check(out, boundary=not args.no_boundary)
+
+
+# ---- the grid -----------------------------------------------------------------------------------------
+def grid_text(*, deepspeed: bool, transformers: bool, model: str = CHECK_MODEL) -> str:
+    """The grid as a scenario (validated and expanded by the scenario parser, as ``run`` does)."""
+    cases = [*GRID, *(DEEPSPEED_GRID if deepspeed else ()), *(HF_GRID if transformers else ())]
+    defaults = {
+        "model": model,
+        "batch_size": 8,
+        "seq_len": 1024,
+        "optimizer": "adamw",
+        "precision": "bf16",
+        "wrap": "block",
+        "warmup_steps": 2,
+        "steps": 3,
+        "device": "cuda",
+        "backend": "nccl",
+        "world_size": EMULATED_WORLD_SIZE,
+        "emulate": True,
+        "timeout_s": 240,
+    }
+    return json.dumps(
+        {
+            "name": "check",
+            "description": "fsdpbench check: every strategy family measured and predicted on this GPU",
+            "defaults": defaults,
+            "cases": cases,
+        }
+    )
+
+
+def case_label(case: Any) -> str:
+    """What a grid case is, in words: its strategy and precision and whatever else sets it apart."""
+    words = [case.strategy, case.precision]
+    if case.model != CHECK_MODEL:
+        words.insert(0, case.model)
+    if case.activation_checkpointing:
+        words.append("AC")
+    if case.alloc_conf == EXPANDABLE:
+        words.append("expandable")
+    if not case.profile_steps:
+        words.append("no profiler")
+    if not case.emulate:
+        words.append(f"{case.world_size} real rank")
+    return " ".join(words)
+
+
+def grid_cases(*, deepspeed: bool, transformers: bool, model: str = CHECK_MODEL) -> list[Any]:
+    """Every case of the grid, those this machine would skip (no GPU here) included."""
+    from fsdpbench.pipeline.scenario import parse_scenario
+
+    text = grid_text(deepspeed=deepspeed, transformers=transformers, model=model)
+    scenario = parse_scenario(text, source="fsdpbench check")
+    return [*scenario.cases, *(s.case for s in scenario.skipped)]
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+# ---- predictions beside measurements ------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class CheckRecord:
+    """One case: what each layer measured, and what each method predicted for it (bytes)."""
+
+    label: str
+    case_id: str
+    status: str
+    measured: dict[str, int | None]
+    predicted: dict[str, dict[str, int | None]]  # method -> layer -> bytes
+    retries: int | None
+
+    def error(self, method: str, layer: str) -> float | None:
+        m, p = self.measured.get(layer), self.predicted.get(method, {}).get(layer)
+        return None if not m or p is None else p / m - 1
+
+    def to_json(self) -> dict[str, Any]:
+        errors = {f"{m}.{la}": self.error(m, la) for m in METHODS for la in LAYERS}
+        return {
+            "label": self.label,
+            "case_id": self.case_id,
+            "status": self.status,
+            "measured": self.measured,
+            "predicted": self.predicted,
+            "errors": errors,
+            "alloc_retries": self.retries,
+        }
+
+
+def analytic_layers(case: Any) -> dict[str, int | None]:
+    """The analytic method, layer by layer: its tracked peak, its schedule's stream replayed, NVML's
+    terms for one of fsdpbench's ranks (None where the model has no activation model)."""
+    from fsdpbench.predictors.consistency import analytic_stream
+    from fsdpbench.predictors.device_fit import DeviceModel
+    from fsdpbench.predictors.memory_model import predict_memory
+
+    pred = predict_memory(case)
+    if pred.peak_breakdown.get("activations") is None or not pred.peak_bytes:
+        return dict.fromkeys(LAYERS)
+    model = DeviceModel.for_case(case, fsdpbench_run=True)
+    memory = model.replayed(case, analytic_stream(case), pred.peak_bytes)
+    return {
+        "tracker": pred.peak_bytes,
+        "allocated": memory.allocated_peak,
+        "reserved": memory.reserved_peak,
+        "nvml": memory.nvml_peak,
+    }
+
+
+def check_records(rows: Any) -> list[CheckRecord]:
+    """Rank 0 of each case of a check run: measured beside predicted."""
+    out = []
+    for _, row in rows[rows[schema.RANK] == 0].iterrows():
+        case = schema.case_from_columns(row)
+        try:
+            analytic = analytic_layers(case)
+        except Exception:  # noqa: BLE001 — a model the analytic method cannot answer: no figures
+            analytic = dict.fromkeys(LAYERS)
+        out.append(
+            CheckRecord(
+                label=case_label(case),
+                case_id=str(row[schema.CASE_ID]),
+                status=str(row[schema.STATUS]),
+                measured={layer: _int(row.get(col)) for layer, col in MEASURED.items()},
+                predicted={
+                    "analytic": analytic,
+                    "traced": {layer: _int(row.get(col)) for layer, col in TRACED.items()},
+                },
+                retries=_int(row.get(schema.ALLOC_RETRIES)),
+            )
+        )
+    return out
+
+
+def _int(value: Any) -> int | None:
+    try:
+        return None if value is None or value != value else int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+# ---- calibration --------------------------------------------------------------------------------------
+def calibration_from(records: list[CheckRecord], env: dict[str, Any]) -> Any:
+    """This machine's NVML terms from the grid's cases that differ in one thing each: fp32 (no cuDNN)
+    and bf16, with and without the profiler, emulated and one real NCCL rank. The samplers cannot be
+    measured apart from NVML's own sampler: the reference's 0 stays."""
+    from fsdpbench.predictors.memory_model.nvml import REFERENCE_H100, Calibration
+
+    over = {r.label: _over_reserved(r) for r in records}
+    fp32, bf16 = over.get("zero3 fp32"), over.get("zero3 bf16")
+    unprofiled, nccl = over.get("zero3 bf16 no profiler"), over.get("zero3 bf16 1 real rank")
+    if fp32 is None or bf16 is None or unprofiled is None:
+        raise ValueError("the grid's zero3 fp32/bf16 and unprofiled cases are needed for a calibration")
+    profiler = max(0, bf16 - unprofiled)
+    context = max(0, fp32 - profiler)
+    cudnn = max(0, bf16 - profiler - context)
+    library = max(0, nccl - bf16) if nccl is not None else REFERENCE_H100.nccl_library_bytes
+    gpus = ", ".join(env.get("gpus", [])) or "?"
+    return Calibration(
+        cuda_context_bytes=context,
+        cudnn_bytes=cudnn,
+        nccl_library_bytes=library,
+        profiler_bytes=profiler,
+        samplers_bytes=REFERENCE_H100.samplers_bytes,
+        source=f"measured by fsdpbench check on {gpus} ({env.get('nvml_reason', '')}, torch "
+        f"{env.get(schema.TORCH_VERSION, '?')}, {env.get('cuda_reason', '')})",
+    )
+
+
+def _over_reserved(r: CheckRecord) -> int | None:
+    nvml, reserved = r.measured.get("nvml"), r.measured.get("reserved")
+    return None if nvml is None or reserved is None or r.status != schema.OK else nvml - reserved
+
+
+# ---- the fits boundary --------------------------------------------------------------------------------
+def predicted_boundary_bytes(case: Any, *, resolution: int = 2 << 20) -> int:
+    """The smallest allocator limit (bytes, within ``resolution``) under which the allocator model runs
+    the step without an out-of-memory error, as under ``set_per_process_memory_fraction``."""
+    from fsdpbench.predictors.device_fit import DeviceModel
+
+    model = DeviceModel.for_case(case)
+    stream, _ = model.stream(case)
+    free = stream.replay(model.conf, runtime=model.runtime)
+    lo, hi = free.peak_allocated - 1, free.peak_reserved  # lo fails (below the live bytes), hi fits
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        stats = stream.replay(model.conf, runtime=model.runtime, limit=mid, fraction_set=True)
+        lo, hi = (lo, mid) if stats.oom is None else (mid, hi)
+    return hi
+
+
+def measured_boundary_fraction(case: Any, lo: float, hi: float, probe: Any, probes: int) -> float:
+    """Bisect ``memory_fraction`` between ``lo`` (assumed to fail) and ``hi`` (to fit): ``probe(case)``
+    runs a case in fresh processes and says whether its steps ran. The smallest fraction seen to fit."""
+    for _ in range(probes):
+        mid = (lo + hi) / 2
+        fits = probe(case.replace(memory_fraction=round(mid, 6)))
+        lo, hi = (lo, mid) if fits else (mid, hi)
+    return hi
+
+
+def _read_boundaries(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "boundaries.json"
+    if not path.exists():
+        return []
+    data = json.loads(path.read_text())
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a list")
+    return data
+
+
+# ---- the report ---------------------------------------------------------------------------------------
+def environment(env: dict[str, Any]) -> dict[str, str]:
+    return {
+        "GPU": ", ".join(env.get("gpus", [])) or "none",
+        "driver": str(env.get("nvml_reason", "")),
+        "torch": str(env.get(schema.TORCH_VERSION, "")),
+        "CUDA": str(env.get("cuda_reason", "")),
+        "fsdpbench": str(env.get(schema.COMMIT, "")),
+    }
+
+
+def table_rows(records: list[CheckRecord]) -> list[list[str]]:
+    """Per case: measured tracker/allocated/reserved/NVML, then each method's error per layer."""
+    from fsdpbench.formatting import fmt_bytes
+
+    out = []
+    for r in records:
+        cells = [r.label, r.status]
+        cells += [fmt_bytes(r.measured[la]) if r.measured.get(la) else "—" for la in LAYERS]
+        for method in METHODS:
+            for layer in LAYERS:
+                e = r.error(method, layer)
+                cells.append("—" if e is None else f"{e:+.1%}")
+        out.append(cells)
+    return out
+
+
+def table_header() -> list[str]:
+    return [
+        "case",
+        "status",
+        *(f"{la} (measured)" for la in LAYERS),
+        *(f"{la}: {m}" for m in METHODS for la in LAYERS),
+    ]
+
+
+def write_report(
+    records: list[CheckRecord], env: dict[str, Any], boundaries: list[dict[str, Any]], out: Path
+) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console(width=200) if not sys.stdout.isatty() else Console()
+    table = Table(title="fsdpbench check: prediction error per layer (predicted / measured − 1)")
+    for name in table_header():
+        table.add_column(name, justify="left" if name in ("case", "status") else "right")
+    for cells in table_rows(records):
+        table.add_row(*cells)
+    console.print(table)
+    for key, value in environment(env).items():
+        console.print(f"{key}: {value}", highlight=False)
+    for b in boundaries:
+        console.print(_boundary_line(b), highlight=False)
+    report: dict[str, Any] = {
+        "environment": environment(env),
+        "cases": [r.to_json() for r in records],
+        "boundaries": boundaries,
+    }
+    try:
+        calibration = calibration_from(records, env)
+    except ValueError as exc:
+        console.print(f"no calibration: {exc}", highlight=False)
+    else:
+        report["calibration"] = calibration.to_json()
+        (out / "calibration.json").write_text(json.dumps(calibration.to_json(), indent=1) + "\n")
+        console.print(f"calibration: {out / 'calibration.json'} (predict --calibration)", highlight=False)
+    (out / "check.json").write_text(json.dumps(report, indent=1) + "\n")
+    (out / "check.html").write_text(render_html(records, env, boundaries))
+    console.print(f"report: {out / 'check.html'}, {out / 'check.json'}", highlight=False)
+    return 0 if all(r.status == schema.OK for r in records) else 1
+
+
+def _boundary_line(b: dict[str, Any]) -> str:
+    measured, predicted = b.get("measured_fraction"), b.get("predicted_fraction")
+    err = f" ({predicted / measured - 1:+.1%})" if measured and predicted else ""
+    return f"fits boundary, {b['label']}: measured {measured}, predicted {predicted}{err} of the GPU's memory"
+
+
+def render_html(records: list[CheckRecord], env: dict[str, Any], boundaries: list[dict[str, Any]]) -> str:
+    """A self-contained page: the environment, the error table, the fits boundaries."""
+
+    def row(cells: list[str], tag: str = "td") -> str:
+        return "<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>"
+
+    env_rows = "".join(row([k, v]) for k, v in environment(env).items())
+    body = "".join(row(cells) for cells in table_rows(records))
+    bounds = "".join(f"<li>{html.escape(_boundary_line(b))}</li>" for b in boundaries)
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>fsdpbench check</title>"
+        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;text-align:right}"
+        "td:first-child{text-align:left}</style></head><body>"
+        "<h1>fsdpbench check</h1><h2>Environment</h2><table>" + env_rows + "</table>"
+        "<h2>Prediction error per layer</h2><p>predicted / measured − 1; rank 0 of each case "
+        "(emulated ranks of 8-rank jobs, and one real rank)</p><table>"
+        + row(table_header(), "th")
+        + body
+        + "</table><h2>Fits boundary</h2><ul>"
+        + (bounds or "<li>not measured</li>")
+        + "</ul></body></html>\n"
+    )
+
+
+# ---- running it on the GPU ----------------------------------------------------------------------------
+def _run_check(out: Path, *, boundary: bool) -> int:  # pragma: no cover — needs a GPU
+    from fsdpbench.commands import running
+    from fsdpbench.pipeline.interrupts import signals_as_interrupts
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import now_iso, run_cases
+    from fsdpbench.pipeline.scenario import parse_scenario
+
+    text = grid_text(deepspeed=installed("deepspeed"), transformers=installed("transformers"))
+    scenario = parse_scenario(text, source="fsdpbench check")
+    store = RunStore(out)
+    meta = running.run_header(scenario, path=None, text=text, overrides={}, started=now_iso())
+    with signals_as_interrupts():
+        rows = run_cases(scenario.cases, scenario.skipped, store, meta, traced=True)
+    records = check_records(rows)
+    boundaries = _measure_boundaries(scenario.cases, records, out) if boundary else []
+    (out / "boundaries.json").write_text(json.dumps(boundaries, indent=1) + "\n")
+    return write_report(records, meta["env"], boundaries, out)
+
+
+def _measure_boundaries(cases: list[Any], records: list[CheckRecord], out: Path) -> list[dict[str, Any]]:
+    from fsdpbench.metrics.nvml import device_total_bytes
+    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline.runner import now_iso, run_cases
+
+    total = device_total_bytes(0)
+    by_label = {case_label(c): c for c in cases}
+    results = []
+    for label in BOUNDARY_LABELS:
+        record = next((r for r in records if r.label == label and r.status == schema.OK), None)
+        if record is None or label not in by_label:
+            continue
+        case = by_label[label].replace(memory_steps=0, profile_steps=0)
+        allocated, reserved = record.measured["allocated"] or 0, record.measured["reserved"] or 0
+        n = [0]
+
+        def probe(c: Any) -> bool:
+            n[0] += 1
+            store = RunStore(out / "boundary" / f"{label.replace(' ', '_')}-{n[0]}")
+            meta = {"env": {}, "started": now_iso(), "scenario": {"name": "check boundary"}}
+            rows = run_cases([c], [], store, meta)
+            return bool((rows[schema.STATUS] == schema.OK).all())
+
+        measured = measured_boundary_fraction(
+            case, allocated / total * 0.98, reserved / total * 1.02, probe, BOUNDARY_PROBES
+        )
+        predicted = predicted_boundary_bytes(case) / total
+        results.append(
+            {"label": label, "measured_fraction": round(measured, 5), "predicted_fraction": round(predicted, 5)}
+        )
+    return results
