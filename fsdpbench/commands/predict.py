@@ -129,7 +129,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--context-bytes",
-        help="NVML's CUDA context & libraries term (default: measured on the reference H100, 1.9 GB)",
+        help="NVML's CUDA context term (default: measured on the reference H100, or --calibration's)",
+    )
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="NVML's measured terms (context, cuDNN, NCCL library) of your GPU, as `fsdpbench check` "
+        "writes them (calibration.json); default: the reference H100's",
     )
     parser.add_argument(
         "--nccl-channels", type=int, help="NCCL channels per communicator (default: 16, an assumption)"
@@ -170,6 +176,7 @@ def main(args: argparse.Namespace) -> int:
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None
         args.units = args.units or _units_asked(args.device_memory)
         args.context_bytes = parse_bytes(args.context_bytes) if args.context_bytes else None
+        args.calibration_terms = _calibration(args.calibration)
         host_memory = parse_bytes(args.host_memory) if args.host_memory else None
         context = parse_bytes(args.context_allowance)
         args.step_link = _model_link(args.link)
@@ -436,7 +443,11 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
     from fsdpbench.strategies import get_strategy
 
     model = DeviceModel.for_case(
-        case, rank=args.rank, context_bytes=args.context_bytes, nccl_channels=args.nccl_channels
+        case,
+        rank=args.rank,
+        context_bytes=args.context_bytes,
+        nccl_channels=args.nccl_channels,
+        calibration=args.calibration_terms,
     )
     print(f"tracing {case.case_id} for the allocator model (seconds per trace) …", file=sys.stderr)
     memory = model.memory(case)
@@ -452,6 +463,15 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
         ),
         max_world_size=args.max_world_size,
     )
+
+
+def _calibration(path: str | None) -> Any:
+    """--calibration's file, checked (a ValueError names the file and the field)."""
+    if not path:
+        return None
+    from fsdpbench.predictors.memory_model.nvml import Calibration
+
+    return Calibration.read(path)
 
 
 def _require_model(method: str, facts: Any) -> None:
