@@ -124,7 +124,9 @@ def test_the_report_from_recorded_measurements(tmp_path, capsys):
     page = (out / "check.html").read_text()
     assert "NVIDIA H100 80GB HBM3" in page and "ddp bf16" in page and "fits boundary" in page.lower()
     text = capsys.readouterr().out
-    assert "prediction error per layer" in text and "zero3 bf16: measured 0.1, predicted 0.101 (+1.0%)" in text
+    assert (
+        "prediction error per layer" in text and "zero3 bf16: measured 0.1, predicted 0.101 (+1.0%)" in text
+    )
     # the reference runs have no unprofiled case: no calibration is claimed from them
     assert "calibration" not in report and not (out / "calibration.json").exists()
 
@@ -163,7 +165,9 @@ def test_predict_takes_the_calibration(tmp_path, capsys):
     answer = next(r for r in json.loads(capsys.readouterr().out) if "nvml_terms_bytes" in r)
     assert answer["nvml_terms_bytes"]["cuda_context"] == 1_000_000_000
     assert answer["nvml_terms_bytes"]["nccl_library"] == 123_000_000
-    assert answer["nvml_peak_bytes"] == answer["reserved_peak_bytes"] + sum(answer["nvml_terms_bytes"].values())
+    assert answer["nvml_peak_bytes"] == answer["reserved_peak_bytes"] + sum(
+        answer["nvml_terms_bytes"].values()
+    )
     bad = dict(cal.to_json(), cudnn_bytes=-1)
     path.write_text(json.dumps(bad))
     assert run_cli([*argv, "--calibration", str(path)]) == 2
@@ -187,7 +191,13 @@ def test_the_predicted_boundary_is_where_the_allocator_model_stops_running_out()
     from fsdpbench.predictors.device_fit import DeviceModel
 
     case = Case(
-        model="decoder-tiny", strategy="ddp", world_size=2, batch_size=2, seq_len=128, device="cuda", backend="nccl"
+        model="decoder-tiny",
+        strategy="ddp",
+        world_size=2,
+        batch_size=2,
+        seq_len=128,
+        device="cuda",
+        backend="nccl",
     )
     limit = check.predicted_boundary_bytes(case, resolution=1 << 20)
     model = DeviceModel.for_case(case)

@@ -72,7 +72,7 @@ TRACED = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", default="check", help="the check's directory (default: ./check)")
+    parser.add_argument("--out", help="the check's directory (default: reports/check/<timestamp>)")
     parser.add_argument(
         "--from",
         dest="from_dir",
@@ -83,7 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    out = Path(args.out)
+    from fsdpbench.pipeline.runner import default_run_dir
+
+    out = Path(args.out) if args.out else default_run_dir("check")
     if args.from_dir:
         from fsdpbench.pipeline.results import ResultsFileError, RunStore, load_results
 
@@ -440,8 +442,6 @@ def _run_check(out: Path, *, boundary: bool) -> int:  # pragma: no cover — nee
 
 def _measure_boundaries(cases: list[Any], records: list[CheckRecord], out: Path) -> list[dict[str, Any]]:
     from fsdpbench.metrics.nvml import device_total_bytes
-    from fsdpbench.pipeline.results import RunStore
-    from fsdpbench.pipeline.runner import now_iso, run_cases
 
     total = device_total_bytes(0)
     by_label = {case_label(c): c for c in cases}
@@ -452,20 +452,35 @@ def _measure_boundaries(cases: list[Any], records: list[CheckRecord], out: Path)
             continue
         case = by_label[label].replace(memory_steps=0, profile_steps=0)
         allocated, reserved = record.measured["allocated"] or 0, record.measured["reserved"] or 0
-        n = [0]
-
-        def probe(c: Any) -> bool:
-            n[0] += 1
-            store = RunStore(out / "boundary" / f"{label.replace(' ', '_')}-{n[0]}")
-            meta = {"env": {}, "started": now_iso(), "scenario": {"name": "check boundary"}}
-            rows = run_cases([c], [], store, meta)
-            return bool((rows[schema.STATUS] == schema.OK).all())
-
+        probe = _Probe(out / "boundary" / label.replace(" ", "_"))
         measured = measured_boundary_fraction(
             case, allocated / total * 0.98, reserved / total * 1.02, probe, BOUNDARY_PROBES
         )
         predicted = predicted_boundary_bytes(case) / total
         results.append(
-            {"label": label, "measured_fraction": round(measured, 5), "predicted_fraction": round(predicted, 5)}
+            {
+                "label": label,
+                "measured_fraction": round(measured, 5),
+                "predicted_fraction": round(predicted, 5),
+            }
         )
     return results
+
+
+class _Probe:
+    """Runs one case in fresh rank processes (its own run directory); whether its steps ran."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.n = 0
+
+    def __call__(self, case: Any) -> bool:  # pragma: no cover — needs a GPU
+        from fsdpbench.env import collect_env
+        from fsdpbench.pipeline.results import RunStore
+        from fsdpbench.pipeline.runner import now_iso, run_cases
+
+        self.n += 1
+        store = RunStore(self.directory / f"probe{self.n}")
+        meta = {"env": collect_env(), "started": now_iso(), "scenario": {"name": "check: fits boundary"}}
+        rows = run_cases([case], [], store, meta)
+        return bool((rows[schema.STATUS] == schema.OK).all())

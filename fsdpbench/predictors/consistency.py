@@ -61,7 +61,7 @@ def layer_figures(
     if method == "analytic":
         from fsdpbench.predictors.memory_model import predict_memory
 
-        tracked = predict_memory(case, rank=rank).peak_bytes
+        tracked = int(predict_memory(case, rank=rank).peak_bytes or 0)
         stream = analytic_stream(case)
     elif method == "traced":
         stream, tracked = model.stream(case)
