@@ -25,12 +25,9 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.analysis.frame import relative_error
-from fsdpbench.case import Case
-from fsdpbench.pipeline.results import load_results
-from fsdpbench.predictors.memory_model import predict_memory
-from fsdpbench.predictors.memory_model.columns import tracker_filing
-from fsdpbench.schema import (
+from fsdpbench.core.numbers import relative_error
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import (
     OK,
     RANK,
     STATUS,
@@ -39,6 +36,9 @@ from fsdpbench.schema import (
     case_from_columns,
     tracker_peak_column,
 )
+from fsdpbench.predictors.memory_model import predict_memory
+from fsdpbench.predictors.memory_model.columns import tracker_filing
+from fsdpbench.store.results import load_results
 
 TRANSIENT = "transient"  # unsharded grads, temporaries, reduce-scatter buffers, DDP buckets
 # the tracker's categories (schema.TRACKER_CATEGORIES) compared, grouped (the model has no buffers or other)

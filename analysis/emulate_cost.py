@@ -18,9 +18,9 @@ from pathlib import Path
 
 
 def main() -> None:
-    from fsdpbench.case import Case
+    from fsdpbench.core.case import Case
+    from fsdpbench.core.schema import ALLOC_PEAK_ALLOCATED, SAMPLED_PEAK_CASE
     from fsdpbench.pipeline.launch import launch_case
-    from fsdpbench.schema import ALLOC_PEAK_ALLOCATED, SAMPLED_PEAK_CASE
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -45,7 +45,7 @@ def _threads() -> dict[str, tuple[str, int, int]]:
 
 
 def _set_loop_policy(policy: str) -> None:
-    from fsdpbench.engine.threads import GLOO_LOOP_THREAD, idle_gloo_loops
+    from fsdpbench.hosttuning.threads import GLOO_LOOP_THREAD, idle_gloo_loops
 
     if policy == "idle":
         idle_gloo_loops()
@@ -59,7 +59,8 @@ def _rank(rank: int, port: int, policy: str, reps: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from fsdpbench.engine.threads import pin_compute_threads, rank_cores, rank_threads
+    from fsdpbench.engine.intra_op import rank_threads
+    from fsdpbench.hosttuning.threads import pin_compute_threads, rank_cores
 
     torch.set_num_threads(rank_threads(2))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

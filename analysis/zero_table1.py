@@ -22,7 +22,7 @@ import sys
 from decimal import ROUND_DOWN, ROUND_HALF_UP, Decimal
 from pathlib import Path
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model import ModelFacts, predict_memory
 
 STAGES = {"os": "zero1", "os_g": "zero2", "os_g_p": "zero3"}

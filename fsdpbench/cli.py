@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         argv = sys.argv[1:]
         _start_forkserver_if_ranks_will_run(argv)
     args = build_parser(argv).parse_args(argv)
-    from fsdpbench.engine.threads import gloo_loop_setting
+    from fsdpbench.hosttuning.threads import gloo_loop_setting
 
     try:  # read again by every rank launch (run, compare, regress --repeat, predict): refused before any
         gloo_loop_setting()

@@ -21,11 +21,11 @@ from tests.helpers import REPO, made_once, one_rank_gloo, reference_losses, repo
 
 def pytest_configure(config: pytest.Config) -> None:
     """gloo's loop threads as gloo leaves them, in every test that does not ask otherwise: "auto" (the
-    default, engine/threads.py) would decide by the load of the moment, which here is the other test
+    default, hosttuning/threads.py) would decide by the load of the moment, which here is the other test
     processes' ranks, so one test's policy would depend on its neighbours'. The benchmarks
     (``--benchmark-enable``, run alone on an idle machine) measure what a user's run does."""
     if not config.getoption("benchmark_enable", False):
-        from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV
+        from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV
 
         os.environ[GLOO_LOOP_IDLE_ENV] = "0"
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fsdpbench.case import Case
-from fsdpbench.pipeline.launch import CaseOutcome, launch_case
+from fsdpbench.core.case import Case
+from fsdpbench.engine.rank_result import CaseOutcome
+from fsdpbench.pipeline.launch import launch_case
 from fsdpbench.pipeline.lifeline import pid_alive
 
 # tests of CPU semantics pin CPU ranks explicitly, so a machine with a GPU runs the same cases
@@ -73,8 +74,8 @@ def run(case: Case, tmp_path: Path) -> CaseOutcome:
 
 def run_with_predictions(case: Case, tmp_path: Path) -> Any:
     """The result rows of a case that ran ok, with the analytic prediction beside them (pred_* columns)."""
-    from fsdpbench.pipeline.results import build_rows
     from fsdpbench.pipeline.runner import add_predictions
+    from fsdpbench.store.results import build_rows
 
     outcome = run(case, tmp_path)
     assert outcome.status == "ok", outcome.error

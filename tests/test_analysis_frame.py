@@ -16,8 +16,8 @@ from fsdpbench.analysis.frame import (
     speedups,
     time_references,
 )
-from fsdpbench.formatting import byte_unit, fmt_bytes, fmt_pct
-from fsdpbench.schema import ERROR_COLUMNS, TRACKER_CATEGORIES, TRACKER_PEAK_COLUMNS, tracker_peak_column
+from fsdpbench.core.formatting import byte_unit, fmt_bytes, fmt_pct
+from fsdpbench.core.schema import ERROR_COLUMNS, TRACKER_CATEGORIES, TRACKER_PEAK_COLUMNS, tracker_peak_column
 
 
 def rank_row(case_id: str, rank: int, **kw) -> dict:
@@ -112,7 +112,7 @@ def test_every_tracker_category_is_named_once_in_the_schema():
 
 def test_the_analysis_side_is_torch_free():
     code = (
-        "import sys, fsdpbench.schema, fsdpbench.analysis.frame, fsdpbench.formatting, "
+        "import sys, fsdpbench.core.schema, fsdpbench.analysis.frame, fsdpbench.core.formatting, "
         "fsdpbench.analysis.summary, "
         "fsdpbench.analysis.regress; assert 'torch' not in sys.modules"
     )

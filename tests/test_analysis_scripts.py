@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model import predict_memory
 from tests.helpers import REPO, repo_pythonpath
 
@@ -38,7 +38,7 @@ def test_check_model_runs_as_the_readme_says(one_case_run: Path) -> None:
 @pytest.mark.slow
 def test_gloo_loop_spin_runs_as_the_docs_say_and_shows_each_gloo_threads_cpu_and_wait() -> None:
     # one policy, 2 repetitions: the script's own work is the same for each (the policies are
-    # engine/threads.py's, tested in tests/test_threads.py)
+    # hosttuning/threads.py's, tested in tests/test_threads.py)
     done = run_script("gloo_loop_spin.py", "--pairs", "1", "--policies", "as-is", "--reps", "2")
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

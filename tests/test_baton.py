@@ -1,4 +1,4 @@
-"""The turns between a case's ranks and its compute twin's (fsdpbench/pipeline/baton.py): never two
+"""The turns between a case's ranks and its compute twin's (fsdpbench/hosttuning/baton.py): never two
 groups computing at once, the twin's set-up after the case's warm-up, and a failing or silent twin
 that does not hold the case up. Ranks are threads here, on the store the orchestrator serves."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from fsdpbench.pipeline import baton as baton_mod
-from fsdpbench.pipeline.baton import CASE, TWIN, Baton, BatonBroken
+from fsdpbench.hosttuning import baton as baton_mod
+from fsdpbench.hosttuning.baton import CASE, TWIN, Baton, BatonBroken
 
 
 def _baton(port: int, role: str, rank: int, world: int, steps: int, timeout_s: float = 20.0) -> Baton:
@@ -150,9 +150,9 @@ def test_the_twin_rank_gives_up_when_its_turn_does_not_come() -> None:
 def test_a_twin_that_fails_beside_the_case_costs_the_case_nothing(tmp_path: Path) -> None:
     """A real case with a twin that cannot build its model: the case ends well and on time, and the
     twin's failure is in its own rank file, not the case's."""
+    from fsdpbench.core.schema import FAILED, OK
+    from fsdpbench.engine.rank_result import RankResult
     from fsdpbench.pipeline.launch import launch_case
-    from fsdpbench.pipeline.rank_result import RankResult
-    from fsdpbench.schema import FAILED, OK
     from tests.helpers import tiny_case
 
     case = tiny_case(strategy="ddp", world_size=1, steps=3)

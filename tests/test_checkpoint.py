@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpbench import schema
-from fsdpbench.case import Case
+from fsdpbench.core import schema
+from fsdpbench.core.case import Case
 from fsdpbench.pipeline.scenario import ScenarioError, parse_scenario
 from fsdpbench.predictors import torch_save_format as fmt
 from fsdpbench.predictors.checkpoint import predict_checkpoint

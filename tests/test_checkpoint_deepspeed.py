@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench import schema
-from fsdpbench.case import Case
+from fsdpbench.core import schema
+from fsdpbench.core.case import Case
 from fsdpbench.pipeline.scenario import parse_scenario
 from fsdpbench.predictors import deepspeed_checkpoint as dsc
 from fsdpbench.predictors.checkpoint import NATIVE_TAG, predict_checkpoint

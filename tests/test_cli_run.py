@@ -102,7 +102,7 @@ def test_external_launcher_then_collect(tmp_path: Path) -> None:
         "--nproc_per_node",
         "2",
         "-m",
-        "fsdpbench.pipeline.worker",
+        "fsdpbench.engine.worker",
         "--case",
         str(case_file),
         "--out",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model import peak_moments, predict_memory
 from fsdpbench.predictors.traced import cuda_kernels_dispatchable, estimate, trace_device
 

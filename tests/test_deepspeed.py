@@ -82,7 +82,7 @@ def test_without_deepspeed_a_case_is_skipped_with_the_install_command(
 
 @needs_deepspeed
 def test_deepspeeds_estimator_is_the_third_prediction() -> None:
-    from fsdpbench.predictors.memory_model.facts import get_model_facts
+    from fsdpbench.models.facts import get_model_facts
 
     psi = get_model_facts("decoder-tiny").n_params
     assert psi == DECODER_TINY_PARAMS
@@ -153,7 +153,7 @@ def test_stage3_keeps_parameters_below_the_persistence_threshold_whole(ds_runs) 
 def test_stage3s_compute_twin_runs_every_rank_alone(tmp_path) -> None:
     # the twin runs every rank emulated (the fake process group moves nothing): ZeRO-3's per-step check
     # that a rank's module order is rank 0's broadcast nothing to rank 1, which raised in its first step
-    from fsdpbench.predictors.compute_twin import twin_case
+    from fsdpbench.pipeline.compute_twin import twin_case
 
     twin = twin_case(tiny_case(strategy="ds_zero3", world_size=2))
     assert twin.emulate and twin.emulate_ranks == (0, 1)

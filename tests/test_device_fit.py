@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.device_fit import DeviceFit, DeviceModel
 from fsdpbench.predictors.memory_model.nvml import JobLoads, nvml_terms
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.engine.worker import resolve_device
 from fsdpbench.pipeline.launch import launch_case
 from fsdpbench.pipeline.scenario import check_devices, parse_scenario, resolve_backend
-from fsdpbench.pipeline.worker import resolve_device
 from tests.helpers import CPU, tiny_case
 
 # what a skip for too few GPUs adds where there is at least one
@@ -88,8 +88,8 @@ def test_fsdp2_shards_on_the_case_device_even_where_the_accelerator_is_cuda(
     (faked here as CUDA) does not matter."""
     from torch.distributed.tensor import DTensor
 
-    from fsdpbench.engine.wrap import get_wrap_units
     from fsdpbench.models import build_model
+    from fsdpbench.models.wrap import get_wrap_units
     from fsdpbench.strategies import ApplyContext, get_strategy
 
     monkeypatch.setattr(torch._C, "_get_accelerator", lambda: torch.device("cuda"))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from fsdpbench.case import Case
-from fsdpbench.pipeline.rank_result import RankResult
-from fsdpbench.pipeline.results import build_rows
-from fsdpbench.predictors.emulate import check_emulation, fill_local_data, resolve_emulate_ranks
-from fsdpbench.schema import TRACKER_CATEGORIES
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import TRACKER_CATEGORIES
+from fsdpbench.engine.emulate import check_emulation, fill_local_data, resolve_emulate_ranks
+from fsdpbench.engine.rank_result import RankResult
+from fsdpbench.store.results import build_rows
 from tests.helpers import run
 
 # scenarios/ci.yaml's shape (its peak is not at gloo's asynchronous reduce-scatter, so a real run's
@@ -71,10 +71,10 @@ def test_only_this_ranks_shards_are_materialised():
     import torch
     import torch.distributed as dist
 
-    from fsdpbench.engine.wrap import get_wrap_units
+    from fsdpbench.engine.emulate import build_rank_model, shards_on_meta
+    from fsdpbench.engine.fake_pg import init_fake_process_group
     from fsdpbench.models import resolve_model
-    from fsdpbench.predictors.emulate import build_rank_model, shards_on_meta
-    from fsdpbench.predictors.fake_pg import init_fake_process_group
+    from fsdpbench.models.wrap import get_wrap_units
     from fsdpbench.strategies import ApplyContext, get_strategy
 
     case = Case(model="decoder-small", strategy="zero3", world_size=64, emulate=True)

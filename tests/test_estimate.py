@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from torch.torch_version import TorchVersion
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model import predict_memory
 from fsdpbench.predictors.traced import estimate
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.pipeline.results import RunStore, load_results
 from fsdpbench.pipeline.runner import run_cases
+from fsdpbench.store.results import RunStore, load_results
 from tests.helpers import FAULTS, assert_all_gone, run, tiny_case
 
 pytestmark = pytest.mark.slow

@@ -11,16 +11,16 @@ import importlib.util
 
 import pytest
 
-from fsdpbench.case import Case
-from fsdpbench.predictors.memory_model import predict_memory
-from fsdpbench.predictors.memory_model.columns import TRACKER_FILING
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import (
     PRED_PEAK,
     PRED_PEAK_BY_CATEGORY,
     TRACKER_CATEGORIES,
     TRACKER_PEAK,
     tracker_peak_column,
 )
+from fsdpbench.predictors.memory_model import predict_memory
+from fsdpbench.predictors.memory_model.columns import TRACKER_FILING
 from fsdpbench.strategies import get_strategy
 from tests.helpers import run_with_predictions, tiny_case
 

@@ -12,12 +12,12 @@ import torch
 from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
 from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
 
-from fsdpbench.case import BACKWARD_PREFETCH_POLICIES, Case
-from fsdpbench.engine.wrap import get_wrap_units
+from fsdpbench.core.case import BACKWARD_PREFETCH_POLICIES, Case
+from fsdpbench.core.precision import get_precision
 from fsdpbench.models import build_model
 from fsdpbench.models.decoder import TransformerBlock
+from fsdpbench.models.wrap import get_wrap_units
 from fsdpbench.pipeline.scenario import build_case, parse_scenario
-from fsdpbench.precision import get_precision
 from fsdpbench.strategies import ApplyContext, get_strategy
 from fsdpbench.strategies.fsdp1 import auto_wrap_policy_for, backward_prefetch_for, mixed_precision_for
 from tests.helpers import CPU, global_losses, run, tiny_case

@@ -55,7 +55,7 @@ def test_cupti_teardown_is_requested_unless_the_user_chose(monkeypatch):
 def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_group, tmp_path: Path):
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from fsdpbench.case import Case
+    from fsdpbench.core.case import Case
     from fsdpbench.engine.parallel import build_parallel
     from fsdpbench.engine.step import rank_batch, train_step
     from fsdpbench.metrics.profiled import profile_steps

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fsdpbench.case import Case
-from fsdpbench.engine.wrap import get_wrap_units
+from fsdpbench.core.case import Case
 from fsdpbench.models import build_model, count_params, make_global_batch, resolve_model
 from fsdpbench.models.hf import transformers_available
+from fsdpbench.models.wrap import get_wrap_units
 from tests.helpers import global_losses, run, tiny_case
 
 needs_hf = pytest.mark.skipif(

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.engine.knobs import (
     apply_activation_checkpointing,
     apply_compile,

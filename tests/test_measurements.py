@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from fsdpbench.models import build_model
-from fsdpbench.pipeline.results import RunStore
 from fsdpbench.pipeline.runner import run_cases
+from fsdpbench.store.results import RunStore
 from tests.helpers import made_once, tiny_case
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.models.facts import ParamFact
 from fsdpbench.predictors.memory_model import ModelFacts, get_model_facts, predict_memory
 from fsdpbench.predictors.memory_model.columns import prediction_columns
-from fsdpbench.predictors.memory_model.facts import ParamFact
 from fsdpbench.predictors.memory_model.search import (
     largest_batch,
     needed_bytes,
@@ -409,7 +409,7 @@ def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(
     optimizer state, the batch as activations; the prediction's pred_peak_<category> columns follow it.
     (Shapes whose peak does not fall at a reduce-scatter: there, which buffers are alive depends on when
     gloo's asynchronous collective finishes, and the categories move from run to run.)"""
-    from fsdpbench.schema import TRACKER_CATEGORIES
+    from fsdpbench.core.schema import TRACKER_CATEGORIES
 
     case = Case(
         model="decoder-tiny",
@@ -436,8 +436,8 @@ def test_predicted_peak_categories_are_filed_as_the_tracker_files_them(
 def test_run_with_traced_predictions_stores_them_per_rank_without_joining_a_group(tmp_path, capsys):
     import torch.distributed as dist
 
-    from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.store.results import RunStore
 
     # scenarios/ci.yaml's shape: the measured peak does not depend on when gloo's reduce-scatter finishes
     cases = [

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.engine.step import rank_batch
 from fsdpbench.models import resolve_model
 from fsdpbench.predictors.memory_model.activations import FP32, Shape, get_activation_profile

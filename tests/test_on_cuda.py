@@ -65,8 +65,8 @@ def test_one_rank_on_cuda_measures_every_source_and_predicts_beside_it(strategy:
 
 CPU_RANK_SAVES = """
 import torch, torch.distributed.checkpoint as dcp
-from fsdpbench.case import Case
-from fsdpbench.pipeline.worker import resolve_device
+from fsdpbench.core.case import Case
+from fsdpbench.engine.worker import resolve_device
 resolve_device(Case(device="cpu", backend="gloo"), 0)
 dcp.save({"w": torch.ones(4)}, storage_writer=dcp.FileSystemWriter("ckpt"), no_dist=True)
 print(torch.cuda.is_available(), torch.cuda.device_count(), torch.cuda.is_initialized())

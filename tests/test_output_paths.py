@@ -10,7 +10,7 @@ import os
 import pytest
 
 from fsdpbench.cli import main
-from fsdpbench.pipeline.results import load_results
+from fsdpbench.store.results import load_results
 from tests.test_regress import run_frame, write_run
 
 

@@ -189,7 +189,7 @@ MNIST_DDP = ("--model", "mnist-cnn", "--world-size", "2", "--strategy", "ddp", "
 def test_a_model_without_an_activation_model_is_traced_instead(capsys):
     """mnist-cnn has no analytic activation model: --method analytic still answers with a peak, the traced
     one, and says so once."""
-    from fsdpbench.case import Case
+    from fsdpbench.core.case import Case
     from fsdpbench.predictors.traced import estimate
 
     code, out, _ = run_cli(capsys, *MNIST_DDP, "--json")

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import FAILED, OK, RUNNING
+from fsdpbench.engine.rank_result import NO_RESULT, RankResult, Setup, rank_file
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.pipeline.launch import collect_case
-from fsdpbench.pipeline.rank_result import NO_RESULT, RankResult, Setup, rank_file
-from fsdpbench.schema import FAILED, OK, RUNNING
 
 
 def _record(rank: int = 0) -> RankResult:
@@ -106,8 +106,8 @@ def test_a_running_record_has_not_ended():
 
 
 def test_the_case_rows_carry_the_ranks_global_losses_and_the_slowest_median():
-    from fsdpbench.pipeline.launch import CaseOutcome
-    from fsdpbench.pipeline.results import build_rows
+    from fsdpbench.engine.rank_result import CaseOutcome
+    from fsdpbench.store.results import build_rows
 
     case = Case(model="mlp-tiny", strategy="zero2", world_size=2)
     ranks = [_record(0), _record(1)]

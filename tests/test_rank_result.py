@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from fsdpbench.case import PRECISIONS, Case
+from fsdpbench.core.case import PRECISIONS, Case
+from fsdpbench.core.precision import get_precision
+from fsdpbench.core.schema import TRACKER_CATEGORIES
+from fsdpbench.engine.rank_result import Harness, RankResult, Setup
 from fsdpbench.metrics.timing import StepTimes
 from fsdpbench.metrics.tracker import TrackedMemory
-from fsdpbench.pipeline.rank_result import Harness, RankResult, Setup
-from fsdpbench.precision import get_precision
-from fsdpbench.schema import TRACKER_CATEGORIES
 
 
 def _finished_rank() -> RankResult:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fsdpbench.cli import main
-from fsdpbench.pipeline.results import RunStore, load_results
+from fsdpbench.store.results import RunStore, load_results
 from tests.test_regress import run_frame, write_run
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from fsdpbench import schema
 from fsdpbench.analysis.regress import (
     BaselineError,
     Threshold,
@@ -23,8 +22,9 @@ from fsdpbench.analysis.regress import (
     resolve_threshold,
     write_baseline,
 )
-from fsdpbench.case import Case
 from fsdpbench.cli import build_parser
+from fsdpbench.core import schema
+from fsdpbench.core.case import Case
 from tests.helpers import made_once
 
 PLUGINS = Path(__file__).parent / "plugins"

@@ -18,15 +18,15 @@ from typing import NamedTuple
 
 import pytest
 
-from fsdpbench.case import Case
 from fsdpbench.cli import build_parser
+from fsdpbench.core.case import Case
+from fsdpbench.core.rundir import RunDirError, RunLock, check_inside
+from fsdpbench.engine.rank_result import CaseOutcome, RankResult
 from fsdpbench.metrics.timing import StepTimes
-from fsdpbench.pipeline.launch import CaseOutcome, _clear_case_dir
-from fsdpbench.pipeline.rank_result import RankResult
-from fsdpbench.pipeline.results import RunStore, load_results
-from fsdpbench.pipeline.rundir import RunDirError, RunLock, check_inside
+from fsdpbench.pipeline.launch import _clear_case_dir
 from fsdpbench.pipeline.runner import run_cases
 from fsdpbench.pipeline.scenario import load_scenario
+from fsdpbench.store.results import RunStore, load_results
 from tests.helpers import FAULTS, assert_all_gone, repo_pythonpath, run, tiny_case, wait_until
 from tests.helpers import REPO as ROOT
 
@@ -275,8 +275,8 @@ def test_disk_full_is_one_line_leaves_no_temporary_file_and_resume_completes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.setattr("fsdpbench.pipeline.runner.launch_case", fake_launch)
-    import fsdpbench.pipeline.results as results
-    import fsdpbench.pipeline.rundir as rundir
+    import fsdpbench.core.rundir as rundir
+    import fsdpbench.store.results as results
 
     real_write, parquet_writes, full = results.write_atomically, [0], [False]
 

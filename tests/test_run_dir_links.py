@@ -7,8 +7,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from fsdpbench.pipeline.results import atomic_write_json, atomic_write_parquet
-from fsdpbench.pipeline.rundir import RunDirError, RunLock, write_atomically
+from fsdpbench.core.rundir import RunDirError, RunLock, write_atomically
+from fsdpbench.store.results import atomic_write_json, atomic_write_parquet
 
 SECRET = b"a file the user cares about\n"
 

@@ -152,7 +152,7 @@ def test_overrides_apply_to_every_case() -> None:
 
 
 def test_case_ids_name_the_knobs_switched_on_and_keep_plain_ids() -> None:
-    from fsdpbench.case import Case
+    from fsdpbench.core.case import Case
 
     plain = Case(strategy="zero3", world_size=2)
     assert (

@@ -1,4 +1,4 @@
-"""The column registry (fsdpbench/schema.py): every column a run writes is declared and documented, no
+"""The column registry (fsdpbench/core/schema.py): every column a run writes is declared and documented, no
 column name or status is spelled outside the registry, and case_frame aggregates each column as declared."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from fsdpbench import schema
 from fsdpbench.analysis.frame import UndeclaredColumnWarning, case_frame
 from fsdpbench.analysis.summary import print_summary
-from fsdpbench.formatting import NOT_MEANINGFUL_ON_CPU
-from fsdpbench.pipeline.results import load_results
+from fsdpbench.core import schema
+from fsdpbench.core.formatting import NOT_MEANINGFUL_ON_CPU
 from fsdpbench.report.synthetic import write_synthetic_run
+from fsdpbench.store.results import load_results
 from tests.helpers import REPO
 
 PACKAGE = REPO / "fsdpbench"
-REGISTRY = PACKAGE / "schema.py"
+REGISTRY = PACKAGE / "core/schema.py"
 MEASUREMENTS_DOC = REPO / "docs" / "measurements.md"
 NOT_A_COLUMN = "# not a column"  # on the line, or the line above: a literal that only looks like one
 
@@ -94,11 +94,11 @@ def _package_hits() -> dict[str, list[tuple[int, str]]]:
 def test_no_column_name_or_status_is_spelled_outside_the_registry():
     hits = _package_hits()
     listing = "; ".join(f"fsdpbench/{f}:{line}: {text}" for f, h in hits.items() for line, text in h)
-    assert not hits, f"use the constants of fsdpbench/schema.py: {listing}"
+    assert not hits, f"use the constants of fsdpbench/core/schema.py: {listing}"
 
 
 def _bound_elsewhere(tree: ast.AST) -> tuple[set[str], dict[str, int]]:
-    """Names a module imports from fsdpbench.schema, and each other name it binds → the line of its first
+    """Names a module imports from fsdpbench.core.schema, and each other name it binds → the line of its first
     binding (another import, an assignment, a def, an argument, a loop variable)."""
 
     def targets(node: ast.AST) -> list[str]:
@@ -112,7 +112,7 @@ def _bound_elsewhere(tree: ast.AST) -> tuple[set[str], dict[str, int]]:
         line = getattr(node, "lineno", 0)
         if isinstance(node, ast.ImportFrom):
             for alias in node.names:
-                if node.module == "fsdpbench.schema":
+                if node.module == "fsdpbench.core.schema":
                     from_schema.add(alias.asname or alias.name)
                 else:
                     other.setdefault(alias.asname or alias.name, line)
@@ -184,7 +184,7 @@ def test_the_docs_table_is_generated_from_the_declarations():
     text = MEASUREMENTS_DOC.read_text()
     start = text.index(schema.DOCS_BEGIN) + len(schema.DOCS_BEGIN)
     assert text[start : text.index(schema.DOCS_END)].strip() == schema.docs_table(), (
-        "regenerate it: python -m fsdpbench.schema --write-docs"
+        "regenerate it: python -m fsdpbench.core.schema --write-docs"
     )
     assert schema.documented_columns(text) == set(schema.COLUMNS)
 
@@ -293,7 +293,7 @@ def test_the_summary_of_the_h100_rows_shows_mfu_and_achieved_tflops():
 
 
 def test_compute_throughput_and_overhead_read_as_text():
-    from fsdpbench.formatting import fmt_compute, fmt_harness_overhead, fmt_throughput
+    from fsdpbench.core.formatting import fmt_compute, fmt_harness_overhead, fmt_throughput
 
     gpu = {schema.DEVICE: "cuda", schema.MFU: 0.412, schema.ACHIEVED_TFLOPS: 129.54}
     assert fmt_compute(gpu) == "41.2% MFU, 129.5 TFLOP/s"
@@ -317,7 +317,7 @@ def test_a_field_added_to_case_appears_in_the_scenario_schema_and_the_columns_as
     name and the bounds it declares."""
     from pydantic import ValidationError
 
-    from fsdpbench.case import Accepts, Case, case_field
+    from fsdpbench.core.case import Accepts, Case, case_field
     from fsdpbench.pipeline.scenario import case_fields_model
 
     @dataclasses.dataclass(kw_only=True)
@@ -355,7 +355,7 @@ def test_a_field_added_to_case_appears_in_the_scenario_schema_and_the_columns_as
 
 
 def test_a_case_field_without_a_doc_or_a_scenario_bound_is_refused_by_both_derivations():
-    from fsdpbench.case import Case
+    from fsdpbench.core.case import Case
     from fsdpbench.pipeline.scenario import case_fields_model
 
     @dataclasses.dataclass(kw_only=True)
@@ -371,7 +371,7 @@ def test_a_case_field_without_a_doc_or_a_scenario_bound_is_refused_by_both_deriv
 def test_the_real_case_declares_the_scenario_schema_and_its_rows_columns():
     """The registry and the scenario schema are Case's: every field a column with the field's doc, every
     field but the scenario's name a scenario field; a case comes back from its columns unchanged."""
-    from fsdpbench.case import Case, field_doc
+    from fsdpbench.core.case import Case, field_doc
     from fsdpbench.pipeline.scenario import CaseFields
 
     fields = dataclasses.fields(Case)

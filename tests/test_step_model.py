@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from fsdpbench.metrics.step_model import (
+from fsdpbench.core.schema import MODEL_CHECKABLE, MODEL_COMPUTE_BARE, MODEL_UNCHECKED_REASON
+from fsdpbench.pipeline.comm_probe import fit_link, in_context_reps_us, in_context_time_us
+from fsdpbench.predictors.comm_model import (
+    LINK_PRESETS,
+    Link,
+    LinkError,
+    collective_time_us,
+    validate_link_spec,
+)
+from fsdpbench.predictors.step_model import (
     METHOD_NO_IDLE_CORE,
     METHOD_TWIN,
     METHOD_TWIN_INTERLEAVED,
@@ -25,15 +34,6 @@ from fsdpbench.metrics.step_model import (
     shared_placement,
     simulate,
 )
-from fsdpbench.predictors.comm_model import (
-    LINK_PRESETS,
-    Link,
-    LinkError,
-    collective_time_us,
-    validate_link_spec,
-)
-from fsdpbench.predictors.comm_probe import fit_link, in_context_reps_us, in_context_time_us
-from fsdpbench.schema import MODEL_CHECKABLE, MODEL_COMPUTE_BARE, MODEL_UNCHECKED_REASON
 from fsdpbench.strategies import get_strategy
 from tests.helpers import requires_cuda, trace_event
 
@@ -326,7 +326,7 @@ def test_case_model_columns_serial_says_so_in_model_method(tmp_path: Path, monke
     assert busy[0]["model_method"] == METHOD_TWIN + METHOD_NO_IDLE_CORE
     assert "no idle core" in busy[1]["model_method"]
     # serialised (CPU ranks filling the cores), the ranks share one placement; overlapping, each its own
-    import fsdpbench.metrics.step_model as step_model
+    import fsdpbench.predictors.step_model as step_model
 
     placed: list[int] = []
     monkeypatch.setattr(step_model, "shared_placement", lambda ts: placed.append(len(ts)) or ts)
@@ -362,7 +362,7 @@ def test_checkable_only_where_the_model_describes_the_measurement() -> None:
 
 
 def test_the_compute_twin_is_the_case_emulated_with_timed_steps_only() -> None:
-    from fsdpbench.predictors.compute_twin import MIN_STEPS, twin_case
+    from fsdpbench.pipeline.compute_twin import MIN_STEPS, twin_case
     from tests.helpers import tiny_case
 
     case = tiny_case(strategy="zero3", world_size=2).replace(warmup_steps=1, steps=3)
@@ -459,7 +459,7 @@ def test_queued_collectives_take_the_queued_line() -> None:
 
 
 def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache(tmp_path: Path) -> None:
-    from fsdpbench.predictors.comm_probe import gloo_link
+    from fsdpbench.pipeline.comm_probe import gloo_link
 
     in_context = [
         {"kind": k, "payload_bytes": s, "time_us": a + s / 1e3}
@@ -484,8 +484,8 @@ def test_the_probed_link_with_its_queued_lines_round_trips_through_the_run_cache
 def test_a_probe_cached_with_the_other_loop_thread_policy_is_measured_again(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV
-    from fsdpbench.predictors import comm_probe
+    from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV
+    from fsdpbench.pipeline import comm_probe
 
     points = [{"kind": "all_reduce", "payload_bytes": s, "time_us": 400.0 + s / 1e3} for s in (4096, 1 << 20)]
     probes: list[int] = []
@@ -510,7 +510,7 @@ def test_a_queued_collective_costs_what_it_adds_to_a_burst_not_a_share_of_its_st
     """A burst of n collectives issued at once takes start + n × (α + S·factor/busbw): the start (gloo's
     idle threads woken) is the burst's first collective's, timed in context. Per collective of a burst of
     8 (the line until 2026-11-26), each of ZeRO-1's 38 queued broadcasts paid an eighth of the start."""
-    from fsdpbench.predictors.comm_probe import _fit_bursts
+    from fsdpbench.pipeline.comm_probe import _fit_bursts
 
     start_us, alpha_us, us_per_byte = 1600.0, 60.0, 1 / 4e3  # 4 GB/s
     bursts = [
@@ -570,10 +570,10 @@ def test_real_cpu_ranks_beyond_the_cores_get_no_modelled_figure_no_probe_and_no_
     rows say why, and neither the probe nor the twin runs for it."""
     import os
 
-    from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.report.data import build_case_frame
     from fsdpbench.report.tables import case_table, model_error_lines
+    from fsdpbench.store.results import RunStore
     from tests.helpers import tiny_case
 
     monkeypatch.setattr(os, "cpu_count", lambda: 1)  # 2 ranks on "1 core"
@@ -594,11 +594,11 @@ def test_real_cpu_ranks_beyond_the_cores_get_no_modelled_figure_no_probe_and_no_
 
 @pytest.mark.slow
 def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Path, monkeypatch) -> None:
-    from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV
-    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV
     from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.report.data import build_case_frame
     from fsdpbench.report.tables import case_table
+    from fsdpbench.store.results import RunStore
     from tests.helpers import tiny_case
 
     # the opt-in (the default is the one-case run's, tests/test_threads.py): ranks and probe both take it
@@ -630,7 +630,7 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
     assert (frame["model_step_time_ms"] >= frame["model_compute_ms"]).all()
     assert frame["case_model_step_time_ms"].iloc[0] == pytest.approx(frame["model_step_time_ms"].max())
     # 2 ranks × 1 thread on this 2-core machine: no idle core, said in the method
-    from fsdpbench.engine.threads import rank_threads
+    from fsdpbench.engine.intra_op import rank_threads
 
     serial = no_idle_core("cpu", 2, rank_threads(2), os.cpu_count())
     assert (frame["model_method"] == METHOD_TWIN_INTERLEAVED + (METHOD_NO_IDLE_CORE if serial else "")).all()
@@ -672,8 +672,8 @@ def test_run_adds_labelled_model_columns_with_the_probed_gloo_link(tmp_path: Pat
 
 @pytest.mark.slow
 def test_one_rank_run_models_its_twin_compute_and_no_communication(tmp_path: Path) -> None:
-    from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.store.results import RunStore
     from tests.helpers import tiny_case
 
     store = RunStore(tmp_path / "run")
@@ -694,9 +694,9 @@ def test_one_rank_run_models_its_twin_compute_and_no_communication(tmp_path: Pat
 def test_a_twin_that_failed_beside_the_case_is_run_after_it_and_said_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.pipeline import compute_twin
     from fsdpbench.pipeline.runner import run_cases
-    from fsdpbench.predictors import compute_twin
+    from fsdpbench.store.results import RunStore
     from tests.helpers import tiny_case
 
     def broken(case: Any) -> Any:  # the twin beside the case cannot build its model
@@ -715,8 +715,8 @@ def test_a_one_gpu_case_is_modelled_from_its_twin_run_after_it(tmp_path: Path) -
     """On a GPU the twin runs after the case (the two would share the device), and the model's compute is
     its timed steps, not the profiled kernels: a step the host cannot launch fast enough is longer than
     its kernels (decoder-base bf16 on an H200: 26-30 ms of kernels in a 50-92 ms step)."""
-    from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.store.results import RunStore
     from tests.helpers import tiny_case
 
     store = RunStore(tmp_path / "run")
@@ -731,8 +731,8 @@ def test_a_one_gpu_case_is_modelled_from_its_twin_run_after_it(tmp_path: Path) -
 
 @pytest.mark.parametrize("spec", ["auto", "nvlink4", "ib-ndr400", "gloo"])
 def test_a_one_rank_case_names_no_link_on_any_backend(spec: str, tmp_path: Path) -> None:
+    from fsdpbench.pipeline.comm_probe import resolve_link
     from fsdpbench.predictors.comm_model import LINK_PRESETS, ONE_RANK_LINK
-    from fsdpbench.predictors.comm_probe import resolve_link
 
     for backend in ("nccl", "gloo"):
         assert resolve_link(spec, backend, 1, tmp_path) is ONE_RANK_LINK
@@ -802,9 +802,9 @@ def test_report_says_where_the_measured_steps_spread_wider_than_the_models_band(
 
 @pytest.mark.slow
 def test_one_emulated_rank_gives_a_modelled_n_rank_step_on_a_preset_link(tmp_path: Path) -> None:
-    from fsdpbench.metrics.step_model import METHOD_EMULATED
-    from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.predictors.step_model import METHOD_EMULATED
+    from fsdpbench.store.results import RunStore
     from tests.helpers import tiny_case
 
     case = tiny_case(strategy="zero3", world_size=8, emulate=True, emulate_ranks=(0,))
@@ -823,8 +823,8 @@ def test_one_emulated_rank_gives_a_modelled_n_rank_step_on_a_preset_link(tmp_pat
 
 @pytest.mark.slow
 def test_predict_emulated_with_a_link_models_the_n_rank_step() -> None:
-    from fsdpbench.metrics.step_model import METHOD_EMULATED
     from fsdpbench.pipeline.emulated_rank import emulate_rank
+    from fsdpbench.predictors.step_model import METHOD_EMULATED
     from tests.helpers import tiny_case
 
     emu = emulate_rank(tiny_case(strategy="zero3", world_size=4), link=LINK_PRESETS["ib-ndr400"])

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from fsdpbench.analysis.summary import print_summary
 from fsdpbench.commands.running import case_progress
-from fsdpbench.schema import CASE_ID, OK
+from fsdpbench.core.schema import CASE_ID, OK
 from tests.helpers import REPO as ROOT
 from tests.helpers import repo_pythonpath
 
@@ -27,7 +27,7 @@ def test_the_gloo_probe_sends_library_log_lines_to_the_run_directory(tmp_path):
     """C++ log lines (c10d at INFO, as kineto's are) written by the probe processes to fds 1 and 2 land
     in <run dir>/comm_probe/gloo_n2_rank<r>.log; the terminal gets the one line that says what runs."""
     # one repetition of each sequence: where the lines go does not depend on how long the probe measures
-    script = "from pathlib import Path; from fsdpbench.predictors.comm_probe import probe; "
+    script = "from pathlib import Path; from fsdpbench.pipeline.comm_probe import probe; "
     script += "probe(Path(%r), 2, reps=1)"
     env = {**os.environ, "PYTHONPATH": repo_pythonpath(ROOT), "TORCH_CPP_LOG_LEVEL": "INFO"}
     env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"

@@ -1,4 +1,4 @@
-"""A CPU rank's compute threads, one per core of its own (fsdpbench/engine/threads.py)."""
+"""A CPU rank's compute threads, one per core of its own (fsdpbench/hosttuning/threads.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from fsdpbench.engine.threads import GLOO_LOOP_THREAD, rank_cores, rank_threads
+from fsdpbench.engine.intra_op import rank_threads
+from fsdpbench.hosttuning.threads import GLOO_LOOP_THREAD, rank_cores
 from tests.helpers import REPO, repo_pythonpath
 
 
@@ -42,7 +43,7 @@ def test_the_main_thread_and_the_intra_op_thread_are_bound_one_per_core() -> Non
     # the machine, nor the process other tests run in)
     code = (
         "import json, os, torch\n"
-        "from fsdpbench.engine.threads import pin_compute_threads\n"
+        "from fsdpbench.hosttuning.threads import pin_compute_threads\n"
         "torch.set_num_threads(2)\n"
         "cores = sorted(os.sched_getaffinity(0))[:2]\n"
         "tids = pin_compute_threads(cores)\n"
@@ -57,7 +58,7 @@ def test_the_main_thread_and_the_intra_op_thread_are_bound_one_per_core() -> Non
 
 @pytest.mark.slow
 def test_a_real_runs_ranks_say_which_cores_they_were_bound_to(one_case_run: Path) -> None:
-    from fsdpbench.pipeline.results import load_results
+    from fsdpbench.store.results import load_results
 
     frame = load_results(one_case_run)
     cores, threads = rank_cores(0, 1), rank_threads(1)  # one rank: every core, a thread on each
@@ -77,7 +78,7 @@ def test_a_real_runs_ranks_say_which_cores_they_were_bound_to(one_case_run: Path
 def _fresh_auto(monkeypatch: pytest.MonkeyPatch, value: str | None) -> list[float]:
     """``GLOO_LOOP_IDLE_ENV`` set to ``value`` (None: unset), no decision made yet in this process; the
     list collects every sample length that ``gloo_loop_policy``'s machine watch is asked for."""
-    from fsdpbench.engine import threads
+    from fsdpbench.hosttuning import threads
 
     monkeypatch.setattr(threads, "_auto_policy", [])
     if value is None:
@@ -89,7 +90,7 @@ def _fresh_auto(monkeypatch: pytest.MonkeyPatch, value: str | None) -> list[floa
 
 @pytest.mark.parametrize("value", [None, "", "auto", " auto "])
 def test_auto_idles_the_loops_on_an_idle_machine_and_keeps_the_decision(monkeypatch, value) -> None:
-    from fsdpbench.engine.threads import BUSY_SAMPLE_S, gloo_loop_idle_wanted, gloo_loop_policy
+    from fsdpbench.hosttuning.threads import BUSY_SAMPLE_S, gloo_loop_idle_wanted, gloo_loop_policy
 
     asked = _fresh_auto(monkeypatch, value)
     policy = gloo_loop_policy(lambda s: asked.append(s) or 0.03)
@@ -109,7 +110,7 @@ def test_auto_idles_the_loops_on_an_idle_machine_and_keeps_the_decision(monkeypa
 
 
 def test_auto_leaves_the_loops_alone_beside_other_work_or_where_it_cannot_tell(monkeypatch) -> None:
-    from fsdpbench.engine.threads import BUSY_CORES_LIMIT, gloo_loop_policy
+    from fsdpbench.hosttuning.threads import BUSY_CORES_LIMIT, gloo_loop_policy
 
     _fresh_auto(monkeypatch, None)
     busy = gloo_loop_policy(lambda s: BUSY_CORES_LIMIT + 0.01)
@@ -127,7 +128,7 @@ def test_auto_leaves_the_loops_alone_beside_other_work_or_where_it_cannot_tell(m
 
 @pytest.mark.parametrize(("value", "idle"), [("1", True), ("0", False)])
 def test_an_explicit_setting_is_obeyed_without_watching_the_machine(monkeypatch, value, idle) -> None:
-    from fsdpbench.engine.threads import gloo_loop_policy
+    from fsdpbench.hosttuning.threads import gloo_loop_policy
 
     asked = _fresh_auto(monkeypatch, value)
     policy = gloo_loop_policy(lambda s: asked.append(s) or 0.0)
@@ -136,8 +137,8 @@ def test_an_explicit_setting_is_obeyed_without_watching_the_machine(monkeypatch,
 
 
 def test_a_re_launch_follows_its_runs_policy_unless_the_user_set_one(monkeypatch) -> None:
-    from fsdpbench.engine import threads
-    from fsdpbench.engine.threads import follow_gloo_loop_policy, gloo_loop_idle_wanted
+    from fsdpbench.hosttuning import threads
+    from fsdpbench.hosttuning.threads import follow_gloo_loop_policy, gloo_loop_idle_wanted
 
     _fresh_auto(monkeypatch, None)
     monkeypatch.setattr(threads, "busy_cores", lambda s: pytest.fail("the machine was watched"))
@@ -149,7 +150,7 @@ def test_a_re_launch_follows_its_runs_policy_unless_the_user_set_one(monkeypatch
 
 @pytest.mark.parametrize("value", ["yes", "2", "true", "idle"])
 def test_any_other_setting_is_refused_by_name(monkeypatch, value) -> None:
-    from fsdpbench.engine.threads import gloo_loop_idle_wanted, gloo_loop_setting
+    from fsdpbench.hosttuning.threads import gloo_loop_idle_wanted, gloo_loop_setting
 
     asked = _fresh_auto(monkeypatch, value)
     for read in (gloo_loop_setting, gloo_loop_idle_wanted):
@@ -162,7 +163,7 @@ def test_any_other_setting_is_refused_by_name(monkeypatch, value) -> None:
 def test_the_runs_own_processes_are_not_other_work() -> None:
     """A child process spins through the sample: the machine counts it, "auto" does not (the run's
     fork server importing torch as the run starts made "auto" see a busy machine)."""
-    from fsdpbench.engine.threads import busy_cores, busy_split
+    from fsdpbench.hosttuning.threads import busy_cores, busy_split
 
     spin = "import time\nend = time.monotonic() + 5\nwhile time.monotonic() < end:\n    pass\n"
     child = subprocess.Popen([sys.executable, "-c", spin])
@@ -186,7 +187,7 @@ def test_every_groups_gloo_loop_thread_and_only_it_goes_idle(tmp_path: Path) -> 
     # in a fresh process: a policy set here would stay with this test process's threads
     code = (
         "import json, os, torch.distributed as dist\n"
-        "from fsdpbench.engine.threads import idle_gloo_loops\n"
+        "from fsdpbench.hosttuning.threads import idle_gloo_loops\n"
         f"store = dist.FileStore({str(tmp_path / 'store')!r}, 1)\n"
         "dist.init_process_group('gloo', rank=0, world_size=1, store=store)\n"
         "dist.new_group([0])\n"
@@ -209,7 +210,7 @@ def test_binding_to_the_ranks_cores_takes_in_the_default_groups_gloo_threads_and
     # rank does: the group first (its gloo threads float), then the pin, then a group made after it
     code = (
         "import json, os, torch, torch.distributed as dist\n"
-        "from fsdpbench.engine.threads import bind_to_rank_cores, pin_compute_threads\n"
+        "from fsdpbench.hosttuning.threads import bind_to_rank_cores, pin_compute_threads\n"
         "torch.set_num_threads(1)\n"
         "store = dist.HashStore()\n"
         "dist.init_process_group('gloo', rank=0, world_size=1, store=store)\n"
@@ -236,7 +237,7 @@ def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:
     # in a fresh process with OpenMP's default wait policy (the suite's is passive: tests/conftest.py)
     code = (
         "import json, torch\n"
-        "from fsdpbench.engine.threads import idle_spin_s\n"
+        "from fsdpbench.hosttuning.threads import idle_spin_s\n"
         "torch.set_num_threads(1); one = idle_spin_s()\n"
         "torch.set_num_threads(2); two = idle_spin_s(probe_s=0.05)\n"
         "gomp = 'libgomp' in open('/proc/self/maps').read()\n"
@@ -254,9 +255,9 @@ def test_idle_threads_spin_is_measured_and_none_with_one_thread() -> None:
 
 
 def test_a_ctrl_c_while_auto_watches_the_machine_ends_the_runs_record(tmp_path, monkeypatch) -> None:
-    from fsdpbench.engine import threads
-    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.hosttuning import threads
     from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.store.results import RunStore
     from tests.helpers import tiny_case
 
     def interrupted(sample_s: float) -> float:
@@ -272,7 +273,7 @@ def test_a_ctrl_c_while_auto_watches_the_machine_ends_the_runs_record(tmp_path, 
 
 
 def test_autos_decision_is_recorded_and_printed_in_80_columns(monkeypatch, capsys) -> None:
-    from fsdpbench.engine import threads
+    from fsdpbench.hosttuning import threads
     from fsdpbench.pipeline.runner import _decide_gloo_loops
 
     _fresh_auto(monkeypatch, None)

@@ -10,7 +10,7 @@ import pytest
 
 from fsdpbench.analysis.regress import SAMPLED, build_baseline, compare
 from fsdpbench.analysis.timegate import bootstrap_effect, mann_whitney_greater, time_verdict
-from fsdpbench.metrics.reference import block_ratios, ratio_series
+from fsdpbench.engine.reference import block_ratios, ratio_series
 from tests.test_regress import DDP, ZERO3, case_rows, cli, write_run
 
 BASE = [1.00, 1.02, 0.98, 1.05, 0.97, 1.01, 0.99, 1.03, 1.00, 0.96]
@@ -110,15 +110,15 @@ def test_pool_joins_samples_of_other_runs(tmp_path):
 def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, capsys):
     """A case that looked 30% slower once is launched again; two normal launches dilute it."""
     import fsdpbench.pipeline.launch
-    import fsdpbench.pipeline.results
+    import fsdpbench.store.results
 
     base = tmp_path / "b.json"
     assert cli(write_run(tmp_path / "a", sampled_frame(BASE)), "--write-baseline", base) == 0
     slow = sampled_frame([x * 1.3 for x in BASE]).assign(gloo_loops_idle=1)  # its ranks' loops were idle
     bad_minute = write_run(tmp_path / "r", slow)
     launched, loops_idle = [], []
-    from fsdpbench.engine import threads
-    from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV, gloo_loop_idle_wanted
+    from fsdpbench.hosttuning import threads
+    from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV, gloo_loop_idle_wanted
 
     # "auto", and the machine looks busy now: the re-launches still take the run's policy (idle here)
     monkeypatch.setenv(GLOO_LOOP_IDLE_ENV, "auto")
@@ -139,7 +139,7 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     monkeypatch.setattr(
         fsdpbench.pipeline.launch, "launch_case", lambda c, d: fake_launch(c, d) and Outcome()
     )
-    monkeypatch.setattr(fsdpbench.pipeline.results, "build_rows", fake_rows)
+    monkeypatch.setattr(fsdpbench.store.results, "build_rows", fake_rows)
     assert cli(bad_minute, "--baseline", base) == 1  # no repeat: fails
     capsys.readouterr()
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 0
@@ -152,7 +152,7 @@ def test_repeat_pools_remeasured_samples_before_failing(tmp_path, monkeypatch, c
     assert f"re-measured {ZERO3.case_id} (2/2)" in capsys.readouterr().err
     # a real slowdown stays slow in the re-launches: still fails
     monkeypatch.setattr(
-        fsdpbench.pipeline.results,
+        fsdpbench.store.results,
         "build_rows",
         lambda c, o, e: pd.DataFrame([{SAMPLED: [x * 1.3 for x in BASE]}]),
     )

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fsdpbench.metrics.tracker as tracker_module
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.models import build_model
 from fsdpbench.predictors.traced import estimate
 

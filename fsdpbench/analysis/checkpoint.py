@@ -7,7 +7,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench import schema
+from fsdpbench.core import schema
 
 _COLUMN = schema.CHECKPOINT_COLUMNS
 

@@ -8,7 +8,6 @@ the report and the regression gate read these).
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -16,7 +15,8 @@ import numpy as np
 import pandas as pd
 
 from fsdpbench.analysis.checkpoint import checkpoint_case_columns
-from fsdpbench.schema import (
+from fsdpbench.core.numbers import is_number, relative_error
+from fsdpbench.core.schema import (
     CASE_ERROR,
     CASE_ID,
     CASE_STATUS,
@@ -57,26 +57,6 @@ from fsdpbench.schema import (
 from fsdpbench.strategies import REFERENCE_STRATEGY  # what other cases' step times are compared with
 
 # ---- numbers ---------------------------------------------------------------------------------------------
-
-
-def is_number(value: Any) -> bool:
-    """A value that reads as a number and is not NaN (None, text and NaN are not)."""
-    try:
-        return not math.isnan(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
-def number(value: Any) -> float | None:
-    """``value`` as a float, or None when it is not a number."""
-    return float(value) if is_number(value) else None
-
-
-def relative_error(pred: Any, measured: Any) -> float | None:
-    """(pred − measured) / measured; None when either is missing, not a number, or measured is 0."""
-    if pred is None or not is_number(pred) or not is_number(measured) or not float(measured):
-        return None
-    return (pred - float(measured)) / float(measured)
 
 
 def has_values(frame: pd.DataFrame, column: str) -> bool:
@@ -123,14 +103,14 @@ def case_frame(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 class UndeclaredColumnWarning(UserWarning):
-    """A results column that fsdpbench/schema.py does not declare (kept as the first row's value)."""
+    """A results column that fsdpbench/core/schema.py does not declare (kept as the first row's value)."""
 
 
 def _warn_undeclared(columns: Any) -> None:
     missing = undeclared(columns)
     if missing:
         warnings.warn(
-            "columns not declared in fsdpbench/schema.py (kept as the first row's value): "
+            "columns not declared in fsdpbench/core/schema.py (kept as the first row's value): "
             + ", ".join(missing),
             UndeclaredColumnWarning,
             stacklevel=3,

@@ -9,7 +9,7 @@ What is compared, and how (docs/ci.md explains why):
   a tight relative tolerance (1%), the largest rank of each case;
 - step time: noisy and machine-dependent. The gate is ``step_time_ref_ratios``: per block, the
   case's step time over a fixed reference workload run step by step in the same rank processes
-  (``fsdpbench.metrics.reference``), compared as distributions — a minimum effect (10%) AND a
+  (``fsdpbench.engine.reference``), compared as distributions — a minimum effect (10%) AND a
   Mann–Whitney U test (``fsdpbench.analysis.timegate``). Single numbers are reported beside it (warn only
   when the samples exist): the ratio to the reference *case* of the same run (the DDP case with the
   same model, batch and world size, or a named calibration case, 25%), and the absolute step time
@@ -38,13 +38,12 @@ from fsdpbench.analysis.frame import (
     REFERENCE_STRATEGY,
     case_frame,
     case_mode,
-    number,
     rank_maxima,
     time_references,
 )
 from fsdpbench.analysis.timegate import ALPHA
-from fsdpbench.engine.threads import loop_state
-from fsdpbench.schema import (
+from fsdpbench.core.numbers import number
+from fsdpbench.core.schema import (
     ALLOC_PEAK_ALLOCATED,
     CASE_STEP_TIME,
     CKPT_CASE_BYTES,
@@ -73,6 +72,7 @@ from fsdpbench.schema import (
     case_from_columns,
     tracker_peak_column,
 )
+from fsdpbench.hosttuning.threads import loop_state
 
 BASELINE_FORMAT = 1
 KINDS = ("memory", "comm", "time", "loss")
@@ -288,7 +288,7 @@ def time_ratio(cases: Mapping[str, dict[str, Any]], case_id: str, ref_id: str) -
 
 
 def gloo_loops_idle(frame: pd.DataFrame) -> bool:
-    """Whether the run's CPU ranks had gloo's loop threads under SCHED_IDLE (engine/threads.py); a
+    """Whether the run's CPU ranks had gloo's loop threads under SCHED_IDLE (hosttuning/threads.py); a
     baseline from before the column is as gloo leaves them, the only behaviour there was."""
     if GLOO_LOOPS_IDLE not in frame:
         return False

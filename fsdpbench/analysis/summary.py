@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from fsdpbench.analysis.frame import case_frame, case_mode, has_values
-from fsdpbench.formatting import fmt_bytes, fmt_compute, fmt_harness_overhead, fmt_throughput
-from fsdpbench.schema import (
+from fsdpbench.core.formatting import fmt_bytes, fmt_compute, fmt_harness_overhead, fmt_throughput
+from fsdpbench.core.schema import (
     CASE_ID,
     CASE_STEP_TIME,
     DEVICE,

@@ -1,7 +1,7 @@
 """The step-time verdict: a slowdown counts only when it is large enough AND unlikely to be noise.
 
 Inputs are two samples of one case's step-time ratios to the in-process reference (one per block,
-``fsdpbench.metrics.reference``): the baseline's and the run's. The verdict needs both
+``fsdpbench.engine.reference``): the baseline's and the run's. The verdict needs both
 
 - an **effect** above the minimum (the threshold's tolerance, 10% by default): the run's median
   over the baseline's median, minus one — so a tiny but consistent shift never fails a job; and

@@ -25,14 +25,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.commands import running
+from fsdpbench.core.schema import ERROR, FAILED, OK, OOM, STATUS, TIMEOUT
 from fsdpbench.pipeline.interrupts import signals_as_interrupts
-from fsdpbench.schema import ERROR, FAILED, OK, OOM, STATUS, TIMEOUT
 
 DEFAULT_STRATEGIES = "ddp,zero2,zero3"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from fsdpbench.case import OPTIMIZERS, PRECISIONS, WRAPS
+    from fsdpbench.core.case import OPTIMIZERS, PRECISIONS, WRAPS
 
     parser.add_argument("--model", default="decoder-tiny", help="model preset (default: decoder-tiny)")
     parser.add_argument("--world-size", type=int, required=True, help="ranks (CPU processes or GPUs)")
@@ -98,10 +98,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import default_run_dir, now_iso, run_cases
     from fsdpbench.pipeline.scenario import ScenarioError, enable_plugin_imports, parse_scenario
     from fsdpbench.predictors.comm_model import LinkError
+    from fsdpbench.store.results import RunStore
 
     err = Console(stderr=True, soft_wrap=True)
     t0 = time.perf_counter()

@@ -14,7 +14,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from fsdpbench.env import collect_env
+    from fsdpbench.store.env import collect_env
 
     env = collect_env()
     if args.json:

@@ -27,8 +27,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.commands import running
+from fsdpbench.core.schema import MODEL_COMM, MODEL_COMPUTE, MODEL_EXPOSED_COMM, MODEL_LINK, MODEL_STEP_TIME
 from fsdpbench.predictors.memory_model import NO_ACTIVATION_MODEL
-from fsdpbench.schema import MODEL_COMM, MODEL_COMPUTE, MODEL_EXPOSED_COMM, MODEL_LINK, MODEL_STEP_TIME
 from fsdpbench.strategies import FULL_SHARD_STRATEGY
 
 ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or its peak breakdown
@@ -69,7 +69,7 @@ METHODS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from fsdpbench.case import OPTIMIZERS, WRAPS
+    from fsdpbench.core.case import OPTIMIZERS, WRAPS
     from fsdpbench.predictors.memory_model import PRECISIONS
 
     what = parser.add_mutually_exclusive_group(required=True)
@@ -152,7 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "rank's compute + α–β time of its collectives (docs/step-time-model.md)",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
-    from fsdpbench.case import CHECKPOINT_METHODS
+    from fsdpbench.core.case import CHECKPOINT_METHODS
 
     parser.add_argument(
         "--checkpoint",
@@ -283,8 +283,8 @@ MAX_PARAMS = 1e15  # a thousand times the largest models trained today: a typo, 
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
-    """The numeric options within the bounds a case accepts (fsdpbench/case.py), before anything runs."""
-    from fsdpbench.case import MAX_BATCH_SIZE, MAX_PREFETCH, MAX_SEQ_LEN
+    """The numeric options within the bounds a case accepts (fsdpbench/core/case.py), before anything runs."""
+    from fsdpbench.core.case import MAX_BATCH_SIZE, MAX_PREFETCH, MAX_SEQ_LEN
 
     for flag, value, low, high in (
         ("--batch-size", args.batch_size, 1, MAX_BATCH_SIZE),
@@ -301,7 +301,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 
 def _build_cases(args: argparse.Namespace) -> list:
-    from fsdpbench.case import Case
+    from fsdpbench.core.case import Case
     from fsdpbench.models import model_names
     from fsdpbench.strategies import get_strategy
 
@@ -647,7 +647,7 @@ def _emulated_rows(emu: Any) -> dict[str, int]:
 
 
 def _print_emulated(console: Console, emu: Any, fit: tuple[int, bool] | None, units: str, args: Any) -> None:
-    from fsdpbench.predictors.emulate import EMULATION_LIMITS
+    from fsdpbench.engine.emulate import EMULATION_LIMITS
 
     where = "cuda:0" if emu.device == "cuda" else "the CPU"
     console.print(

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fsdpbench.schema import (
+from fsdpbench.core.schema import (
     BYTES,
     COLUMNS,
     COMMIT,
@@ -138,7 +138,7 @@ def main(args: argparse.Namespace) -> int:
 
 def _load_run(run_dir: str) -> tuple[Any, dict[str, Any]]:
     from fsdpbench.analysis.regress import BaselineError
-    from fsdpbench.pipeline.results import ResultsFileError, RunStore, load_results
+    from fsdpbench.store.results import ResultsFileError, RunStore, load_results
 
     try:  # an unusable run is exit 2 (its input), never 1 (a regression)
         frame = load_results(run_dir)

@@ -41,7 +41,7 @@ def main(args: argparse.Namespace) -> int:
             )
             return 2
     from fsdpbench.commands.running import check_output_path, print_write_error
-    from fsdpbench.pipeline.results import ResultsFileError
+    from fsdpbench.store.results import ResultsFileError
 
     try:
         out = check_output_path(args.out, "--out") if args.out else None

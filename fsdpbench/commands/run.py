@@ -23,9 +23,9 @@ from fsdpbench.commands.running import (
     run_header,
     validate_overrides,
 )
+from fsdpbench.core.schema import FAILED, OOM, STATUS, TIMEOUT
 from fsdpbench.pipeline.interrupts import signals_as_interrupts
 from fsdpbench.pipeline.scenario import ScenarioError, enable_plugin_imports, load_scenario
-from fsdpbench.schema import FAILED, OOM, STATUS, TIMEOUT
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,10 +92,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, console: Console) -> int:
-    from fsdpbench.pipeline.results import RunStore
-    from fsdpbench.pipeline.rundir import RunDirError
+    from fsdpbench.core.rundir import RunDirError
     from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.predictors.comm_model import LinkError
+    from fsdpbench.store.results import RunStore
 
     try:
         link = link_spec(args.link)
@@ -235,7 +235,7 @@ def _update_run_meta(meta: dict[str, Any], scenario: Any, overrides: dict[str, A
     )
     emulated = [c for c in scenario.cases if c.emulate]
     if emulated:
-        from fsdpbench.predictors.emulate import EMULATION_LIMITS
+        from fsdpbench.engine.emulate import EMULATION_LIMITS
 
         meta["emulation"] = {"cases": [c.case_id for c in emulated], "cannot_see": EMULATION_LIMITS}
 
@@ -261,7 +261,7 @@ def _export_cases(scenario: Any, out: Path) -> int:
         print(
             "run each on every node, e.g.:\n"
             f"  torchrun --nnodes NODES --nproc_per_node GPUS_PER_NODE --rdzv_backend c10d "
-            f"--rdzv_endpoint HOST:29500 -m fsdpbench.pipeline.worker --case {out / case.case_id}.json "
+            f"--rdzv_endpoint HOST:29500 -m fsdpbench.engine.worker --case {out / case.case_id}.json "
             f"--out RUN_DIR/cases/{case.case_id}\n"
             f"then: fsdpbench run {scenario.path} --out RUN_DIR --collect"
         )

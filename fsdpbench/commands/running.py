@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from fsdpbench.schema import CASE_STEP_TIME, OK, SKIPPED
+from fsdpbench.core.schema import CASE_STEP_TIME, OK, SKIPPED
 
 # run_cases' callbacks: on_start(case, index) and on_done(case, outcome, rows)
 OnStart = Callable[[Any, int], None]
@@ -93,7 +93,7 @@ def link_spec(value: str) -> str | None:
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
     """--set FIELD=VALUE items as a dict, each value read as YAML."""
-    from fsdpbench.pipeline.safe_yaml import YamlInputError, load_yaml
+    from fsdpbench.core.safe_yaml import YamlInputError, load_yaml
     from fsdpbench.pipeline.scenario import ScenarioError
 
     out: dict[str, Any] = {}
@@ -127,7 +127,7 @@ def run_header(
     scenario: Any, *, path: str | None, text: str, overrides: dict[str, Any], started: str
 ) -> dict[str, Any]:
     """run.json's description of what was run, when, from where and on what."""
-    from fsdpbench.env import collect_env
+    from fsdpbench.store.env import collect_env
 
     return {
         "scenario": {

@@ -50,7 +50,9 @@ from torch.distributed.checkpoint.state_dict import (
 # ~4.7 MB of anonymous memory in a rank (its modules), which a save that first imports it would count
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from fsdpbench.core.rundir import CHECKPOINT_DIR, NATIVE_TAG
 from fsdpbench.engine.parallel import Parallel
+from fsdpbench.engine.rank_result import CheckpointRecord
 from fsdpbench.metrics.allocator import reset_cuda_peaks
 from fsdpbench.metrics.rss import (
     fix_mmap_threshold,
@@ -60,8 +62,6 @@ from fsdpbench.metrics.rss import (
     trim_heap,
 )
 from fsdpbench.metrics.sampler import BackgroundSampler
-from fsdpbench.pipeline.rank_result import CheckpointRecord
-from fsdpbench.predictors.checkpoint import CHECKPOINT_DIR, NATIVE_TAG
 
 FULL_FILE = "full.pt"  # rank 0's, for ``full``
 RSS_INTERVAL_S = 0.0005  # the phase is short: sample often enough to see the state dict held

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import PLACEMENT
 from fsdpbench.models import resolve_model
-from fsdpbench.schema import PLACEMENT
 
 if TYPE_CHECKING:  # the case rules run without torch (scenario validation, the analytic prediction)
     import torch

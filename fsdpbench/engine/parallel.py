@@ -22,11 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.core.precision import Precision
 from fsdpbench.engine.knobs import apply_activation_checkpointing, apply_compile
-from fsdpbench.engine.wrap import get_wrap_units
 from fsdpbench.models import ModelDef, resolve_model
-from fsdpbench.precision import Precision
+from fsdpbench.models.wrap import get_wrap_units
 from fsdpbench.strategies import ApplyContext, Strategy, get_strategy
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.engine.parallel import Parallel
 from fsdpbench.models import make_global_batch
 

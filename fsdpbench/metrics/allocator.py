@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fsdpbench.schema import ALLOC_OOMS, ALLOC_PEAK_ALLOCATED, ALLOC_PEAK_RESERVED, ALLOC_RETRIES
+from fsdpbench.core.schema import ALLOC_OOMS, ALLOC_PEAK_ALLOCATED, ALLOC_PEAK_RESERVED, ALLOC_RETRIES
 
 
 def _cuda_device(device: torch.device | str | int) -> torch.device | None:

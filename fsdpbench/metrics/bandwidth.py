@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fsdpbench.core.schema import COMM_ALGBW, COMM_BUSBW, COMM_TIME
 from fsdpbench.metrics.comm import KINDS, CollectiveRecord, collective_kind
-from fsdpbench.schema import COMM_ALGBW, COMM_BUSBW, COMM_TIME
 
 
 def bus_factor(kind: str, group_size: int) -> float | None:

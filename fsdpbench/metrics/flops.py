@@ -10,7 +10,7 @@ from functools import lru_cache
 
 import torch
 
-from fsdpbench.precision import Precision
+from fsdpbench.core.precision import Precision
 
 # dense peak TFLOP/s per GPU by compute dtype (``Precision.param_dtype``; vendor datasheets; SXM unless
 # named). float32 is the non-tensor-core rate, what fp32 matmuls get with PyTorch's default precision.

@@ -17,8 +17,8 @@ import os
 from types import ModuleType
 from typing import Any
 
+from fsdpbench.core.schema import DEVICE_NAME
 from fsdpbench.metrics.sampler import BackgroundSampler
-from fsdpbench.schema import DEVICE_NAME
 
 NVML_ERROR_DRIVER_NOT_LOADED = 9  # values of pynvml's NVML_ERROR_* constants
 NVML_ERROR_LIBRARY_NOT_FOUND = 12

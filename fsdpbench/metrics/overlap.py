@@ -46,7 +46,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.schema import OVERLAP_RATIO, RANK
+from fsdpbench.core.schema import OVERLAP_RATIO, RANK
 
 Interval = tuple[float, float]  # (start_us, end_us)
 

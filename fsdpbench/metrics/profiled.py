@@ -12,11 +12,9 @@ from typing import Any
 
 import torch
 
-from fsdpbench.case import Case
-from fsdpbench.metrics.harness import request_cupti_teardown
-from fsdpbench.metrics.sampler import BackgroundSampler
-from fsdpbench.precision import Precision
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.precision import Precision
+from fsdpbench.core.schema import (
     COMM_BACKEND_BYTES,
     COMM_BYTES,
     COMM_COUNT,
@@ -35,6 +33,8 @@ from fsdpbench.schema import (
     SAMPLED_PEAK,
     SAMPLED_PEAK_CASE,
 )
+from fsdpbench.metrics.harness import request_cupti_teardown
+from fsdpbench.metrics.sampler import BackgroundSampler
 from fsdpbench.strategies.base import Sharding
 
 # phases that are steady-state steps (the optimizer state exists, no profiler running)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from fsdpbench.schema import PHASE
+from fsdpbench.core.schema import PHASE
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -9,7 +9,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from fsdpbench.schema import STEP_TIME, STEP_TIME_MEAN, STEP_TIME_P10, STEP_TIME_P90, STEP_TIME_STD
+from fsdpbench.core.schema import STEP_TIME, STEP_TIME_MEAN, STEP_TIME_P10, STEP_TIME_P90, STEP_TIME_STD
 
 
 @dataclass(kw_only=True, slots=True)

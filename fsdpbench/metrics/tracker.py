@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the record (TrackedMemory) is read back by processes that n
     import torch
     from torch import nn
 
-from fsdpbench.schema import (
+from fsdpbench.core.schema import (
     LOCAL_STATES,
     MODEL_STATE_CATEGORIES,
     TRACKER_CATEGORIES,

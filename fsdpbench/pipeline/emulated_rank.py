@@ -1,5 +1,5 @@
 """One emulated rank of a case, run in a fresh process and read back (``predict --method emulated``):
-the pipeline's launcher with the case set to emulate that rank alone (fsdpbench/predictors/emulate.py
+the pipeline's launcher with the case set to emulate that rank alone (fsdpbench/engine/emulate.py
 says what emulation is and what it cannot see)."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.case import Case
-from fsdpbench.predictors.emulate import EMULATION_LIMITS, check_emulation
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import (
     ALLOC_PEAK_ALLOCATED,
     ALLOC_PEAK_RESERVED,
     MODEL_COMM,
@@ -25,6 +24,7 @@ from fsdpbench.schema import (
     SAMPLED_PEAK,
     SAMPLED_PEAK_CASE,
 )
+from fsdpbench.engine.emulate import EMULATION_LIMITS, check_emulation
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ class EmulatedRank:
     rss_peak_bytes: int | None
     step_time_ms: float | None  # compute only
     wall_s: float
-    # with a link: the modelled N-rank step (model_* figures of metrics/step_model.py): this rank's
+    # with a link: the modelled N-rank step (model_* figures of predictors/step_model.py): this rank's
     # compute + the α–β time of the collectives it issued, every rank assumed alike
     modelled_step: dict[str, Any] | None = None
 
@@ -123,8 +123,8 @@ def emulate_rank(case: Case, rank: int = 0, *, out_dir: Path | None = None, link
 
 def _modelled_step(case: Case, rank: int, trace: Path, step_ms: float, link: Any) -> dict[str, Any]:
     """The model_* figures of the emulated rank: its timed compute, placed by its profiled step."""
-    from fsdpbench.metrics import step_model
     from fsdpbench.metrics.profiled import shard_group_sizes
+    from fsdpbench.predictors import step_model
     from fsdpbench.strategies import get_strategy
 
     sharding = get_strategy(case.strategy).sharding

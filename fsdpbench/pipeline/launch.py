@@ -15,17 +15,16 @@ import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.case import Case
-from fsdpbench.engine.threads import GLOO_LOOP_IDLE_ENV, PIN_ENV, gloo_loop_idle_wanted
-from fsdpbench.pipeline import baton
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import FAILED, OK, SKIPPED, TIMEOUT
+from fsdpbench.engine.rank_result import CaseOutcome, RankResult, rank_file
+from fsdpbench.hosttuning import baton
+from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV, PIN_ENV, gloo_loop_idle_wanted
 from fsdpbench.pipeline.interrupts import launcher_signal
 from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_rank, pid_alive
-from fsdpbench.pipeline.rank_result import RankResult, rank_file
-from fsdpbench.schema import FAILED, OK, SKIPPED, TIMEOUT
 
 # the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
 _PRELOAD = [
@@ -37,7 +36,7 @@ _PRELOAD = [
     # functional optimizers took ~0.13 s in every such rank (2-core CPU)
     "torch.distributed.optim",
     "torch.distributed.checkpoint",
-    "fsdpbench.pipeline.worker",
+    "fsdpbench.engine.worker",
     # what a rank and the traced predictor import after their steps: not paid again in every process
     "pandas",
     "pyarrow.parquet",
@@ -60,23 +59,6 @@ _preload_set = False
 
 class CaseDirInUse(RuntimeError):
     """A case directory still has live rank processes (of another, or a killed, run): never deleted."""
-
-
-@dataclass(kw_only=True)
-class CaseOutcome:
-    """What happened to one case: its status, error, and every rank's recorded results."""
-
-    status: (
-        str  # ok | failed | timeout | oom | skipped (this machine lacks the case's devices: nothing started)
-    )
-    error: str = ""
-    exit_codes: dict[int, int | None] = field(
-        default_factory=dict
-    )  # per rank; negative: killed by that signal
-    ranks: list[RankResult] = field(default_factory=list)
-    wall_s: float = 0.0
-    spawn_s: float = 0.0  # from launch to the last rank's process group being ready
-    pids: list[int] = field(default_factory=list)  # the rank processes (all gone when launch_case returns)
 
 
 def start_forkserver() -> None:
@@ -119,8 +101,8 @@ def launch_case(
     """Run one case on ``case.world_size`` local processes (an emulated case: its ``emulate_ranks``, one
     process at a time, or all at once with ``together``, competing for the cores as a real run's ranks
     do); never raises for a rank's failure. ``twin``: the case's compute twin
-    (predictors/compute_twin.py), started beside a real case's ranks, taking turns with them step by step
-    (pipeline/baton.py); its ranks write into ``<case dir>/compute_twin`` and its failure is not the
+    (pipeline/compute_twin.py), started beside a real case's ranks, taking turns with them step by step
+    (hosttuning/baton.py); its ranks write into ``<case dir>/compute_twin`` and its failure is not the
     case's."""
     from fsdpbench.pipeline.scenario import check_devices
 
@@ -165,7 +147,7 @@ def _launch_group(
     them (timeout), read what they wrote."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
 
-    from fsdpbench.pipeline.worker import rank_entry
+    from fsdpbench.pipeline.rank_process import rank_entry
 
     n, port = case.world_size, free_port()
     baton_store = baton.serve() if twin is not None else None
@@ -182,7 +164,7 @@ def _launch_group(
             "MASTER_PORT": str(port),
             "TORCHELASTIC_RUN_ID": case.case_id,
             ORCHESTRATOR_PID_ENV: str(os.getpid()),
-            # CPU ranks bind their compute threads to cores of their own (engine/threads.py)
+            # CPU ranks bind their compute threads to cores of their own (hosttuning/threads.py)
             PIN_ENV: "1" if case.device == "cpu" else "0",
             GLOO_LOOP_IDLE_ENV: "1" if case.device == "cpu" and gloo_loop_idle_wanted() else "0",
             **(compile_cache_env(case_dir) if case.compile else {}),

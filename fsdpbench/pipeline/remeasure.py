@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from fsdpbench.analysis.regress import SAMPLED, Comparison
-from fsdpbench.schema import OK, RUN_CASE_ID, case_from_columns
+from fsdpbench.core.schema import OK, RUN_CASE_ID, case_from_columns
 
 
 def suspects(result: Comparison) -> list[str]:
@@ -40,10 +40,10 @@ def remeasure(
     each case as launched, a plugin strategy included: re-launched only with ``allow_plugins``, as
     ``run`` launched it, its module then also searched for in the current directory)."""
     from fsdpbench.analysis.regress import gloo_loops_idle
-    from fsdpbench.engine.threads import follow_gloo_loop_policy
+    from fsdpbench.hosttuning.threads import follow_gloo_loop_policy
     from fsdpbench.pipeline.launch import launch_case
-    from fsdpbench.pipeline.results import build_rows
     from fsdpbench.pipeline.scenario import enable_plugin_imports
+    from fsdpbench.store.results import build_rows
 
     cases = suspects(result)
     if not cases or repeat <= 0:

@@ -14,14 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.case import Case
-from fsdpbench.engine.threads import gloo_loop_policy, gloo_loop_setting
-from fsdpbench.pipeline.interrupts import ignore_sigint
-from fsdpbench.pipeline.launch import CaseDirInUse, CaseOutcome, collect_case, launch_case
-from fsdpbench.pipeline.results import RunStore, build_rows, skipped_rows
-from fsdpbench.pipeline.rundir import RunDirError, check_component, check_inside
-from fsdpbench.pipeline.scenario import Skipped
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.rundir import RunDirError, check_component, check_inside
+from fsdpbench.core.schema import (
     CASE_MODEL_STEP_TIME,
     COMM_PATTERN,
     ERROR,
@@ -35,6 +30,12 @@ from fsdpbench.schema import (
     STEP_TIME,
     WALL_S,
 )
+from fsdpbench.engine.rank_result import CaseOutcome
+from fsdpbench.hosttuning.threads import gloo_loop_policy, gloo_loop_setting
+from fsdpbench.pipeline.interrupts import ignore_sigint
+from fsdpbench.pipeline.launch import CaseDirInUse, collect_case, launch_case
+from fsdpbench.pipeline.scenario import Skipped
+from fsdpbench.store.results import RunStore, build_rows, skipped_rows
 
 TRACED_LOG = "traced.log"  # in the run directory: what the traced predictor's processes wrote
 
@@ -82,10 +83,10 @@ def run_cases(
     """Run every case not already stored (with resume); write rows and run.json after each.
 
     With ``collect``, launch nothing: read what an external launcher's ranks wrote into each
-    case directory (multi-node runs; see ``python -m fsdpbench.pipeline.worker``). With ``traced``, each
+    case directory (multi-node runs; see ``python -m fsdpbench.engine.worker``). With ``traced``, each
     finished case also gets the traced predictor's figures per rank (``traced_*`` columns). With
     ``link`` (a --link value), each finished case gets its modelled step time on that link
-    (``model_*`` columns; metrics/step_model.py)."""
+    (``model_*`` columns; predictors/step_model.py)."""
     store.create()
     with store.lock():  # refuses (RunDirError) while another run uses this directory
         tracer = TracedPredictor(log_path=store.run_dir / TRACED_LOG) if traced else None
@@ -157,7 +158,7 @@ def _start_run(
 
 def _decide_gloo_loops(meta: dict[str, Any]) -> None:
     """Decide, before the first case, whether the CPU ranks' gloo loop threads go under SCHED_IDLE
-    (engine/threads.py: "auto" watches the machine now, while nothing of this run computes); run.json
+    (hosttuning/threads.py: "auto" watches the machine now, while nothing of this run computes); run.json
     says which and why, and so does stderr when the user left the choice to "auto"."""
     policy = gloo_loop_policy(anew=True)  # a process that runs again (a benchmark) decides again
     meta["gloo_loop_policy"] = f"gloo's loop threads {policy.reason}"
@@ -187,8 +188,8 @@ def _launch_or_collect(
 def twin_beside(case: Case, link: str | None) -> Case | None:
     """The compute twin to start beside the case's ranks: where the case will get a modelled step time
     whose compute is a twin's (a real CPU case, no more ranks than cores, a link asked for)."""
-    from fsdpbench.metrics import step_model
-    from fsdpbench.predictors.compute_twin import interleaved_twin
+    from fsdpbench.pipeline.compute_twin import interleaved_twin
+    from fsdpbench.predictors import step_model
 
     if not link or step_model.contended(
         torch_device_type(case.device), case.world_size, case.emulate, os.cpu_count()
@@ -263,11 +264,11 @@ def add_step_model(
     compute twin; an emulated rank's own timed steps), placed by the ranks' profiled traces.
     ``launch_twin`` False (``--collect``: the ranks ran elsewhere, the twin would time this machine):
     the profiled compute, said so in model_method."""
-    from fsdpbench.engine.threads import rank_threads
-    from fsdpbench.metrics import step_model
+    from fsdpbench.engine.intra_op import rank_threads
     from fsdpbench.metrics.profiled import shard_group_sizes
-    from fsdpbench.predictors.comm_probe import resolve_link
-    from fsdpbench.predictors.compute_twin import twin_compute_ms
+    from fsdpbench.pipeline.comm_probe import resolve_link
+    from fsdpbench.pipeline.compute_twin import twin_compute_ms
+    from fsdpbench.predictors import step_model
     from fsdpbench.strategies import get_strategy
 
     traces = {int(r): case_dir / f"trace_rank{int(r)}.json.gz" for r in rows[RANK] if int(r) >= 0}

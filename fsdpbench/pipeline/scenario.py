@@ -34,8 +34,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from fsdpbench.case import MAX_TEXT, Accepts, Case, field_accepts
-from fsdpbench.pipeline.safe_yaml import YamlInputError, decode_text, load_yaml
+from fsdpbench.core.case import MAX_TEXT, Accepts, Case, field_accepts
+from fsdpbench.core.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
 
@@ -127,7 +127,7 @@ def _known_strategy(cls: Any, value: str | None) -> str | None:
     return value
 
 
-# the schema of a case's fields in a scenario: derived from Case (fsdpbench/case.py declares each field's
+# the schema of a case's fields in a scenario: derived from Case (fsdpbench/core/case.py declares each field's
 # bounds); to a type checker, a pydantic model
 if typing.TYPE_CHECKING:
     CaseFields = BaseModel
@@ -439,7 +439,7 @@ def build_case(
             f"Allow it with --allow-plugins (or {ALLOW_PLUGINS_ENV}=1)"
         )
     if fields.get("emulate"):
-        from fsdpbench.predictors.emulate import resolve_emulate_ranks
+        from fsdpbench.engine.emulate import resolve_emulate_ranks
 
         fields["emulate_ranks"] = resolve_emulate_ranks(
             fields.get("emulate_ranks", [0]), fields.get("world_size", _DEFAULT.world_size)
@@ -461,8 +461,8 @@ def build_case(
         case = case.replace(wrap="none", wrap_min_params=_DEFAULT.wrap_min_params, wrap_classes=())
     if strategy.sharding.group != "shard_group":
         case = case.replace(shard_size=None)
+    from fsdpbench.engine.emulate import check_emulation
     from fsdpbench.engine.knobs import check_knobs, normalize_knobs
-    from fsdpbench.predictors.emulate import check_emulation
 
     case = normalize_knobs(case, strategy)
     from fsdpbench.predictors.checkpoint import check_checkpoint

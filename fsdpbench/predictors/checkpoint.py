@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.core.rundir import CHECKPOINT_DIR, NATIVE_TAG
 from fsdpbench.predictors import dcp_metadata as dcp_md
 from fsdpbench.predictors import torch_save_format as fmt
 from fsdpbench.predictors.optimizer_state_dict import OPTIMIZER_STATE, PARAM_GROUP
@@ -30,8 +31,6 @@ from fsdpbench.predictors.optimizer_state_dict import OPTIMIZER_STATE, PARAM_GRO
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
 
-CHECKPOINT_DIR = "checkpoint"  # under the case directory (engine/checkpoint writes there)
-NATIVE_TAG = "native"  # the tag the engine's own checkpoint (DeepSpeed's) is saved under: its subdirectory
 FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
 SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
 
@@ -56,7 +55,7 @@ class _Param:
 
 
 def _params(case: Case) -> tuple[list[_Param], int]:
-    from fsdpbench.predictors.memory_model.facts import get_model_facts
+    from fsdpbench.models.facts import get_model_facts
 
     facts = get_model_facts(
         case.model,
@@ -481,8 +480,8 @@ def check_checkpoint(case: Case, strategy: Strategy) -> str | None:
 
 def checkpoint_columns(case: Case, rows: Any) -> dict[str, list[Any]]:
     """The pred_ckpt_* columns beside each rank's measured checkpoint row (none without a checkpoint)."""
-    from fsdpbench import schema
-    from fsdpbench.analysis.frame import relative_error
+    from fsdpbench.core import schema
+    from fsdpbench.core.numbers import relative_error
     from fsdpbench.strategies import get_strategy
 
     if case.checkpoint == "none" or schema.RANK not in rows:

@@ -14,7 +14,7 @@ unchanged (nccl-tests, doc/PERFORMANCE.md):
 
 A link is two numbers. The presets are typical published figures for one GPU's path, not
 measurements of this machine (docs/step-time-model.md gives each one's source); ``gloo`` is not
-a preset: it is measured on this machine by the probe (fsdpbench/predictors/comm_probe.py).
+a preset: it is measured on this machine by the probe (fsdpbench/pipeline/comm_probe.py).
 """
 
 from __future__ import annotations

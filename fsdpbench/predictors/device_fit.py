@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, CudaRuntime
 from fsdpbench.predictors.memory_model.allocator import AllocConf, OutOfMemory
 from fsdpbench.predictors.memory_model.nvml import Calibration, NvmlTerms, job_loads, nvml_terms

@@ -57,13 +57,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from fsdpbench.case import Case
-from fsdpbench.predictors.fake_pg import fake_pg_compat, init_fake_process_group, patch_ddp
-from fsdpbench.predictors.rank_chunks import rank_chunks_only
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import (
     RANK,
     WALL_S,
 )
+from fsdpbench.engine.fake_pg import fake_pg_compat, init_fake_process_group, patch_ddp
+from fsdpbench.predictors.rank_chunks import rank_chunks_only
 
 if TYPE_CHECKING:
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -145,10 +145,10 @@ def _fewer_collections() -> Iterator[None]:
 def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> TracedEstimate:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    from fsdpbench.engine.emulate import shards_on_meta
     from fsdpbench.engine.parallel import build_parallel
     from fsdpbench.engine.step import rank_batch, train_step
     from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
-    from fsdpbench.predictors.emulate import shards_on_meta
     from fsdpbench.strategies import get_strategy
 
     if not case.precision_spec.runnable:
@@ -276,8 +276,8 @@ def _fake_build(
     """The model as fake tensors on ``device``; ``fake`` is entered into ``fake_scope`` on the way, and
     stays entered for the steps. FSDP2 strategies are applied on meta (their device mesh needs real
     tensors), then materialised; others are built and applied under ``fake``."""
+    from fsdpbench.engine.emulate import shards_on_meta
     from fsdpbench.engine.parallel import count_params
-    from fsdpbench.predictors.emulate import shards_on_meta
 
     def build(mdef: ModelDef, margs: dict[str, Any], parallelize: Parallelize) -> tuple[torch.nn.Module, int]:
         if shards_on_meta(parallelize.strategy):

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fsdpbench.case import Case
-from fsdpbench.predictors.traced import estimate
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import (
     RANK,
     TRACED_MODEL_STATES,
     TRACED_MODEL_STATES_ERR,
@@ -19,6 +18,7 @@ from fsdpbench.schema import (
     TRACKER_PEAK,
     WALL_S,
 )
+from fsdpbench.predictors.traced import estimate
 
 TRACED_COLUMNS = (
     TRACED_PEAK,
@@ -51,7 +51,7 @@ def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[s
 def traced_columns(traced: dict[int, dict[str, Any]], rows: Any) -> dict[str, list[Any]]:
     """traced_* columns for a case's rows, with the relative error against the same rank's tracker; on a
     CUDA case, the allocator model's peaks and predicted NVML beside the allocator's and NVML's."""
-    from fsdpbench import schema
+    from fsdpbench.core import schema
     from fsdpbench.predictors.memory_model.columns import relative_error
 
     device = any("device_memory" in t for t in traced.values())
@@ -73,7 +73,7 @@ def traced_columns(traced: dict[int, dict[str, Any]], rows: Any) -> dict[str, li
 
 def _allocator_cells(memory: dict[str, Any] | None, row: Any) -> dict[str, Any]:
     """One row's allocator/NVML predictions (None where this rank was not traced) and their errors."""
-    from fsdpbench import schema
+    from fsdpbench.core import schema
     from fsdpbench.predictors.memory_model.columns import relative_error
 
     m = memory or {}

@@ -59,8 +59,8 @@ def write_report(run_dirs: list[Path], out: Path | None = None) -> Path:
     """Write the self-contained HTML report of these runs; return its path."""
     import plotly.offline
 
-    from fsdpbench.pipeline.results import atomic_write_bytes
     from fsdpbench.report.page import render_page
+    from fsdpbench.store.results import atomic_write_bytes
 
     if not run_dirs:
         raise ValueError("write_report: give at least one run directory")

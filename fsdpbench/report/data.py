@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpbench.analysis.frame import case_frame
-from fsdpbench.schema import OK, PHASE, RANK, RUN, STATUS
+from fsdpbench.core.schema import OK, PHASE, RANK, RUN, STATUS
 
 # configuration columns that may vary in a scenario (besides strategy and world size); a case's label
 # names those that do
@@ -77,7 +77,7 @@ def shown_path(path: str | Path) -> str:
 
 def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
     """Rows, run.json and timelines of one run directory; raises FileNotFoundError naming it."""
-    from fsdpbench.pipeline.results import RunStore, load_results
+    from fsdpbench.store.results import RunStore, load_results
 
     run_dir = Path(run_dir)
     if not (run_dir / "run.json").exists() and not (run_dir / "results.parquet").exists():
@@ -93,7 +93,7 @@ def load_run(run_dir: str | Path, label: str | None = None) -> RunData:
 
 def load_timelines(run_dir: Path, label: str) -> pd.DataFrame:
     """cases/<case_id>/timeline.parquet of every case (columns case_id, rank, t_s, bytes, phase, source)."""
-    from fsdpbench.pipeline.results import read_parquet
+    from fsdpbench.store.results import read_parquet
 
     frames = []
     for path in sorted(Path(run_dir).glob("cases/*/timeline.parquet")):

@@ -7,8 +7,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from fsdpbench import schema
-from fsdpbench.formatting import byte_unit
+from fsdpbench.core import schema
+from fsdpbench.core.formatting import byte_unit
 from fsdpbench.report.data import ok_cases, rows_with
 from fsdpbench.report.panel import Panel, absent, base_layout, describe_ranks, strategy_color
 

@@ -13,18 +13,8 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from fsdpbench.analysis.frame import BREAKDOWN_MEASURED, breakdown_frames, has_values, numeric_column
-from fsdpbench.formatting import byte_unit, fmt_pct
-from fsdpbench.report.data import axis_text, ok_cases, rows_with, shard_label, varying_axes
-from fsdpbench.report.panel import (
-    MEMORY_SOURCES,
-    TRACKER_SOURCE,
-    Panel,
-    absent,
-    base_layout,
-    describe_ranks,
-    strategy_color,
-)
-from fsdpbench.schema import (
+from fsdpbench.core.formatting import byte_unit, fmt_pct
+from fsdpbench.core.schema import (
     PEAK_RANK,
     PHASE,
     PRED_MODEL_STATES,
@@ -40,6 +30,16 @@ from fsdpbench.schema import (
     TRACKER_PEAK,
     VENDOR_MODEL_STATES,
     VENDOR_MODEL_STATES_ERR,
+)
+from fsdpbench.report.data import axis_text, ok_cases, rows_with, shard_label, varying_axes
+from fsdpbench.report.panel import (
+    MEMORY_SOURCES,
+    TRACKER_SOURCE,
+    Panel,
+    absent,
+    base_layout,
+    describe_ranks,
+    strategy_color,
 )
 
 BREAKDOWN_COLORS = {

@@ -9,21 +9,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from fsdpbench.analysis.frame import has_values, is_reference_strategy, speedups
-from fsdpbench.case import PRECISIONS, WRAPS
-from fsdpbench.formatting import byte_unit
-from fsdpbench.report.data import axis_text, ok_cases, rows_with
-from fsdpbench.report.figures import series_key_axes, series_name
-from fsdpbench.report.panel import (
-    TRACKER_SOURCE,
-    Panel,
-    absent,
-    base_layout,
-    describe_ranks,
-    ordered_strategies,
-    steps_text,
-    strategy_color,
-)
-from fsdpbench.schema import (
+from fsdpbench.core.case import PRECISIONS, WRAPS
+from fsdpbench.core.formatting import byte_unit
+from fsdpbench.core.schema import (
     COMM_BYTES,
     COMM_PRED_TOTAL,
     OVERLAP_COMM,
@@ -35,6 +23,18 @@ from fsdpbench.schema import (
     STEP_TIME_P10,
     STEP_TIME_P90,
     TRACKER_PEAK,
+)
+from fsdpbench.report.data import axis_text, ok_cases, rows_with
+from fsdpbench.report.figures import series_key_axes, series_name
+from fsdpbench.report.panel import (
+    TRACKER_SOURCE,
+    Panel,
+    absent,
+    base_layout,
+    describe_ranks,
+    ordered_strategies,
+    steps_text,
+    strategy_color,
 )
 
 COMM_KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "other")

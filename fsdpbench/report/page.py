@@ -12,6 +12,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any
 
+from fsdpbench.core.schema import COMMIT, FAILED, HOSTNAME, RUN, SKIPPED, STATUS, TORCH_VERSION
 from fsdpbench.report.data import ReportData, RunData, shown_path
 from fsdpbench.report.panel import Panel, describe_ranks
 from fsdpbench.report.tables import (
@@ -23,7 +24,6 @@ from fsdpbench.report.tables import (
     traced_origin,
     verdict_lines,
 )
-from fsdpbench.schema import COMMIT, FAILED, HOSTNAME, RUN, SKIPPED, STATUS, TORCH_VERSION
 
 _ERRORS_JS = """
 window.__fsdpbenchErrors = [];
@@ -186,7 +186,7 @@ def render_environment(data: ReportData) -> str:
         ranks = describe_ranks(data.cases[data.cases[RUN] == run.run]) if RUN in data.cases else ""
         items = [*_run_items(run), *_machine_items(run.meta.get("env") or {}), ("ranks", ranks)]
         items += _emulation_items(run.meta.get("emulation") or {})
-        if run.meta.get("gloo_loop_policy"):  # CPU ranks only (engine/threads.py); runs before it: none
+        if run.meta.get("gloo_loop_policy"):  # CPU ranks only (hosttuning/threads.py); runs before it: none
             items.append(("gloo loop threads", str(run.meta["gloo_loop_policy"])))
         skipped = run.meta.get(SKIPPED) or []
         if skipped:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pandas as pd
 
+from fsdpbench.core.schema import DEVICE_NAME
 from fsdpbench.report.data import declared_strategy, strategy_rank
-from fsdpbench.schema import DEVICE_NAME
 
 # colours for strategies that declare none (or are not loaded here)
 _EXTRA_COLORS = ("#9D755D", "#EECA3B", "#FF9DA6", "#BAB0AC", "#79706E")

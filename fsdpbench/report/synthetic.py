@@ -16,9 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.metrics.comm import analytic_comm_bytes
-from fsdpbench.pipeline.results import RunStore
-from fsdpbench.schema import (
+from fsdpbench.core.schema import (
     CASE_ERROR,
     CASE_STEP_TIME,
     COMM_BYTES,
@@ -58,6 +56,8 @@ from fsdpbench.schema import (
     WALL_S,
     tracker_peak_column,
 )
+from fsdpbench.metrics.comm import analytic_comm_bytes
+from fsdpbench.store.results import RunStore
 from fsdpbench.strategies import REFERENCE_STRATEGY, registered
 
 PSI = 1_000_000  # parameters

@@ -18,11 +18,10 @@ from fsdpbench.analysis.frame import (
     breakdown_frames,
     has_values,
     is_reference_strategy,
-    number,
 )
-from fsdpbench.formatting import fmt_bytes, fmt_compute, fmt_harness_overhead, fmt_pct, fmt_throughput
-from fsdpbench.report.data import axis_text, case_labels, ok_cases
-from fsdpbench.schema import (
+from fsdpbench.core.formatting import fmt_bytes, fmt_compute, fmt_harness_overhead, fmt_pct, fmt_throughput
+from fsdpbench.core.numbers import number
+from fsdpbench.core.schema import (
     ACHIEVED_TFLOPS,
     ALLOC_PEAK_ALLOCATED,
     ALLOC_PEAK_RESERVED,
@@ -72,6 +71,7 @@ from fsdpbench.schema import (
     VENDOR_MODEL_STATES_ERR,
     WALL_S,
 )
+from fsdpbench.report.data import axis_text, case_labels, ok_cases
 
 TIE_TOLERANCE = 0.005  # values within 0.5% of the best are all winners
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
 
-from fsdpbench.strategies.names import FULL_SHARD_STRATEGY, REFERENCE_STRATEGY
+from fsdpbench.core.names import FULL_SHARD_STRATEGY, REFERENCE_STRATEGY
 
 # every built-in strategy, one line each, in the order reports list them
 BUILTIN = (

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 
 if TYPE_CHECKING:  # a strategy's declaration is read without torch (the analytic memory model)
     import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.strategies.base import REPLICATED, ApplyContext, Strategy
 
 if TYPE_CHECKING:  # torch is imported where a strategy is applied, not where it is declared

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.strategies.base import (
     FSDP_FULL_SHARD,
     OPTIM_SHARDED,
@@ -280,7 +280,7 @@ class DSZero3(_DeepSpeedZero):
 
 def largest_layer_params(case: Case) -> int:
     """Parameters of the module holding the most parameters directly (DeepSpeed's "largest layer")."""
-    from fsdpbench.predictors.memory_model.facts import get_model_facts
+    from fsdpbench.models.facts import get_model_facts
 
     by_module: dict[str, int] = {}
     for p in get_model_facts(case.model, case.model_args).params or ():
@@ -296,7 +296,7 @@ def deepspeed_estimate_bytes(case: Case, stage: int) -> int | None:
     an fp32 master (2Ψ + 18Ψ/N); docs/deepspeed.md compares it term by term with the measurement."""
     if stage == 1 or deepspeed_missing():
         return None
-    from fsdpbench.predictors.memory_model.facts import get_model_facts
+    from fsdpbench.models.facts import get_model_facts
 
     psi = get_model_facts(case.model, case.model_args).n_params
     os.environ.setdefault("DS_ACCELERATOR", "cuda" if case.device == "cuda" else "cpu")

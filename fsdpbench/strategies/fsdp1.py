@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.case import Case
-from fsdpbench.precision import Precision
+from fsdpbench.core.case import Case
+from fsdpbench.core.precision import Precision
 from fsdpbench.strategies.base import (
     FSDP_FULL_SHARD,
     FSDP_HYBRID_SHARD,
@@ -60,7 +60,7 @@ def mixed_precision_for(precision: Precision) -> MixedPrecision | None:
 
 
 def auto_wrap_policy_for(model: nn.Module, ctx: ApplyContext) -> CustomPolicy | ModuleWrapPolicy | None:
-    """The wrap axis as an FSDP1 ``auto_wrap_policy``: wrap exactly the units ``fsdpbench.engine.wrap`` chose
+    """The wrap axis as an FSDP1 ``auto_wrap_policy``: wrap exactly the units ``fsdpbench.models.wrap`` chose
     (as FSDP2 does); None when the root is the only unit.
 
     ``wrap.get_wrap_units`` follows FSDP1's own ``size_based_auto_wrap_policy`` for ``size``

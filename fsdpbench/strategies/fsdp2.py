@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from fsdpbench.case import Case
-from fsdpbench.precision import Precision
+from fsdpbench.core.case import Case
+from fsdpbench.core.precision import Precision
 from fsdpbench.strategies.base import (
     FSDP_FULL_SHARD,
     FSDP_HYBRID_SHARD,

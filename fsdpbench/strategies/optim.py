@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 
 if TYPE_CHECKING:
     import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.strategies.base import OPTIM_SHARDED
 from fsdpbench.strategies.ddp import DDP
 from fsdpbench.strategies.optim import get_optimizer

@@ -20,7 +20,7 @@ TORCH_THREADS = 1
 def pytest_benchmark_update_machine_info(config, machine_info):
     import torch
 
-    from fsdpbench.env import device_name
+    from fsdpbench.store.env import device_name
 
     machine_info["torch_version"] = torch.__version__
     machine_info["torch_threads"] = TORCH_THREADS

@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model import ModelFacts, get_model_facts, predict_memory
 
 GPU = {"device": "cuda", "backend": "nccl", "precision": "bf16"}
@@ -56,7 +56,7 @@ def test_analytic_llama_70b_on_4096(benchmark):
 
 _TRACE = """
 import json, time
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.traced import estimate
 case = Case(model="llama-7b", strategy="zero3", world_size=64, batch_size=1, seq_len=2048, precision="bf16",
             device="cuda", backend="nccl")

@@ -84,9 +84,9 @@ def write_large_synthetic_run(run_dir: Path, n_cases: int = N_CASES, *, ok_only:
     """A run directory of ``n_cases`` synthetic cases: the report's synthetic cases (``ok_only``: less
     the failed and the skipped one, as a baseline must be), copied under distinct case ids;
     results.parquet and run.json, as ``consolidate`` leaves them."""
-    from fsdpbench.pipeline.results import RunStore
+    from fsdpbench.core.schema import OK, STATUS
     from fsdpbench.report.synthetic import synthetic_results, write_synthetic_run
-    from fsdpbench.schema import OK, STATUS
+    from fsdpbench.store.results import RunStore
 
     write_synthetic_run(run_dir, timelines=False)  # run.json (and 13 cases' files)
     base = synthetic_results()

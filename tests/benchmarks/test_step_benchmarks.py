@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.engine.parallel import build_parallel
 from fsdpbench.engine.step import rank_batch, train_step
 from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category

@@ -13,7 +13,7 @@ work on the machine moves one and not the other. Environment:
 - ``FSDPBENCH_BENCH_STEP_MODEL_OUT``: a file to write the markdown table to (default: printed only);
 - ``FSDPBENCH_GLOO_LOOP_IDLE`` (``auto``, ``0``, ``1``): gloo's loop threads on the runs' CPU ranks and
   probe, as for ``fsdpbench run``; by default (``auto``) each run decides as it starts, under
-  ``SCHED_IDLE`` on an idle machine (engine/threads.py); each run's line says what it did and why.
+  ``SCHED_IDLE`` on an idle machine (hosttuning/threads.py); each run's line says what it did and why.
 
 The cases run as their scenarios define them (``fsdpbench run`` with the default ``--link auto``).
 The target (docs/step-time-model.md) is each case within 10% and a mean absolute error ≤ 5% in every
@@ -51,10 +51,10 @@ def checkable_cases() -> list[Any]:
 
 def one_run(out: Path) -> list[dict[str, Any]]:
     """Run the cases once; per case: measured and modelled step time (ms) and the error."""
-    from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.report.data import build_case_frame
     from fsdpbench.report.tables import unsteady_steps
+    from fsdpbench.store.results import RunStore
 
     frame = run_cases(checkable_cases(), [], RunStore(out), {"env": {}}, link="auto")
     cases = build_case_frame(frame)

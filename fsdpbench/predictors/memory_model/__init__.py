@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import RANK
+from fsdpbench.models.facts import ModelFacts, get_model_facts
 from fsdpbench.predictors.memory_model.activations import (
     AUTOCAST16,
     FP32,
@@ -26,7 +28,6 @@ from fsdpbench.predictors.memory_model.activations import (
     Shape,
     get_activation_profile,
 )
-from fsdpbench.predictors.memory_model.facts import ModelFacts, get_model_facts
 from fsdpbench.predictors.memory_model.flat_zero import FlatZeroStates, flat_zero_schedule, flat_zero_states
 from fsdpbench.predictors.memory_model.precision import (
     PRECISIONS,
@@ -44,7 +45,6 @@ from fsdpbench.predictors.memory_model.timeline import (
     account,
     step_schedule,
 )
-from fsdpbench.schema import RANK
 from fsdpbench.strategies import get_strategy
 from fsdpbench.strategies.base import FlatBufferZero, Sharding, Strategy
 

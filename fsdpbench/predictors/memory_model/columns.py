@@ -13,9 +13,9 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.analysis.frame import is_number, relative_error
-from fsdpbench.case import Case
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.numbers import is_number, relative_error
+from fsdpbench.core.schema import (
     ERROR_COLUMNS,
     PRED_ACTIVATIONS,
     PRED_COMM_BUFFERS,

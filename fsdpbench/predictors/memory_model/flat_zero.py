@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fsdpbench.models.facts import ModelFacts, ParamFact
 from fsdpbench.predictors.memory_model.activations import ActivationProfile, BwdMoment, Stage
-from fsdpbench.predictors.memory_model.facts import ModelFacts, ParamFact
 from fsdpbench.predictors.memory_model.precision import (
     STEP_TENSOR_BYTES,
     Precision,

@@ -1,13 +1,13 @@
 """K (optimizer bytes per parameter) and the optimizer's step-time temporaries, for a ``Precision``.
 
 Torch-free (optimizers are keyed by their class name), as is the precision table itself, in
-``fsdpbench.precision`` (a ``Case`` carries its parsed record); the memory model's modules import it
+``fsdpbench.core.precision`` (a ``Case`` carries its parsed record); the memory model's modules import it
 from here, beside what depends on the optimizer.
 """
 
 from __future__ import annotations
 
-from fsdpbench.precision import PRECISIONS, Precision, get_precision
+from fsdpbench.core.precision import PRECISIONS, Precision, get_precision
 from fsdpbench.strategies.optim import optimizer_class_name, optimizer_state_bytes_per_param
 
 # optimizers (by their torch.optim class) whose per-parameter state includes a ``step`` tensor (fp32

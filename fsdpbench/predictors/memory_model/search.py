@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 
 # what the searches ask of the memory model: a case's prediction (a MemoryPrediction)
 Predictor = Callable[[Case], object]

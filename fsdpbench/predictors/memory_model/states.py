@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fsdpbench.predictors.memory_model.facts import ModelFacts, ParamFact
+from fsdpbench.models.facts import ModelFacts, ParamFact
 from fsdpbench.predictors.memory_model.precision import (
     STEP_TENSOR_BYTES,
     Precision,

@@ -30,8 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from fsdpbench.models.facts import ModelFacts
 from fsdpbench.predictors.memory_model.activations import ActivationProfile, BwdMoment, Stage
-from fsdpbench.predictors.memory_model.facts import ModelFacts
 from fsdpbench.predictors.memory_model.states import RankStates
 from fsdpbench.strategies.base import Sharding
 

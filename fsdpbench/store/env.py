@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.schema import COMMIT, HOSTNAME, TORCH_VERSION
+from fsdpbench.core.schema import COMMIT, HOSTNAME, TORCH_VERSION
 
 
 @lru_cache(maxsize=1)

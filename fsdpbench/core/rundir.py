@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 
 LOCK_NAME = ".lock"
+CHECKPOINT_DIR = "checkpoint"  # under the case directory (the checkpoint phase writes there)
+NATIVE_TAG = "native"  # the tag the engine's own checkpoint (DeepSpeed's) is saved under: its subdirectory
 _COMPONENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 

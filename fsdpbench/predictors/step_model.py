@@ -1,7 +1,7 @@
 """Modelled step time at N ranks: each rank's compute, timed, plus communication modelled on a link
 (fsdpbench/predictors/comm_model.py), placed where the strategy issues and waits for it.
 
-**Compute.** Timed without the profiler (the compute twin, fsdpbench/predictors/compute_twin.py, or
+**Compute.** Timed without the profiler (the compute twin, fsdpbench/pipeline/compute_twin.py, or
 an emulated rank's own timed steps): the profiler's cost per op is a large share of a small step.
 The rank's profiled step (a real run's trace, or an emulated rank's, whose collectives take no time)
 gives only the *placement*: take the step's span on the compute timeline (CPU: the threads that run
@@ -49,10 +49,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.metrics.comm import collective_records
-from fsdpbench.metrics.overlap import Interval, merge_intervals, subtract_intervals
-from fsdpbench.predictors.comm_model import Link, collective_time_us
-from fsdpbench.schema import (
+from fsdpbench.core.schema import (
     MODEL_COLLECTIVES,
     MODEL_COMM,
     MODEL_COMPUTE,
@@ -69,6 +66,9 @@ from fsdpbench.schema import (
     MODEL_STEP_TIME,
     MODEL_WAITS_REMOVED,
 )
+from fsdpbench.metrics.comm import collective_records
+from fsdpbench.metrics.overlap import Interval, merge_intervals, subtract_intervals
+from fsdpbench.predictors.comm_model import Link, collective_time_us
 
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Sharding

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpbench.precision import Precision, get_precision, runnable_precisions
-from fsdpbench.strategies.names import REFERENCE_STRATEGY
+from fsdpbench.core.names import REFERENCE_STRATEGY
+from fsdpbench.core.precision import Precision, get_precision, runnable_precisions
 
 # the largest values a case accepts, from a scenario (pipeline/scenario.py) or a command line (predict)
 MAX_BATCH_SIZE = 1_000_000
@@ -31,7 +31,7 @@ BACKWARD_PREFETCH_POLICIES = ("pre", "post", "none")
 CHECKPOINT_METHODS = ("none", "full", "sharded", "dcp", "dcp_async", "native")
 # fields that do not change what is measured, so not part of a case id (resume finds the case again).
 # The reference-interleaved blocks run after every other phase and record no loss, so switching them on
-# changes no other column: a baseline's case ids stay valid (fsdpbench.metrics.reference).
+# changes no other column: a baseline's case ids stay valid (fsdpbench.engine.reference).
 _NOT_IN_ID = (
     "scenario",
     "timeout_s",
@@ -76,7 +76,7 @@ def case_field(
     factory: Callable[[], Any] | None = None,
 ) -> Any:
     """A field of ``Case`` with what is derived from it: ``doc``, one line, is its column's doc in the
-    results (fsdpbench/schema.py declares a column per field, named ``column`` or the field's name);
+    results (fsdpbench/core/schema.py declares a column per field, named ``column`` or the field's name);
     ``accepts`` is what a scenario may set it to (None: a scenario cannot set it)."""
     metadata = {"doc": doc, "accepts": accepts, "column": column}
     if factory is not None:
@@ -195,7 +195,7 @@ class Case:
     # steps (and reference steps) per block: one step-time ratio sample per block
     time_block_steps: int = case_field(3, doc="step/reference pairs per block", accepts=_POSITIVE_STEPS)
     # run these ranks one at a time, each alone on one device with a fake process group of world_size
-    # (collectives are no-ops, every allocation is real): see fsdpbench/predictors/emulate.py
+    # (collectives are no-ops, every allocation is real): see fsdpbench/engine/emulate.py
     emulate: bool = case_field(False, doc="emulation asked for (--emulate)", accepts=_FLAG)
     emulate_ranks: tuple[int, ...] = case_field(
         (0,),

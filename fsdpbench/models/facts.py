@@ -94,9 +94,9 @@ def _from_meta_build(
 ) -> tuple[tuple[ParamFact, ...], tuple[str, ...]]:
     from torch import nn
 
-    from fsdpbench.case import Case
-    from fsdpbench.engine.wrap import get_wrap_units
+    from fsdpbench.core.case import Case
     from fsdpbench.models import build_model
+    from fsdpbench.models.wrap import get_wrap_units
 
     model = build_model(name, args, device="meta")
     case = Case(model=name, model_args=args, wrap=wrap, wrap_min_params=min_params, wrap_classes=classes)

@@ -42,19 +42,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.engine.threads import (
+from fsdpbench.core.rundir import write_atomically
+from fsdpbench.engine.intra_op import rank_threads
+from fsdpbench.hosttuning.threads import (
     bind_to_rank_cores,
     gloo_loop_idle_wanted,
     idle_gloo_loops,
     loop_state,
     pin_compute_threads,
     rank_cores,
-    rank_threads,
 )
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import free_port
 from fsdpbench.pipeline.lifeline import die_with_parent, send_output_to
-from fsdpbench.pipeline.rundir import write_atomically
 from fsdpbench.predictors.comm_model import Link, algorithm_factor
 
 PROBE_SIZES_BYTES = (

@@ -158,11 +158,6 @@ def _stat_fields(pid: str) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def rank_threads(world_size: int) -> int:
-    """The intra-op threads of a CPU rank when ``world_size`` ranks share this machine's cores."""
-    return max(1, (os.cpu_count() or 1) // max(1, world_size))
-
-
 def idle_spin_s(probe_s: float = 0.05) -> float:
     """How long this process's idle intra-op threads keep a core busy after a parallel region, in s.
 

@@ -25,14 +25,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from fsdpbench.case import Case
-from fsdpbench.schema import PAIRED
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import PAIRED
 
 if TYPE_CHECKING:
     import torch
 
 # torch is imported where the workload runs, in a rank: the samples' arithmetic below is read by
-# `regress` and `report` (through pipeline/results.py), which need no torch
+# `regress` and `report` (through store/results.py), which need no torch
 
 REFERENCE_VERSION = 1
 _REFERENCE_CASE = Case(model="decoder-tiny", batch_size=4, seq_len=64, seed=0)  # fixed: never the case's

@@ -15,14 +15,15 @@ Adding a column is one declaration, in the section of its source::
 ``agg`` says how ``case_frame`` makes the case's value of it from the case's per-rank rows (see ``Agg``).
 A column per tracker category or per collective kind is a ``family`` (one declaration for all its
 members): ``family("comm_{}_bytes", COLLECTIVES, ...)``; ``FAMILY.of("all_gather")`` is one member's name.
-Then regenerate the table in docs/measurements.md: ``python -m fsdpbench.schema --write-docs``.
+Then regenerate the table in docs/measurements.md: ``python -m fsdpbench.core.schema --write-docs``.
 
 A ``# ---- issue N: ...`` section of plain constants with a comment (``X = "x_ms"  # ms, max over ranks,
 source``) becomes declarations by wrapping each: ``X = column("x_ms", MS, Agg.MAX, "source", "doc")``; the
 constant's name and every import of it stay as they are.
 
-A field of the case (source "config") is declared by the field itself, in ``fsdpbench.case.Case`` (its doc;
-its column's name where that differs): ``case_field_columns`` derives its column, and ``case_to_columns`` /
+A field of the case (source "config") is declared by the field itself, in ``fsdpbench.core.case.Case``
+(its doc; its column's name where that differs): ``case_field_columns`` derives its column, and
+``case_to_columns`` /
 ``case_from_columns`` are the one conversion of a case to its columns and back. Those names are the
 scenario's field names too, so the literal test leaves them to the Case dataclass; statuses and every other
 column are spelled only here. A literal that only looks like a
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.case import Case, field_column, field_doc
+from fsdpbench.core.case import Case, field_column, field_doc
 
 # ---- statuses ----------------------------------------------------------------------------------------
 OK = "ok"
@@ -58,7 +59,7 @@ FAILED_STATUSES = (FAILED, TIMEOUT, OOM)
 
 # ---- modes -----------------------------------------------------------------------------------------
 REAL = "real"
-EMULATED = "emulated"  # one rank alone with a fake process group (fsdpbench/predictors/emulate.py)
+EMULATED = "emulated"  # one rank alone with a fake process group (fsdpbench/engine/emulate.py)
 
 # ---- memory: the live-tensor trackers' categories (fsdpbench.metrics.tracker) -------------------------
 TRACKER_CATEGORIES = (
@@ -199,7 +200,7 @@ def get_column(name: str) -> Column:
     try:
         return COLUMNS[name]
     except KeyError:
-        raise KeyError(f"column {name!r} is not declared in fsdpbench/schema.py") from None
+        raise KeyError(f"column {name!r} is not declared in fsdpbench/core/schema.py") from None
 
 
 def undeclared(names: Iterable[str]) -> list[str]:
@@ -207,7 +208,7 @@ def undeclared(names: Iterable[str]) -> list[str]:
     return [n for n in names if n not in COLUMNS]
 
 
-# ---- a case's configuration: a column per field of fsdpbench.case.Case, and the columns derived from it ----
+# ---- a case's configuration: a column per field of core.case.Case, and the columns derived from it ----
 def case_field_columns(case_type: type[Any]) -> tuple[Column, ...]:
     """The configuration columns of a dataclass of ``case_field``s, one per field in its order: named as
     the field declares (its own name unless ``column=``), unit CONFIG, same on every rank, the field's doc."""
@@ -217,7 +218,7 @@ def case_field_columns(case_type: type[Any]) -> tuple[Column, ...]:
     )
 
 
-# field name → its column's name; the declarations are Case's fields (fsdpbench/case.py)
+# field name → its column's name; the declarations are Case's fields (fsdpbench/core/case.py)
 CASE_FIELD_COLUMNS: dict[str, str] = {
     f.name: column(c.name, c.unit, c.agg, c.source, c.doc)
     for f, c in zip(dataclasses.fields(Case), case_field_columns(Case))
@@ -260,7 +261,7 @@ def case_to_columns(case: Case) -> dict[str, Any]:
     """The configuration columns of a case's rows: each field as its column (a dict as JSON text, a tuple
     comma-separated), then the columns derived from the case."""
     row = {CASE_FIELD_COLUMNS[f.name]: _cell(getattr(case, f.name)) for f in dataclasses.fields(case)}
-    row[MODE] = case.mode  # emulated: one rank alone with a fake process group (predictors/emulate.py)
+    row[MODE] = case.mode  # emulated: one rank alone with a fake process group (engine/emulate.py)
     row[CASE_ID] = case.case_id
     row[GLOBAL_BATCH_SIZE] = case.global_batch_size
     return row
@@ -405,14 +406,14 @@ PAIRED = family(
     ("step_ms", "ref_ms", "step_cpu_ms", "ref_cpu_ms"),
     unit=LIST,
     agg=Agg.PER_RANK,
-    source="metrics/reference.py",
+    source="engine/reference.py",
     doc="with time_blocks: wall and CPU time of each step and of the reference step after it",
 )
 STEP_TIME_REF_RATIOS = column(
     "step_time_ref_ratios",
     LIST,
     Agg.SAME,
-    "metrics/reference.py",
+    "engine/reference.py",
     "per block: summed step ÷ summed reference time, slowest rank per pair (the CI time gate's samples)",
 )
 
@@ -562,7 +563,7 @@ OVERLAP_EXPOSED = column("overlap_exposed_comm_ms", MS, Agg.MEAN, "traced (profi
 OVERLAP_RATIO = column("overlap_ratio", RATIO, Agg.MEAN, "traced (profiler)", "|comm ∩ compute| / |comm|")
 OVERLAP_NOTE = column("overlap_note", TEXT, Agg.MEAN, "traced (profiler)", "how overlap was read")
 
-# ---- the step-time model (fsdpbench.metrics.step_model) -----------------------------------------------
+# ---- the step-time model (fsdpbench.predictors.step_model) -----------------------------------------------
 _STEP_MODEL = "step model (modelled)"
 MODEL_STEP_TIME = column(
     "model_step_time_ms", MS, Agg.MODEL_SLOWEST, _STEP_MODEL, "the modelled step on the link"
@@ -595,7 +596,7 @@ MODEL_COMPUTE_BARE = column(
     "model_compute_bare_ms",
     MS,
     Agg.MODEL_SLOWEST,
-    "compute twin (predictors/compute_twin.py)",
+    "compute twin (pipeline/compute_twin.py)",
     "one step's compute timed without the profiler, collectives taking no time",
 )
 MODEL_COMPUTE_SCALE = column(
@@ -865,7 +866,7 @@ ALLOCATOR_PREDICTION_COLUMNS = (
 )
 
 # ---- docs/measurements.md: the table of every column, generated from the declarations -----------------
-DOCS_BEGIN = "<!-- columns: generated by `python -m fsdpbench.schema --write-docs`; do not edit -->"
+DOCS_BEGIN = "<!-- columns: generated by `python -m fsdpbench.core.schema --write-docs`; do not edit -->"
 DOCS_END = "<!-- end of columns -->"
 
 

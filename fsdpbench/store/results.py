@@ -19,11 +19,9 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.case import Case
-from fsdpbench.metrics.reference import block_ratios, ratio_series
-from fsdpbench.pipeline.launch import CaseOutcome
-from fsdpbench.pipeline.rundir import RunLock, check_component, check_inside, write_atomically
-from fsdpbench.schema import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.rundir import RunLock, check_component, check_inside, write_atomically
+from fsdpbench.core.schema import (
     ACHIEVED_TFLOPS,
     BARE_STEP_TIME,
     CASE_ERROR,
@@ -59,6 +57,8 @@ from fsdpbench.schema import (
     TORCH_VERSION,
     case_to_columns,
 )
+from fsdpbench.engine.rank_result import CaseOutcome
+from fsdpbench.engine.reference import block_ratios, ratio_series
 
 # the columns every results table has, in order (measurements follow): the configuration columns by
 # the Case fields they come from (schema.CASE_FIELD_COLUMNS), the rest by their handles
@@ -124,7 +124,7 @@ def _case_measurement_columns(
     """What the case's ranks measured together (``ranks``: each rank's columns): the global losses, the
     case's step time (the slowest rank's median), throughput, and the step-time ratios to the reference
     workload."""
-    # an emulated rank's loss is of garbage on purpose: not a loss of the case (predictors/emulate.py)
+    # an emulated rank's loss is of garbage on purpose: not a loss of the case (engine/emulate.py)
     losses = losses_by_rank if not case.emulate else []
     n = min((len(x) for x in losses), default=0)
     global_losses = [statistics.fmean(x[i] for x in losses) for i in range(n)] if n else []
@@ -136,7 +136,7 @@ def _case_measurement_columns(
         LOSS_FIRST: global_losses[0] if global_losses else None,
         LOSS_FINAL: global_losses[-1] if global_losses else None,
         CASE_STEP_TIME: case_step,
-        # per block, vs the in-process reference (metrics/reference.py)
+        # per block, vs the in-process reference (engine/reference.py)
         STEP_TIME_REF_RATIOS: block_ratios(
             [s for s, _ in series], [r for _, r in series], case.time_block_steps
         ),
@@ -144,7 +144,7 @@ def _case_measurement_columns(
     if case_step:
         out.update(_throughput_columns(case, case_step))
     if case.emulate:
-        from fsdpbench.predictors.emulate import WHY_NO_LOSS as why_no_loss
+        from fsdpbench.engine.emulate import WHY_NO_LOSS as why_no_loss
 
         out[LOSS_SKIPPED_REASON] = why_no_loss
         out[THROUGHPUT_SAMPLES] = out[THROUGHPUT_TOKENS] = None  # compute-only time: not a throughput
@@ -188,7 +188,7 @@ def _is_sequence(case: Case) -> bool:
 
 
 def _env_columns(env: dict[str, Any], case: Case) -> dict[str, Any]:
-    from fsdpbench.env import device_name
+    from fsdpbench.store.env import device_name
 
     return {
         DEVICE_NAME: device_name(case.device),

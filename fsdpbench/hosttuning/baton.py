@@ -1,13 +1,13 @@
 """Turns between a case's ranks and its compute twin's, step by step, so both are timed in the same moments.
 
-The step-time model's compute is the compute twin's timed steps (predictors/compute_twin.py); the
+The step-time model's compute is the compute twin's timed steps (pipeline/compute_twin.py); the
 model is checked against the case's timed steps. Timed one after the other, seconds apart, the two
 saw different machines: on a shared or throttled VM the same 1-rank step, timed twice 10 s apart,
 differed by −12…+38 % (docs/step-time-model.md), more than the model's target. So the twin's ranks
 are started with the case's and take turns with them: case step 0, twin step 0, case step 1, twin
 step 1, … Only one group computes at a time (the other waits in a blocking socket read, on no core), and a
 group given its turn first sleeps until the other's idle OpenMP threads have stopped spinning (twice
-their spin, measured in each process: ``engine/threads.idle_spin_s``; 0 with one thread per rank),
+their spin, measured in each process: ``hosttuning/threads.idle_spin_s``; 0 with one thread per rank),
 so neither is slowed by the other, and both medians come from the same second.
 
 The turns go through a TCPStore that the orchestrator serves for the case (``serve``); every process
@@ -132,7 +132,7 @@ class Baton:
     def take_turn(self) -> None:
         """Wait for this group's turn at the next timed step (at turn 0 the case's ranks wait for the
         twin's set-up and warm-up), then ``gap_s`` more: the other group's idle intra-op threads spin
-        on a core for a while after its step (engine/threads.idle_spin_s), which would slow this
+        on a core for a while after its step (hosttuning/threads.idle_spin_s), which would slow this
         group's first milliseconds, and only this group's."""
         self._wait(f"go/{self.role}/{self.turn}")
         if self.gap_s > 0 and not self.broken:

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from fsdpbench.case import Case
-from fsdpbench.predictors.fake_pg import fake_pg_compat, patch_ddp
-from fsdpbench.schema import OVERLAP_COMM, OVERLAP_EXPOSED, OVERLAP_NOTE, OVERLAP_RATIO
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import OVERLAP_COMM, OVERLAP_EXPOSED, OVERLAP_NOTE, OVERLAP_RATIO
+from fsdpbench.engine.fake_pg import fake_pg_compat, patch_ddp
 
 # what an emulated rank's figures leave out; stored in run.json and shown in the report's notes
 EMULATION_LIMITS: dict[str, str] = {

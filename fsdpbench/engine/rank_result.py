@@ -12,9 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from fsdpbench.metrics.timing import StepTimes
-from fsdpbench.metrics.tracker import TrackedMemory
-from fsdpbench.schema import (
+from fsdpbench.core.schema import (
     BARE_STEP_TIME,
     CORES,
     ERROR,
@@ -41,6 +39,8 @@ from fsdpbench.schema import (
     WALL_S,
     WARMUP_TIMES,
 )
+from fsdpbench.metrics.timing import StepTimes
+from fsdpbench.metrics.tracker import TrackedMemory
 
 PAIRED_SERIES = PAIRED.members  # metrics.reference.interleaved_steps
 NO_RESULT = "no result written"
@@ -68,8 +68,8 @@ class Setup:
     setup_s: float  # from the rank's start to the optimizer built
     samplers: dict[str, str]  # per background sampler: what it samples, or why it does not
     cores: str = ""  # the cores its compute threads are bound to, "0" or "0,1" ("" unbound)
-    gloo_loops_idle: int = 0  # its gloo TCP loop threads put under SCHED_IDLE (engine/threads.py)
-    gloo_threads_bound: int = 0  # its default group's gloo threads bound to its cores (engine/threads.py)
+    gloo_loops_idle: int = 0  # its gloo TCP loop threads put under SCHED_IDLE (hosttuning/threads.py)
+    gloo_threads_bound: int = 0  # its default group's gloo threads bound to its cores (hosttuning/threads.py)
 
     COLUMNS: ClassVar[tuple[str, ...]] = (
         "params",
@@ -124,7 +124,7 @@ class CheckpointRecord:
     loss_equal: bool | None = None
 
     def to_columns(self) -> dict[str, Any]:
-        from fsdpbench import schema
+        from fsdpbench.core import schema
 
         return {column: getattr(self, name) for name, column in schema.CHECKPOINT_COLUMNS.items()}
 
@@ -154,7 +154,7 @@ class RankResult:
     timed: StepTimes | None = None
     losses: list[float] | None = None  # every recorded step's loss, in step order
     memory: TrackedMemory | None = None
-    # each source's own columns, named by the module that measures them (fsdpbench/schema.py declares each)
+    # each source's own columns, named by the module that measures them (core/schema.py declares each)
     allocator: dict[str, int] = field(default_factory=dict)  # metrics.allocator: the CUDA caching allocator
     placement: dict[str, int] = field(default_factory=dict)  # engine.knobs: where the parameters are kept
     profiled: dict[str, Any] = field(default_factory=dict)  # metrics.profiled: communication, overlap
@@ -334,3 +334,20 @@ def _checked_rank_json(path: Path, rank: int) -> dict[str, Any]:
         if not all(math.isfinite(v) and v >= 0 for v in data.get(name) or ()):
             raise RankFileError(f"{path.name}: field {name!r} holds a time that is not a finite number ≥ 0")
     return data
+
+
+@dataclass(kw_only=True)
+class CaseOutcome:
+    """What happened to one case: its status, error, and every rank's recorded results."""
+
+    status: (
+        str  # ok | failed | timeout | oom | skipped (this machine lacks the case's devices: nothing started)
+    )
+    error: str = ""
+    exit_codes: dict[int, int | None] = field(
+        default_factory=dict
+    )  # per rank; negative: killed by that signal
+    ranks: list[RankResult] = field(default_factory=list)
+    wall_s: float = 0.0
+    spawn_s: float = 0.0  # from launch to the last rank's process group being ready
+    pids: list[int] = field(default_factory=list)  # the rank processes (all gone when launch_case returns)

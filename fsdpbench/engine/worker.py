@@ -4,8 +4,8 @@ Run by ``fsdpbench run`` (one fresh set of processes per case), or by hand on an
 sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, e.g. across two nodes:
 
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint HOST:29500 \\
-        -m fsdpbench.pipeline.worker --case case.json --out results/case_dir
-    srun --ntasks-per-node 8 python -m fsdpbench.pipeline.worker --case case.json --out results/case_dir
+        -m fsdpbench.engine.worker --case case.json --out results/case_dir
+    srun --ntasks-per-node 8 python -m fsdpbench.engine.worker --case case.json --out results/case_dir
 
 Phases, in order, so instruments never disturb what they measure:
 warm-up → timed steps (bare) → memory-tracked steps → one profiled step (→ optional bare loop)
@@ -21,8 +21,6 @@ import argparse
 import contextlib
 import json
 import os
-import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -32,40 +30,30 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from fsdpbench.case import Case
-from fsdpbench.engine.knobs import state_placement_bytes
-from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
-from fsdpbench.engine.step import Batch, rank_batch, train_step
-from fsdpbench.engine.threads import (
-    GLOO_LOOP_IDLE_ENV,
-    PIN_ENV,
-    bind_to_rank_cores,
-    idle_gloo_loops,
-    idle_spin_s,
-    pin_compute_threads,
-    rank_cores,
-    rank_threads,
-)
-from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
-from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
-from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
-from fsdpbench.metrics.reference import ReferenceWorkload, interleaved_steps
-from fsdpbench.metrics.rss import fix_mmap_threshold
-from fsdpbench.metrics.timing import StepTimes
-from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
-from fsdpbench.models import ModelDef
-from fsdpbench.pipeline.baton import TWIN, Baton, env_role
-from fsdpbench.pipeline.rank_result import Harness, RankResult, Setup, rank_file
-from fsdpbench.pipeline.rundir import write_atomically
-from fsdpbench.predictors.emulate import (
+from fsdpbench.core.case import Case
+from fsdpbench.core.rundir import write_atomically
+from fsdpbench.core.schema import FAILED, OK, OOM
+from fsdpbench.engine.emulate import (
     build_rank_model,
     fake_collectives,
     prepare_ddp,
     shards_on_meta,
     without_overlap,
 )
-from fsdpbench.predictors.fake_pg import init_fake_process_group
-from fsdpbench.schema import FAILED, OK, OOM
+from fsdpbench.engine.fake_pg import init_fake_process_group
+from fsdpbench.engine.intra_op import rank_threads
+from fsdpbench.engine.knobs import state_placement_bytes
+from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
+from fsdpbench.engine.rank_result import Harness, RankResult, Setup, rank_file
+from fsdpbench.engine.reference import ReferenceWorkload, interleaved_steps
+from fsdpbench.engine.step import Batch, rank_batch, train_step
+from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
+from fsdpbench.metrics.harness import instruments_left_installed, interleaved_blocks
+from fsdpbench.metrics.profiled import Samplers, analyze_profile, profile_steps
+from fsdpbench.metrics.rss import fix_mmap_threshold
+from fsdpbench.metrics.timing import StepTimes
+from fsdpbench.metrics.tracker import TrackedMemory, build_tracker, local_state_bytes, snapshot_by_category
+from fsdpbench.models import ModelDef
 
 
 class RankRecorder:
@@ -83,6 +71,44 @@ class RankRecorder:
 
     def flush(self) -> None:
         write_atomically(self.path, json.dumps(self.result.to_json(), default=str).encode())
+
+
+class RankHooks:
+    """The moments of a rank's phases where host tuning may act (``fsdpbench.hosttuning`` implements
+    them); this base does nothing, which is how a rank runs by default: the machine as it is. The
+    worker knows only these moments, never how a host is tuned."""
+
+    def before_setup(self) -> None:
+        """First of all, before the process group."""
+
+    def after_process_group(self, device: torch.device, local_rank: int, local_world: int) -> list[int]:
+        """Once the process group exists; returns the cores this rank's compute threads are bound to."""
+        return []
+
+    def after_build(self, device: torch.device, cores: list[int]) -> tuple[int, int]:
+        """Once the strategy has made its groups; returns (gloo loop threads idled, threads bound)."""
+        return 0, 0
+
+    def after_warmup(self) -> None:
+        """After the warm-up steps."""
+
+    def before_timed(self) -> None:
+        """After the barrier that starts the timed phase."""
+
+    def before_step(self) -> None:
+        """Before each timed step, outside its timer."""
+
+    def after_step(self) -> None:
+        """After each timed step, outside its timer."""
+
+    def after_timed(self) -> None:
+        """After the last timed step."""
+
+    def failed(self) -> None:
+        """This rank failed: whatever waits on it must stop waiting."""
+
+
+NO_HOOKS = RankHooks()
 
 
 # What a CPU case's rank sets before anything asks for a GPU, so that it sees none. Libraries that find
@@ -107,7 +133,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_rank(case: Case, out_dir: Path) -> RankResult:
+def run_rank(case: Case, out_dir: Path, hooks: RankHooks = NO_HOOKS) -> RankResult:
     """Set up this rank, run every phase of the case, return (and write) its results."""
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -115,14 +141,12 @@ def run_rank(case: Case, out_dir: Path) -> RankResult:
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = case.alloc_conf
     rec = RankRecorder(out_dir, rank)
     t_start = time.perf_counter()
-    baton = Baton.from_env(rank)  # None unless the case's ranks and its compute twin's take turns
     try:
         with contextlib.ExitStack() as stack:
-            _run_phases(case, rank, world, local_rank, rec, t_start, stack, baton)
+            _run_phases(case, rank, world, local_rank, rec, t_start, stack, hooks)
         rec.update(status=OK, phase="done")
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded, then re-raised
-        if baton is not None:
-            baton.abandon()  # the other group must not wait for turns this rank will not take
+        hooks.failed()
         status = OOM if isinstance(exc, torch.OutOfMemoryError) else FAILED
         rec.update(
             status=status,
@@ -158,21 +182,19 @@ class RankSteps:
             self.wall_s += time.perf_counter() - t0
         self.next += 1
 
-    def timed(self, n: int, baton: Baton | None = None) -> list[float]:
-        """Wall ms of each of the next n steps, device-synchronised before and after each; with a
-        ``baton``, each step in this group's turn (pipeline/baton.py), outside the timer."""
+    def timed(self, n: int, hooks: RankHooks = NO_HOOKS) -> list[float]:
+        """Wall ms of each of the next n steps, device-synchronised before and after each; ``hooks``
+        act before and after each step, outside the timer."""
         times = []
         for _ in range(n):
             batch = self.batch(self.next)
-            if baton is not None:
-                baton.take_turn()
+            hooks.before_step()
             synchronize(self.device)
             t0 = time.perf_counter()
             self.run(batch)
             synchronize(self.device)
             times.append((time.perf_counter() - t0) * 1e3)
-            if baton is not None:
-                baton.pass_turn()
+            hooks.after_step()
             del batch
         return times
 
@@ -216,10 +238,9 @@ def _run_phases(
     rec: RankRecorder,
     t_start: float,
     stack: contextlib.ExitStack,
-    baton: Baton | None = None,
+    hooks: RankHooks,
 ) -> None:
-    if baton is not None and baton.role == TWIN:
-        baton.wait_to_start()  # the case's set-up and warm-up are timed as without a twin
+    hooks.before_setup()
     # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
     if case.memory_fraction and device.type == "cuda":  # before the first allocation
@@ -228,17 +249,15 @@ def _run_phases(
         # before any training allocation: a fixed mmap threshold, so that training leaves no heap of large
         # free chunks for the checkpoint phase's transients to land on unseen (docs/checkpointing.md)
         fix_mmap_threshold()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     # cores ÷ local ranks: the same rule the gloo probe runs with (so its α is this rank's)
-    torch.set_num_threads(rank_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-    if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/predictors/emulate.py)
+    torch.set_num_threads(rank_threads(local_world))
+    if case.emulate:  # this rank alone, collectives are no-ops (fsdpbench/engine/emulate.py)
         init_fake_process_group(rank, world)
         stack.enter_context(fake_collectives(case))
     else:
         dist.init_process_group(case.backend, device_id=device if device.type == "cuda" else None)
-    cores: list[int] = []
-    if device.type == "cpu" and os.environ.get(PIN_ENV) == "1":  # after the group: gloo's threads float
-        cores = rank_cores(local_rank, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-        cores = cores if pin_compute_threads(cores) else []
+    cores = hooks.after_process_group(device, local_rank, local_world)
     assert dist.get_world_size() == case.world_size, "launcher world size differs from the case's"
     t_pg = time.perf_counter()
     samplers = Samplers(case, device, local_rank)
@@ -248,11 +267,7 @@ def _run_phases(
         case, device, rank, build=_emulated_build(case, device, rank) if case.emulate else None
     )
     steps = RankSteps(case, parallel, rank, device)
-    # after the build: every group the strategy made has its gloo loop thread by now (opt-in)
-    idle_loops = (
-        idle_gloo_loops() if device.type == "cpu" and os.environ.get(GLOO_LOOP_IDLE_ENV) == "1" else 0
-    )
-    bound = bind_to_rank_cores(cores) if idle_loops else 0  # only beside idle loops: see its docstring
+    idle_loops, bound = hooks.after_build(device, cores)
     setup = Setup(
         params=parallel.params,
         n_units=parallel.n_units,
@@ -270,27 +285,23 @@ def _run_phases(
     # ---- warm-up: compile, lazy init, optimizer state creation ---------------------------
     samplers.set_phase("warmup")
     rec.update(warmup=StepTimes(times_ms=steps.timed(case.warmup_steps)))
-    if baton is not None:  # the pause between turns: twice what this process's idle threads spin
-        baton.gap_s = 2 * idle_spin_s()
+    hooks.after_warmup()
 
     # ---- phase 1: timed steps, no instrument; with bare_steps, in blocks interleaved with a bare
     # loop of the same steps, before any instrument has run, so both see the same machine state ----
     rec.update(phase="timed")  # before the barrier: the file write is not timed
     dist.barrier()
     reset_cuda_peaks(device)
-    if baton is not None:  # every rank has warmed up (the barrier): the twin may set up now
-        baton.twin_may_start()
-        baton.ready()
+    hooks.before_timed()
     timed = StepTimes()
     bare_ms = 0.0
     for kind, n in interleaved_blocks(case.steps, case.bare_steps):
         samplers.set_phase(kind)
         if kind == "timed":
-            timed.times_ms += steps.timed(n, baton)
+            timed.times_ms += steps.timed(n, hooks)
         else:
             bare_ms += steps.bare(n)
-    if baton is not None:
-        baton.finish()
+    hooks.after_timed()
     rec.update(phase="memory", timed=timed, losses=list(steps.losses))
 
     # ---- phase 2: memory-tracked steps ---------------------------------------------------
@@ -367,7 +378,7 @@ def _run_phases(
 
 
 def _emulated_build(case: Case, device: torch.device, rank: int) -> Build:
-    """An emulated rank's model: built on meta, only this rank's data materialised (predictors/emulate.py)."""
+    """An emulated rank's model: built on meta, only this rank's data materialised (engine/emulate.py)."""
 
     def build(mdef: ModelDef, margs: dict[str, Any], parallelize: Parallelize) -> tuple[torch.nn.Module, int]:
         model, params = build_rank_model(
@@ -384,38 +395,9 @@ def _emulated_build(case: Case, device: torch.device, rank: int) -> Build:
     return build
 
 
-def rank_entry(case_json: str, out_dir: str) -> None:
-    """Entry point for launch.py: stdout/stderr go to the case directory, results to rank{R}.json."""
-    from fsdpbench.pipeline.lifeline import die_with_parent, hold_while_alive, watch_orchestrator
-
-    die_with_parent()  # the fork server is the parent; it dies with the orchestrator
-    watch_orchestrator()
-    hold_while_alive(Path(out_dir))  # a --resume does not clear this directory while this rank lives
-    if os.environ.get("TMPDIR"):  # a compiled case's (launch.compile_cache_env): made, and read anew,
-        Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-        tempfile.tempdir = None  # as the fork server cached the system's before the launcher set it
-    rank = int(os.environ["RANK"])
-    log = open(Path(out_dir) / f"rank{rank}.log", "w")  # noqa: SIM115 — lives as long as the process
-    os.dup2(log.fileno(), 1)
-    os.dup2(log.fileno(), 2)
-    sys.stdout = sys.stderr = log
-    try:
-        run_rank(Case.from_dict(json.loads(case_json)), Path(out_dir))
-    except BaseException:
-        if twin_rank():  # recorded in its rank file; a failing twin must not stop the case's ranks
-            traceback.print_exc()
-            return
-        raise
-
-
-def twin_rank() -> bool:
-    """Whether this process is a rank of a case's compute twin, started beside the case's ranks."""
-    return env_role() == TWIN
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run one case on an external launcher (torchrun, srun): every rank calls this."""
-    parser = argparse.ArgumentParser(prog="python -m fsdpbench.pipeline.worker", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m fsdpbench.engine.worker", description=main.__doc__)
     parser.add_argument(
         "--case", required=True, help="case JSON file (fsdpbench run SCENARIO --export-cases DIR writes them)"
     )

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from torch import nn
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.models import resolve_model
 
 

@@ -6,7 +6,7 @@ DDP on 2 CPU cores: 21 ms profiled, 10 ms timed), and an estimate of that cost p
 apart from the step, does not transfer (it once came to 49 ms for a 21 ms step). So the compute is
 *timed*, as the timed steps are, and the trace is used only for where the collectives sit.
 
-The **compute twin** of a real case is the same case run emulated (fsdpbench/predictors/emulate.py:
+The **compute twin** of a real case is the same case run emulated (fsdpbench/engine/emulate.py:
 the fake process group, every collective returns at once and moves no data), all its ranks started
 together so that they compete for the cores as the real ranks do, each with the threads a real rank
 gets (``launch._launch_group``: cores // ranks), through the same warm-up and the same timer
@@ -28,9 +28,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from fsdpbench.case import Case
-from fsdpbench.pipeline.baton import TWIN_DIR
-from fsdpbench.schema import OK
+from fsdpbench.core.case import Case
+from fsdpbench.core.schema import OK
+from fsdpbench.hosttuning.baton import TWIN_DIR
 
 MIN_STEPS = 5  # a median of fewer is one noisy step
 
@@ -58,7 +58,7 @@ def interleaved_twin(case: Case) -> Case | None:
     emulated case (its timed steps are compute already), a compiled case (emulation is eager only; at
     1 rank the twin's compilation could outlast the case's wait for its first turn: it runs after the
     case instead)."""
-    from fsdpbench.predictors.emulate import check_emulation
+    from fsdpbench.engine.emulate import check_emulation
 
     if case.emulate or case.compile or case.device.split(":", 1)[0] != "cpu" or not case.steps:
         return None
@@ -71,9 +71,9 @@ def twin_compute_ms(case: Case, out_dir: Path | None = None) -> tuple[dict[int, 
     interleaved with the case's steps: the twin started beside the case, if it ended well (its rank
     files in ``<out_dir>/compute_twin``), or else a twin run now, after the case; ({}, False) if that
     failed too or cannot run (compile: emulation is eager only), so the model falls back and says so."""
+    from fsdpbench.engine.emulate import check_emulation
+    from fsdpbench.engine.rank_result import RankResult, rank_file
     from fsdpbench.pipeline.launch import launch_case
-    from fsdpbench.pipeline.rank_result import RankResult, rank_file
-    from fsdpbench.predictors.emulate import check_emulation
 
     if out_dir is not None:
         beside = [RankResult.read(out_dir / TWIN_DIR / rank_file(r), r) for r in range(case.world_size)]

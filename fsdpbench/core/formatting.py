@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.schema import (
+from fsdpbench.core.schema import (
     ACHIEVED_TFLOPS,
     BARE_STEP_TIME,
     BYTE_UNITS,
