@@ -26,7 +26,7 @@ DATA = Path(__file__).parent / "data" / "gpu_h100_fsdpbench_runs.json"
 
 
 def measured_columns() -> tuple[str, ...]:
-    from fsdpbench import schema
+    from fsdpbench.core import schema
 
     return (
         schema.TRACKER_PEAK,
@@ -42,7 +42,7 @@ def measured_columns() -> tuple[str, ...]:
 def extract(reference: Path = REFERENCE) -> dict[str, Any]:
     import pandas as pd
 
-    from fsdpbench.schema import case_from_columns
+    from fsdpbench.core.schema import case_from_columns
 
     rows = []
     for run, name in RUNS.items():
@@ -56,8 +56,8 @@ def extract(reference: Path = REFERENCE) -> dict[str, Any]:
 
 def traced_columns_of(case_dict: dict[str, Any]) -> dict[str, Any]:
     """The traced_* columns ``run --traced`` would record for rank 0 of this case."""
-    from fsdpbench import schema
-    from fsdpbench.case import Case
+    from fsdpbench.core import schema
+    from fsdpbench.core.case import Case
     from fsdpbench.predictors.device_fit import DeviceModel
 
     case = Case.from_dict(case_dict)

@@ -10,10 +10,10 @@ import json
 import pandas as pd
 import pytest
 
-from fsdpbench import schema
-from fsdpbench.case import Case
 from fsdpbench.cli import main
 from fsdpbench.commands import check
+from fsdpbench.core import schema
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.consistency import layer_figures, violations
 from fsdpbench.predictors.memory_model.nvml import REFERENCE_H100, Calibration
 from tests.gpu_reference_rows import DATA
@@ -26,9 +26,10 @@ def run_cli(argv: list[str]) -> int:
 
 
 def test_without_a_gpu_it_says_so_in_one_line(monkeypatch, capsys):
-    import fsdpbench.env
+    import fsdpbench.store.env
 
-    monkeypatch.setattr(fsdpbench.env, "cuda_status", lambda: (False, "torch 2.13.0+cpu is a CPU-only build"))
+    why = "torch 2.13.0+cpu is a CPU-only build"
+    monkeypatch.setattr(fsdpbench.store.env, "cuda_status", lambda: (False, why))
     assert run_cli(["check"]) == 2
     captured = capsys.readouterr()
     assert captured.err == "fsdpbench check needs a CUDA GPU: torch 2.13.0+cpu is a CPU-only build\n"

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from fsdpbench import schema
-from fsdpbench.case import Case
+from fsdpbench.core import schema
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.device_fit import DeviceModel
 from fsdpbench.predictors.memory_model.nvml import REFERENCE_H100, job_loads, nvml_terms
 from tests.gpu_reference_rows import load

@@ -9,8 +9,8 @@ import itertools
 
 import pytest
 
-from fsdpbench.case import Case
-from fsdpbench.precision import runnable_precisions
+from fsdpbench.core.case import Case
+from fsdpbench.core.precision import runnable_precisions
 from fsdpbench.predictors.consistency import LayerFigures, layer_figures, violations
 from fsdpbench.predictors.memory_model.alloc_stream import CudaRuntime
 from fsdpbench.strategies import strategy_names

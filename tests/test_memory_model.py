@@ -486,8 +486,8 @@ def test_a_cuda_case_is_traced_in_a_process_that_ends_before_the_next_case(tmp_p
     rules, in the same kind of process)."""
     import pandas as pd
 
+    from fsdpbench.core.schema import RANK, TRACED_ALLOC_ALLOCATED
     from fsdpbench.pipeline.runner import TracedPredictor
-    from fsdpbench.schema import RANK, TRACED_ALLOC_ALLOCATED
 
     case = Case(model="decoder-tiny", strategy="zero3", world_size=2, batch_size=2, seq_len=64)
     case = case.replace(device="cuda", backend="nccl")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdpbench import schema
+from fsdpbench.core import schema
 
 CHECK_MODEL = "decoder-base"
 NVML_NEEDS_GPU = "fsdpbench check needs a CUDA GPU"
@@ -87,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
 
     out = Path(args.out) if args.out else default_run_dir("check")
     if args.from_dir:
-        from fsdpbench.pipeline.results import ResultsFileError, RunStore, load_results
+        from fsdpbench.store.results import ResultsFileError, RunStore, load_results
 
         try:
             rows = load_results(args.from_dir)
@@ -97,7 +97,7 @@ def main(args: argparse.Namespace) -> int:
             return 2
         boundaries = _read_boundaries(Path(args.from_dir))
         return write_report(check_records(rows), env, boundaries, out)
-    from fsdpbench.env import cuda_status
+    from fsdpbench.store.env import cuda_status
 
     ok, why = cuda_status()
     if not ok:
@@ -330,7 +330,7 @@ def environment(env: dict[str, Any]) -> dict[str, str]:
 
 def table_rows(records: list[CheckRecord]) -> list[list[str]]:
     """Per case: measured tracker/allocated/reserved/NVML, then each method's error per layer."""
-    from fsdpbench.formatting import fmt_bytes
+    from fsdpbench.core.formatting import fmt_bytes
 
     out = []
     for r in records:
@@ -424,9 +424,9 @@ def render_html(records: list[CheckRecord], env: dict[str, Any], boundaries: lis
 def _run_check(out: Path, *, boundary: bool) -> int:  # pragma: no cover — needs a GPU
     from fsdpbench.commands import running
     from fsdpbench.pipeline.interrupts import signals_as_interrupts
-    from fsdpbench.pipeline.results import RunStore
     from fsdpbench.pipeline.runner import now_iso, run_cases
     from fsdpbench.pipeline.scenario import parse_scenario
+    from fsdpbench.store.results import RunStore
 
     text = grid_text(deepspeed=installed("deepspeed"), transformers=installed("transformers"))
     scenario = parse_scenario(text, source="fsdpbench check")
@@ -475,9 +475,9 @@ class _Probe:
         self.n = 0
 
     def __call__(self, case: Any) -> bool:  # pragma: no cover — needs a GPU
-        from fsdpbench.env import collect_env
-        from fsdpbench.pipeline.results import RunStore
         from fsdpbench.pipeline.runner import now_iso, run_cases
+        from fsdpbench.store.env import collect_env
+        from fsdpbench.store.results import RunStore
 
         self.n += 1
         store = RunStore(self.directory / f"probe{self.n}")

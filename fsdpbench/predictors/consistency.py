@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdpbench.case import Case
+from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, CudaRuntime
 
 METHODS = ("analytic", "traced")

@@ -166,7 +166,7 @@ def nccl_communicators(world_size: int, shard_group: int | None, backend: str, *
 def job_loads(case: object, *, fsdpbench_run: bool = False) -> JobLoads:
     """What ``case``'s process loads: a plain training job's, or (``fsdpbench_run``) one of fsdpbench's
     own ranks, with its profiled step and samplers. ``case`` is a ``Case``."""
-    from fsdpbench.case import Case
+    from fsdpbench.core.case import Case
 
     assert isinstance(case, Case)
     from fsdpbench.predictors.memory_model import resolve_shard_size
