@@ -281,13 +281,15 @@ def _over_reserved(r: CheckRecord) -> int | None:
 
 
 # ---- the fits boundary --------------------------------------------------------------------------------
-def predicted_boundary_bytes(case: Any, *, resolution: int = 2 << 20) -> int:
+def predicted_boundary_bytes(case: Any, *, stream: Any = None, resolution: int = 2 << 20) -> int:
     """The smallest allocator limit (bytes, within ``resolution``) under which the allocator model runs
-    the step without an out-of-memory error, as under ``set_per_process_memory_fraction``."""
+    the step without an out-of-memory error, as under ``set_per_process_memory_fraction``; ``stream``:
+    the case's traced allocation stream when a run stored it (else it is traced here)."""
     from fsdpbench.predictors.device_fit import DeviceModel
 
     model = DeviceModel.for_case(case)
-    stream, _ = model.stream(case)
+    if stream is None:
+        stream, _ = model.stream(case)
     free = stream.replay(model.conf, runtime=model.runtime)
     lo, hi = free.peak_allocated - 1, free.peak_reserved  # lo fails (below the live bytes), hi fits
     while hi - lo > resolution:
@@ -442,6 +444,8 @@ def _run_check(out: Path, *, boundary: bool) -> int:  # pragma: no cover — nee
 
 def _measure_boundaries(cases: list[Any], records: list[CheckRecord], out: Path) -> list[dict[str, Any]]:
     from fsdpbench.metrics.nvml import device_total_bytes
+    from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, stream_file
+    from fsdpbench.store.results import RunStore
 
     total = device_total_bytes(0)
     by_label = {case_label(c): c for c in cases}
@@ -456,7 +460,10 @@ def _measure_boundaries(cases: list[Any], records: list[CheckRecord], out: Path)
         measured = measured_boundary_fraction(
             case, allocated / total * 0.98, reserved / total * 1.02, probe, BOUNDARY_PROBES
         )
-        predicted = predicted_boundary_bytes(case) / total
+        # the stream the run's tracing process stored: no trace (and no CUDA context) in this process
+        stored = RunStore(out).case_dir(record.case_id) / stream_file(0)
+        stream = AllocStream.read(stored) if stored.exists() else None
+        predicted = predicted_boundary_bytes(case, stream=stream) / total
         results.append(
             {
                 "label": label,
