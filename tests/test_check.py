@@ -37,7 +37,7 @@ def test_without_a_gpu_it_says_so_in_one_line(monkeypatch, capsys):
 
 
 def test_the_grid_covers_every_family_and_what_the_calibration_reads():
-    cases = check.grid_cases(deepspeed=True, transformers=True)
+    cases = check.grid_cases(transformers=True)
     labels = [check.case_label(c) for c in cases]
     assert len(set(labels)) == len(labels)
     assert {c.strategy for c in cases} == {
@@ -52,8 +52,8 @@ def test_the_grid_covers_every_family_and_what_the_calibration_reads():
     assert all(c.world_size == check.EMULATED_WORLD_SIZE for c in cases if c.emulate)
     assert {"zero3 fp32", "zero3 bf16", "zero3 bf16 no profiler", "zero3 bf16 1 real rank"} <= set(labels)
     assert set(check.BOUNDARY_LABELS) <= set(labels)
-    without = check.grid_cases(deepspeed=False, transformers=False)
-    assert not any(c.strategy.startswith("ds_") or c.model.startswith("hf-") for c in without)
+    without = check.grid_cases(transformers=False)
+    assert not any(c.model.startswith("hf-") for c in without)
 
 
 def test_the_grid_is_predicted_by_every_method_and_its_layers_nest():
@@ -61,12 +61,13 @@ def test_the_grid_is_predicted_by_every_method_and_its_layers_nest():
     method answer each (DeepSpeed: analytic only; the trace needs its launcher) and nothing breaks
     tracked ≤ allocated ≤ reserved ≤ NVML."""
     found = []
-    for case in check.grid_cases(deepspeed=False, transformers=False, model="decoder-tiny"):
+    for case in check.grid_cases(transformers=False, model="decoder-tiny"):
         case = case.replace(batch_size=2, seq_len=128)
         analytic = check.analytic_layers(case)
         assert all(analytic[layer] for layer in check.LAYERS), check.case_label(case)
         found += violations(layer_figures(case, "analytic"))
-        found += violations(layer_figures(case, "traced"))
+        if not case.strategy.startswith("ds_"):  # not traceable (tests/test_layer_consistency.py)
+            found += violations(layer_figures(case, "traced"))
     assert found == []
 
 

@@ -30,30 +30,20 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.core import schema
+from fsdpbench.core.case import Case
+from fsdpbench.core.names import FULL_SHARD_STRATEGY, REFERENCE_STRATEGY
 
 CHECK_MODEL = "decoder-base"
 NVML_NEEDS_GPU = "fsdpbench check needs a CUDA GPU"
 EMULATED_WORLD_SIZE = 8
+SHARD_GROUP = 4  # HSDP: 2 replicas × 4 shards
 EXPANDABLE = "expandable_segments:True"
-# each case: its fields beyond the grid's defaults (its label, ``case_label``, says what differs)
-GRID: tuple[dict[str, Any], ...] = (
-    {"strategy": "ddp"},
-    {"strategy": "zero1"},
-    {"strategy": "zero2"},
-    {"strategy": "zero3"},
-    {"strategy": "hsdp", "shard_size": 4},
-    {"strategy": "fsdp1_full"},
-    {"strategy": "ddp", "precision": "fp32"},
-    {"strategy": "zero3", "precision": "fp32"},
-    {"strategy": "zero3", "activation_checkpointing": True},
-    {"strategy": "zero3", "precision": "fp32", "activation_checkpointing": True},
-    {"strategy": "zero3", "alloc_conf": EXPANDABLE},
-    {"strategy": "zero3", "profile_steps": 0},
-    {"strategy": "zero3", "world_size": 1, "emulate": False},
+HF_MODEL = {"model": "hf-llama", "seq_len": 256}  # a Hugging Face model, when transformers is installed
+BOUNDARY_LABELS = (
+    f"{FULL_SHARD_STRATEGY} bf16",
+    f"{REFERENCE_STRATEGY} bf16",
+    f"{FULL_SHARD_STRATEGY} fp32 AC",
 )
-DEEPSPEED_GRID = ({"strategy": "ds_zero2"}, {"strategy": "ds_zero3"})
-HF_GRID = ({"strategy": "zero3", "model": "hf-llama", "seq_len": 256},)
-BOUNDARY_LABELS = ("zero3 bf16", "ddp bf16", "zero3 fp32 AC")
 BOUNDARY_PROBES = 6
 LAYERS = ("tracker", "allocated", "reserved", "nvml")
 METHODS = ("analytic", "traced")
@@ -107,9 +97,39 @@ def main(args: argparse.Namespace) -> int:
 
 
 # ---- the grid -----------------------------------------------------------------------------------------
-def grid_text(*, deepspeed: bool, transformers: bool, model: str = CHECK_MODEL) -> str:
+def grid_entries(*, transformers: bool) -> list[dict[str, Any]]:
+    """Each case's fields beyond the grid's defaults: every strategy that declares ``checked_on_gpu`` in
+    bf16 (a shard group of 4 where it has one); the replicated reference in fp32; the fully sharded one
+    in fp32, with activation checkpointing (bf16, fp32), with expandable segments, without the profiler,
+    and as one real rank; a Hugging Face model."""
+    from fsdpbench.predictors.memory_model import resolve_shard_size
+    from fsdpbench.strategies import get_strategy, strategy_names
+
+    entries: list[dict[str, Any]] = []
+    for name in strategy_names():
+        strategy = get_strategy(name)
+        if strategy.checked_on_gpu:
+            probe = Case(strategy=name, world_size=EMULATED_WORLD_SIZE, shard_size=SHARD_GROUP)
+            grouped = resolve_shard_size(probe, strategy.sharding) is not None
+            entries.append({"strategy": name, **({"shard_size": SHARD_GROUP} if grouped else {})})
+    full = {"strategy": FULL_SHARD_STRATEGY}
+    entries += [
+        {"strategy": REFERENCE_STRATEGY, "precision": "fp32"},
+        {**full, "precision": "fp32"},
+        {**full, "activation_checkpointing": True},
+        {**full, "precision": "fp32", "activation_checkpointing": True},
+        {**full, "alloc_conf": EXPANDABLE},
+        {**full, "profile_steps": 0},
+        {**full, "world_size": 1, "emulate": False},
+    ]
+    if transformers:
+        entries.append({**full, **HF_MODEL})
+    return entries
+
+
+def grid_text(*, transformers: bool, model: str = CHECK_MODEL) -> str:
     """The grid as a scenario (validated and expanded by the scenario parser, as ``run`` does)."""
-    cases = [*GRID, *(DEEPSPEED_GRID if deepspeed else ()), *(HF_GRID if transformers else ())]
+    cases = grid_entries(transformers=transformers)
     defaults = {
         "model": model,
         "batch_size": 8,
@@ -151,11 +171,11 @@ def case_label(case: Any) -> str:
     return " ".join(words)
 
 
-def grid_cases(*, deepspeed: bool, transformers: bool, model: str = CHECK_MODEL) -> list[Any]:
+def grid_cases(*, transformers: bool, model: str = CHECK_MODEL) -> list[Any]:
     """Every case of the grid, those this machine would skip (no GPU here) included."""
     from fsdpbench.pipeline.scenario import parse_scenario
 
-    text = grid_text(deepspeed=deepspeed, transformers=transformers, model=model)
+    text = grid_text(transformers=transformers, model=model)
     scenario = parse_scenario(text, source="fsdpbench check")
     return [*scenario.cases, *(s.case for s in scenario.skipped)]
 
@@ -187,7 +207,7 @@ class CheckRecord:
         return {
             "label": self.label,
             "case_id": self.case_id,
-            "status": self.status,
+            schema.STATUS: self.status,
             "measured": self.measured,
             "predicted": self.predicted,
             "errors": errors,
@@ -349,7 +369,7 @@ def table_rows(records: list[CheckRecord]) -> list[list[str]]:
 def table_header() -> list[str]:
     return [
         "case",
-        "status",
+        schema.STATUS,
         *(f"{la} (measured)" for la in LAYERS),
         *(f"{la}: {m}" for m in METHODS for la in LAYERS),
     ]
@@ -365,7 +385,7 @@ def write_report(
     console = Console(width=200) if not sys.stdout.isatty() else Console()
     table = Table(title="fsdpbench check: prediction error per layer (predicted / measured − 1)")
     for name in table_header():
-        table.add_column(name, justify="left" if name in ("case", "status") else "right")
+        table.add_column(name, justify="left" if name in ("case", schema.STATUS) else "right")
     for cells in table_rows(records):
         table.add_row(*cells)
     console.print(table)
@@ -430,7 +450,7 @@ def _run_check(out: Path, *, boundary: bool) -> int:  # pragma: no cover — nee
     from fsdpbench.pipeline.scenario import parse_scenario
     from fsdpbench.store.results import RunStore
 
-    text = grid_text(deepspeed=installed("deepspeed"), transformers=installed("transformers"))
+    text = grid_text(transformers=installed("transformers"))
     scenario = parse_scenario(text, source="fsdpbench check")
     store = RunStore(out)
     meta = running.run_header(scenario, path=None, text=text, overrides={}, started=now_iso())

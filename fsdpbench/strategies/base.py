@@ -153,6 +153,8 @@ class Strategy:
     color: ClassVar[str | None] = None
     # the checkpoint methods (Case.checkpoint, fsdpbench/engine/checkpoint.py) this strategy's engine runs
     checkpoint_methods: ClassVar[tuple[str, ...]] = ()
+    # ``fsdpbench check`` measures it beside its predictions on a GPU (one strategy of each family)
+    checked_on_gpu: ClassVar[bool] = False
 
     def check(self, case: Case) -> str | None:
         """Why this case cannot run (a sentence), or None."""

@@ -84,6 +84,7 @@ class _FSDP2(Strategy):
     native_mixed_precision = True
     supports_cpu_offload = True
     fsdp_version = 2
+    checked_on_gpu = True
     reshard_after_forward: bool = True
     # full: DTensors gathered to rank 0's host; sharded: each rank's local shards; dcp: DCP's writer
     checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
