@@ -19,7 +19,7 @@ the FSDP2 first step shortened to what it leaves behind (the root's lazy init, t
 a step on zero gradients); FSDP2 splitting each parameter into only the chunks it reads
 (``rank_chunks.py``); the tracker answering device queries, half of a fake step's dispatches, directly
 (``metrics/tracker.fsdp2_tracker_class``); the garbage collector run less often (``_fewer_collections``).
-llama-70b on 1,024 ranks, in-process: 6.5–6.9 s, 7.4–8.2 s without the last three (docs/self-speed.md).
+llama-70b on 1,024 ranks, in-process: 6.5–6.9 s, 7.4–8.2 s without the last three (docs/results/self-speed.md).
 
 With ``backend: gloo`` (the CPU runs) the trace also stages the copy of the input that gloo's
 reduce-scatter makes, so it predicts what a gloo run measures; with nccl it does not.

@@ -14,7 +14,7 @@ for it, ``FSDPBENCH_BENCH_SELF_ROUNDS`` times (default 5; pytest-benchmark's med
   finished cases only, against a baseline written from the same run;
 - ``run scenarios/quickstart.yaml`` (13 cases, minutes; one round unless the rounds are set).
 
-Nothing is asserted about time (docs/self-speed.md has the figures, the machine and its load); each
+Nothing is asserted about time (docs/results/self-speed.md has the figures, the machine and its load); each
 test asserts that the command did its job. Run it on an idle machine: other work moves every number.
 """
 
