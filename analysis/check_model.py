@@ -25,8 +25,8 @@ from typing import Any
 
 import pandas as pd
 
-from fsdpbench.core.numbers import relative_error
 from fsdpbench.core.case import Case
+from fsdpbench.core.numbers import relative_error
 from fsdpbench.core.schema import (
     OK,
     RANK,

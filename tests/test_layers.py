@@ -65,7 +65,7 @@ def test_the_check_finds_a_function_level_import_up_the_layers(tmp_path: Path):
         (pkg / sub).mkdir(parents=True)
         (pkg / sub / "__init__.py").write_text("")
     (pkg / "__init__.py").write_text("")
-    (pkg / "core" / "core/case.py").write_text("")
-    (pkg / "predictors" / "model.py").write_text("from fsdpbench.core.case import x\n")
+    (pkg / "core" / "units.py").write_text("")
+    (pkg / "predictors" / "model.py").write_text("from fsdpbench.core.units import x\n")
     (pkg / "engine" / "checkpoint.py").write_text("def f():\n    from fsdpbench.predictors.model import y\n")
     assert upward_imports(import_graph(pkg)) == ["fsdpbench.engine.checkpoint -> fsdpbench.predictors.model"]

@@ -69,7 +69,7 @@ METHODS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from fsdpbench.core.case import OPTIMIZERS, WRAPS
+    from fsdpbench.core.case import OPTIMIZER_IMPLS, OPTIMIZERS, WRAPS
     from fsdpbench.predictors.memory_model import PRECISIONS
 
     what = parser.add_mutually_exclusive_group(required=True)
@@ -89,7 +89,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=2048, help="sequence length (default: 2048)")
     parser.add_argument("--wrap", default="block", choices=WRAPS, help="FSDP wrap units (default: block)")
     parser.add_argument("--prefetch", type=int, default=0, help="FSDP2 explicit prefetch depth (default: 0)")
-    parser.add_argument("--activation-checkpointing", action="store_true", help="checkpoint every block")
+    parser.add_argument(
+        "--activation-checkpointing",
+        nargs="?",
+        const="full",
+        default=False,
+        metavar="POLICY",
+        help="checkpoint blocks: full (the bare flag: every block), op (torchtitan's selective op policy) "
+        "or every:N (every N-th block)",
+    )
+    parser.add_argument(
+        "--optimizer-impl",
+        default="for-loop",
+        choices=OPTIMIZER_IMPLS,
+        help="the optimizer's update (default: for-loop; torch's default on CUDA is foreach)",
+    )
+    parser.add_argument(
+        "--max-norm", type=float, default=None, help="gradient clipping to this total norm (default: none)"
+    )
     parser.add_argument(
         "--cpu-offload",
         action="store_true",
@@ -273,9 +290,10 @@ CASE_FLAGS = (
     "seq_len",
     "wrap",
     "prefetch",
-    "activation_checkpointing",
     "cpu_offload",
     "device",
+    "optimizer_impl",
+    "max_norm",
 )
 
 
@@ -301,7 +319,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
 
 
 def _build_cases(args: argparse.Namespace) -> list:
-    from fsdpbench.core.case import Case
+    from fsdpbench.core.case import Case, resolve_activation_checkpointing
     from fsdpbench.models import model_names
     from fsdpbench.strategies import get_strategy
 
@@ -319,10 +337,18 @@ def _build_cases(args: argparse.Namespace) -> list:
         enable_plugin_imports()
     if not strategies:
         raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
+    try:
+        ac_on, ac_policy = resolve_activation_checkpointing(args.activation_checkpointing)
+    except ValueError as exc:
+        raise ValueError(f"--activation-checkpointing: {exc}") from None
+    if args.max_norm is not None and not (math.isfinite(args.max_norm) and args.max_norm > 0):
+        raise ValueError(f"--max-norm {args.max_norm}: must be a positive number")
     cases = []
     for name in strategies:
         strategy = get_strategy(name)  # KeyError names the allowed strategies
         case = Case(
+            activation_checkpointing=ac_on,
+            activation_checkpointing_policy=ac_policy,
             model=args.model or "decoder",
             strategy=name,
             backend="nccl" if args.device == "cuda" else "gloo",
@@ -439,7 +465,7 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
     import sys
 
     from fsdpbench.predictors.device_fit import AllocatorAnswer, DeviceModel
-    from fsdpbench.predictors.memory_model import resolve_shard_size
+    from fsdpbench.predictors.memory_model import recipe_note, resolve_shard_size
     from fsdpbench.strategies import get_strategy
 
     model = DeviceModel.for_case(
@@ -462,6 +488,7 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
             case, device_memory, max_world_size=args.max_world_size, multiple=shard
         ),
         max_world_size=args.max_world_size,
+        recipe=recipe_note(case),
     )
 
 

@@ -29,6 +29,12 @@ BACKWARD_PREFETCH_POLICIES = ("pre", "post", "none")
 # how the checkpoint phase saves and loads (fsdpbench/engine/checkpoint.py); a strategy declares which it
 # runs. "native": the engine's own checkpoint API (DeepSpeed's save_checkpoint/load_checkpoint)
 CHECKPOINT_METHODS = ("none", "full", "sharded", "dcp", "dcp_async", "native")
+# how activation checkpointing treats the blocks (engine/knobs.py): "full" recomputes every block; "op" is
+# torchtitan's selective op-level policy; "every:N" (N >= 2) recomputes every N-th block whole
+AC_FULL, AC_OP, AC_EVERY = "full", "op", "every:"
+AC_WORDS = ("false", "true", "none", AC_FULL, AC_OP, AC_EVERY + "N")
+# how the optimizer's update runs: one parameter at a time, grouped torch._foreach_* ops, or fused kernels
+OPTIMIZER_IMPLS = ("for-loop", "foreach", "fused")
 # fields that do not change what is measured, so not part of a case id (resume finds the case again).
 # The reference-interleaved blocks run after every other phase and record no loss, so switching them on
 # changes no other column: a baseline's case ids stay valid (fsdpbench.engine.reference).
@@ -60,10 +66,11 @@ class Accepts:
     choices: tuple[str, ...] = ()  # a text field: one of these; a list field: or one of these words
     items: Accepts | None = None  # a list field (a tuple of the case): what each item may be
     one_item: bool = False  # a list field: one item alone stands for the list of it
+    pattern: str | None = None  # a flag: or a word matching this (activation_checkpointing: op)
 
     def bounds(self) -> dict[str, float]:
         """The bounds that are set, as keyword arguments of pydantic's ``Field``."""
-        names = ("gt", "ge", "le", "min_length", "max_length")
+        names = ("gt", "ge", "le", "min_length", "max_length", "pattern")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
@@ -173,7 +180,29 @@ class Case:
     )
     device: str = case_field("cpu", doc="cpu or cuda", accepts=Accepts(choices=("auto", "cpu", "cuda")))
     timeout_s: float = case_field(120.0, doc="the case's time limit (s)", accepts=_SECONDS)
-    activation_checkpointing: bool = case_field(False, doc="activation checkpointing applied", accepts=_FLAG)
+    # a scenario gives one value (false, true, full, op, every:N): ``resolve_activation_checkpointing``
+    # splits it into these two fields, so that ``true`` and ``full`` are one case with one id (a scenario
+    # may also give the policy alone beside ``activation_checkpointing: true``)
+    activation_checkpointing: bool = case_field(
+        False,
+        doc="activation checkpointing applied (activation_checkpointing_policy: how)",
+        accepts=Accepts(pattern=r"^(?:false|true|none|full|op|every:[1-9][0-9]{0,3})$"),
+    )
+    activation_checkpointing_policy: str = case_field(
+        AC_FULL,
+        doc="full (every block recomputed), op (torchtitan's selective op policy), every:N (N-th blocks)",
+        accepts=Accepts(pattern=r"^(?:full|op|every:[1-9][0-9]{0,3})$"),
+    )
+    optimizer_impl: str = case_field(
+        "for-loop",
+        doc="the optimizer's update: for-loop (one parameter at a time), foreach or fused",
+        accepts=Accepts(choices=OPTIMIZER_IMPLS),
+    )
+    max_norm: float | None = case_field(
+        None,
+        doc="gradient clipping to this total norm (clip_grad_norm_); none: no clipping",
+        accepts=Accepts(gt=0, le=1e9),
+    )
     compile: bool = case_field(False, doc="torch.compile applied", accepts=_FLAG)
     cpu_offload: bool = case_field(
         False, doc="parameters (and optimizer state) offloaded to the host", accepts=_FLAG
@@ -274,12 +303,16 @@ class Case:
         parts += [
             name
             for name, on in (
-                ("ac", self.activation_checkpointing),
+                (_ac_part(self.activation_checkpointing_policy), self.activation_checkpointing),
                 ("compile", self.compile),
                 ("offload", self.cpu_offload),
             )
             if on
         ]
+        if self.optimizer_impl != _DEFAULTS["optimizer_impl"]:
+            parts.append(self.optimizer_impl)
+        if self.max_norm is not None:
+            parts.append(f"clip{self.max_norm:g}")
         if self.backward_prefetch != _DEFAULTS["backward_prefetch"]:
             parts.append(f"bwd-{self.backward_prefetch}")
         if self.forward_prefetch:
@@ -313,6 +346,37 @@ class Case:
 
     def replace(self, **changes: Any) -> Case:
         return dataclasses.replace(self, **changes)
+
+
+def resolve_activation_checkpointing(value: bool | str) -> tuple[bool, str]:
+    """A scenario's or a command line's ``activation_checkpointing`` as the case's two fields (on, policy);
+    ValueError naming the allowed values. ``true`` and ``every:1`` are ``full``."""
+    if isinstance(value, bool):
+        return value, AC_FULL
+    word = str(value).strip().lower()
+    if word in ("false", "none"):
+        return False, AC_FULL
+    if word in ("true", AC_FULL):
+        return True, AC_FULL
+    if word == AC_OP:
+        return True, AC_OP
+    every = ac_every(word)
+    if every is not None:
+        return True, AC_FULL if every == 1 else f"{AC_EVERY}{every}"
+    raise ValueError(f"{value!r} is not one of {', '.join(AC_WORDS)} (N a whole number of blocks, 1 to 9999)")
+
+
+def ac_every(policy: str) -> int | None:
+    """N of an ``every:N`` policy; None for any other policy."""
+    if not policy.startswith(AC_EVERY):
+        return None
+    digits = policy[len(AC_EVERY) :]
+    return int(digits) if digits.isdigit() and 1 <= int(digits) <= 9999 else None
+
+
+def _ac_part(policy: str) -> str:
+    """The case id's name of the checkpointing knob: ``ac`` for full (the ids of such cases never change)."""
+    return "ac" if policy == AC_FULL else "ac-" + policy.replace(":", "")
 
 
 def safe_part(text: str, max_chars: int = 64) -> str:

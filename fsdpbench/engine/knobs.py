@@ -16,11 +16,14 @@ And one measurement: ``state_placement_bytes`` — where the strategy keeps this
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from fsdpbench.core.case import Case
+from fsdpbench.core.case import AC_OP, Case, ac_every
 from fsdpbench.core.schema import PLACEMENT
+from fsdpbench.engine.ac_policy import ALTERNATING_OPS, SAVED_OPS, STANDIN_OPS, saves_output
 from fsdpbench.models import resolve_model
+from fsdpbench.strategies.optim import check_optimizer_impl
 
 if TYPE_CHECKING:  # the case rules run without torch (scenario validation, the analytic prediction)
     import torch
@@ -37,10 +40,16 @@ def _blocks(case: Case) -> tuple[type[nn.Module], ...]:
 
 
 def apply_activation_checkpointing(model: nn.Module, case: Case) -> nn.Module:
-    """Non-reentrant activation checkpointing of every block (the model's block classes).
+    """Non-reentrant activation checkpointing of the model's blocks (its block classes), as the case's
+    policy says, applied as torchtitan applies it:
 
-    Each block's forward keeps only its input; its activations are recomputed in backward. The
-    wrapper is applied in place (``model`` keeps its identity), outermost matching blocks only.
+    - ``full``: every block keeps only its input; its activations are recomputed in backward;
+    - ``every:N``: the same for the N-th, 2N-th, ... block in forward order, the others untouched;
+    - ``op``: every block saves the outputs of the ops in ``ac_policy.SAVED_OPS`` (every second matmul
+      excepted) through ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` and recomputes
+      the rest.
+
+    The wrapper is applied in place (``model`` keeps its identity), outermost matching blocks only.
     """
     if not case.activation_checkpointing:
         return model
@@ -52,14 +61,51 @@ def apply_activation_checkpointing(model: nn.Module, case: Case) -> nn.Module:
         apply_activation_checkpointing as _apply_ac,
     )
 
-    blocks = _blocks(case)
-    outermost = {id(m) for m in _outermost(model, blocks)}
+    policy = case.activation_checkpointing_policy
+    blocks = _outermost(model, _blocks(case))
+    every = ac_every(policy) or 1
+    chosen = {id(m) for i, m in enumerate(blocks) if (i + 1) % every == 0}
+    kwargs: dict[str, Any] = {"checkpoint_impl": CheckpointImpl.NO_REENTRANT}
+    if policy == AC_OP:
+        kwargs["context_fn"] = selective_context_fn()
     _apply_ac(
         model,
-        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-        check_fn=lambda m: id(m) in outermost,
+        checkpoint_wrapper_fn=lambda m: checkpoint_wrapper(m, **kwargs),
+        check_fn=lambda m: id(m) in chosen,
     )
     return model
+
+
+def selective_context_fn() -> Callable[[], Any]:
+    """torchtitan's op-level policy as a checkpoint ``context_fn``: a fresh matmul count per forward and
+    per recompute of a block, so the same matmuls are saved in both."""
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    names: dict[Any, str] = {}
+    for name in SAVED_OPS:
+        namespace, _, op = name.partition(".")
+        overload = getattr(getattr(torch.ops, namespace, None), op, None)
+        if overload is not None and hasattr(overload, "default"):
+            names[overload.default] = name
+
+    def context_fn() -> Any:
+        counts = {"forward": 0, "recompute": 0}
+
+        def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+            name = names.get(func) or STANDIN_OPS.get(func)
+            if name is None:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if name in ALTERNATING_OPS:
+                counts[mode] += 1
+            if saves_output(name, counts[mode]):
+                return CheckpointPolicy.MUST_SAVE
+            return CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return context_fn
 
 
 def apply_compile(model: nn.Module, case: Case) -> nn.Module:
@@ -108,6 +154,9 @@ def check_knobs(case: Case, strategy: Any) -> str | None:
             f"cpu_offload applies to FSDP strategies (zero2, zero3, hsdp, fsdp1_*); "
             f"{strategy.name} keeps every state on the compute device"
         )
+    wrong_impl = check_optimizer_impl(case)
+    if wrong_impl:
+        return wrong_impl
     if (case.activation_checkpointing or case.compile) and not resolve_model(case.model)[0].block_class_names:
         knob = "activation_checkpointing" if case.activation_checkpointing else "compile"
         return f"{knob} is applied per block and model {case.model!r} declares no block classes"

@@ -68,6 +68,7 @@ class Parallel:
     autocast: contextlib.AbstractContextManager  # re-entered by every step
     params: int  # Ψ, counted before the strategy shards anything
     n_units: int  # FSDP units, the root included (1 for strategies without wrap units)
+    max_norm: float | None = None  # gradient clipping between backward and the optimizer step
 
 
 def build_parallel(case: Case, device: torch.device, rank: int, *, build: Build | None = None) -> Parallel:
@@ -87,6 +88,7 @@ def build_parallel(case: Case, device: torch.device, rank: int, *, build: Build 
         autocast=autocast_for(case.precision_spec, strategy, device),
         params=params,
         n_units=parallelize.n_units,
+        max_norm=case.max_norm,
     )
 
 

@@ -31,13 +31,30 @@ def rank_batch(case: Case, rank: int, step: int, device: torch.device) -> Batch:
 def train_step(
     parallel: Parallel, batch: Batch, *, after_optim: Callable[[], None] | None = None
 ) -> torch.Tensor:
-    """Forward, backward, optimizer step (``after_optim`` runs here, before zero_grad); the loss."""
+    """Forward, backward, gradient clipping (with ``max_norm``), optimizer step (``after_optim`` runs
+    here, before zero_grad); the loss."""
     x, y = batch
     with parallel.autocast:
         loss = parallel.loss_fn(parallel.model(x), y)
     loss.backward()
+    if parallel.max_norm is not None:
+        clip_grad_norm(parallel.model, parallel.max_norm)
     parallel.optimizer.step()
     if after_optim is not None:
         after_optim()
     parallel.optimizer.zero_grad(set_to_none=True)
     return loss
+
+
+def clip_grad_norm(model: torch.nn.Module, max_norm: float) -> torch.Tensor:
+    """Scale the gradients so that their total 2-norm is at most ``max_norm``, as torchtitan clips: the
+    norm by ``torch.nn.utils.get_total_norm`` (foreach; over FSDP2's sharded DTensor gradients a partial
+    norm, made whole by an all-reduce), then ``clip_grads_with_norm_`` (foreach). The total norm."""
+    from torch.distributed.tensor import DTensor
+
+    params = [p for p in model.parameters() if p.grad is not None]
+    total = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0, False, True)  # type: ignore[misc]
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total

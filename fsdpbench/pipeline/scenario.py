@@ -34,7 +34,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from fsdpbench.core.case import MAX_TEXT, Accepts, Case, field_accepts
+from fsdpbench.core.case import MAX_TEXT, Accepts, Case, field_accepts, resolve_activation_checkpointing
 from fsdpbench.core.safe_yaml import YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
@@ -60,6 +60,8 @@ def accepted_type(hint: Any, accepts: Accepts) -> Any:
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         (hint,) = [a for a in args if a is not type(None)]
     origin = typing.get_origin(hint)
+    if hint is bool and accepts.pattern:  # a flag, or a word that says how it is on
+        return Flag | Annotated[str, Field(strict=True, pattern=accepts.pattern)]
     if hint is bool:
         return Flag
     if hint is str and accepts.choices:
@@ -105,6 +107,12 @@ def _known_alloc_conf(cls: Any, value: str | None) -> str | None:
     return value
 
 
+def _known_activation_checkpointing(cls: Any, value: Any) -> Any:
+    if isinstance(value, str):
+        resolve_activation_checkpointing(value)  # ValueError names the allowed values
+    return value
+
+
 def _known_model(cls: Any, value: str | None) -> str | None:
     from fsdpbench.models import model_names
 
@@ -136,6 +144,9 @@ else:
         Case,
         validators={
             "_known_alloc_conf": field_validator("alloc_conf")(_known_alloc_conf),
+            "_known_activation_checkpointing": field_validator("activation_checkpointing", mode="before")(
+                _known_activation_checkpointing
+            ),
             "_known_model": field_validator("model")(_known_model),
             "_known_strategy": field_validator("strategy")(_known_strategy),
         },
@@ -430,6 +441,11 @@ def build_case(
     from fsdpbench.strategies import get_strategy
 
     fields = dict(fields)
+    # one value in the scenario, two fields of the case; a policy without checkpointing is no policy
+    on, policy = resolve_activation_checkpointing(fields.get("activation_checkpointing", False))
+    if on and not isinstance(fields.get("activation_checkpointing"), str):
+        policy = resolve_activation_checkpointing(fields.get("activation_checkpointing_policy", policy))[1]
+    fields["activation_checkpointing"], fields["activation_checkpointing_policy"] = on, policy
     if "wrap_classes" in fields:
         fields["wrap_classes"] = tuple(fields["wrap_classes"])
     name = fields.get("strategy", _DEFAULT.strategy)

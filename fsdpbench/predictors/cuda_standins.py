@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fsdpbench.engine.ac_policy import STANDIN_OPS
 from fsdpbench.predictors.memory_model.kernels import AttentionKernel, kernels_for
 
 
@@ -35,33 +36,54 @@ class _FusedRmsNorm(torch.autograd.Function):
         return torch.empty_like(x), (torch.empty_like(weight) if weight is not None else None)
 
 
-class _CudaAttention(torch.autograd.Function):
+# CUDA's SDPA as one op, so that a selective checkpointing policy sees it as it sees the kernel's own op
+# (engine/knobs.py: saved like cuDNN's or memory-efficient attention, both in torchtitan's save list)
+def _attention_outputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    output_heads_last: bool,
+    lse_trailing_one: bool,
+    lse_seq_multiple: int,
+    rng_state: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The output in the kernel's layout, the fp32 logsumexp, and the RNG's seed and offset (int64
+    scalars where the kernel keeps them on the GPU, else empty)."""
+    b, h, s, _ = q.shape
+    dv = v.shape[-1]
+    out = q.new_empty((b, s, h, dv)).transpose(1, 2) if output_heads_last else q.new_empty((b, h, s, dv))
+    padded = -(-s // lse_seq_multiple) * lse_seq_multiple
+    lse = q.new_empty((b, h, padded, 1) if lse_trailing_one else (b, h, padded), dtype=torch.float32)
+    rng_shape: tuple[int, ...] = () if rng_state else (0,)
+    return out, lse, q.new_empty(rng_shape, dtype=torch.int64), q.new_empty(rng_shape, dtype=torch.int64)
+
+
+_cuda_attention = torch.library.custom_op("fsdpbench::cuda_attention", _attention_outputs, mutates_args=())
+_cuda_attention.register_fake(_attention_outputs)  # on fake tensors: the same shapes
+
+
+def _attention_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    q, k, v = inputs[:3]
+    out, lse, seed, offset = output
+    rng = (seed, offset) if inputs[6] else ()
+    ctx.save_for_backward(q, k, v, out, lse, *rng)
+
+
+def _attention_backward(ctx: Any, grad: torch.Tensor, *_: Any) -> tuple[Any, ...]:
+    q, k, v = ctx.saved_tensors[:3]
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None, None, None, None
+
+
+_cuda_attention.register_autograd(_attention_backward, setup_context=_attention_setup)
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel) -> torch.Tensor:
     """CUDA's SDPA (cuDNN or memory-efficient): saves q, k, v, the output in its layout, the logsumexp
     and, where the kernel keeps it on the GPU, the RNG's seed and offset."""
-
-    @staticmethod
-    def forward(
-        ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kernel: AttentionKernel
-    ) -> torch.Tensor:
-        b, h, s, _ = q.shape
-        dv = v.shape[-1]
-        if kernel.output_heads_last:
-            out = q.new_empty((b, s, h, dv)).transpose(1, 2)
-        else:
-            out = q.new_empty((b, h, s, dv))
-        lse = q.new_empty(kernel.lse_shape(b, h, s), dtype=torch.float32)
-        rng = (
-            (q.new_empty((), dtype=torch.int64), q.new_empty((), dtype=torch.int64))
-            if kernel.rng_state
-            else ()
-        )
-        ctx.save_for_backward(q, k, v, out, lse, *rng)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        q, k, v = ctx.saved_tensors[:3]
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), None
+    out, _, _, _ = _cuda_attention(
+        q, k, v, kernel.output_heads_last, kernel.lse_trailing_one, kernel.lse_seq_multiple, kernel.rng_state
+    )
+    return out
 
 
 @contextlib.contextmanager
@@ -106,13 +128,17 @@ def cuda_kernel_standins() -> Iterator[list[str]]:
                 enable_gqa=enable_gqa,
             )
         _, kernel = kernels_for("cuda", query.dtype != torch.float32)
-        return _CudaAttention.apply(query, key, value, kernel)
+        return _attention(query, key, value, kernel)
 
     F.rms_norm, F.scaled_dot_product_attention = rms_norm_standin, sdpa_standin
+    standin = torch.ops.fsdpbench.cuda_attention.default
+    # saved as the kernel it stands for (both CUDA kernels are in the op policy's save list)
+    STANDIN_OPS[standin] = kernels_for("cuda", True)[1].op
     try:
         yield uncovered
     finally:
         F.rms_norm, F.scaled_dot_product_attention = rms_norm, sdpa
+        STANDIN_OPS.pop(standin, None)
 
 
 @contextlib.contextmanager

@@ -96,11 +96,13 @@ class AllocatorAnswer:
     largest_batch: int | None
     smallest_world_size: int | None
     max_world_size: int
+    recipe: str = ""  # the optimizer, clipping and checkpointing the stream was traced with
 
     def to_dict(self) -> dict:
         fit = self.fit
         return {
             "method": "allocator model (traced allocation stream replayed; modelled)",
+            "recipe": self.recipe,
             **self.memory.to_dict(),
             "device_memory_bytes": fit.device_memory_bytes,
             "fits": fit.fits,
@@ -136,10 +138,8 @@ class AllocatorAnswer:
             f"  {label:<{width}}  {fmt(value):>12}" + (f"  ({why})" if why else "")
             for label, value, why in rows
         ]
-        out.append(
-            "  the optimizer as fsdpbench runs it (foreach=False: one parameter's temporaries at a time); "
-            "torch's default on CUDA (foreach) also holds its grouped temporaries"
-        )
+        if self.recipe:
+            out.append(f"  {self.recipe}")
         out.append(self.fit.describe(fmt))
         out.append(
             f"largest per-rank batch that fits: {self.largest_batch or 'none'}; smallest world size that "

@@ -19,7 +19,8 @@ the FSDP2 first step shortened to what it leaves behind (the root's lazy init, t
 a step on zero gradients); FSDP2 splitting each parameter into only the chunks it reads
 (``rank_chunks.py``); the tracker answering device queries, half of a fake step's dispatches, directly
 (``metrics/tracker.fsdp2_tracker_class``); the garbage collector run less often (``_fewer_collections``).
-llama-70b on 1,024 ranks, in-process: 6.5–6.9 s, 7.4–8.2 s without the last three (docs/results/self-speed.md).
+llama-70b on 1,024 ranks, in-process: 6.5–6.9 s, 7.4–8.2 s without the last three
+(docs/results/self-speed.md).
 
 With ``backend: gloo`` (the CPU runs) the trace also stages the copy of the input that gloo's
 reduce-scatter makes, so it predicts what a gloo run measures; with nccl it does not.
@@ -319,15 +320,18 @@ def trace_device(case: Case) -> tuple[torch.device, bool]:
 
 # ---- helpers ------------------------------------------------------------------------------------------
 def _host_step_counters(optimizer: Any) -> list[torch.Tensor]:
-    """The optimizer's ``step`` counters: host tensors on CUDA (not capturable, not fused)."""
+    """The optimizer's ``step`` counters: host tensors on CUDA unless the update is fused (or capturable),
+    which keeps them on the parameters' device."""
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
+    if any(group.get("fused") or group.get("capturable") for group in inner.param_groups):
+        return []
     states = inner.state.values()
     return [t for state in states for name, t in state.items() if name == "step" and torch.is_tensor(t)]
 
 
 def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
     """Take the optimizer's ``step`` counters out of a CPU-traced snapshot of a CUDA target: torch keeps
-    them on the host unless the optimizer is capturable or fused (fsdpbench's are neither), so a GPU's
+    them on the host unless the optimizer is capturable or fused (``_host_step_counters``), so a GPU's
     tracker does not count them (states.py leaves them out of CUDA predictions for the same reason)."""
     from fsdpbench.predictors.memory_model.kernels import storage_bytes
 

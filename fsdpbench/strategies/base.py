@@ -6,13 +6,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from fsdpbench.core.case import Case
+from fsdpbench.core.case import OPTIMIZER_IMPLS, Case
 
 if TYPE_CHECKING:  # a strategy's declaration is read without torch (the analytic memory model)
     import torch
     from torch import nn
 
 GROUPS = ("world", "shard_group")
+KEPT_NONE, KEPT_LAST, KEPT_ALL = "none", "last", "all"
+KEPT_AFTER_FORWARD = (KEPT_NONE, KEPT_LAST, KEPT_ALL)
 GRAD_REDUCTIONS = ("all_reduce", "reduce_scatter")
 
 
@@ -153,6 +155,10 @@ class Strategy:
     color: ClassVar[str | None] = None
     # the checkpoint methods (Case.checkpoint, fsdpbench/engine/checkpoint.py) this strategy's engine runs
     checkpoint_methods: ClassVar[tuple[str, ...]] = ()
+    # the optimizer implementations (Case.optimizer_impl) the strategy's engine runs
+    optimizer_impls: ClassVar[tuple[str, ...]] = OPTIMIZER_IMPLS
+    # gradient clipping (Case.max_norm) by torch.nn.utils over the model's gradients gives the global norm
+    clips_with_torch: ClassVar[bool] = True
     # ``fsdpbench check`` measures it beside its predictions on a GPU (one strategy of each family)
     checked_on_gpu: ClassVar[bool] = False
 
@@ -163,10 +169,23 @@ class Strategy:
         if case.checkpoint != "none" and case.checkpoint not in self.checkpoint_methods:
             runs = ", ".join(self.checkpoint_methods) or "none fsdpbench runs"
             return f"checkpoint={case.checkpoint}: {self.name} checkpoints with {runs}"
+        if case.optimizer_impl not in self.optimizer_impls:
+            return f"optimizer_impl={case.optimizer_impl}: {self.name} runs {', '.join(self.optimizer_impls)}"
+        if case.max_norm is not None and not self.clips_with_torch:
+            return (
+                f"max_norm: {self.name} holds its gradients where torch.nn.utils.clip_grad_norm_ "
+                "cannot see the global norm (its engine clips with its own API, not run)"
+            )
         return None
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         raise NotImplementedError
+
+    def kept_after_forward(self, case: Case) -> str:
+        """Which wrap units stay unsharded from their forward to their backward (``KEPT_AFTER_FORWARD``):
+        ``all`` (FSDP's SHARD_GRAD_OP), ``last`` (every unit but the last reshards: torchtitan's rule) or
+        ``none``. The root unit is the strategy's own and follows ``sharding``."""
+        return KEPT_ALL if self.sharding.params_unsharded_fwd_to_bwd else KEPT_NONE
 
     def build_optimizer(self, model: nn.Module, case: Case) -> torch.optim.Optimizer:
         from fsdpbench.strategies.optim import build_optimizer

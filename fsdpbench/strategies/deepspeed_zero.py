@@ -194,6 +194,9 @@ class _DeepSpeedZero(Strategy):
     supports_cpu_offload = True
     # the engine's save_checkpoint/load_checkpoint (fsdpbench/engine/checkpoint.py, "native")
     checkpoint_methods = ("native",)
+    # the engine steps the torch optimizer over its flat fp32 partition one tensor at a time (flat_zero.py)
+    optimizer_impls = ("for-loop",)
+    clips_with_torch = False  # DeepSpeed clips with its gradient_clipping setting
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

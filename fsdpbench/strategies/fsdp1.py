@@ -133,6 +133,8 @@ class _FSDP1(Strategy):
     # torch.distributed.checkpoint.state_dict drives FSDP1's own state_dict_type: full is FULL_STATE_DICT
     # with FullStateDictConfig(offload_to_cpu=True, rank0_only=True), sharded is SHARDED_STATE_DICT
     checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
+    # FSDP1's flat parameters hold local shards: the global norm needs FSDP's own clip_grad_norm_
+    clips_with_torch = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -10,6 +10,8 @@ from fsdpbench.strategies.base import (
     FSDP_FULL_SHARD,
     FSDP_HYBRID_SHARD,
     FSDP_KEEP_PARAMS,
+    KEPT_ALL,
+    KEPT_LAST,
     ApplyContext,
     Strategy,
 )
@@ -30,10 +32,17 @@ def mp_policy_for(precision: Precision) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
+# strategy_args.reshard_after_forward of a strategy that reshards: every unit (true, FSDP2's default) or
+# every unit but the last in forward order (torchtitan's rule: the last is needed again at once in backward)
+RESHARD_ARG = "reshard_after_forward"
+RESHARD_VALUES = (True, "except_last")
+
+
 def apply_fsdp2(
-    model: nn.Module, ctx: ApplyContext, *, reshard_after_forward: bool, mesh: DeviceMesh | None = None
+    model: nn.Module, ctx: ApplyContext, *, kept_after_forward: str, mesh: DeviceMesh | None = None
 ) -> nn.Module:
-    """fully_shard every wrap unit, then the root; set explicit prefetch of depth ``case.prefetch``."""
+    """fully_shard every wrap unit, then the root; set explicit prefetch of depth ``case.prefetch``.
+    ``kept_after_forward``: the units not resharded after their forward (``Strategy.kept_after_forward``)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
 
@@ -46,13 +55,14 @@ def apply_fsdp2(
     )  # pinned host memory needs a GPU; on CPU offloaded states stay in host memory
     kwargs: dict[str, Any] = dict(
         mesh=mesh,
-        reshard_after_forward=reshard_after_forward,
         mp_policy=mp_policy_for(case.precision_spec),
         offload_policy=CPUOffloadPolicy(pin_memory=pin) if case.cpu_offload else OffloadPolicy(),
     )
-    for unit in ctx.units:
-        fully_shard(unit, **kwargs)
-    fully_shard(model, **kwargs)
+    last = len(ctx.units) - 1
+    for i, unit in enumerate(ctx.units):
+        kept = kept_after_forward == KEPT_ALL or (kept_after_forward == KEPT_LAST and i == last)
+        fully_shard(unit, reshard_after_forward=not kept, **kwargs)
+    fully_shard(model, reshard_after_forward=kept_after_forward != KEPT_ALL, **kwargs)
     apply_prefetch(ctx.units, case.prefetch)
     if ctx.device.type == "cpu" and case.prefetch > 0:
         # CPU has no streams, so FSDP2's all-gathers block the compute thread. With async unshard,
@@ -85,12 +95,31 @@ class _FSDP2(Strategy):
     supports_cpu_offload = True
     fsdp_version = 2
     checked_on_gpu = True
-    reshard_after_forward: bool = True
     # full: DTensors gathered to rank 0's host; sharded: each rank's local shards; dcp: DCP's writer
     checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
 
+    def check(self, case: Case) -> str | None:
+        resharding = not self.sharding.params_unsharded_fwd_to_bwd
+        allowed = {RESHARD_ARG} if resharding else set()
+        unknown = set(case.strategy_args) - allowed
+        if unknown:
+            known = f"{RESHARD_ARG} (true or except_last)" if resharding else "none"
+            return f"strategy_args {sorted(unknown)} unknown to {self.name}; allowed: {known}"
+        value = case.strategy_args.get(RESHARD_ARG, True)
+        if value not in RESHARD_VALUES or (value is not True and not isinstance(value, str)):
+            return (
+                f"strategy_args.{RESHARD_ARG}: {value!r} is not true or except_last (FSDP2's int form, "
+                "resharding to fewer ranks, is not run)"
+            )
+        return super().check(case)
+
+    def kept_after_forward(self, case: Case) -> str:
+        if case.strategy_args.get(RESHARD_ARG) == "except_last":
+            return KEPT_LAST
+        return super().kept_after_forward(case)
+
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
-        return apply_fsdp2(model, ctx, reshard_after_forward=self.reshard_after_forward)
+        return apply_fsdp2(model, ctx, kept_after_forward=self.kept_after_forward(ctx.case))
 
 
 class Zero2(_FSDP2):
@@ -99,7 +128,6 @@ class Zero2(_FSDP2):
     name = "zero2"
     sharding = FSDP_KEEP_PARAMS
     color = "#F58518"
-    reshard_after_forward = False
 
 
 class Zero3(_FSDP2):
@@ -130,4 +158,4 @@ class HSDP(_FSDP2):
         mesh = init_device_mesh(
             ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
         )
-        return apply_fsdp2(model, ctx, reshard_after_forward=True, mesh=mesh)
+        return apply_fsdp2(model, ctx, kept_after_forward=self.kept_after_forward(ctx.case), mesh=mesh)

@@ -38,10 +38,32 @@ def get_optimizer(name: str) -> tuple[type[torch.optim.Optimizer], dict[str, Any
     return cls, dict(OPTIMIZERS[name][1])
 
 
+# optimizers whose grouped (foreach) and fused updates fsdpbench runs and models (memory_model/precision.py)
+GROUPED_UPDATE_OPTIMIZERS = ("adam", "adamw")
+
+
+def implementation_kwargs(impl: str) -> dict[str, bool]:
+    """The constructor arguments that pick the update's implementation (``Case.optimizer_impl``): named
+    always, so torch's device-dependent default never decides it."""
+    return (
+        {"foreach": impl == "foreach", "fused": impl == "fused"} if impl != "for-loop" else {"foreach": False}
+    )
+
+
 def build_optimizer(params: Iterable[torch.nn.Parameter], case: Case) -> torch.optim.Optimizer:
     cls, kwargs = get_optimizer(case.optimizer)
-    # foreach=False keeps the per-parameter update order (and its temporaries) the same on every strategy
-    return cls(params, lr=case.lr, foreach=False, **kwargs)  # type: ignore[call-arg]  # every OPTIMIZERS class takes both
+    kwargs.update(implementation_kwargs(case.optimizer_impl))
+    return cls(params, lr=case.lr, **kwargs)  # type: ignore[call-arg]  # every OPTIMIZERS class takes them
+
+
+def check_optimizer_impl(case: Case) -> str | None:
+    """Why the case's optimizer cannot run its ``optimizer_impl`` (a sentence), or None."""
+    if case.optimizer_impl != "for-loop" and case.optimizer not in GROUPED_UPDATE_OPTIMIZERS:
+        return (
+            f"optimizer_impl={case.optimizer_impl} is run and modelled for "
+            f"{', '.join(GROUPED_UPDATE_OPTIMIZERS)}; {case.optimizer} runs for-loop"
+        )
+    return None
 
 
 def optimizer_state_bytes_per_param(name: str) -> int:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, ClassVar
 from fsdpbench.core.case import Case
 from fsdpbench.strategies.base import OPTIM_SHARDED
 from fsdpbench.strategies.ddp import DDP
-from fsdpbench.strategies.optim import get_optimizer
+from fsdpbench.strategies.optim import get_optimizer, implementation_kwargs
 
 if TYPE_CHECKING:  # torch is imported where a strategy is applied, not where it is declared
     import torch
@@ -30,5 +30,9 @@ class Zero1(DDP):
 
         cls, kwargs = get_optimizer(case.optimizer)
         return ZeroRedundancyOptimizer(
-            model.parameters(), optimizer_class=cls, lr=case.lr, foreach=False, **kwargs
+            model.parameters(),
+            optimizer_class=cls,
+            lr=case.lr,
+            **implementation_kwargs(case.optimizer_impl),
+            **kwargs,
         )

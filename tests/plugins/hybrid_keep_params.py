@@ -33,4 +33,4 @@ class HybridKeepParams(Strategy):
         mesh = init_device_mesh(
             ctx.device.type, (ctx.world_size // shard, shard), mesh_dim_names=("dp_replicate", "dp_shard")
         )
-        return apply_fsdp2(model, ctx, reshard_after_forward=False, mesh=mesh)
+        return apply_fsdp2(model, ctx, kept_after_forward=self.kept_after_forward(ctx.case), mesh=mesh)

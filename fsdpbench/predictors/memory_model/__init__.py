@@ -69,6 +69,7 @@ class MemoryPrediction:
     params: int  # Ψ
     precision: str
     optimizer: str
+    optimizer_impl: str
     batch_size: int | None
     seq_len: int | None
     method: str
@@ -135,6 +136,7 @@ class MemoryPrediction:
             "params": self.params,
             "precision": self.precision,
             "optimizer": self.optimizer,
+            "optimizer_impl": self.optimizer_impl,
             "batch_size": self.batch_size,
             "seq_len": self.seq_len,
             "method": self.method,
@@ -187,7 +189,16 @@ def zero_model_states_bytes(
 
 
 # the fields a prediction copies from its case
-_FROM_CASE = ("strategy", "world_size", "precision", "optimizer", "batch_size", "seq_len", "device")
+_FROM_CASE = (
+    "strategy",
+    "world_size",
+    "precision",
+    "optimizer",
+    "optimizer_impl",
+    "batch_size",
+    "seq_len",
+    "device",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +245,8 @@ class _Setup:
             rank=self.rank,
             device=device,
             uses_units=self.uses_units,
+            optimizer_impl=self.case.optimizer_impl,
+            clips=self.case.max_norm is not None,
         )
 
     def schedule(self, states: RankStates, profile: ActivationProfile) -> list[Event]:
@@ -252,7 +265,11 @@ class _Setup:
         world = self.case.world_size
         group = max(self.sharding.degrees(world, self.shard_size))
         config = StepConfig(
-            prefetch=self.case.prefetch, shard_group=group, replicas=world // group, backend=self.case.backend
+            prefetch=self.case.prefetch,
+            shard_group=group,
+            replicas=world // group,
+            backend=self.case.backend,
+            kept_after_forward=self.strategy.kept_after_forward(self.case),
         )
         return step_schedule(self.facts, states, profile, self.sharding, config)
 
@@ -354,9 +371,22 @@ def step_events(case: Case, *, rank: int = 0) -> list[Event]:
     return [] if profile is None else setup.schedule(setup.rank_states(case.device), profile)
 
 
+def recipe_note(case: Case) -> str:
+    """One line: the optimizer update, clipping and activation checkpointing a prediction assumes."""
+    from fsdpbench.strategies.optim import optimizer_class_name
+
+    default = " (torch's default on CUDA: foreach)" if case.optimizer_impl != "foreach" else ""
+    clip = f"gradients clipped to norm {case.max_norm:g}" if case.max_norm is not None else "no clipping"
+    ac = case.activation_checkpointing_policy if case.activation_checkpointing else "none"
+    return (
+        f"assumes {optimizer_class_name(case.optimizer)} with the {case.optimizer_impl} update{default}; "
+        f"{clip}; activation checkpointing: {ac}"
+    )
+
+
 def _case_notes(case: Case, strategy: Strategy) -> list[str]:
-    """What the prediction leaves out for this case's strategy and knobs."""
-    notes: list[str] = []
+    """What the prediction leaves out for this case's strategy and knobs (first: the recipe it assumes)."""
+    notes: list[str] = [recipe_note(case)]
     if strategy.fsdp_version == 1:
         notes.append(
             "FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
@@ -428,6 +458,7 @@ def _profile(case: Case, strategy: Strategy, prec: Precision) -> ActivationProfi
         global_batch=case.global_batch_size,
         mode=mode,
         checkpointing=case.activation_checkpointing,
+        checkpoint_policy=case.activation_checkpointing_policy,
         device=case.device,
     )
     return get_activation_profile(mdef.name, args, shape)
@@ -477,6 +508,7 @@ __all__ = [
     "get_precision",
     "peak_moments",
     "predict_memory",
+    "recipe_note",
     "step_events",
     "zero_model_states_bytes",
 ]

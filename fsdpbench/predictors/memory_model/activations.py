@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fsdpbench.core.case import AC_FULL, AC_OP, ac_every
+from fsdpbench.engine.ac_policy import saves_output
 from fsdpbench.predictors.memory_model.kernels import ASSUMED_CASE, kernels_for, storage_bytes
 
 FP32, PURE16, AUTOCAST16 = "fp32", "pure16", "autocast16"
@@ -52,6 +54,7 @@ class ActivationProfile:
     stages: tuple[Stage, ...]
     mode: str
     kernel_note: str = ""  # the kernel choices assumed, where they depend on versions, hardware or shapes
+    scalar_bytes: int = 4  # one fp32 scalar's storage on the device (the loss, its seed gradient)
 
     @property
     def saved_bytes(self) -> int:
@@ -67,6 +70,7 @@ class Shape:
     global_batch: int
     mode: str = FP32
     checkpointing: bool = False
+    checkpoint_policy: str = AC_FULL  # with checkpointing: full, op or every:N (fsdpbench/core/case.py)
     device: str = "cpu"  # whose kernels run (kernels.py), and CUDA's 512-byte rounding of every storage
 
 
@@ -125,6 +129,11 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         2 * ((heads + 2 * kv) * hd * d + d * heads * hd + 3 * d * f) if sh.mode == AUTOCAST16 else 0
     )
     block_saved += autocast_weights
+    # the block's matmuls in forward order (output bytes): what the op-level policy saves of them
+    matmuls = (r(e * bd), r(e * kvd), r(e * kvd), r(e * bd), r(e * bf), r(e * bf), r(e * bd))
+    sac_saved = sum(nbytes for i, nbytes in enumerate(matmuls, 1) if saves_output("aten.mm", i))
+    if saves_output(attn.op, 0):  # the kernel's outputs: attention output, logsumexp, RNG state
+        sac_saved += r(e * bd) + r(lse) + (2 * r(8) if attn.rng_state else 0)
 
     blocks = []
     for i in range(layers):
@@ -143,16 +152,23 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
                 "feed_forward.w2.weight",
             )
         )
+        # op policy: the recompute stops once the last tensor backward needs is saved (early stop) — as
+        # w2's matmul saves its input, before it runs — so w2's cached output stays with the checkpoint
+        # until the block's backward is done
+        held = matmuls[-1] if _op_checkpointed(sh) and saves_output("aten.mm", len(matmuls)) else 0
         bwd = (
-            BwdMoment("start", block_saved, (), res * bd, pre_backward=True),  # grad of the block output
+            BwdMoment(
+                "start", block_saved + held, (), res * bd, pre_backward=True
+            ),  # grad of the block output
             # w2 backward then the SwiGLU product: grad of the block output, grad of w2's input and the
             # two gradients of the product alive together
-            BwdMoment("ffn", block_saved - e * bf, (p + "feed_forward.w2.weight",), res * bd + 3 * e * bf),
+            BwdMoment(
+                "ffn", block_saved - e * bf + held, (p + "feed_forward.w2.weight",), res * bd + 3 * e * bf
+            ),
             # end of the block: every parameter has its gradient; grads w.r.t. the block input and residual
             BwdMoment("end", 0, names, 2 * res * bd),
         )
-        # with activation checkpointing a block keeps only its input (the residual stream)
-        blocks.append(Stage(f"block{i}", names, res * bd if sh.checkpointing else block_saved, 0, bwd))
+        blocks.append(Stage(f"block{i}", names, _kept(sh, i, block_saved, res * bd, sac_saved), 0, bwd))
 
     logits_e = r(e * tok * vocab)
     logsm = r(4 * tok * vocab)  # log_softmax of fp32 logits (the loss upcasts 16-bit logits)
@@ -187,7 +203,23 @@ def _decoder(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         (BwdMoment("end", 0, ("tok_embeddings.weight",), res * bd),),
     )
     inputs = 2 * sh.global_batch * s * 8  # tokens and targets (int64) of the global batch
-    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""))
+    return ActivationProfile(inputs, (emb, *blocks, head), sh.mode, ASSUMED_CASE.get(sh.device, ""), r(4))
+
+
+def _op_checkpointed(sh: Shape) -> bool:
+    return sh.checkpointing and sh.checkpoint_policy == AC_OP
+
+
+def _kept(sh: Shape, block: int, saved: int, block_input: int, selected: int) -> int:
+    """What block ``block`` keeps from its forward to its backward under the case's checkpointing: all it
+    saves (not checkpointed), its input (checkpointed whole), or its input and the outputs the op-level
+    policy selects (``selected``). A checkpointed block recomputes the rest at the start of its backward."""
+    if not sh.checkpointing:
+        return saved
+    if sh.checkpoint_policy == AC_OP:
+        return block_input + selected
+    every = ac_every(sh.checkpoint_policy) or 1
+    return block_input if (block + 1) % every == 0 else saved
 
 
 # ---- MLP -------------------------------------------------------------------------------------------
@@ -239,7 +271,7 @@ def _mlp(a: dict[str, Any], sh: Shape) -> ActivationProfile:
         inputs = r(b * w * 4) + r(b * 8)  # fp32 features, int64 labels
     else:
         inputs = sh.global_batch * w * 4 + sh.global_batch * 8
-    return ActivationProfile(inputs, (*stages, head), sh.mode)
+    return ActivationProfile(inputs, (*stages, head), sh.mode, scalar_bytes=r(4))
 
 
 _PROFILES: dict[str, Callable[[dict[str, Any], Shape], ActivationProfile]] = {

@@ -40,6 +40,7 @@ from fsdpbench.predictors.memory_model.precision import (
 )
 from fsdpbench.predictors.memory_model.states import RankStates, storage_rounder
 from fsdpbench.predictors.memory_model.timeline import (
+    IN_BACKWARD_BYTES,
     LOSS_BYTES,
     Event,
     _backward,
@@ -52,9 +53,6 @@ from fsdpbench.strategies.base import FlatBufferZero
 
 NCCL_START_ALIGNMENT_FACTOR = 2  # stage_1_and_2.py: the flat buffer's partitions start 4-byte aligned
 MASTER_BYTES = 4  # the master partition and its gradient are fp32 (master_weights_and_grads_dtype)
-# alive until backward returns: the loss and the seed gradient ``loss.backward()`` makes (the activation
-# profile counts them in the last stage's backward only)
-IN_BACKWARD_BYTES = 2 * LOSS_BYTES
 # alive through the update: ``scaled_global_grad_norm`` and ``_global_grad_norm``, fp32 scalars
 # (``compute_grad_norm``, on by default)
 GRAD_NORM_BYTES = 2 * 4
@@ -162,6 +160,8 @@ class _EngineHooks(_Hooks):
     charged with the saved activations and temporaries of the moment the profile first has that gradient
     at (the reduction happens between that moment and the one before: docs/memory-model.md says what
     this granularity costs). The loss and its seed gradient stay alive until backward returns."""
+
+    holds_loss_in_backward = True  # until the engine's epilogue (``free_loss``)
 
     immediate: bool  # the hook copies each gradient into the bucket as it arrives
 

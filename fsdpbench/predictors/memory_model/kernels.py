@@ -34,6 +34,7 @@ class NormKernel:
 @dataclass(frozen=True, slots=True)
 class AttentionKernel:
     name: str
+    op: str  # the aten op that runs it (a selective checkpointing policy saves by op: engine/ac_policy.py)
     lse_trailing_one: bool  # logsumexp shaped (b, h, s, 1) rather than (b, h, s)
     lse_seq_multiple: int  # logsumexp's sequence dimension padded up to a multiple of this
     output_heads_last: bool  # output laid out (b, s, h, d): the (b, s, h·d) reshape for wo is a view
@@ -48,6 +49,7 @@ FUSED_RMS_NORM = NormKernel("FusedRmsNormBackward0", fused=True)
 DECOMPOSED_RMS_NORM = NormKernel("RsqrtBackward0, MulBackward0", fused=False)
 CUDNN_ATTENTION = AttentionKernel(
     "ScaledDotProductCudnnAttentionBackward0",
+    "aten._scaled_dot_product_cudnn_attention",
     lse_trailing_one=True,
     lse_seq_multiple=1,
     output_heads_last=False,
@@ -55,6 +57,7 @@ CUDNN_ATTENTION = AttentionKernel(
 )
 EFFICIENT_ATTENTION = AttentionKernel(
     "ScaledDotProductEfficientAttentionBackward0",
+    "aten._scaled_dot_product_efficient_attention",
     lse_trailing_one=False,
     lse_seq_multiple=32,
     output_heads_last=True,
@@ -62,6 +65,7 @@ EFFICIENT_ATTENTION = AttentionKernel(
 )
 CPU_FLASH_ATTENTION = AttentionKernel(
     "ScaledDotProductFlashAttentionForCpuBackward0",
+    "aten._scaled_dot_product_flash_attention_for_cpu",
     lse_trailing_one=False,
     lse_seq_multiple=1,
     output_heads_last=False,

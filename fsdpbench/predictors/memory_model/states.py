@@ -42,7 +42,8 @@ class RankStates:
     grads: int = 0  # unpadded local gradient bytes (after backward)
     grads_padding: int = 0
     optim: int = 0
-    optim_temp: int = 0  # the optimizer update's temporaries at their largest (``_update_temp_bytes``)
+    optim_temp: int = 0  # the optimizer update's temporaries at their largest (``update_temp_bytes``)
+    clip_temp: int = 0  # gradient clipping's temporaries at their largest (``clip_temp_bytes``)
     # per parameter name: resident gradient storage bytes (replicated grads) — for the timeline
     grad_bytes_by_param: dict[str, int] = field(default_factory=dict)
     # FSDP units (index → bytes): unsharded params, all-gather output, reduce-scatter input,
@@ -93,8 +94,11 @@ def get_rank_states(
     rank: int,
     device: str = "cpu",
     uses_units: bool = True,
+    optimizer_impl: str = "for-loop",
+    clips: bool = False,
 ) -> RankStates:
-    """This rank's states for a strategy's declared sharding."""
+    """This rank's states for a strategy's declared sharding, with the temporaries of the optimizer's
+    update as ``optimizer_impl`` runs it, and of gradient clipping where the step ``clips``."""
     d_p, d_g, d_o = sharding.degrees(world_size, shard_size)
     k = optimizer_k(optimizer, precision)
     layout = _Layout(
@@ -105,7 +109,7 @@ def get_rank_states(
         precision=precision,
         k=k,
         n_state=max(1, k // 4) if k else 0,
-        step=STEP_TENSOR_BYTES if optimizer_has_step(optimizer) and device == "cpu" else 0,
+        step=_step_tensor_bytes(optimizer, optimizer_impl, device),
         storage=storage_rounder(device),
     )
     if facts.params is None:  # not known: the textbook's states
@@ -120,8 +124,49 @@ def get_rank_states(
         update_sizes = _add_whole_params(out, params, sharding, layout)
         if not sharding.grads and not uses_units:
             out.buckets = ddp_buckets(params, precision.grad_bytes)
-    out.optim_temp = _update_temp_bytes(update_sizes, optimizer_update_temporaries(optimizer))
+    out.optim_temp = update_temp_bytes(update_sizes, optimizer, optimizer_impl, layout.storage)
+    out.clip_temp = clip_temp_bytes(len(params), layout.storage) if clips else 0
     return out
+
+
+def _step_tensor_bytes(optimizer: str, impl: str, device: str) -> int:
+    """The optimizer's ``step`` tensor per parameter on the device: on the host unless fused (a CUDA
+    tracker does not count host tensors); a fused update keeps it on the parameters' device."""
+    if not optimizer_has_step(optimizer):
+        return 0
+    if impl == "fused":
+        return storage_rounder(device)(STEP_TENSOR_BYTES)
+    return STEP_TENSOR_BYTES if device == "cpu" else 0
+
+
+def update_temp_bytes(sizes: list[int], optimizer: str, impl: str, storage: Callable[[int], int]) -> int:
+    """The largest temporaries of the optimizer's update over parameters whose fp32 state tensors take
+    ``sizes`` bytes each (in the local optimizer's order):
+
+    - ``for-loop``: one parameter at a time (``_update_temp_bytes``);
+    - ``foreach`` (torch/optim/adam.py ``_multi_tensor_adam``, AdamW through it): every update op runs on
+      the whole list of a (device, dtype) group at once; the only list it allocates is
+      ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)`` (divided, shifted by eps and used in
+      ``_foreach_addcdiv_`` in place), so one state-sized tensor per parameter, all alive together
+      (bias corrections are Python floats; the step increment's scalar is freed before);
+    - ``fused`` (``torch._fused_adamw_``): one kernel updates every tensor in place, no temporaries.
+    """
+    per_param = optimizer_update_temporaries(optimizer)
+    if impl == "fused" or not per_param:
+        return 0
+    if impl == "foreach":
+        return sum(storage(size) for size in sizes)
+    return _update_temp_bytes(sizes, per_param)
+
+
+def clip_temp_bytes(n_grads: int, storage: Callable[[int], int]) -> int:
+    """The largest temporaries of gradient clipping (``engine/step.clip_grad_norm``, torch/nn/utils/
+    clip_grad.py ``_get_total_norm``): one fp32 norm per gradient (``torch._foreach_norm``), their
+    ``torch.stack`` and its norm, all alive together; the clip coefficient and its clamp come after the
+    first two are freed, and ``torch._foreach_mul_`` scales the gradients in place."""
+    if not n_grads:
+        return 0
+    return n_grads * storage(4) + storage(4 * n_grads) + storage(4)
 
 
 def _textbook_states(psi: int, layout: _Layout) -> RankStates:

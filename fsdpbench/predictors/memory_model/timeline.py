@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from fsdpbench.models.facts import ModelFacts
 from fsdpbench.predictors.memory_model.activations import ActivationProfile, BwdMoment, Stage
 from fsdpbench.predictors.memory_model.states import RankStates
-from fsdpbench.strategies.base import Sharding
+from fsdpbench.strategies.base import KEPT_ALL, KEPT_LAST, KEPT_NONE, Sharding
 
 CATEGORIES = (
     "params",
@@ -56,6 +56,8 @@ CATEGORIES = (
 RESIDENT_CATEGORIES = ("params", "padding", "optim")  # in every moment's bytes, zero or not
 UNTRACKED = "untracked"  # device memory the tracker does not count yet: DDP buckets backward has not written
 LOSS_BYTES = 4  # the fp32 loss scalar the step still references while the optimizer runs
+# alive until backward returns: the loss and the seed gradient ``loss.backward()`` makes
+IN_BACKWARD, IN_BACKWARD_BYTES = "loss and its seed gradient", 2 * LOSS_BYTES
 
 
 @dataclass(slots=True)
@@ -141,6 +143,7 @@ class StepConfig:
     shard_group: int = 1  # ranks a unit is all-gathered over
     replicas: int = 1  # HSDP: shard groups a gradient is all-reduced over
     backend: str = "nccl"
+    kept_after_forward: str = KEPT_NONE  # units not resharded after forward (``Strategy.kept_after_forward``)
 
 
 def step_schedule(
@@ -158,10 +161,12 @@ def step_schedule(
     else:
         hooks = _ReplicatedHooks(schedule, states)
     _forward(schedule, profile.stages, hooks)
-    _backward(schedule, profile.stages, hooks)
+    _backward(schedule, profile.stages, hooks, seed_bytes=2 * profile.scalar_bytes)
     hooks.end_backward()
     # the optimizer reads the gradients as the resident states hold them, padding included
     schedule.alloc("gradients", "grads", states.grads + states.grads_padding)
+    if states.clip_temp:
+        schedule.record("gradient clipping", activations=LOSS_BYTES, temp=states.clip_temp)
     schedule.record("optimizer step", activations=LOSS_BYTES, optim_temp=states.optim_temp)
     return schedule.events
 
@@ -186,9 +191,14 @@ def _forward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> N
         schedule.record(f"forward: {stage.name}", fwd_temp=stage.fwd_extra_bytes)
 
 
-def _backward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> None:
+def _backward(
+    schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks, *, seed_bytes: int = IN_BACKWARD_BYTES
+) -> None:
     hooks.start_backward()
+    own_seed = len(stages) > 1 and not hooks.holds_loss_in_backward
     for j, stage in reversed(list(enumerate(stages))):
+        if own_seed and stage is stages[-2]:  # the last stage's own moments count them
+            schedule.alloc(IN_BACKWARD, "activations", seed_bytes)
         # its backward consumes what the stage saved: each moment says how much is left (saved_left_bytes)
         schedule.free(f"saved {stage.name}")
         for step in stage.bwd:
@@ -196,6 +206,8 @@ def _backward(schedule: _Schedule, stages: tuple[Stage, ...], hooks: _Hooks) -> 
             hooks.pre_backward(stage, step)
             schedule.record(f"backward: {stage.name} ({step.label})", **_backward_transient(step))
         hooks.post_backward(stage, first_stage=j == 0)
+    if own_seed:
+        schedule.free(IN_BACKWARD)
 
 
 def _backward_transient(step: BwdMoment) -> dict[str, int]:
@@ -220,6 +232,8 @@ class _Schedule:
 
 class _Hooks:
     """What a strategy adds to the step at each point of it; the base adds nothing."""
+
+    holds_loss_in_backward = False  # the hooks place the loss and its seed gradient themselves
 
     def start_forward(self) -> None: ...
 
@@ -299,7 +313,9 @@ class _FsdpHooks(_Hooks):
         self.unit_of = {p.name: p.unit for p in facts.params or ()}
         root = facts.root
         self.root_units = {root} if root in states.unit_unsharded else set()
-        self.keep_unsharded = sharding.params_unsharded_fwd_to_bwd  # ZeRO-2: no reshard after forward
+        # ZeRO-2: no unit reshards after forward; torchtitan's rule: every unit but the last does
+        self.keep_unsharded = config.kept_after_forward == KEPT_ALL
+        self.keep_last = config.kept_after_forward == KEPT_LAST
         # FSDP2 keeps a unit's all-gather output until the next unit's copy-out has returned
         # (``comm_ctx.all_gather_state``) when the shard group has more than one rank
         self.hold_previous_gather = config.shard_group > 1
@@ -312,6 +328,7 @@ class _FsdpHooks(_Hooks):
         # gloo's reduce-scatter reduces a staging copy of its input; FSDP2 skips the collective on one rank
         self.gloo_staging = config.backend == "gloo" and config.shard_group > 1
         self.forward_order = _forward_order(stages, self.unit_of, root)  # the root (gathered first) left out
+        self.last_unit = {self.forward_order[-1]} if self.keep_last and self.forward_order else set()
         self.backward_order = [root, *reversed(self.forward_order)]
         self.backward_depth = max(1, config.prefetch)
         # the unit's last parameter: FSDPMemTracker's post-backward wrapper keeps its unsharded
@@ -328,7 +345,8 @@ class _FsdpHooks(_Hooks):
         self.held_gather: set[int] = set()  # forward: the previous unit's output, until the next copy-out
         self.prefetched: list[int] = []  # forward: outputs issued ahead of their unit
         self.seen: list[int] = []  # units whose forward ran
-        self.started: set[int] = set()  # units whose pre-backward ran (unsharded in backward)
+        self.started: set[int] = set()  # units unsharded in backward (their pre-backward ran, or kept)
+        self.prefetched_from: set[int] = set()  # units whose pre-backward ran
         self.grads_done: set[str] = set()
         self.unsharded_grads: dict[int, list[str]] = {}  # per unit: parameters whose unsharded grad exists
         self.reduced: list[int] = []  # units whose post-backward ran
@@ -374,7 +392,7 @@ class _FsdpHooks(_Hooks):
         for u in new:
             self.seen.append(u)
             i = self.forward_order.index(u)
-            self._set_unsharded(self.root_units | (set(self.seen) if self.keep_unsharded else {u}))
+            self._set_unsharded(self.root_units | self._kept() | {u})
             self._set_gathered(self.held_gather | {u, *self.forward_order[i + 1 : i + self.prefetch]})
             self.schedule.record(f"forward: all-gather {self._name(u)}")
             self.held_gather = {u} if self.hold_previous_gather else set()
@@ -383,7 +401,7 @@ class _FsdpHooks(_Hooks):
 
     def in_model(self, stage: Stage) -> None:
         """The output projection inside the root's forward: the last all-gather output still held."""
-        self._set_unsharded(self.root_units | (set(self.seen) if self.keep_unsharded else set()))
+        self._set_unsharded(self.root_units | self._kept())
         self._set_gathered(self.held_gather)
         kept, logits = stage.in_model or (0, 0)
         self.schedule.record(f"forward: {stage.name} (in the model)", activations=kept, fwd_temp=logits)
@@ -394,10 +412,14 @@ class _FsdpHooks(_Hooks):
         if self.keep_unsharded:
             self._set_unsharded(self.root_units | set(self.seen))
         elif last:
-            self._set_unsharded(set())
+            self._set_unsharded(self._kept())
         else:
-            self._set_unsharded(self.root_units | (self._units_of(stage) - {self.facts.root}))
+            self._set_unsharded(self.root_units | self._kept() | (self._units_of(stage) - {self.facts.root}))
         self._set_gathered(set() if last else self.held_gather | set(self.prefetched))
+
+    def _kept(self) -> set[int]:
+        """The units whose forward ran that stay unsharded until their backward."""
+        return set(self.seen) if self.keep_unsharded else self.last_unit & set(self.seen)
 
     # ---- backward -----------------------------------------------------------------------------------
     def start_backward(self) -> None:
@@ -418,15 +440,25 @@ class _FsdpHooks(_Hooks):
         arrives: copy-out of its all-gather output, the next ``max(1, prefetch)`` units prefetched."""
         if not (step.pre_backward or step.grads_done):
             return
+        if not self.keep_unsharded:  # a unit kept from forward: its pre-backward only prefetches
+            for u in sorted((self._units_of(stage) & self.last_unit) - self.prefetched_from):
+                self.prefetched_from.add(u)
+                self._set_gathered(set(self._prefetched(u, self.backward_depth)))
         for u in sorted(self._units_of(stage) - self.started):
             self.started.add(u)
+            self.prefetched_from.add(u)
             self._set_unsharded(self.unsharded | {u})
-            self._set_gathered({u, *self._not_started(self.backward_depth - 1)})
+            self._set_gathered({u, *self._prefetched(u, self.backward_depth - 1)})
             self.schedule.record(f"backward: all-gather {self._name(u)}", **_backward_transient(step))
-            self._set_gathered(set() if self.keep_unsharded else set(self._not_started(self.backward_depth)))
+            self._set_gathered(
+                set() if self.keep_unsharded else set(self._prefetched(u, self.backward_depth))
+            )
 
-    def _not_started(self, n: int) -> list[int]:
-        return [u for u in self.backward_order if u not in self.started][:n]
+    def _prefetched(self, unit: int, n: int) -> list[int]:
+        """The all-gathers ``unit``'s pre-backward issues ahead: of the ``n`` units that follow it in backward
+        order, those not unsharded already (a unit kept from forward takes its place and gathers nothing)."""
+        i = self.backward_order.index(unit)
+        return [u for u in self.backward_order[i + 1 : i + 1 + n] if u not in self.started]
 
     def post_backward(self, stage: Stage, *, first_stage: bool) -> None:
         """Every unit whose parameters all have gradients now reduce-scatters (the root's runs last)."""
