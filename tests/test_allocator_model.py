@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from fsdpbench.core.numbers import MiB
 from fsdpbench.predictors.memory_model.allocator import (
     AllocConf,
     CachingAllocator,
@@ -14,8 +15,6 @@ from fsdpbench.predictors.memory_model.allocator import (
     parse_alloc_conf,
     replay,
 )
-
-MiB = 1 << 20
 
 
 def test_small_requests_round_to_512_bytes_and_share_a_2mib_segment():

@@ -14,6 +14,7 @@ from fsdpbench.cli import main
 from fsdpbench.commands import check
 from fsdpbench.core import schema
 from fsdpbench.core.case import Case
+from fsdpbench.core.formats import BOUNDARIES, CALIBRATION, FORMAT_VERSION
 from fsdpbench.predictors.consistency import layer_figures, violations
 from fsdpbench.predictors.memory_model.nvml import REFERENCE_H100, Calibration
 from tests.gpu_reference_rows import DATA
@@ -100,9 +101,8 @@ def recorded_run(tmp_path):
         )
     )
     (run / "run.json").write_text(json.dumps({"env": env, "cases": {}}))
-    (run / "boundaries.json").write_text(
-        json.dumps([{"label": "zero3 bf16", "measured_fraction": 0.1, "predicted_fraction": 0.101}])
-    )
+    boundaries = [{"label": "zero3 bf16", "measured_fraction": 0.1, "predicted_fraction": 0.101}]
+    (run / "boundaries.json").write_text(json.dumps(BOUNDARIES.stamped({"boundaries": boundaries})))
     return run
 
 
@@ -131,6 +131,14 @@ def test_the_report_from_recorded_measurements(tmp_path, capsys):
     )
     # the reference runs have no unprofiled case: no calibration is claimed from them
     assert "calibration" not in report and not (out / "calibration.json").exists()
+
+
+def test_a_boundaries_file_without_its_format_version_is_refused_in_one_line(tmp_path, capsys):
+    run = recorded_run(tmp_path)
+    (run / "boundaries.json").write_text(json.dumps([{"label": "zero3 bf16", "measured_fraction": 0.1}]))
+    assert run_cli(["check", "--from", str(run), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "boundaries.json" in err
 
 
 def record(label: str, reserved: int, nvml: int) -> check.CheckRecord:
@@ -170,11 +178,16 @@ def test_predict_takes_the_calibration(tmp_path, capsys):
     assert answer["nvml_peak_bytes"] == answer["reserved_peak_bytes"] + sum(
         answer["nvml_terms_bytes"].values()
     )
+    assert json.loads(path.read_text())[FORMAT_VERSION] == CALIBRATION.version
     bad = dict(cal.to_json(), cudnn_bytes=-1)
     path.write_text(json.dumps(bad))
     assert run_cli([*argv, "--calibration", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(path) in err and "cudnn_bytes" in err
+    path.write_text(json.dumps({k: v for k, v in cal.to_json().items() if k != FORMAT_VERSION}))
+    assert run_cli([*argv, "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(path) in err and FORMAT_VERSION in err
 
 
 def test_the_measured_boundary_bisects_fresh_probes():

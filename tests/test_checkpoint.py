@@ -376,7 +376,7 @@ def test_regress_gates_checkpoint_bytes_at_1_percent_and_the_rank0_spike_at_10()
     assert metrics[schema.CKPT_RANK0_HOST_PEAK] == 3_000_000
     assert compare(baseline, frame(25_400_000, 3_250_000)).passed  # +0.8% bytes, +8% spike
     failed = compare(baseline, frame(25_600_000, 3_400_000)).failures  # +1.2% bytes, +13% spike
-    assert set(failed["metric"]) == {schema.CKPT_CASE_BYTES, schema.CKPT_RANK0_HOST_PEAK}
+    assert {d.metric for d in failed} == {schema.CKPT_CASE_BYTES, schema.CKPT_RANK0_HOST_PEAK}
 
 
 def json_round_trip(obj: object) -> dict:

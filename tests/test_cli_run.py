@@ -82,7 +82,10 @@ def test_malformed_scenario_exits_2_with_one_line(tmp_path: Path, capsys: pytest
         main(["run", str(scenario), "--out", str(tmp_path / "run")])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
-    assert err == f"error: {scenario}: sweep.world_size[0]: Input should be greater than 0 (got 0)"
+    assert err == (
+        f"error: {scenario}: sweep.world_size[0]: Input should be greater than 0 (got 0)"
+        " [parallelism section]"
+    )
     assert not (tmp_path / "run").exists()
 
 

@@ -175,7 +175,7 @@ def test_emulated_figures_are_labelled_in_summary_report_and_regress():
     import pandas as pd
 
     from fsdpbench.analysis.regress import build_baseline, case_records
-    from fsdpbench.analysis.summary import case_table
+    from fsdpbench.analysis.summary import case_summary
     from fsdpbench.report.data import ranks_label
 
     assert ranks_label(4, "cpu", "gloo", mode="emulated", emulated_ranks="0") == (
@@ -200,7 +200,7 @@ def test_emulated_figures_are_labelled_in_summary_report_and_regress():
         warmup_steps=1,
     )
     frame = pd.DataFrame([row, {**row, "case_id": "r", "mode": "real"}])
-    assert list(case_table(frame)["mode"]) == ["emulated", "real"]
+    assert list(case_summary(frame)["mode"]) == ["emulated", "real"]
     assert case_records(frame)["c"]["mode"] == "emulated"
     baseline = build_baseline(frame.assign(backend="gloo", device_name="cpu", torch_version="t", commit="x"))
     assert baseline["cases"]["c"]["mode"] == "emulated" and "mode" not in baseline["cases"]["r"]

@@ -79,7 +79,7 @@ def test_tracker_and_profiler_leave_nothing_installed(strategy, one_rank_gloo_gr
 
     step(0)
     assert instruments_left_installed() == []
-    with build_tracker(model, optimizer, parallel.strategy.fsdp_root(model)):
+    with build_tracker(model, optimizer, parallel.strategy):
         assert instruments_left_installed()  # it does see an installed instrument
         step(1)
     with profile_steps(torch.device("cpu"), tmp_path / "trace.json.gz"):
@@ -100,8 +100,8 @@ def test_the_profiled_steps_trace_is_written_in_the_case_directory_only(tmp_path
     the system's temporary directory (torch's own .gz export writes its JSON there first)."""
     import tempfile
 
-    from fsdpbench.metrics.overlap import load_trace
     from fsdpbench.metrics.profiled import profile_steps
+    from fsdpbench.metrics.trace import Trace
 
     def refused(*args, **kwargs):
         raise AssertionError("a temporary file outside the case directory")
@@ -113,5 +113,5 @@ def test_the_profiled_steps_trace_is_written_in_the_case_directory_only(tmp_path
     with profile_steps(torch.device("cpu"), case_dir / "trace_rank0.json.gz"):
         torch.ones(64, 64) @ torch.ones(64, 64)
     assert [p.name for p in case_dir.iterdir()] == ["trace_rank0.json.gz"]
-    names = {e.get("name") for e in load_trace(case_dir / "trace_rank0.json.gz")["traceEvents"]}
+    names = {e.get("name") for e in Trace.load(case_dir / "trace_rank0.json.gz").events}
     assert "aten::mm" in names

@@ -8,15 +8,8 @@ import math
 
 import pytest
 
-from fsdpbench.metrics.overlap import (
-    analyze_trace,
-    classify_trace_events,
-    intersection_length,
-    load_trace,
-    merge_intervals,
-    overlap_stats,
-    subtract_intervals,
-)
+from fsdpbench.metrics.overlap import analyze_trace, classify_trace_events, overlap_stats
+from fsdpbench.metrics.trace import Trace, intersection_length, merge_intervals, subtract_intervals
 from tests.helpers import trace_event
 
 
@@ -165,9 +158,26 @@ def test_analyze_trace_json_and_gz_auto_backend(tmp_path):
     assert cpu["backend"] == "gloo" and cpu["rank"] == 1 and cpu["overlap_us"] == 50.0
     gpu = analyze_trace(packed)
     assert gpu["backend"] == "nccl" and gpu["rank"] == 3 and gpu["overlap_ratio"] == 0.75
-    assert load_trace(packed)["distributedInfo"]["rank"] == 3
+    assert Trace.load(packed).info["rank"] == 3
 
 
 def test_unknown_backend_is_an_error():
     with pytest.raises(ValueError, match="allowed"):
         classify_trace_events({"traceEvents": []}, "mpi")
+
+
+def test_a_trace_is_read_once_and_every_analysis_reads_the_same_object(tmp_path, monkeypatch):
+    from fsdpbench.metrics import comm
+
+    path = tmp_path / "rank1.json"
+    path.write_text(json.dumps(cpu_trace()))
+    trace = Trace.load(path)
+    reads = []
+    read_records = comm._read_records
+    monkeypatch.setattr(comm, "_read_records", lambda *a: reads.append(a) or read_records(*a))
+    frame = comm.collectives_from_trace(trace, group_size=2)
+    records = comm.collective_records(trace, group_size=2)
+    assert len(reads) == 1 and int(frame["count"].sum()) == len(records)  # the collectives read once
+    # the overlap of the object is the overlap of the file
+    assert analyze_trace(trace) == analyze_trace(path)
+    assert trace.host_comm == [(100.0, 200.0), (300.0, 350.0)] and len(trace.host_ops) == 1

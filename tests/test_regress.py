@@ -74,7 +74,7 @@ def baseline():
 
 
 def verdicts(result) -> dict[tuple[str, str], str]:
-    return {(r.case_id, r.metric): r.verdict for r in result.records.itertuples()}
+    return {(d.case_id, d.metric): d.verdict for d in result.differences}
 
 
 # ---- the baseline -------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_a_run_whose_gloo_loop_threads_differ_from_the_baselines_says_so(baselin
 def test_memory_over_tolerance_on_one_rank_fails_naming_case_and_metric(baseline):
     result = compare(baseline, run_frame(zero3_peak=(1000, 1011)))  # +1.1% on rank 1 > 1%
     assert not result.passed
-    fail = result.failures.iloc[0]
+    fail = result.failures[0]
     assert (fail.case_id, fail.metric, fail.verdict) == (ZERO3.case_id, "mem_tracker_peak_bytes", "regressed")
     assert fail.change == pytest.approx(0.011)
     assert compare(baseline, run_frame(zero3_peak=(1000, 1009))).passed  # +0.9%: within 1%
@@ -180,14 +180,14 @@ def test_memory_improvement_passes_unless_strict(baseline):
     frame = run_frame(zero3_peak=(900, 900))
     loose, strict = compare(baseline, frame), compare(baseline, frame, strict=True)
     assert loose.passed and verdicts(loose)[(ZERO3.case_id, "mem_tracker_peak_bytes")] == "improved"
-    assert not strict.passed and "update the baseline" in strict.failures.iloc[0].note
+    assert not strict.passed and "update the baseline" in strict.failures[0].note
 
 
 def test_category_from_zero_is_a_regression(baseline):
     frame = run_frame()
     frame.loc[frame["strategy"] == "zero3", "mem_tracker_peak_buffers_bytes"] = 4
     result = compare(baseline, frame)
-    fail = result.failures.iloc[0]
+    fail = result.failures[0]
     assert (fail.metric, fail.baseline, fail.now) == ("mem_tracker_peak_buffers_bytes", 0, 4)
     assert math.isinf(fail.change)
 
@@ -204,7 +204,7 @@ def test_step_time_is_gated_as_a_ratio_within_the_run(baseline):
     assert "hostname: ci-host → elsewhere" in other.notes[0]
     # only zero3 slower: its ratio to ddp regressed (2.5 → 3.25, +30% > 25%)
     result = compare(baseline, run_frame(zero3_ms=65.0, hostname="elsewhere"))
-    fail = result.failures.iloc[0]
+    fail = result.failures[0]
     assert (fail.case_id, fail.metric) == (ZERO3.case_id, "step_time_ratio")
     assert fail.change == pytest.approx(0.3) and DDP.case_id in fail.note
     # a warn gate reports it without failing
@@ -231,7 +231,7 @@ def test_harness_overhead_is_gated_on_the_same_machine_when_the_baseline_has_it(
 def test_changed_loss_fails_in_either_direction(baseline):
     for delta in (+1e-3, -1e-3):
         result = compare(baseline, run_frame(zero3_losses=[6.4, 6.3, 6.2 + delta]))
-        fail = result.failures.iloc[0]
+        fail = result.failures[0]
         assert (fail.metric, fail.verdict) == ("losses", "changed")
         assert fail.change == pytest.approx(1e-3 / 6.2)
     assert compare(baseline, run_frame(zero3_losses=[6.4, 6.3, 6.2 + 1e-6])).passed  # float noise
@@ -249,7 +249,7 @@ def test_missing_failed_and_new_cases(baseline):
         + case_rows(ZERO3, peak=[0, 0], step_ms=float("nan"), status="timeout", error="timed out after 120 s")
     )
     result = compare(baseline, failed)
-    fail = result.failures.iloc[0]
+    fail = result.failures[0]
     assert (fail.case_id, fail.verdict) == (ZERO3.case_id, "failed") and "timed out after 120 s" in fail.note
 
     new = pd.concat([run_frame(), pd.DataFrame(case_rows(zero2, peak=[1, 1], step_ms=1.0))])
@@ -286,7 +286,7 @@ def test_strategy_map_matches_a_plugin_to_the_baseline_strategy(baseline):
     )
     mapped = apply_strategy_map(frame, {"regressions:ParamCopyZero3": "zero3"})
     assert set(mapped["case_id"]) == {DDP.case_id, ZERO3.case_id}
-    fail = compare(baseline, mapped).failures.iloc[0]
+    fail = compare(baseline, mapped).failures[0]
     assert (fail.case_id, fail.metric, fail.run_case_id) == (
         ZERO3.case_id,
         "mem_tracker_peak_bytes",
@@ -461,3 +461,70 @@ def test_sleep_per_step_fails_on_step_time_ratio(real_baseline, capsys):
     records = pd.DataFrame(json.loads((tmp / "sleepy.json").read_text())["records"])
     mine = records[records["case_id"] == zero3_id]
     assert mine[mine["kind"].isin(["memory", "loss"])]["verdict"].eq("ok").all()  # only time moved
+
+
+def test_the_renderers_print_a_difference_report_built_by_hand():
+    """The comparison is data (DifferenceReport); the table, Markdown and JSON are drawn from it alone."""
+    from fsdpbench.analysis.regress import DifferenceReport, MetricDifference
+    from fsdpbench.commands.regress import build_table, render_markdown, to_json, verdict_line
+
+    regressed = MetricDifference(
+        case_id="c1",
+        metric="mem_tracker_peak_bytes",
+        kind="memory",
+        baseline=100,
+        now=110,
+        change=0.1,
+        tolerance=0.01,
+        gate="fail",
+        verdict="regressed",
+        fails=True,
+        note="",
+        run_case_id="c1",
+    )
+    same = MetricDifference(
+        case_id="c2",
+        metric="comm_total_bytes",
+        kind="comm",
+        baseline=7,
+        now=7,
+        change=0.0,
+        tolerance=0.01,
+        gate="fail",
+        verdict="ok",
+        fails=False,
+        note="",
+        run_case_id="c2",
+        mode="emulated",
+    )
+    report = DifferenceReport(differences=[regressed, same], machine_matches=True, notes=["a note"])
+    assert not report.passed and report.failures == [regressed] and report.notable() == [regressed]
+    assert report.verdict_counts() == {"ok": 1, "regressed": 1}
+    assert verdict_line(report) == (
+        "REGRESSION c1 mem_tracker_peak_bytes: regressed (100 B → 110 B, +10.00%)\n"
+        "FAIL: 2 compared (1 ok, 1 regressed)"
+    )
+    markdown = render_markdown(report, {}, "b.json", "run")
+    assert markdown.startswith("### ❌ fsdpbench regress: FAIL\n") and "> a note" in markdown
+    assert "| c1 | mem_tracker_peak_bytes | 100 B | 110 B | +10.00% | 1% fail | regressed ✗ |  |" in markdown
+    assert "| c2 [emulated] | comm_total_bytes | 7 B | 7 B | +0.00% | 1% fail | ok |  |" in markdown
+    assert build_table(report, "b.json", "run").row_count == 2
+    record = to_json(report, "b.json", "run")["records"][0]
+    assert record == {
+        "case_id": "c1",
+        "metric": "mem_tracker_peak_bytes",
+        "kind": "memory",
+        "baseline": 100,
+        "now": 110,
+        "change": 0.1,
+        "tolerance": 0.01,
+        "gate": "fail",
+        "verdict": "regressed",
+        "fails": True,
+        "note": "",
+        "run_case_id": "c1",
+        "effect_low": None,
+        "effect_high": None,
+        "p_value": None,
+        "mode": "real",
+    }

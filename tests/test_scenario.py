@@ -184,3 +184,71 @@ def test_every_scenario_field_is_in_the_table_of_docs_scenarios_md():
         name for cell in re.findall(r"^\| ([^|]+) \|", table, re.M) for name in re.findall(r"`(\w+)`", cell)
     }
     assert documented - {"field"} == set(CASE_FIELDS)
+
+
+def test_every_case_field_is_in_one_section_and_the_docs_group_them_so():
+    """Case.sections() holds each field once; docs/scenarios.md lists under '### <section>' exactly the
+    fields a scenario may set of that section."""
+    import dataclasses
+    import re
+
+    from fsdpbench.core.case import Case, Section
+    from fsdpbench.pipeline.scenario import CASE_FIELDS
+
+    sections = Case.sections()
+    names = [n for fields in sections.values() for n in fields]
+    assert sorted(names) == sorted(f.name for f in dataclasses.fields(Case))
+    assert Case.section_of("world_size") is Section.PARALLELISM
+    assert Case.section_of("limit_all_gathers") is Section.FSDP1
+    assert sections[Section.EMULATION] == ("emulate", "emulate_ranks")
+    text = (ROOT / "docs" / "scenarios.md").read_text()
+    table = text[text.index("## Case fields") :].split("\n\n## ")[0]
+    documented = {
+        m.group(1): {
+            n
+            for cell in re.findall(r"^\| ([^|]+) \|", m.group(2), re.M)
+            for n in re.findall(r"`(\w+)`", cell)
+        }
+        - {"field"}
+        for m in re.finditer(r"^### (\w+)\n(.*?)(?=^### |\Z)", table, re.M | re.S)
+    }
+    expected = {s.value: {n for n in fields if n in CASE_FIELDS} for s, fields in sections.items()}
+    assert documented == {k: v for k, v in expected.items() if v}
+
+
+def test_a_field_declared_without_a_section_is_named():
+    import dataclasses
+
+    from fsdpbench.core.case import case_field, field_section
+
+    @dataclasses.dataclass
+    class Loose:
+        knob: int = case_field(0, doc="a knob", accepts=None)
+
+    with pytest.raises(TypeError, match="case field knob has no section"):
+        field_section(dataclasses.fields(Loose)[0])
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "defaults: {backend: mpi}\nsweep: {strategy: [ddp]}",
+            "defaults.backend: Input should be 'auto', 'gloo' or 'nccl' (got 'mpi') [host section]",
+        ),
+        (
+            "cases: [{forward_prefetch: 3}]\nsweep: {strategy: [ddp]}",
+            "cases[0].forward_prefetch: Input should be a valid boolean (got 3) [fsdp1 section]",
+        ),
+        (
+            "sweep: {strategy: [ddp], time_blocks: [-1]}",
+            "sweep.time_blocks[0]: Input should be greater than or equal to 0 (got -1) [protocol section]",
+        ),
+        ("sweep: {strategy: [ddp], model_args.d_model: [abc]}", "[model section]"),
+        ("sweep: {strategy: [ddp], checkpoint: [zip]}", "[checkpoint section]"),
+    ],
+)
+def test_a_scenario_error_names_the_section_of_its_field(text: str, said: str):
+    with pytest.raises(ScenarioError) as err:
+        expand("name: q\n" + text)
+    assert said in str(err.value) and "\n" not in str(err.value)

@@ -117,3 +117,93 @@ def test_every_registered_strategy_declares_a_consistent_sharding() -> None:
     kept = {name for name, s in shardings.items() if s.params_unsharded_fwd_to_bwd}
     assert kept == {name for name, s in shardings.items() if s.params and s.param_gathers == 1}
     assert kept  # SHARD_GRAD_OP-style strategies exist among the built-ins
+
+
+def test_no_module_outside_the_strategy_files_tests_an_engine_version_or_a_strategy_class() -> None:
+    identity = re.compile(r"fsdp_version|DeepSpeedEngine|isinstance\([^)]*ZeroRedundancyOptimizer")
+    hits = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path.relative_to(PACKAGE).parts[0] != "strategies"
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if identity.search(line)
+    ]
+    assert hits == []
+
+
+def test_a_sharding_says_what_it_communicates_phase_by_phase() -> None:
+    from fsdpbench.strategies.base import FSDP_FULL_SHARD, FSDP_HYBRID_SHARD, OPTIM_SHARDED, REPLICATED
+
+    def plan(sharding):
+        return [(c.phase, c.kind, c.payload, c.group) for c in sharding.collectives()]
+
+    assert plan(REPLICATED) == [("backward", "all_reduce", "grads", "shard")]
+    assert plan(OPTIM_SHARDED) == [
+        ("backward", "all_reduce", "grads", "shard"),
+        ("after_step", "broadcast", "params", "shard"),
+    ]
+    assert plan(FSDP_FULL_SHARD) == [
+        ("forward", "all_gather", "params", "shard"),
+        ("backward", "all_gather", "params", "shard"),
+        ("backward", "reduce_scatter", "grads", "shard"),
+    ]
+    assert plan(HybridKeepParams.sharding) == [
+        ("forward", "all_gather", "params", "shard"),
+        ("backward", "reduce_scatter", "grads", "shard"),
+        ("backward", "all_reduce", "grad_shard", "replicas"),
+    ]
+    assert plan(FSDP_HYBRID_SHARD)[1] == ("backward", "all_gather", "params", "shard")
+
+
+def test_a_plugin_declares_its_tracker_checkpoint_and_knobs_and_the_engine_follows() -> None:
+    from fsdpbench.engine.emulate import shards_on_meta
+    from fsdpbench.engine.knobs import normalize_knobs
+    from fsdpbench.predictors.checkpoint import predict_checkpoint
+    from fsdpbench.predictors.memory_model import _case_notes
+    from fsdpbench.strategies.base import FSDP1_STATE_DICT, STRATEGY_KNOBS, Strategy
+
+    plugin = HybridKeepParams()
+    assert plugin.memory_tracker == "fsdp2" and shards_on_meta(plugin)
+    case = Case(model="mlp", strategy=HybridKeepParams.name, world_size=4, shard_size=2, checkpoint="full")
+    # what it gathers is what it declares: FSDP2's padded tensors, as hsdp, not FSDP1's flat parameters
+    ours = predict_checkpoint(case, plugin)
+    assert [p.bytes for p in ours] == [p.bytes for p in predict_checkpoint(case, get_strategy("hsdp"))]
+    assert not any(k.startswith("fsdp1_") for p in ours for k in p.terms)
+
+    class FlatPlugin(HybridKeepParams):  # the same engine, declared to checkpoint and read knobs as FSDP1
+        name = "flat_plugin"
+        memory_tracker = "fsdp1"
+        reads_knobs = STRATEGY_KNOBS
+        checkpointing = FSDP1_STATE_DICT
+        memory_model_notes = ("flat_plugin: laid out per parameter",)
+
+    flat = FlatPlugin()
+    assert "fsdp1_flat_gather_host" in predict_checkpoint(case.replace(strategy=flat.name), flat)[1].terms
+    knobs = case.replace(backward_prefetch="post", limit_all_gathers=False)
+    assert normalize_knobs(knobs, flat) == knobs
+    assert normalize_knobs(knobs, plugin) == case  # HybridKeepParams reads none of them
+    # the first note is the recipe every prediction assumes; the strategy's own follow it
+    assert _case_notes(case, flat)[1:] == ["flat_plugin: laid out per parameter"]
+    assert _case_notes(case, plugin)[1:] == []
+    with pytest.raises(ValueError, match="memory_tracker"):
+        type("Bad", (Strategy,), {"memory_tracker": "fsdp3"})
+    with pytest.raises(ValueError, match="reads_knobs"):
+        type("Bad", (Strategy,), {"reads_knobs": ("wrap",)})
+    with pytest.raises(TypeError, match="checked_on_gpu"):
+        type("Bad", (Strategy,), {"checked_on_gpu": "yes"})
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"state_dict_api": "fsdp1"},  # a gathering API that gathers nothing
+        {"gathers": "flat_parameters"},  # the module's own state dict gathers nothing
+        {"state_dict_api": "distributed", "gathers": "padded_tensors", "optimizer_consolidation": "to_rank0"},
+        {"optimizer_consolidation": "rank0"},
+    ],
+)
+def test_a_checkpointing_that_contradicts_itself_is_refused(fields: dict) -> None:
+    from fsdpbench.strategies.base import Checkpointing
+
+    with pytest.raises(ValueError, match="Checkpointing"):
+        Checkpointing(**fields)

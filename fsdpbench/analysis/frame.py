@@ -140,27 +140,32 @@ def _case_row(row: dict[str, Any], group: pd.DataFrame) -> dict[str, Any]:
     }
     for col in group.columns:
         agg = COLUMNS[col].agg if col in COLUMNS else Agg.SAME
-        if agg in source_row:
-            row[col] = source_row[agg][col]
-        elif agg is Agg.MAX:
-            row[col] = _rank_max(ranks[col])
-        elif agg is Agg.MEAN:
-            row[col] = _rank_mean(ranks[col])
+        if agg in source_row or agg in (Agg.MAX, Agg.MEAN):
+            row[col] = _aggregate(agg, col, source_row, ranks)
     if slow is not None and is_number(row.get(CASE_STEP_TIME)):
         row[STEP_TIME] = row[CASE_STEP_TIME]  # the case's step time as recorded
     if model_slow is not None:
-        measured = row.get(STEP_TIME)
-        # an error only where the model describes the measurement (not: CPU ranks beyond the cores, emulated)
-        flag = model_slow.get(MODEL_CHECKABLE)
-        checked = flag is None or pd.isna(flag) or bool(flag)
-        row[MODEL_STEP_ERR] = (
-            (model_slow[MODEL_STEP_TIME] - measured) / measured
-            if checked and is_number(measured) and measured
-            else np.nan
-        )
+        row[MODEL_STEP_ERR] = _model_step_error(model_slow, row.get(STEP_TIME))
     row.update(checkpoint_case_columns(ranks))
     _add_errors(row)
     return row
+
+
+def _aggregate(agg: Agg, col: str, source_row: dict[Agg, pd.Series], ranks: pd.DataFrame) -> Any:
+    """A column's value for the case by its declared aggregation: a chosen rank's, the max or the mean."""
+    if agg in source_row:
+        return source_row[agg][col]
+    return _rank_max(ranks[col]) if agg is Agg.MAX else _rank_mean(ranks[col])
+
+
+def _model_step_error(model_slow: pd.Series, measured: Any) -> float:
+    """The modelled step time's relative error, only where the model describes the measurement (not:
+    CPU ranks beyond the cores, emulated)."""
+    flag = model_slow.get(MODEL_CHECKABLE)
+    checked = flag is None or pd.isna(flag) or bool(flag)
+    if checked and is_number(measured) and measured:
+        return (model_slow[MODEL_STEP_TIME] - measured) / measured
+    return np.nan
 
 
 def _row_of_max(ranks: pd.DataFrame, column: str) -> pd.Series | None:

@@ -1,8 +1,9 @@
 """Compare a run against a stored baseline, case by case and metric by metric (the CI gate).
 
     baseline = build_baseline(load_results(run_a), run_meta)     # → small JSON, committed
-    result = compare(baseline, load_results(run_b))              # → one record per case × metric
-    result.passed                                                 # the exit code's contract
+    result = compare(baseline, load_results(run_b))              # → DifferenceReport: one typed
+    result.passed                                                 #   MetricDifference per case × metric;
+    # passed is the exit code's contract; commands/regress renders the report as a table, Markdown, JSON
 
 What is compared, and how (docs/ci.md explains why):
 - memory / comm bytes (tracker live tensors, exact storage, comm volume): deterministic on CPU, so
@@ -42,6 +43,7 @@ from fsdpbench.analysis.frame import (
     time_references,
 )
 from fsdpbench.analysis.timegate import ALPHA
+from fsdpbench.core.formats import BASELINE, FORMAT_VERSION, FormatVersionError
 from fsdpbench.core.numbers import number
 from fsdpbench.core.schema import (
     ALLOC_PEAK_ALLOCATED,
@@ -74,7 +76,8 @@ from fsdpbench.core.schema import (
 )
 from fsdpbench.hosttuning.threads import loop_state
 
-BASELINE_FORMAT = 1
+# what says a file is a baseline (its value never changes); its layout's version is BASELINE's format_version
+BASELINE_MARKER = "fsdpbench_baseline"
 KINDS = ("memory", "comm", "time", "loss")
 GATES = ("fail", "warn", "off")
 FAILING = ("regressed", "changed", "missing", FAILED)
@@ -129,21 +132,61 @@ class Threshold:
     gate: str = "fail"
 
 
-@dataclass(kw_only=True)
-class Comparison:
-    """The outcome: one record per case × metric, and notes about the whole comparison."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MetricDifference:
+    """One case × metric of a comparison; ``metric`` "case" is the case itself (missing, failed, new)."""
 
-    records: pd.DataFrame
+    case_id: str  # the baseline's id (after --map-strategy)
+    metric: str
+    kind: str  # memory | comm | time | loss | case
+    baseline: Any  # the baseline's value (a median for samples, the last loss; a case row: its status)
+    now: Any  # the run's, alike
+    change: float | None  # relative; for samples the effect, for losses the largest over steps
+    tolerance: float | None
+    gate: str | None  # fail | warn | off
+    verdict: str  # ok | regressed | improved | changed | missing | failed | warn | new | not compared
+    fails: bool
+    note: str
+    run_case_id: str  # the id the case ran as
+    effect_low: float | None = None  # sampled step time: the effect's confidence interval
+    effect_high: float | None = None
+    p_value: float | None = None  # sampled step time: Mann–Whitney U
+    mode: str = "real"  # emulated: one rank alone with a fake process group
+
+
+@dataclass(kw_only=True)
+class DifferenceReport:
+    """The comparison as data (rendering is ``commands/regress``'s): every difference, and notes about
+    the whole comparison. ``passed`` is the gate's contract."""
+
+    differences: list[MetricDifference]
     machine_matches: bool
     notes: list[str] = field(default_factory=list)
 
     @property
-    def failures(self) -> pd.DataFrame:
-        return self.records[self.records["fails"]]
+    def failures(self) -> list[MetricDifference]:
+        return [d for d in self.differences if d.fails]
 
     @property
     def passed(self) -> bool:
-        return not bool(self.records["fails"].any()) if not self.records.empty else True
+        return not self.failures
+
+    def notable(self) -> list[MetricDifference]:
+        """Failures, warnings, improvements and new cases: what a reader looks at first."""
+        return [d for d in self.differences if d.fails or d.verdict in ("warn", "improved", "new")]
+
+    def verdict_counts(self) -> dict[str, int]:
+        """How many differences of each verdict, by verdict name."""
+        counts: dict[str, int] = {}
+        for d in self.differences:
+            counts[d.verdict] = counts.get(d.verdict, 0) + 1
+        return dict(sorted(counts.items()))
+
+    @property
+    def records(self) -> pd.DataFrame:
+        """The differences as a table, one row each, a column per field."""
+        names = [f.name for f in dataclasses.fields(MetricDifference)]
+        return pd.DataFrame([dataclasses.asdict(d) for d in self.differences], columns=names)
 
 
 # ---- thresholds ---------------------------------------------------------------------------------
@@ -332,7 +375,8 @@ def build_baseline(
         )
     merged = {**default_thresholds(), **(thresholds or {})}
     return {
-        "fsdpbench_baseline": BASELINE_FORMAT,
+        FORMAT_VERSION: BASELINE.version,
+        BASELINE_MARKER: 1,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "provenance": _provenance(frame, run_meta or {}),
         "machine": machine_of(frame),
@@ -408,12 +452,16 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
         raise BaselineError(f"{path}: nested too deep to be a baseline") from None
     except ValueError as exc:
         raise BaselineError(f"{path}: not valid JSON: {exc}") from None
-    version = data.get("fsdpbench_baseline") if isinstance(data, dict) else None
-    if type(version) is not int or version != BASELINE_FORMAT:  # True == 1 in Python, not here
+    marker = data.get(BASELINE_MARKER) if isinstance(data, dict) else None
+    if type(marker) is not int or marker != 1:  # True == 1 in Python, not here
         raise BaselineError(
-            f"{path}: not a fsdpbench baseline (fsdpbench_baseline: {BASELINE_FORMAT} missing); "
+            f"{path}: not a fsdpbench baseline ({BASELINE_MARKER}: 1 missing); "
             "write one with: fsdpbench regress RUN_DIR --write-baseline PATH"
         )
+    try:
+        BASELINE.check(path, data.get(FORMAT_VERSION))
+    except FormatVersionError as exc:
+        raise BaselineError(str(exc)) from None
     if not isinstance(data.get("cases"), dict):
         raise BaselineError(f"{path}: cases: expected a mapping case_id → entry")
     if len(data["cases"]) > MAX_BASELINE_CASES:
@@ -471,7 +519,7 @@ def compare(
     thresholds: Mapping[str, Threshold] | None = None,
     gates: Mapping[str, str] | None = None,
     strict: bool = False,
-) -> Comparison:
+) -> DifferenceReport:
     """Every baseline case × metric against the run in ``frame`` (after any strategy mapping).
 
     ``thresholds`` (metric or kind → Threshold) override the baseline's; ``gates`` (metric or kind →
@@ -496,7 +544,7 @@ def compare(
             "times of CPU ranks that communicate differ for that reason alone; set FSDPBENCH_GLOO_LOOP_IDLE "
             "to the same 0 or 1 for both (docs/ci.md)"
         )
-    rows: list[dict[str, Any]] = []
+    rows: list[MetricDifference] = []
     for cid, entry in sorted(baseline["cases"].items()):
         layers = [
             thresholds or {},
@@ -522,47 +570,45 @@ def compare(
                 run_case_id=cases[cid][RUN_CASE_ID],
             )
         )
-    records = pd.DataFrame(rows, columns=_COLUMNS)
     # which figures are emulated (one rank alone, fake process group): the run's, else the baseline's
-    records["mode"] = [
-        (cases.get(cid) or baseline["cases"].get(cid) or {}).get("mode", "real") for cid in records["case_id"]
-    ]
-    if (records["mode"] == "emulated").any():
+    modes = {
+        cid: (cases.get(cid) or baseline["cases"].get(cid) or {}).get("mode", "real")
+        for cid in {d.case_id for d in rows}
+    }
+    differences = [dataclasses.replace(d, mode=modes[d.case_id]) for d in rows]
+    if any(d.mode == "emulated" for d in differences):
         notes.append("emulated cases: one rank alone with a fake process group; step times are compute only")
-    return Comparison(records=records, machine_matches=not differs, notes=notes)
+    return DifferenceReport(differences=differences, machine_matches=not differs, notes=notes)
 
 
-_COLUMNS = [
-    "case_id",
-    "metric",
-    "kind",
-    "baseline",
-    "now",
-    "change",
-    "tolerance",
-    "gate",
-    "verdict",
-    "fails",
-    "note",
-    RUN_CASE_ID,
-    "effect_low",
-    "effect_high",
-    "p_value",
-]
 SAMPLED = STEP_TIME_REF_RATIOS  # the sampled time metric; the single-number ones only warn beside it
 
 
 def _row(
     cid, metric, base, now, change, threshold, verdict, fails, note="", *, run_case_id=None, stats=None
-) -> dict:
-    kind = METRICS[metric].kind if metric in METRICS else "case"
-    gate = (threshold.tolerance, threshold.gate) if threshold else (None, None)
-    effect = (stats.low, stats.high, stats.p_value) if stats else (None, None, None)
-    values = (cid, metric, kind, base, now, change, *gate, verdict, fails, note, run_case_id or cid, *effect)
-    return dict(zip(_COLUMNS, values, strict=True))
+) -> MetricDifference:
+    return MetricDifference(
+        case_id=cid,
+        metric=metric,
+        kind=METRICS[metric].kind if metric in METRICS else "case",
+        baseline=base,
+        now=now,
+        change=change,
+        tolerance=threshold.tolerance if threshold else None,
+        gate=threshold.gate if threshold else None,
+        verdict=verdict,
+        fails=bool(fails),
+        note=note,
+        run_case_id=run_case_id or cid,
+        effect_low=stats.low if stats else None,
+        effect_high=stats.high if stats else None,
+        p_value=stats.p_value if stats else None,
+    )
 
 
-def _compare_case(cid, entry, now, cases, layers, gates, *, strict, machine_differs) -> list[dict]:
+def _compare_case(
+    cid, entry, now, cases, layers, gates, *, strict, machine_differs
+) -> list[MetricDifference]:
     if now is None:
         return [_row(cid, "case", entry[STATUS], None, None, None, "missing", True, "case not in the run")]
     if entry[STATUS] == SKIPPED or now[STATUS] != OK:

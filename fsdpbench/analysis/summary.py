@@ -34,7 +34,7 @@ from fsdpbench.core.schema import (
 )
 
 
-def case_table(frame: pd.DataFrame) -> pd.DataFrame:
+def case_summary(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per case (``analysis.frame.case_frame``): the slowest rank's median step time (with that
     rank's p10–p90 and the step counts), throughput, MFU (GPU), harness overhead (with a bare loop) and the
     largest rank's peak."""
@@ -112,7 +112,7 @@ def _print_stacked(console: Console, title: str, columns: list[str], rows: list[
 
 
 def print_summary(frame: pd.DataFrame, console: Console) -> None:
-    cases = case_table(frame)
+    cases = case_summary(frame)
     counts = {(int(r.steps), int(r.warmup)) for r in cases.itertuples() if _ok(r.steps) and _ok(r.warmup)}
     how = ""
     if len(counts) == 1:

@@ -31,6 +31,7 @@ from typing import Any
 
 from fsdpbench.core import schema
 from fsdpbench.core.case import Case
+from fsdpbench.core.formats import BOUNDARIES, FORMAT_VERSION
 from fsdpbench.core.names import FULL_SHARD_STRATEGY, REFERENCE_STRATEGY
 
 CHECK_MODEL = "decoder-base"
@@ -82,10 +83,10 @@ def main(args: argparse.Namespace) -> int:
         try:
             rows = load_results(args.from_dir)
             env = RunStore(Path(args.from_dir)).read_run_json().get("env", {})
+            boundaries = _read_boundaries(Path(args.from_dir))
         except (ResultsFileError, OSError, ValueError) as exc:
             print(f"error: --from {args.from_dir}: {exc}", file=sys.stderr)
             return 2
-        boundaries = _read_boundaries(Path(args.from_dir))
         return write_report(check_records(rows), env, boundaries, out)
     from fsdpbench.store.env import cuda_status
 
@@ -334,9 +335,18 @@ def _read_boundaries(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     data = json.loads(path.read_text())
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a list")
-    return data
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    BOUNDARIES.check(path, data.get(FORMAT_VERSION))
+    boundaries = data.get("boundaries")
+    if not isinstance(boundaries, list):
+        raise ValueError(f"{path}: boundaries: expected a list")
+    return boundaries
+
+
+def _write_boundaries(out: Path, boundaries: list[dict[str, Any]]) -> None:
+    text = json.dumps(BOUNDARIES.stamped({"boundaries": boundaries}), indent=1)
+    (out / "boundaries.json").write_text(text + "\n")
 
 
 # ---- the report ---------------------------------------------------------------------------------------
@@ -458,7 +468,7 @@ def _run_check(out: Path, *, boundary: bool) -> int:  # pragma: no cover — nee
         rows = run_cases(scenario.cases, scenario.skipped, store, meta, traced=True)
     records = check_records(rows)
     boundaries = _measure_boundaries(scenario.cases, records, out) if boundary else []
-    (out / "boundaries.json").write_text(json.dumps(boundaries, indent=1) + "\n")
+    _write_boundaries(out, boundaries)
     return write_report(records, meta["env"], boundaries, out)
 
 

@@ -318,10 +318,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise ValueError(f"{flag} {value}: must be {bound}")
 
 
-def _build_cases(args: argparse.Namespace) -> list:
-    from fsdpbench.core.case import Case, resolve_activation_checkpointing
+def _check_args(args: argparse.Namespace) -> list[str]:
+    """The flags checked before any case is built; returns the strategies named (ValueError naming a flag)."""
     from fsdpbench.models import model_names
-    from fsdpbench.strategies import get_strategy
 
     if args.model and args.model not in model_names():
         raise ValueError(f"--model {args.model}: unknown model; allowed: {', '.join(model_names())}")
@@ -330,19 +329,27 @@ def _build_cases(args: argparse.Namespace) -> list:
     if args.params is not None and not (math.isfinite(args.params) and 1 <= args.params <= MAX_PARAMS):
         raise ValueError(f"--params {args.params}: must be a parameter count from 1 to {MAX_PARAMS:.0e}")
     _check_numbers(args)
+    if args.max_norm is not None and not (math.isfinite(args.max_norm) and args.max_norm > 0):
+        raise ValueError(f"--max-norm {args.max_norm}: must be a positive number")
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
+    if not strategies:
+        raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
     if any(":" in s for s in strategies):  # a module:Class typed here is explicit: cwd is searched last
         from fsdpbench.pipeline.scenario import enable_plugin_imports
 
         enable_plugin_imports()
-    if not strategies:
-        raise ValueError("--strategy: give at least one, e.g. zero1,zero2,zero3")
+    return strategies
+
+
+def _build_cases(args: argparse.Namespace) -> list:
+    from fsdpbench.core.case import Case, resolve_activation_checkpointing
+    from fsdpbench.strategies import get_strategy
+
+    strategies = _check_args(args)
     try:
         ac_on, ac_policy = resolve_activation_checkpointing(args.activation_checkpointing)
     except ValueError as exc:
         raise ValueError(f"--activation-checkpointing: {exc}") from None
-    if args.max_norm is not None and not (math.isfinite(args.max_norm) and args.max_norm > 0):
-        raise ValueError(f"--max-norm {args.max_norm}: must be a positive number")
     cases = []
     for name in strategies:
         strategy = get_strategy(name)  # KeyError names the allowed strategies

@@ -11,11 +11,12 @@ Exit codes: 0 passed, 1 regression (each failing case and metric is named), 2 ba
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -36,6 +37,9 @@ from fsdpbench.core.schema import (
     TORCH_VERSION,
 )
 from fsdpbench.strategies import REFERENCE_STRATEGY
+
+if TYPE_CHECKING:
+    from fsdpbench.analysis.regress import DifferenceReport, MetricDifference
 
 _VERDICT_STYLE = {OK: "green", "improved": "cyan", "new": "cyan", "warn": "yellow", "not compared": "dim"}
 
@@ -289,7 +293,11 @@ def fmt_change(metric: str, change: Any) -> str:
     return f"{change:+.2%}"
 
 
-def _cells(row: Any) -> list[str]:
+def _json_value(value: Any) -> Any:
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def _cells(row: MetricDifference) -> list[str]:
     tol = (
         ""
         if row.tolerance is None or row.tolerance != row.tolerance
@@ -297,7 +305,7 @@ def _cells(row: Any) -> list[str]:
     )
     verdict = row.verdict + (" ✗" if row.fails else "")
     case = row.case_id if row.run_case_id == row.case_id else f"{row.case_id} (ran as {row.run_case_id})"
-    if getattr(row, "mode", "real") == "emulated":
+    if row.mode == "emulated":
         case += " [emulated]"
     return [
         case,
@@ -314,14 +322,14 @@ def _cells(row: Any) -> list[str]:
 _HEADERS = ["case", "metric", "baseline", "now", "change", "tolerance", "verdict", "note"]
 
 
-def build_table(result: Any, baseline_path: str, run_dir: str) -> Table:
+def build_table(result: DifferenceReport, baseline_path: str, run_dir: str) -> Table:
     table = Table(title=f"regress {run_dir} against {baseline_path} (memory: largest rank)")
     for h in _HEADERS:
         table.add_column(
             h, overflow="fold", justify="right" if h in ("baseline", "now", "change") else "left"
         )
     previous = None
-    for row in result.records.itertuples():
+    for row in result.differences:
         cells = _cells(row)
         if cells[0] == previous:
             cells[0] = ""  # the case id once per group
@@ -333,22 +341,24 @@ def build_table(result: Any, baseline_path: str, run_dir: str) -> Table:
     return table
 
 
-def verdict_line(result: Any) -> str:
+def verdict_line(result: DifferenceReport) -> str:
     """One line per failure, naming the case and the metric, then PASS/FAIL."""
-    fails = result.failures
     lines = [
         f"REGRESSION {r.case_id} {r.metric}: {r.verdict} ({fmt_value(r.metric, r.baseline)} → "
         f"{fmt_value(r.metric, r.now)}{', ' + fmt_change(r.metric, r.change) if r.change is not None else ''}"
         f"{', ' + r.note if r.note else ''})"
-        for r in fails.itertuples()
+        for r in result.failures
     ]
-    counts = result.records["verdict"].value_counts().to_dict()
-    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items()))
-    lines.append(("FAIL" if not result.passed else "PASS") + f": {len(result.records)} compared ({summary})")
+    summary = ", ".join(f"{n} {v}" for v, n in result.verdict_counts().items())
+    lines.append(
+        ("FAIL" if not result.passed else "PASS") + f": {len(result.differences)} compared ({summary})"
+    )
     return "\n".join(lines)
 
 
-def render_markdown(result: Any, baseline: dict[str, Any], baseline_path: str, run_dir: str) -> str:
+def render_markdown(
+    result: DifferenceReport, baseline: dict[str, Any], baseline_path: str, run_dir: str
+) -> str:
     """A pull-request comment: the verdict, failures and warnings first, every metric folded below."""
     prov = baseline.get("provenance", {})
     head = "### ❌ fsdpbench regress: FAIL" if not result.passed else "### ✅ fsdpbench regress: PASS"
@@ -361,22 +371,18 @@ def render_markdown(result: Any, baseline: dict[str, Any], baseline_path: str, r
     ]
     lines += [f"> {note}" for note in result.notes] + ([""] if result.notes else [])
 
-    def table(frame: Any) -> list[str]:
+    def table(differences: list[MetricDifference]) -> list[str]:
         rows = ["| " + " | ".join(_HEADERS) + " |", "|" + "---|" * len(_HEADERS)]
-        rows += [
-            "| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in frame.itertuples()
-        ]
+        rows += ["| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |" for r in differences]
         return rows
 
-    notable = result.records[
-        result.records["fails"] | result.records["verdict"].isin(["warn", "improved", "new"])
-    ]
-    if not notable.empty:
+    notable = result.notable()
+    if notable:
         lines += table(notable) + [""]
     lines += [
-        f"<details><summary>every compared metric ({len(result.records)})</summary>",
+        f"<details><summary>every compared metric ({len(result.differences)})</summary>",
         "",
-        *table(result.records),
+        *table(result.differences),
         "",
         "</details>",
         "",
@@ -384,8 +390,10 @@ def render_markdown(result: Any, baseline: dict[str, Any], baseline_path: str, r
     return "\n".join(lines)
 
 
-def to_json(result: Any, baseline_path: str, run_dir: str) -> dict[str, Any]:
-    records = result.records.astype(object).where(result.records.notna(), None).to_dict("records")
+def to_json(result: DifferenceReport, baseline_path: str, run_dir: str) -> dict[str, Any]:
+    """The report as JSON: every difference a record of its fields; NaN as null, an infinite change as
+    "inf"."""
+    records = [{k: _json_value(v) for k, v in dataclasses.asdict(d).items()} for d in result.differences]
     for r in records:
         if isinstance(r.get("change"), float) and math.isinf(r["change"]):
             r["change"] = "inf"

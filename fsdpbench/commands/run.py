@@ -92,10 +92,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _main(args: argparse.Namespace, console: Console) -> int:
-    from fsdpbench.core.rundir import RunDirError
-    from fsdpbench.pipeline.runner import run_cases
     from fsdpbench.predictors.comm_model import LinkError
-    from fsdpbench.store.results import RunStore
 
     try:
         link = link_spec(args.link)
@@ -106,25 +103,31 @@ def _main(args: argparse.Namespace, console: Console) -> int:
     if args.dry_run:
         return _print_dry_run(scenario)
     if args.export_cases:
-        try:
-            return _export_cases(
-                scenario, check_output_path(args.export_cases, "--export-cases", directory=True)
-            )
-        except ValueError as exc:
-            console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
-            return 2
-        except OSError as exc:
-            print_write_error(console, exc)
-            return 2
+        return _export_cases_or_refuse(args, scenario, console)
     if args.collect and not args.out:
         console.print("[red]error:[/] --collect needs --out RUN_DIR (where the ranks wrote cases/<case_id>/)")
         return 2
-
     try:
         run_dir = _run_dir(args, scenario.name)
     except ValueError as exc:
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
+    return _run(args, console, scenario, overrides, run_dir, link)
+
+
+def _run(
+    args: argparse.Namespace,
+    console: Console,
+    scenario: Any,
+    overrides: dict[str, Any],
+    run_dir: Path,
+    link: str | None,
+) -> int:
+    """Run the scenario's cases into ``run_dir`` (resumed: the missing ones), then summarise and report."""
+    from fsdpbench.core.rundir import RunDirError
+    from fsdpbench.pipeline.runner import run_cases
+    from fsdpbench.store.results import RunStore
+
     store = RunStore(run_dir)
     resume_hint = f"fsdpbench run {shlex.quote(args.scenario)} --out {shlex.quote(str(run_dir))} --resume"
     try:
@@ -175,7 +178,13 @@ def _main(args: argparse.Namespace, console: Console) -> int:
             highlight=False,
         )
         return 128 + getattr(exc, "signum", signal.SIGINT)
+    return _finish(args, console, scenario, frame, run_dir, resume_hint)
 
+
+def _finish(
+    args: argparse.Namespace, console: Console, scenario: Any, frame: Any, run_dir: Path, resume_hint: str
+) -> int:
+    """The summary, the report and the exit code: 1 when a case failed or was not run."""
     from fsdpbench.analysis.summary import print_summary
 
     print_summary(frame, Console())
@@ -191,6 +200,18 @@ def _main(args: argparse.Namespace, console: Console) -> int:
             highlight=False,
         )
     return 1 if failed or not_run else 0
+
+
+def _export_cases_or_refuse(args: argparse.Namespace, scenario: Any, console: Console) -> int:
+    """``--export-cases DIR``: the case files, or exit 2 with the reason."""
+    try:
+        return _export_cases(scenario, check_output_path(args.export_cases, "--export-cases", directory=True))
+    except ValueError as exc:
+        console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
+        return 2
+    except OSError as exc:
+        print_write_error(console, exc)
+        return 2
 
 
 def _load_scenario(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import hashlib
 import json
 import re
@@ -74,18 +75,50 @@ class Accepts:
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
+class Section(enum.Enum):
+    """The part of a case a field belongs to (as torchtitan's job config groups its options); the value
+    is the section's name in docs and in the scenario's error messages."""
+
+    MODEL = "model"
+    PARALLELISM = "parallelism"
+    FSDP1 = "fsdp1"
+    TRAINING = "training"
+    PROTOCOL = "protocol"
+    CHECKPOINT = "checkpoint"
+    EMULATION = "emulation"
+    HOST = "host"
+
+    @property
+    def doc(self) -> str:
+        return _SECTION_DOCS[self]
+
+
+_SECTION_DOCS = {
+    Section.MODEL: "the model, the data each rank trains on, and the seed of both",
+    Section.PARALLELISM: "the strategy, its ranks and FSDP units, and where parameters live",
+    Section.FSDP1: "knobs that only the FSDP1 strategies read",
+    Section.TRAINING: "precision, optimizer, and what wraps the step (activation checkpointing, compile)",
+    Section.PROTOCOL: "the phases a rank runs, how many steps each, the samplers and the time limit",
+    Section.CHECKPOINT: "the checkpoint phase: method, what is saved, limits",
+    Section.EMULATION: "ranks run alone on one device with a fake process group",
+    Section.HOST: "the device, backend and allocator settings the case runs with",
+}
+
+
 def case_field(
     default: Any = dataclasses.MISSING,
     *,
+    section: Section | None = None,
     doc: str,
     accepts: Accepts | None,
     column: str | None = None,
     factory: Callable[[], Any] | None = None,
 ) -> Any:
-    """A field of ``Case`` with what is derived from it: ``doc``, one line, is its column's doc in the
-    results (fsdpbench/core/schema.py declares a column per field, named ``column`` or the field's name);
+    """A field of ``Case`` with what is derived from it: ``section`` is the part of the case it belongs
+    to (required: ``field_section``); ``doc``, one line, is its column's doc in the results
+    (fsdpbench/core/schema.py declares a column per field, named ``column`` or the field's name);
     ``accepts`` is what a scenario may set it to (None: a scenario cannot set it)."""
-    metadata = {"doc": doc, "accepts": accepts, "column": column}
+    metadata = {"section": section, "doc": doc, "accepts": accepts, "column": column}
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -99,6 +132,16 @@ def field_doc(f: dataclasses.Field[Any]) -> str:
     if "\n" in doc or "|" in doc:
         raise TypeError(f"case field {f.name}: its doc is one line of a table (no newline, no '|')")
     return doc
+
+
+def field_section(f: dataclasses.Field[Any]) -> Section:
+    """The section a ``case_field`` declares; TypeError naming a field declared without one."""
+    section = f.metadata.get("section")
+    if not isinstance(section, Section):
+        raise TypeError(
+            f"case field {f.name} has no section: declare it with case_field(..., section=Section.…)"
+        )
+    return section
 
 
 def field_column(f: dataclasses.Field[Any]) -> str:
@@ -133,123 +176,195 @@ class Case:
     results (``schema.CASE_FIELD_COLUMNS``, ``schema.case_to_columns``/``case_from_columns``) are
     derived from these declarations."""
 
-    scenario: str = case_field("adhoc", doc="the scenario's name", accepts=None)  # the file's name
-    model: str = case_field("decoder-tiny", doc="the model's registry name", accepts=_TEXT)
+    scenario: str = case_field(
+        "adhoc", section=Section.PROTOCOL, doc="the scenario's name", accepts=None
+    )  # the file's name
+    model: str = case_field(
+        "decoder-tiny", section=Section.MODEL, doc="the model's registry name", accepts=_TEXT
+    )
     model_args: dict[str, Any] = case_field(
-        factory=dict, doc="the model's arguments (JSON)", accepts=Accepts()
+        factory=dict, section=Section.MODEL, doc="the model's arguments (JSON)", accepts=Accepts()
     )
     strategy: str = case_field(
         REFERENCE_STRATEGY,
+        section=Section.PARALLELISM,
         doc="the strategy's registry name (ddp, zero1, zero2, zero3, hsdp, fsdp1_*, ds_zero*, plugins)",
         accepts=_TEXT,
     )
     strategy_args: dict[str, Any] = case_field(
-        factory=dict, doc="the strategy's arguments (JSON)", accepts=Accepts()
+        factory=dict, section=Section.PARALLELISM, doc="the strategy's arguments (JSON)", accepts=Accepts()
     )
-    world_size: int = case_field(1, doc="ranks of the case", accepts=_RANKS)
+    world_size: int = case_field(1, section=Section.PARALLELISM, doc="ranks of the case", accepts=_RANKS)
     # HSDP: ranks per shard group (replicas = world_size / shard_size)
-    shard_size: int | None = case_field(None, doc="HSDP: ranks per shard group", accepts=_RANKS)
+    shard_size: int | None = case_field(
+        None, section=Section.PARALLELISM, doc="HSDP: ranks per shard group", accepts=_RANKS
+    )
     wrap: str = case_field(
-        "block", doc="how FSDP units are chosen (none, block, ...)", accepts=Accepts(choices=WRAPS)
+        "block",
+        section=Section.PARALLELISM,
+        doc="how FSDP units are chosen (none, block, ...)",
+        accepts=Accepts(choices=WRAPS),
     )
     wrap_min_params: int = case_field(
-        100_000, doc="size-based wrapping: least parameters per unit", accepts=_COUNT
+        100_000,
+        section=Section.PARALLELISM,
+        doc="size-based wrapping: least parameters per unit",
+        accepts=_COUNT,
     )
     wrap_classes: tuple[str, ...] = case_field(
-        (), doc="module classes wrapped as units (comma-separated)", accepts=Accepts(items=_TEXT)
+        (),
+        section=Section.PARALLELISM,
+        doc="module classes wrapped as units (comma-separated)",
+        accepts=Accepts(items=_TEXT),
     )
-    prefetch: int = case_field(0, doc="FSDP2 explicit prefetch depth", accepts=Accepts(ge=0, le=MAX_PREFETCH))
+    prefetch: int = case_field(
+        0,
+        section=Section.PARALLELISM,
+        doc="FSDP2 explicit prefetch depth",
+        accepts=Accepts(ge=0, le=MAX_PREFETCH),
+    )
     precision: str = case_field(
-        "fp32", doc="mixed-precision policy name", accepts=Accepts(choices=PRECISIONS)
+        "fp32",
+        section=Section.TRAINING,
+        doc="mixed-precision policy name",
+        accepts=Accepts(choices=PRECISIONS),
     )
-    optimizer: str = case_field("adamw", doc="the optimizer's name", accepts=Accepts(choices=OPTIMIZERS))
-    lr: float = case_field(1e-3, doc="learning rate", accepts=Accepts(gt=0, le=1e3))
-    batch_size: int = case_field(4, doc="samples per rank per step", accepts=Accepts(gt=0, le=MAX_BATCH_SIZE))
+    optimizer: str = case_field(
+        "adamw", section=Section.TRAINING, doc="the optimizer's name", accepts=Accepts(choices=OPTIMIZERS)
+    )
+    lr: float = case_field(1e-3, section=Section.TRAINING, doc="learning rate", accepts=Accepts(gt=0, le=1e3))
+    batch_size: int = case_field(
+        4, section=Section.MODEL, doc="samples per rank per step", accepts=Accepts(gt=0, le=MAX_BATCH_SIZE)
+    )
     seq_len: int = case_field(
-        64, doc="tokens per sample (sequence models)", accepts=Accepts(gt=0, le=MAX_SEQ_LEN)
+        64,
+        section=Section.MODEL,
+        doc="tokens per sample (sequence models)",
+        accepts=Accepts(gt=0, le=MAX_SEQ_LEN),
     )
-    warmup_steps: int = case_field(2, doc="untimed steps before the timed ones", accepts=_STEPS)
-    steps: int = case_field(5, doc="timed steps", accepts=_POSITIVE_STEPS, column="timed_steps")
-    memory_steps: int = case_field(1, doc="memory-tracked steps", accepts=_STEPS)
-    profile_steps: int = case_field(1, doc="profiled steps", accepts=_STEPS)
-    seed: int = case_field(0, doc="random seed of the model and data", accepts=Accepts(ge=0, le=2**63 - 1))
+    warmup_steps: int = case_field(
+        2, section=Section.PROTOCOL, doc="untimed steps before the timed ones", accepts=_STEPS
+    )
+    steps: int = case_field(
+        5, section=Section.PROTOCOL, doc="timed steps", accepts=_POSITIVE_STEPS, column="timed_steps"
+    )
+    memory_steps: int = case_field(1, section=Section.PROTOCOL, doc="memory-tracked steps", accepts=_STEPS)
+    profile_steps: int = case_field(1, section=Section.PROTOCOL, doc="profiled steps", accepts=_STEPS)
+    seed: int = case_field(
+        0, section=Section.MODEL, doc="random seed of the model and data", accepts=Accepts(ge=0, le=2**63 - 1)
+    )
     backend: str = case_field(
         "gloo",
+        section=Section.HOST,
         doc="the process group's backend (gloo, nccl)",
         accepts=Accepts(choices=("auto", "gloo", "nccl")),
     )
-    device: str = case_field("cpu", doc="cpu or cuda", accepts=Accepts(choices=("auto", "cpu", "cuda")))
-    timeout_s: float = case_field(120.0, doc="the case's time limit (s)", accepts=_SECONDS)
+    device: str = case_field(
+        "cpu", section=Section.HOST, doc="cpu or cuda", accepts=Accepts(choices=("auto", "cpu", "cuda"))
+    )
+    timeout_s: float = case_field(
+        120.0, section=Section.PROTOCOL, doc="the case's time limit (s)", accepts=_SECONDS
+    )
     # a scenario gives one value (false, true, full, op, every:N): ``resolve_activation_checkpointing``
     # splits it into these two fields, so that ``true`` and ``full`` are one case with one id (a scenario
     # may also give the policy alone beside ``activation_checkpointing: true``)
     activation_checkpointing: bool = case_field(
         False,
+        section=Section.TRAINING,
         doc="activation checkpointing applied (activation_checkpointing_policy: how)",
         accepts=Accepts(pattern=r"^(?:false|true|none|full|op|every:[1-9][0-9]{0,3})$"),
     )
     activation_checkpointing_policy: str = case_field(
         AC_FULL,
+        section=Section.TRAINING,
         doc="full (every block recomputed), op (torchtitan's selective op policy), every:N (N-th blocks)",
         accepts=Accepts(pattern=r"^(?:full|op|every:[1-9][0-9]{0,3})$"),
     )
     optimizer_impl: str = case_field(
         "for-loop",
+        section=Section.TRAINING,
         doc="the optimizer's update: for-loop (one parameter at a time), foreach or fused",
         accepts=Accepts(choices=OPTIMIZER_IMPLS),
     )
     max_norm: float | None = case_field(
         None,
+        section=Section.TRAINING,
         doc="gradient clipping to this total norm (clip_grad_norm_); none: no clipping",
         accepts=Accepts(gt=0, le=1e9),
     )
-    compile: bool = case_field(False, doc="torch.compile applied", accepts=_FLAG)
+    compile: bool = case_field(False, section=Section.TRAINING, doc="torch.compile applied", accepts=_FLAG)
     cpu_offload: bool = case_field(
-        False, doc="parameters (and optimizer state) offloaded to the host", accepts=_FLAG
+        False,
+        section=Section.PARALLELISM,
+        doc="parameters (and optimizer state) offloaded to the host",
+        accepts=_FLAG,
     )
     backward_prefetch: str = case_field(
-        "pre", doc="FSDP1 backward prefetch policy", accepts=Accepts(choices=BACKWARD_PREFETCH_POLICIES)
+        "pre",
+        section=Section.FSDP1,
+        doc="FSDP1 backward prefetch policy",
+        accepts=Accepts(choices=BACKWARD_PREFETCH_POLICIES),
     )
-    forward_prefetch: bool = case_field(False, doc="FSDP1 forward prefetch", accepts=_FLAG)
-    limit_all_gathers: bool = case_field(True, doc="FSDP1 rate limiter", accepts=_FLAG)
+    forward_prefetch: bool = case_field(
+        False, section=Section.FSDP1, doc="FSDP1 forward prefetch", accepts=_FLAG
+    )
+    limit_all_gathers: bool = case_field(True, section=Section.FSDP1, doc="FSDP1 rate limiter", accepts=_FLAG)
     nvml_interval_s: float = case_field(
-        0.01, doc="the samplers' interval (s)", accepts=Accepts(ge=0.001, le=60)
+        0.01, section=Section.PROTOCOL, doc="the samplers' interval (s)", accepts=Accepts(ge=0.001, le=60)
     )
     # >0: also time a bare loop of this many steps (the harness-overhead check)
-    bare_steps: int = case_field(0, doc="steps of the bare loop (harness overhead); 0: none", accepts=_STEPS)
+    bare_steps: int = case_field(
+        0, section=Section.PROTOCOL, doc="steps of the bare loop (harness overhead); 0: none", accepts=_STEPS
+    )
     # >0: this many blocks of steps, each step paired with a fixed reference workload
     time_blocks: int = case_field(
-        0, doc="blocks of steps paired with the reference step (CI time gate); 0: none", accepts=_STEPS
+        0,
+        section=Section.PROTOCOL,
+        doc="blocks of steps paired with the reference step (CI time gate); 0: none",
+        accepts=_STEPS,
     )
     # steps (and reference steps) per block: one step-time ratio sample per block
-    time_block_steps: int = case_field(3, doc="step/reference pairs per block", accepts=_POSITIVE_STEPS)
+    time_block_steps: int = case_field(
+        3, section=Section.PROTOCOL, doc="step/reference pairs per block", accepts=_POSITIVE_STEPS
+    )
     # run these ranks one at a time, each alone on one device with a fake process group of world_size
     # (collectives are no-ops, every allocation is real): see fsdpbench/engine/emulate.py
-    emulate: bool = case_field(False, doc="emulation asked for (--emulate)", accepts=_FLAG)
+    emulate: bool = case_field(
+        False, section=Section.EMULATION, doc="emulation asked for (--emulate)", accepts=_FLAG
+    )
     emulate_ranks: tuple[int, ...] = case_field(
         (0,),
+        section=Section.EMULATION,
         doc="the ranks run alone under emulation (comma-separated)",
         accepts=Accepts(choices=("all",), items=Accepts(ge=0, le=MAX_WORLD_SIZE), one_item=True),
     )
     # after every other phase: save, load into a freshly built model and optimizer, one more step
     checkpoint: str = case_field(
         "none",
+        section=Section.CHECKPOINT,
         doc="the checkpoint phase's method (none: no phase; docs/checkpointing.md)",
         accepts=Accepts(choices=CHECKPOINT_METHODS),
     )
     checkpoint_optimizer: bool = case_field(
-        True, doc="the optimizer state saved and loaded too", accepts=_FLAG
+        True, section=Section.CHECKPOINT, doc="the optimizer state saved and loaded too", accepts=_FLAG
     )
     # (default: removed once measured)
     keep_checkpoints: bool = case_field(
-        False, doc="the checkpoint files kept in the case directory", accepts=_FLAG
+        False,
+        section=Section.CHECKPOINT,
+        doc="the checkpoint files kept in the case directory",
+        accepts=_FLAG,
     )
     checkpoint_max_bytes: int = case_field(
-        4 * 2**30, doc="a case whose files would exceed this is refused", accepts=Accepts(gt=0, le=2**50)
+        4 * 2**30,
+        section=Section.CHECKPOINT,
+        doc="a case whose files would exceed this is refused",
+        accepts=Accepts(gt=0, le=2**50),
     )
     # fsdpbench/predictors/memory_model/allocator.py parses and models them; "" = torch's defaults
     alloc_conf: str = case_field(
         "",
+        section=Section.HOST,
         doc="the CUDA caching allocator's settings (PYTORCH_CUDA_ALLOC_CONF syntax)",
         accepts=Accepts(max_length=MAX_TEXT),
     )
@@ -257,6 +372,7 @@ class Case:
     # boundary); the allocator model replays under the same limit
     memory_fraction: float = case_field(
         0.0,
+        section=Section.HOST,
         doc="share of the GPU's memory the caching allocator may reserve (0: no limit)",
         accepts=Accepts(ge=0, le=1),
     )
@@ -347,6 +463,16 @@ class Case:
     def replace(self, **changes: Any) -> Case:
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def sections(cls) -> dict[Section, tuple[str, ...]]:
+        """Every section's field names, in the order of ``Section`` and of declaration."""
+        return {section: names for section, names in _SECTIONS.items() if names}
+
+    @classmethod
+    def section_of(cls, name: str) -> Section:
+        """The section of the field ``name`` (KeyError: not a field of Case)."""
+        return _SECTION_OF[name]
+
 
 def resolve_activation_checkpointing(value: bool | str) -> tuple[bool, str]:
     """A scenario's or a command line's ``activation_checkpointing`` as the case's two fields (on, policy);
@@ -394,6 +520,9 @@ def _plain(value: Any) -> Any:
 
 
 _DEFAULTS = Case().to_dict()
+# checked on import: a field declared without a section is a TypeError naming it
+_SECTION_OF = {f.name: field_section(f) for f in dataclasses.fields(Case)}
+_SECTIONS = {section: tuple(n for n, s in _SECTION_OF.items() if s is section) for section in Section}
 _TUPLE_FIELDS = tuple(
     name for name, hint in typing.get_type_hints(Case).items() if typing.get_origin(hint) is tuple
 )

@@ -1,9 +1,21 @@
-"""Numbers read from results: present, finite or not, and how far a prediction is from a measurement."""
+"""Numbers: units, a shape's elements, and numbers read from results (present, finite or not, and how far a
+prediction is from a measurement)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
+
+MiB = 1 << 20
+
+
+def numel(shape: Iterable[int]) -> int:
+    """Elements of a tensor of ``shape`` (1 for a scalar's empty shape)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
 
 
 def is_number(value: Any) -> bool:

@@ -39,16 +39,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+
+# imported with this module, before the phase's baseline: torch.distributed.optim's first import costs
+# ~4.7 MB of anonymous memory in a rank (its modules), which a save that first imports it would count
+import torch.distributed.optim  # noqa: F401
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_model_state_dict,
     set_optimizer_state_dict,
 )
-
-# imported with this module, before the phase's baseline: torch.distributed.optim's first import costs
-# ~4.7 MB of anonymous memory in a rank (its modules), which a save that first imports it would count
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from fsdpbench.core.rundir import CHECKPOINT_DIR, NATIVE_TAG
 from fsdpbench.engine.parallel import Parallel
@@ -78,13 +78,15 @@ def checkpoint_dir(case_dir: Path) -> Path:
 # ---- what each method saves and loads ---------------------------------------------------------------
 
 
-def _is_replicated_engine(parallel: Parallel) -> bool:
-    return parallel.strategy.fsdp_version == 0
+def _full_state_dict_api(parallel: Parallel) -> str:
+    return str(parallel.strategy.checkpointing.state_dict_api)
 
 
-def _zero_optimizer(parallel: Parallel) -> Any | None:
-    """The case's ZeroRedundancyOptimizer (ZeRO-1), or None."""
-    return parallel.optimizer if isinstance(parallel.optimizer, ZeroRedundancyOptimizer) else None
+def _consolidated_optimizer(parallel: Parallel) -> Any | None:
+    """The case's optimizer when its state is consolidated on rank 0 for a checkpoint (ZeRO-1's
+    ZeroRedundancyOptimizer), else None."""
+    consolidates = parallel.strategy.checkpointing.optimizer_consolidation == "to_rank0"
+    return parallel.optimizer if consolidates else None
 
 
 def _local(value: Any) -> Any:
@@ -174,12 +176,12 @@ def save(
 ) -> _Async | None:
     """Save this rank's part of the checkpoint under ``directory`` (the async method: return its future)."""
     if method == "full":
-        if _is_replicated_engine(parallel):
-            zero = _zero_optimizer(parallel)
+        if _full_state_dict_api(parallel) == "module":
+            zero = _consolidated_optimizer(parallel)
             if zero is not None and with_optim:
                 zero.consolidate_state_dict(to=0)  # every rank: each sends rank 0 its partition
             state = _plain_ddp_state(parallel, with_optim) if rank == 0 else None
-        elif parallel.strategy.fsdp_version == 1:
+        elif _full_state_dict_api(parallel) == "fsdp1":
             state = _fsdp1_full_state(parallel, with_optim, device)
         else:
             state = _state(parallel, with_optim, FULL_OPTIONS)  # empty except on rank 0
@@ -204,7 +206,7 @@ def save(
 def load(method: str, parallel: Parallel, directory: Path, rank: int, with_optim: bool) -> None:
     """Load the checkpoint under ``directory`` into ``parallel`` (freshly built)."""
     if method == "full":
-        if _is_replicated_engine(parallel):
+        if _full_state_dict_api(parallel) == "module":
             state = torch.load(directory / FULL_FILE, map_location="cpu", weights_only=True)
             module = getattr(parallel.model, "module", parallel.model)
             module.load_state_dict(state["model"])
@@ -296,7 +298,7 @@ def local_state_copy(parallel: Parallel, with_optim: bool, method: str = "full")
         params = {n: getattr(p, "ds_tensor", p) for n, p in engine.module.named_parameters()}
         walk({"model": params, **({"optim": zero_optim.zero.state_dict()} if with_optim else {})})
         return out
-    zero = _zero_optimizer(parallel)
+    zero = _consolidated_optimizer(parallel)
     if zero is not None:  # no get_state_dict of ZeRO-1: the model's and this rank's partition's own
         module = getattr(parallel.model, "module", parallel.model)
         walk({"model": module.state_dict(), **({"optim": zero.optim.state_dict()} if with_optim else {})})

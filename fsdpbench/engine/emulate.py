@@ -92,8 +92,8 @@ def fake_collectives(case: Case) -> Iterator[None]:
 
 
 def shards_on_meta(strategy: Any) -> bool:
-    """FSDP2 strategies can be applied on ``meta`` and then materialised."""
-    return strategy.fsdp_version == 2
+    """The strategy can be applied on ``meta`` and then materialised (FSDP2 can: it says so)."""
+    return bool(strategy.shards_on_meta)
 
 
 def build_rank_model(

@@ -30,8 +30,6 @@ if TYPE_CHECKING:  # the case rules run without torch (scenario validation, the 
     from torch import nn
 
 _DEFAULT = Case()
-# knobs only FSDP1 reads (a strategy with ``fsdp_version = 1`` reads them)
-FSDP1_KNOBS = ("backward_prefetch", "forward_prefetch", "limit_all_gathers")
 
 
 def _blocks(case: Case) -> tuple[type[nn.Module], ...]:
@@ -139,9 +137,10 @@ def _outermost(model: nn.Module, classes: tuple[type[nn.Module], ...]) -> list[n
 # ---- case rules ---------------------------------------------------------------------------------
 def normalize_knobs(case: Case, strategy: Any) -> Case:
     """Reset knobs the strategy ignores to their defaults, so a sweep over them collapses to one case."""
-    if strategy.fsdp_version == 1:
-        return case
-    return case.replace(**{k: getattr(_DEFAULT, k) for k in FSDP1_KNOBS})
+    from fsdpbench.strategies.base import STRATEGY_KNOBS
+
+    ignored = [k for k in STRATEGY_KNOBS if k not in strategy.reads_knobs]
+    return case.replace(**{k: getattr(_DEFAULT, k) for k in ignored}) if ignored else case
 
 
 def check_knobs(case: Case, strategy: Any) -> str | None:

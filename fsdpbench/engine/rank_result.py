@@ -190,14 +190,11 @@ class RankResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankResult:
-        fields = dataclasses.fields(Setup)
-        setup_names = [f.name for f in fields if f.default is dataclasses.MISSING]  # the rest: if written
-        setup_names += [f.name for f in fields if f.default is not dataclasses.MISSING and f.name in data]
         warmup, timed = data.get(WARMUP_TIMES), data.get(STEP_TIMES)
         return cls(
             rank=data[RANK],
             **{k: data.get(k) for k in (*_HEAD[1:], *_OPTIONAL)},
-            setup=Setup(**{k: data[k] for k in setup_names}) if all(k in data for k in setup_names) else None,
+            setup=_setup_from_json(data),
             warmup=StepTimes(times_ms=warmup) if warmup is not None else None,
             timed=StepTimes(times_ms=timed) if timed is not None else None,
             memory=TrackedMemory.from_json(data["memory"]) if "memory" in data else None,
@@ -207,7 +204,7 @@ class RankResult:
             sampled=dict(data.get("sampled") or {}),
             harness=Harness(**data["harness"]) if data.get("harness") else None,
             paired={k: data[PAIRED.of(k)] for k in PAIRED_SERIES if PAIRED.of(k) in data},
-            checkpoint=CheckpointRecord(**data["checkpoint"]) if data.get("checkpoint") else None,
+            checkpoint=_checkpoint_from_json(data),
         )
 
     def to_columns(self) -> dict[str, Any]:
@@ -304,6 +301,18 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+def _setup_from_json(data: dict[str, Any]) -> Setup | None:
+    """The setup record, once every field it requires was written (the rest: if written)."""
+    fields = dataclasses.fields(Setup)
+    names = [f.name for f in fields if f.default is dataclasses.MISSING]
+    names += [f.name for f in fields if f.default is not dataclasses.MISSING and f.name in data]
+    return Setup(**{k: data[k] for k in names}) if all(k in data for k in names) else None
+
+
+def _checkpoint_from_json(data: dict[str, Any]) -> CheckpointRecord | None:
+    return CheckpointRecord(**data["checkpoint"]) if data.get("checkpoint") else None
+
+
 def _checked_rank_json(path: Path, rank: int) -> dict[str, Any]:
     """The rank file's JSON object, its fields of the right types and its numbers finite."""
     if path.is_symlink():
@@ -318,6 +327,12 @@ def _checked_rank_json(path: Path, rank: int) -> dict[str, Any]:
         raise RankFileError(f"{path.name}: not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise RankFileError(f"{path.name}: a JSON object expected, got {type(data).__name__}")
+    _check_fields(path, data, rank)
+    return data
+
+
+def _check_fields(path: Path, data: dict[str, Any], rank: int) -> None:
+    """The rank file's fields: its rank, each known field of its type, times finite and ≥ 0."""
     if data.get(RANK) != rank or isinstance(data.get(RANK), bool):
         raise RankFileError(f"{path.name}: field {RANK!r} is {data.get(RANK)!r}, expected {rank}")
     for name, types in _TYPES.items():
@@ -333,7 +348,6 @@ def _checked_rank_json(path: Path, rank: int) -> dict[str, Any]:
     for name in (WARMUP_TIMES, STEP_TIMES):
         if not all(math.isfinite(v) and v >= 0 for v in data.get(name) or ()):
             raise RankFileError(f"{path.name}: field {name!r} holds a time that is not a finite number ≥ 0")
-    return data
 
 
 @dataclass(kw_only=True)

@@ -24,6 +24,7 @@ import os
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -217,12 +218,12 @@ class RankSteps:
         """The next step under the memory tracker: the peak by category, and the model states after
         ``optimizer.step``."""
         model, optimizer = self.parallel.model, self.parallel.optimizer
-        tracker = build_tracker(model, optimizer, self.parallel.strategy.fsdp_root(model))
+        tracker = build_tracker(model, optimizer, self.parallel.strategy)
         memory = TrackedMemory()
 
         def record_states() -> None:
             memory.states_tracker = snapshot_by_category(tracker, "current", self.device)
-            memory.states_local = local_state_bytes(model, optimizer)
+            memory.states_local = local_state_bytes(model, optimizer, self.parallel.strategy)
 
         with tracker:
             self.instrumented(after_optim=record_states)
@@ -240,8 +241,45 @@ def _run_phases(
     stack: contextlib.ExitStack,
     hooks: RankHooks,
 ) -> None:
+    """The case's phases in order, each a function below."""
+    run = setup(case, rank, world, local_rank, rec, t_start, stack, hooks)
+    warmup_phase(run)
+    timed_phase(run)
+    memory_phase(run)
+    profile_phase(run)
+    reference_phase(run)
+    checkpoint_phase(run)
+    finish(run)
+
+
+@dataclass(kw_only=True, slots=True)
+class RankRun:
+    """What the phases of one rank share: the case, where it runs, what records it, its model and steps."""
+
+    case: Case
+    rank: int
+    device: torch.device
+    rec: RankRecorder
+    hooks: RankHooks
+    samplers: Samplers
+    parallel: Parallel
+    steps: RankSteps
+    t_start: float
+    bare_ms: float = 0.0  # the bare loop's wall time, summed over its blocks
+
+
+def setup(
+    case: Case,
+    rank: int,
+    world: int,
+    local_rank: int,
+    rec: RankRecorder,
+    t_start: float,
+    stack: contextlib.ExitStack,
+    hooks: RankHooks,
+) -> RankRun:
+    """Process group, samplers, model, strategy, optimizer."""
     hooks.before_setup()
-    # ---- setup: process group, samplers, model, strategy, optimizer ------------------------
     device = resolve_device(case, local_rank)
     if case.memory_fraction and device.type == "cuda":  # before the first allocation
         torch.cuda.set_per_process_memory_fraction(case.memory_fraction, device)
@@ -281,99 +319,132 @@ def _run_phases(
         gloo_threads_bound=bound,
     )
     rec.update(phase="warmup", setup=setup)
+    return RankRun(
+        case=case,
+        rank=rank,
+        device=device,
+        rec=rec,
+        hooks=hooks,
+        samplers=samplers,
+        parallel=parallel,
+        steps=steps,
+        t_start=t_start,
+    )
 
-    # ---- warm-up: compile, lazy init, optimizer state creation ---------------------------
-    samplers.set_phase("warmup")
-    rec.update(warmup=StepTimes(times_ms=steps.timed(case.warmup_steps)))
-    hooks.after_warmup()
 
-    # ---- phase 1: timed steps, no instrument; with bare_steps, in blocks interleaved with a bare
-    # loop of the same steps, before any instrument has run, so both see the same machine state ----
-    rec.update(phase="timed")  # before the barrier: the file write is not timed
+def warmup_phase(run: RankRun) -> None:
+    """Compile, lazy init, optimizer state creation."""
+    run.samplers.set_phase("warmup")
+    run.rec.update(warmup=StepTimes(times_ms=run.steps.timed(run.case.warmup_steps)))
+    run.hooks.after_warmup()
+
+
+def timed_phase(run: RankRun) -> None:
+    """Timed steps, no instrument; with bare_steps, in blocks interleaved with a bare loop of the same
+    steps, before any instrument has run, so both see the same machine state."""
+    run.rec.update(phase="timed")  # before the barrier: the file write is not timed
     dist.barrier()
-    reset_cuda_peaks(device)
-    hooks.before_timed()
+    reset_cuda_peaks(run.device)
+    run.hooks.before_timed()
     timed = StepTimes()
-    bare_ms = 0.0
-    for kind, n in interleaved_blocks(case.steps, case.bare_steps):
-        samplers.set_phase(kind)
+    for kind, n in interleaved_blocks(run.case.steps, run.case.bare_steps):
+        run.samplers.set_phase(kind)
         if kind == "timed":
-            timed.times_ms += steps.timed(n, hooks)
+            timed.times_ms += run.steps.timed(n, run.hooks)
         else:
-            bare_ms += steps.bare(n)
-    hooks.after_timed()
-    rec.update(phase="memory", timed=timed, losses=list(steps.losses))
+            run.bare_ms += run.steps.bare(n)
+    run.hooks.after_timed()
+    run.rec.update(phase="memory", timed=timed, losses=list(run.steps.losses))
 
-    # ---- phase 2: memory-tracked steps ---------------------------------------------------
-    samplers.set_phase("memory")
-    memory = TrackedMemory()  # of the last memory-tracked step
-    for _ in range(case.memory_steps):
-        memory = steps.tracked()
-    rec.update(
+
+def memory_phase(run: RankRun) -> None:
+    """Memory-tracked steps: the last one's peak by category and its model states."""
+    run.samplers.set_phase("memory")
+    memory = TrackedMemory()
+    for _ in range(run.case.memory_steps):
+        memory = run.steps.tracked()
+    run.rec.update(
         phase="profile",
         memory=memory,
-        losses=list(steps.losses),
-        allocator=cuda_allocator_stats(device),
+        losses=list(run.steps.losses),
+        allocator=cuda_allocator_stats(run.device),
         # where the strategy keeps this rank's parameters (CPU offload: host), from its own bookkeeping
-        placement=state_placement_bytes(parallel.model),
+        placement=state_placement_bytes(run.parallel.model),
     )
 
-    # ---- phase 3: one profiled step: communication volume and overlap ----------------------
-    samplers.set_phase("profile")
-    if case.profile_steps:
-        trace_path = rec.path.parent / f"trace_rank{rank}.json.gz"
-        with profile_steps(device, trace_path):
-            for _ in range(case.profile_steps):
-                steps.instrumented()
-        profiled = analyze_profile(trace_path, case, parallel.strategy.sharding, parallel.params)
-        rec.update(profiled=without_overlap(profiled) if case.emulate else profiled)
 
-    # ---- optional: blocks of steps, each step paired with a fixed reference step (the CI time gate)
-    if case.time_blocks:
-        reference = ReferenceWorkload(device)
-        reference.step()  # its own warm-up, untimed
-        n = case.time_blocks * case.time_block_steps
-        batches = iter([steps.batch(steps.next + i) for i in range(n)])
-        dist.barrier()
-        paired = interleaved_steps(
-            lambda: steps.run(next(batches), record=False), reference, n, lambda: synchronize(device)
+def profile_phase(run: RankRun) -> None:
+    """Profiled steps: communication volume and overlap."""
+    run.samplers.set_phase("profile")
+    if not run.case.profile_steps:
+        return
+    trace_path = run.rec.path.parent / f"trace_rank{run.rank}.json.gz"
+    with profile_steps(run.device, trace_path):
+        for _ in range(run.case.profile_steps):
+            run.steps.instrumented()
+    parallel = run.parallel
+    profiled = analyze_profile(trace_path, run.case, parallel.strategy.sharding, parallel.params)
+    run.rec.update(profiled=without_overlap(profiled) if run.case.emulate else profiled)
+
+
+def reference_phase(run: RankRun) -> None:
+    """Optional: blocks of steps, each step paired with a fixed reference step (the CI time gate)."""
+    case, steps, device = run.case, run.steps, run.device
+    if not case.time_blocks:
+        return
+    reference = ReferenceWorkload(device)
+    reference.step()  # its own warm-up, untimed
+    n = case.time_blocks * case.time_block_steps
+    batches = iter([steps.batch(steps.next + i) for i in range(n)])
+    dist.barrier()
+    paired = interleaved_steps(
+        lambda: steps.run(next(batches), record=False), reference, n, lambda: synchronize(device)
+    )
+    run.rec.update(paired=paired)
+
+
+def checkpoint_phase(run: RankRun) -> None:
+    """Optional: save, load into a freshly built model and optimizer, one more step."""
+    case, rank, device = run.case, run.rank, run.device
+    if case.checkpoint == "none":
+        return
+    from fsdpbench.engine.checkpoint import run_checkpoint_phase
+
+    run.rec.update(phase="checkpoint")
+    run.samplers.set_phase("checkpoint")
+    next_step = run.steps.next  # the step the uninterrupted run takes next, and the restored run too
+    run.rec.update(
+        checkpoint=run_checkpoint_phase(
+            run.parallel,
+            rebuild=lambda: build_parallel(case, device, rank),
+            step=lambda p: train_step(p, rank_batch(case, rank, next_step, device)).item(),
+            case_dir=run.rec.path.parent,
+            rank=rank,
+            device=device,
+            case=case,
         )
-        rec.update(paired=paired)
+    )
 
-    # ---- checkpoint: save, load into a freshly built model and optimizer, one more step ------------
-    if case.checkpoint != "none":
-        from fsdpbench.engine.checkpoint import run_checkpoint_phase
 
-        rec.update(phase="checkpoint")
-        samplers.set_phase("checkpoint")
-        next_step = steps.next  # the step the uninterrupted run takes next, and the restored run too
-        rec.update(
-            checkpoint=run_checkpoint_phase(
-                parallel,
-                rebuild=lambda: build_parallel(case, device, rank),
-                step=lambda p: train_step(p, rank_batch(case, rank, next_step, device)).item(),
-                case_dir=rec.path.parent,
-                rank=rank,
-                device=device,
-                case=case,
-            )
-        )
-
-    # ---- done ------------------------------------------------------------------------------
-    samplers.stop()
-    rec.update(
+def finish(run: RankRun) -> None:
+    """Samplers stopped; the harness's own figures, the timeline and the totals written."""
+    case, steps = run.case, run.steps
+    run.samplers.stop()
+    run.rec.update(
         harness=Harness(
-            bare_step_time_ms=bare_ms / case.bare_steps if case.bare_steps else None,
+            bare_step_time_ms=run.bare_ms / case.bare_steps if case.bare_steps else None,
             leftovers="; ".join(instruments_left_installed()),  # "" when nothing is left
         ),
-        sampled=samplers.columns(),
+        sampled=run.samplers.columns(),
     )
-    samplers.write_timeline(rec.path.parent / f"timeline_rank{rank}.parquet", case.case_id, rank)
-    rec.update(
+    run.samplers.write_timeline(
+        run.rec.path.parent / f"timeline_rank{run.rank}.parquet", case.case_id, run.rank
+    )
+    run.rec.update(
         losses=list(steps.losses),
         steps_total=steps.next,
         steps_wall_s=steps.wall_s,
-        wall_s=time.perf_counter() - t_start,
+        wall_s=time.perf_counter() - run.t_start,
     )
 
 

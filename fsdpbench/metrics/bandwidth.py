@@ -26,6 +26,7 @@ from typing import Any
 
 from fsdpbench.core.schema import COMM_ALGBW, COMM_BUSBW, COMM_TIME
 from fsdpbench.metrics.comm import KINDS, CollectiveRecord, collective_kind
+from fsdpbench.metrics.trace import Trace
 
 
 def bus_factor(kind: str, group_size: int) -> float | None:
@@ -42,19 +43,17 @@ def bus_factor(kind: str, group_size: int) -> float | None:
     return None
 
 
-def nccl_kernel_us(trace: dict[str, Any]) -> dict[str, float]:
+def nccl_kernel_us(trace: Trace | dict[str, Any]) -> dict[str, float]:
     """Summed duration (µs) of the NCCL kernels in the trace, by collective kind."""
     out = dict.fromkeys(KINDS, 0.0)
-    for e in trace.get("traceEvents", []):
-        if e.get("ph") != "X" or e.get("cat") != "kernel" or "nccl" not in str(e.get("name", "")).lower():
-            continue
+    for e in Trace.of(trace).nccl_kernels:
         name = str((e.get("args") or {}).get("Collective name") or e["name"])
-        out[collective_kind(name)] += float(e.get("dur", 0.0))
+        out[collective_kind(name)] += float(e["dur"])
     return out
 
 
 def bandwidth_by_kind(
-    records: list[CollectiveRecord], trace: dict[str, Any], *, backend: str, steps: int = 1
+    records: list[CollectiveRecord], trace: Trace | dict[str, Any], *, backend: str, steps: int = 1
 ) -> dict[str, Any]:
     """comm_<kind>_time_ms (per step), comm_<kind>_algbw_gbs and comm_<kind>_busbw_gbs (GB/s, 1e9 B/s)
     for every kind that moved bytes between ranks in the trace."""

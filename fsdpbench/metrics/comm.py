@@ -53,9 +53,11 @@ so on gloo a reduce-scatter costs 2(N-1)/N · S.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from fsdpbench.core.numbers import numel
+from fsdpbench.metrics.trace import Trace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -171,13 +173,6 @@ class CollectiveRecord:
 
 
 # -- shapes in "Input Dims" ---------------------------------------------------
-def _numel(shape: Iterable[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
-
-
 def _is_list_of_shapes(dims: Any) -> bool:
     return isinstance(dims, list) and bool(dims) and all(isinstance(d, list) for d in dims)
 
@@ -185,9 +180,9 @@ def _is_list_of_shapes(dims: Any) -> bool:
 def _arg_numel(dims: Any, type_name: str) -> int | None:
     """Elements of one recorded argument: a Tensor's shape or a TensorList's shapes; None if unrecorded."""
     if type_name == "TensorList" or _is_list_of_shapes(dims):
-        return sum(_numel(s) for s in dims) if isinstance(dims, list) else None
+        return sum(numel(s) for s in dims) if isinstance(dims, list) else None
     if isinstance(dims, list) and type_name and dtype_bytes(type_name) is not None:
-        return _numel(dims)
+        return numel(dims)
     return None
 
 
@@ -249,11 +244,6 @@ _C10D_LAYOUT: dict[str, tuple[int, str]] = {
 }
 
 
-def _default_group_size(trace: dict[str, Any]) -> int:
-    info = trace.get("distributedInfo") or {}
-    return int(info.get("world_size") or 1)
-
-
 def _nested_in_same_thread(events: list[dict[str, Any]]) -> set[int]:
     """Indices of events that start inside another event of the list on the same thread."""
     nested: set[int] = set()
@@ -272,7 +262,7 @@ def _nested_in_same_thread(events: list[dict[str, Any]]) -> set[int]:
 
 def _backend_event_numel(e: dict[str, Any]) -> int:
     dims = (e.get("args") or {}).get("Input Dims") or []
-    return sum(_numel(s) for s in dims if isinstance(s, list))
+    return sum(numel(s) for s in dims if isinstance(s, list))
 
 
 def _backend_event_dtype(e: dict[str, Any]) -> str:
@@ -306,14 +296,14 @@ def _c10d_sizes(name: str, args: dict[str, Any], group_size: int) -> tuple[int, 
 
 
 def _records_from_c10d(
-    events: list[dict[str, Any]], group_size: int, assumed_dtype: str, is_gloo: bool
+    trace: Trace, group_size: int, assumed_dtype: str, is_gloo: bool
 ) -> list[CollectiveRecord]:
-    ops = [e for e in events if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("c10d::")]
+    ops = [
+        e for e in trace.events if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("c10d::")
+    ]
     ops = [e for e in ops if e["name"] in _C10D_LAYOUT or collective_kind(e["name"]) != "other"]
     nested = _nested_in_same_thread(ops)
-    backend_events = sorted(
-        (e for e in events if str(e.get("name", "")).startswith("gloo:")), key=lambda e: float(e["ts"])
-    )
+    backend_events = sorted(trace.gloo_work, key=lambda e: float(e["ts"]))
     used: set[int] = set()
     records = []
     for i, e in sorted(enumerate(ops), key=lambda p: float(p[1]["ts"])):
@@ -358,31 +348,38 @@ def _records_from_c10d(
 
 
 def collective_records(
-    trace: dict[str, Any], group_size: int | None = None, assumed_dtype: str = "float"
+    trace: Trace | dict[str, Any], group_size: int | None = None, assumed_dtype: str = "float"
 ) -> list[CollectiveRecord]:
-    """Every collective in the trace, one record per call, from record_param_comms or else c10d:: ops.
+    """Every collective in the trace, one record per call, from record_param_comms or else c10d:: ops;
+    read once per trace and kept in it.
 
     ``group_size`` overrides N where the event does not give it (default: the
     trace's world size); ``assumed_dtype`` is used when neither the op nor a
     matching ``gloo:*`` event names the dtype (e.g. the work ran after the
     profiler stopped).
     """
-    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    trace = Trace.of(trace)
+    key = (group_size, assumed_dtype)
+    if key not in trace.collective_records:
+        trace.collective_records[key] = _read_records(trace, group_size, assumed_dtype)
+    return list(trace.collective_records[key])
+
+
+def _read_records(trace: Trace, group_size: int | None, assumed_dtype: str) -> list[CollectiveRecord]:
     param_comms = [
         e
-        for e in events
+        for e in trace.events
         if e.get("name") == "record_param_comms" and "Collective name" in (e.get("args") or {})
     ]
     if param_comms:
         return _records_from_param_comms(param_comms)
-    n = group_size if group_size is not None else _default_group_size(trace)
-    backend = str((trace.get("distributedInfo") or {}).get("backend", ""))
-    is_gloo = "gloo" in backend or any(str(e.get("name", "")).startswith("gloo:") for e in events)
-    return _records_from_c10d(events, n, assumed_dtype, is_gloo)
+    n = group_size if group_size is not None else trace.world_size
+    is_gloo = "gloo" in (trace.backend or "") or bool(trace.gloo_work)
+    return _records_from_c10d(trace, n, assumed_dtype, is_gloo)
 
 
 def collectives_from_trace(
-    trace: dict[str, Any], steps: int = 1, group_size: int | None = None
+    trace: Trace | dict[str, Any], steps: int = 1, group_size: int | None = None
 ) -> pd.DataFrame:
     """Per collective kind, per step: count, payload_bytes (S summed), sent_bytes, backend_sent_bytes."""
     import pandas as pd
@@ -418,7 +415,8 @@ def analytic_comm_bytes(
     grad_bytes_total: int | None = None,
     shard_size: int | None = None,
 ) -> dict[str, float]:
-    """Bytes each rank sends per step, per collective kind, for a strategy's declared ``Sharding``.
+    """Bytes each rank sends per step, per collective kind, for a strategy's declared ``Sharding``: the sum
+    over its ``collectives()``, phase by phase.
 
     P = param_bytes_total (bytes of the parameters as communicated), G =
     grad_bytes_total (default P; differs under mixed precision), N = the group
@@ -447,10 +445,8 @@ def analytic_comm_bytes(
         if shard_size is None or shard_size < 1 or n % shard_size:
             raise ValueError(f"sharding over a shard group needs shard_size dividing {n}, got {shard_size}")
         n = shard_size
-    out["all_gather"] = sharding.param_gathers * sent_bytes_per_rank("all_gather", p, n)
-    out[sharding.grad_reduction] = sent_bytes_per_rank(sharding.grad_reduction, g, n)
-    if sharding.param_sync_after_step:
-        out[sharding.param_sync_after_step] = sent_bytes_per_rank(sharding.param_sync_after_step, p, n)
-    if sharding.over_shard_group:
-        out["all_reduce"] += sent_bytes_per_rank("all_reduce", g / n, int(world_size) // n)
+    payload = {"params": p, "grads": g, "grad_shard": g / n}
+    group = {"shard": n, "replicas": int(world_size) // n}
+    for c in sharding.collectives():
+        out[c.kind] += sent_bytes_per_rank(c.kind, payload[c.payload], group[c.group])
     return out

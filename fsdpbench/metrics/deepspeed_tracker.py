@@ -32,10 +32,6 @@ from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from fsdpbench.metrics.fsdp1_tracker import _FSDP1RefType
 
 
-def is_deepspeed_engine(model: Any) -> bool:
-    return type(model).__name__ == "DeepSpeedEngine" and hasattr(model, "optimizer")
-
-
 def _tensors(value: Any) -> list[torch.Tensor]:
     """Every tensor in a tensor, list, tuple or dict of them (nested)."""
     if isinstance(value, torch.Tensor):

@@ -39,72 +39,15 @@ concurrent in wall-clock time, not that communication came for free.
 
 from __future__ import annotations
 
-import gc
-import gzip
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from fsdpbench.core.schema import OVERLAP_RATIO, RANK
-
-Interval = tuple[float, float]  # (start_us, end_us)
+from fsdpbench.metrics.trace import Interval, Trace, intersection_length, merge_intervals, subtract_intervals
 
 GPU_BACKENDS = ("nccl",)
 CPU_BACKENDS = ("gloo",)
-
-
-def merge_intervals(intervals: Iterable[Interval]) -> list[Interval]:
-    """Sorted, disjoint union of the intervals; empty and inverted ones dropped, touching ones joined."""
-    merged: list[list[float]] = []
-    for start, end in sorted((float(s), float(e)) for s, e in intervals if e > s):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
-
-
-def intersect_intervals(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
-    """Union(a) ∩ union(b) as sorted disjoint intervals."""
-    left, right = merge_intervals(a), merge_intervals(b)
-    out: list[Interval] = []
-    i = j = 0
-    while i < len(left) and j < len(right):
-        start = max(left[i][0], right[j][0])
-        end = min(left[i][1], right[j][1])
-        if end > start:
-            out.append((start, end))
-        if left[i][1] <= right[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def intersection_length(a: Iterable[Interval], b: Iterable[Interval]) -> float:
-    """|union(a) ∩ union(b)|."""
-    return sum(e - s for s, e in intersect_intervals(a, b))
-
-
-def subtract_intervals(a: Iterable[Interval], b: Iterable[Interval]) -> list[Interval]:
-    """Union(a) minus union(b) as sorted disjoint intervals."""
-    holes = merge_intervals(b)
-    out: list[Interval] = []
-    first = 0  # both lists are sorted and disjoint: holes ending before an interval end before the next
-    for start, end in merge_intervals(a):
-        while first < len(holes) and holes[first][1] <= start:
-            first += 1
-        cursor = start
-        for h_start, h_end in holes[first:]:
-            if h_start >= end:
-                break
-            if h_start > cursor:
-                out.append((cursor, h_start))
-            cursor = max(cursor, h_end)
-        if cursor < end:
-            out.append((cursor, end))
-    return out
 
 
 def overlap_stats(comm: Iterable[Interval], compute: Iterable[Interval]) -> dict[str, Any]:
@@ -124,101 +67,38 @@ def overlap_stats(comm: Iterable[Interval], compute: Iterable[Interval]) -> dict
     }
 
 
-def load_trace(path: str | Path) -> dict[str, Any]:
-    """A Chrome trace (.json or .json.gz) as a dict with "traceEvents"."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = f.read()
-    # a profiled step's trace is ~10^5 objects and no reference cycle: with the collector on, parsing it
-    # set off collections that walked the whole heap (torch's included) over and over, 0.03 s of parsing
-    # taking 0.1-0.17 s in a rank or the orchestrator
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        trace = json.loads(data)
-    finally:
-        if collecting:
-            gc.enable()
-    if isinstance(trace, list):  # the bare-array form of the Chrome trace format
-        trace = {"traceEvents": trace}
-    return trace
-
-
-def trace_backend(trace: dict[str, Any]) -> str | None:
-    """The process-group backend the trace says it ran with (torch writes distributedInfo)."""
-    info = trace.get("distributedInfo") or {}
-    backend = info.get("backend")
-    return str(backend) if backend else None
-
-
-def _complete_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    """Complete ("X") events that have a duration."""
-    return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-
-
-def _interval(event: dict[str, Any]) -> Interval:
-    start = float(event["ts"])
-    return start, start + float(event["dur"])
-
-
-def _classify_gpu(events: list[dict[str, Any]]) -> tuple[list[Interval], list[Interval]]:
-    comm: list[Interval] = []
+def _host_compute(trace: Trace) -> list[Interval]:
+    """Each host thread's aten ops minus its own c10d ops (the enqueue and gloo's staging copies)."""
     compute: list[Interval] = []
-    for e in events:
-        if str(e.get("cat", "")).lower() != "kernel":
-            continue
-        (comm if "nccl" in str(e.get("name", "")).lower() else compute).append(_interval(e))
-    return comm, compute
-
-
-def _classify_gloo(events: list[dict[str, Any]]) -> tuple[list[Interval], list[Interval]]:
-    comm = [_interval(e) for e in events if str(e.get("name", "")).startswith("gloo:")]
-    comm_threads = {
-        (e.get("pid"), e.get("tid")) for e in events if str(e.get("name", "")).startswith("gloo:")
-    }
-    per_thread_aten: dict[tuple[Any, Any], list[Interval]] = {}
-    per_thread_c10d: dict[tuple[Any, Any], list[Interval]] = {}
-    for e in events:
-        key = (e.get("pid"), e.get("tid"))
-        if key in comm_threads or e.get("cat") != "cpu_op":
-            continue
-        name = str(e.get("name", ""))
-        if name.startswith("aten::"):
-            per_thread_aten.setdefault(key, []).append(_interval(e))
-        elif name.startswith("c10d::"):
-            per_thread_c10d.setdefault(key, []).append(_interval(e))
-    compute: list[Interval] = []
-    for key, aten in per_thread_aten.items():
-        compute.extend(subtract_intervals(aten, per_thread_c10d.get(key, [])))
-    return comm, compute
+    for aten, c10d in trace.host_ops.values():
+        compute.extend(subtract_intervals(aten, c10d))
+    return compute
 
 
 def classify_trace_events(
-    trace: dict[str, Any], backend: str | None = None
+    trace: Trace | dict[str, Any], backend: str | None = None
 ) -> tuple[list[Interval], list[Interval]]:
     """(comm intervals, compute intervals) in µs, per the backend's definition in the module docstring."""
-    backend = (backend or trace_backend(trace) or "").lower()
-    events = _complete_events(trace)
+    trace = Trace.of(trace)
+    backend = (backend or trace.backend or "").lower()
     if backend in GPU_BACKENDS:
-        return _classify_gpu(events)
+        return trace.device_comm, trace.device_compute
     if backend in CPU_BACKENDS:
-        return _classify_gloo(events)
+        return trace.host_comm, _host_compute(trace)
     raise ValueError(
         f"backend {backend!r} is not supported for overlap; allowed: {GPU_BACKENDS + CPU_BACKENDS}"
     )
 
 
-def analyze_trace(path: str | Path | dict[str, Any], backend: str | None = None) -> dict[str, Any]:
-    """Overlap statistics of one rank's trace (its file, or the file loaded), with the backend, rank and
+def analyze_trace(path: str | Path | Trace | dict[str, Any], backend: str | None = None) -> dict[str, Any]:
+    """Overlap statistics of one rank's trace (its file, or the trace read), with the backend, rank and
     interval counts."""
-    trace = path if isinstance(path, dict) else load_trace(path)
-    backend = (backend or trace_backend(trace) or "").lower()
+    trace = Trace.of(path) if isinstance(path, (Trace, dict)) else Trace.load(path)
+    backend = (backend or trace.backend or "").lower()
     comm, compute = classify_trace_events(trace, backend)
-    info = trace.get("distributedInfo") or {}
     return {
         "backend": backend,
-        RANK: info.get(RANK),
+        RANK: trace.info.get(RANK),
         "n_comm_intervals": len(comm),
         "n_compute_intervals": len(compute),
         **overlap_stats(comm, compute),

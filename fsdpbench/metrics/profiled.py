@@ -132,9 +132,10 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     """comm_<kind>_{count,bytes} per step (measured and analytic) and overlap_* from the trace."""
     from fsdpbench.metrics.bandwidth import bandwidth_by_kind
     from fsdpbench.metrics.comm import analytic_comm_bytes, collective_records, collectives_from_trace
-    from fsdpbench.metrics.overlap import analyze_trace, load_trace
+    from fsdpbench.metrics.overlap import analyze_trace
+    from fsdpbench.metrics.trace import Trace
 
-    trace = load_trace(trace_path)
+    trace = Trace.load(trace_path)  # read once: volume, bandwidth and overlap read the same object
     shard, group = shard_group_sizes(case, sharding)
     comm = collectives_from_trace(trace, steps=max(1, case.profile_steps), group_size=group)
     out: dict[str, Any] = {}

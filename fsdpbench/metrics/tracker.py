@@ -8,12 +8,15 @@ are the only deterministic memory figures, so tests assert them exactly.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the record (TrackedMemory) is read back by processes that never import torch
     import torch
     from torch import nn
+
+    from fsdpbench.strategies.base import Strategy
 
 from fsdpbench.core.schema import (
     LOCAL_STATES,
@@ -78,28 +81,43 @@ class TrackedMemory:
         return out
 
 
-def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp_root: nn.Module | None) -> Any:
-    """The right PyTorch tracker for this model, already told about the model and optimizer."""
-    return with_active_module_peaks(_new_tracker(model, optimizer, fsdp_root))
+def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy) -> Any:
+    """The tracker the strategy says files its model states, already told about the model and optimizer."""
+    return with_active_module_peaks(TRACKERS[strategy.memory_tracker](model, optimizer))
 
 
-def _new_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp_root: nn.Module | None) -> Any:
-    if fsdp_root is not None:
-        return fsdp2_tracker_class()(fsdp_root, optimizer)
-    from fsdpbench.metrics.fsdp1_tracker import FSDP1MemTracker, is_fsdp1
-
-    if is_fsdp1(model):
-        return FSDP1MemTracker(model, optimizer)
-    from fsdpbench.metrics.deepspeed_tracker import DeepSpeedMemTracker, is_deepspeed_engine
-
-    if is_deepspeed_engine(model):
-        return DeepSpeedMemTracker(model, optimizer)
+def _module_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     tracker = MemTracker()
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
     tracker.track_external(model, inner)
     return tracker
+
+
+def _fsdp2_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    return fsdp2_tracker_class()(model, optimizer)  # the model is the FSDP2 root
+
+
+def _fsdp1_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    from fsdpbench.metrics.fsdp1_tracker import FSDP1MemTracker
+
+    return FSDP1MemTracker(model, optimizer)
+
+
+def _deepspeed_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+    from fsdpbench.metrics.deepspeed_tracker import DeepSpeedMemTracker
+
+    return DeepSpeedMemTracker(model, optimizer)
+
+
+# Strategy.memory_tracker -> the tracker for it (every one of strategies.base.MEMORY_TRACKERS)
+TRACKERS: dict[str, Callable[[nn.Module, torch.optim.Optimizer], Any]] = {
+    "module": _module_tracker,
+    "fsdp2": _fsdp2_tracker,
+    "fsdp1": _fsdp1_tracker,
+    "deepspeed": _deepspeed_tracker,
+}
 
 
 @functools.cache
@@ -198,13 +216,15 @@ def snapshot_by_category(tracker: Any, kind: str, device: torch.device) -> dict[
     return out
 
 
-def local_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+def local_state_bytes(
+    model: nn.Module, optimizer: torch.optim.Optimizer, strategy: Strategy
+) -> dict[str, int]:
     """Exact bytes of this rank's own params, grads and optimizer state, counted tensor by tensor."""
     import torch
 
-    from fsdpbench.metrics.deepspeed_tracker import deepspeed_storages, is_deepspeed_engine
+    if strategy.memory_tracker == "deepspeed":  # its states live in its flat buffers, not in parameters()
+        from fsdpbench.metrics.deepspeed_tracker import deepspeed_storages
 
-    if is_deepspeed_engine(model):  # DeepSpeed's states live in its flat buffers, not in parameters()
         states = deepspeed_storages(model.optimizer)
         inner = getattr(optimizer, "optim", optimizer)
         states["optim"] += [

@@ -139,25 +139,32 @@ def check_model_args(name: str, overrides: dict[str, Any]) -> str | None:
 
 
 def _check_arg(value: Any, default: Any) -> str | None:
+    """Why ``value`` cannot stand for a model argument whose default is ``default`` (None: it can)."""
     if value is None:
         return None if default is None else f"needs a value like its default {default!r}"
     if isinstance(default, bool) or isinstance(value, bool):
-        return (
-            None
-            if isinstance(value, bool) and isinstance(default, bool)
-            else (f"should be {'true or false' if isinstance(default, bool) else type(default).__name__}")
-        )
+        if isinstance(value, bool) and isinstance(default, bool):
+            return None
+        return f"should be {'true or false' if isinstance(default, bool) else type(default).__name__}"
     if default is None or isinstance(default, int):
-        if not isinstance(value, int):
-            return "should be an integer"
-        return None if value >= 1 or (isinstance(default, int) and default < 1) else "should be at least 1"
+        return _check_int_arg(value, default)
     if isinstance(default, float):
-        if not isinstance(value, (int, float)) or value != value:
-            return "should be a number"
-        return None if value > 0 or default <= 0 else "should be greater than 0"
+        return _check_float_arg(value, default)
     if isinstance(default, str) and not isinstance(value, str):
         return "should be a string"
     return None
+
+
+def _check_int_arg(value: Any, default: int | None) -> str | None:
+    if not isinstance(value, int):
+        return "should be an integer"
+    return None if value >= 1 or (isinstance(default, int) and default < 1) else "should be at least 1"
+
+
+def _check_float_arg(value: Any, default: float) -> str | None:
+    if not isinstance(value, (int, float)) or value != value:
+        return "should be a number"
+    return None if value > 0 or default <= 0 else "should be greater than 0"
 
 
 def build_model(

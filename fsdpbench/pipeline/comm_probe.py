@@ -39,6 +39,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -152,49 +153,63 @@ def _probe_rank(
 def measure_in_group(reps: int) -> dict[str, Any] | None:
     """Time every (kind, size) in context and queued, in the default process group (every rank calls
     it); rank 0 gets {"points": [...], "points_queued": [...]}, the others None."""
-    import torch
     import torch.distributed as dist
 
     world_size, rank = dist.get_world_size(), dist.get_rank()
     work = _burst(PROBE_COMPUTE_MS)
-    mine: list[dict[str, Any]] = []  # this rank's repetitions per (kind, size)
-    for kind in PROBE_KINDS:
-        for size in PROBE_SIZES_BYTES:
-            numel = size // 4  # float32; S is the full tensor for every kind
-            full = torch.ones(numel)
-            shard = torch.ones(numel // world_size)
-            _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
-            compute: list[float] = []
-            sequence: list[float] = []
-            bursts = (PROBE_SEQUENCE,) + ((PROBE_BURST_LONG,) if size <= PROBE_BURST_LONG_MAX_BYTES else ())
-            bursts = bursts if kind in PROBE_QUEUED_KINDS else ()
-            queued: dict[int, list[float]] = {n: [] for n in bursts}  # a burst's total time, per length
-            for _ in range(reps):
-                dist.barrier()  # the bursts alone
-                t0 = time.perf_counter()
-                for _ in range(PROBE_SEQUENCE):
-                    work()
-                compute.append(time.perf_counter() - t0)
-                dist.barrier()  # a step's rhythm: burst, collective, burst, collective, ...
-                t0 = time.perf_counter()
-                for _ in range(PROBE_SEQUENCE):
-                    work()
-                    _collective_once(kind, full, shard)
-                sequence.append(time.perf_counter() - t0)
-                for n in bursts:
-                    dist.barrier()  # queued: every rank issues them all at once, then waits for them all
-                    t0 = time.perf_counter()
-                    handles = [_collective_once(kind, full, shard, async_op=True) for _ in range(n)]
-                    for handle in handles:
-                        handle.wait()
-                    queued[n].append(time.perf_counter() - t0)
-            mine.append(
-                {"kind": kind, "bytes": numel * 4, "compute": compute, "sequence": sequence, "queued": queued}
-            )
+    # this rank's repetitions per (kind, size)
+    mine = [
+        _time_kind_size(kind, size, reps, work, world_size)
+        for kind in PROBE_KINDS
+        for size in PROBE_SIZES_BYTES
+    ]
     gathered: list[Any] = [None] * world_size
     dist.all_gather_object(gathered, mine)
-    if rank != 0:
-        return None
+    return _points(mine, gathered, reps) if rank == 0 else None
+
+
+def _time_kind_size(
+    kind: str, size: int, reps: int, work: Callable[[], None], world_size: int
+) -> dict[str, Any]:
+    """This rank's ``reps`` repetitions of one collective kind and size: the bursts alone, the bursts
+    each followed by the collective (a step's rhythm), and queued bursts of collectives."""
+    import torch
+    import torch.distributed as dist
+
+    numel = size // 4  # float32; S is the full tensor for every kind
+    full = torch.ones(numel)
+    shard = torch.ones(numel // world_size)
+    _collective_once(kind, full, shard)  # warm-up: connection set-up and buffers
+    compute: list[float] = []
+    sequence: list[float] = []
+    bursts = (PROBE_SEQUENCE,) + ((PROBE_BURST_LONG,) if size <= PROBE_BURST_LONG_MAX_BYTES else ())
+    bursts = bursts if kind in PROBE_QUEUED_KINDS else ()
+    queued: dict[int, list[float]] = {n: [] for n in bursts}  # a burst's total time, per length
+    for _ in range(reps):
+        dist.barrier()  # the bursts alone
+        t0 = time.perf_counter()
+        for _ in range(PROBE_SEQUENCE):
+            work()
+        compute.append(time.perf_counter() - t0)
+        dist.barrier()  # a step's rhythm: burst, collective, burst, collective, ...
+        t0 = time.perf_counter()
+        for _ in range(PROBE_SEQUENCE):
+            work()
+            _collective_once(kind, full, shard)
+        sequence.append(time.perf_counter() - t0)
+        for n in bursts:
+            dist.barrier()  # queued: every rank issues them all at once, then waits for them all
+            t0 = time.perf_counter()
+            handles = [_collective_once(kind, full, shard, async_op=True) for _ in range(n)]
+            for handle in handles:
+                handle.wait()
+            queued[n].append(time.perf_counter() - t0)
+    return {"kind": kind, "bytes": numel * 4, "compute": compute, "sequence": sequence, "queued": queued}
+
+
+def _points(mine: list[dict[str, Any]], gathered: list[Any], reps: int) -> dict[str, Any]:
+    """Rank 0's points from every rank's repetitions: the in-context time of each (kind, size) and the
+    queued bursts' totals."""
     points, queued_points = [], []
     for i, p in enumerate(mine):
         compute_s = [g[i]["compute"] for g in gathered]

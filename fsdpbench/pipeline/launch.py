@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,80 +117,49 @@ def launch_case(
     groups = [[r] for r in case.emulate_ranks] if case.emulate else [list(range(case.world_size))]
     if case.emulate and together:
         groups = [list(case.emulate_ranks)]
-    ranks: list[RankResult] = []
-    status, errors, pids, wall, exit_codes = OK, [], [], 0.0, {}
-    for group in groups:
-        g_status, g_error, g_ranks, g_pids, g_wall, g_codes = _launch_group(
-            case, case_dir, group, None if case.emulate else twin
-        )
-        ranks += g_ranks
-        pids += g_pids
-        wall += g_wall
-        exit_codes.update(g_codes)
-        if g_status != OK:
-            status = g_status if status == OK else status
-            errors.append(g_error)
-    return CaseOutcome(
-        status=status,
-        error="; ".join(errors),
-        ranks=ranks,
-        wall_s=wall,
-        spawn_s=_spawn_s(ranks),
-        pids=sorted(pids),
-        exit_codes=exit_codes,
+    return _case_outcome(
+        [_launch_group(case, case_dir, group, None if case.emulate else twin) for group in groups]
     )
 
 
-def _launch_group(
-    case: Case, case_dir: Path, group: list[int], twin: Case | None = None
-) -> tuple[str, str, list[RankResult], list[int], float, dict[int, int | None]]:
+def _case_outcome(launched: list[GroupOutcome]) -> CaseOutcome:
+    """The case's outcome from its groups': the first failure's status, every failure's error."""
+    failed = [g for g in launched if g.status != OK]
+    ranks = [r for g in launched for r in g.ranks]
+    return CaseOutcome(
+        status=failed[0].status if failed else OK,
+        error="; ".join(g.error for g in failed),
+        ranks=ranks,
+        wall_s=sum(g.wall_s for g in launched),
+        spawn_s=_spawn_s(ranks),
+        pids=sorted(pid for g in launched for pid in g.pids),
+        exit_codes={r: code for g in launched for r, code in g.exit_codes.items()},
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class GroupOutcome:
+    """What one group of a case's ranks, started together, ended with."""
+
+    status: str
+    error: str  # "" when OK
+    ranks: list[RankResult]
+    pids: list[int]
+    wall_s: float
+    exit_codes: dict[int, int | None]  # by the case's rank number
+
+
+def _launch_group(case: Case, case_dir: Path, group: list[int], twin: Case | None = None) -> GroupOutcome:
     """Start the ranks in ``group`` together (and ``twin``'s ranks beside them, taking turns), wait for
     them (timeout), read what they wrote."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
-
-    from fsdpbench.pipeline.rank_process import rank_entry
-
-    n, port = case.world_size, free_port()
     baton_store = baton.serve() if twin is not None else None
-    # an emulated rank has the machine to itself: on a GPU, cuda:0; on the CPU, the threads a real rank
-    # of this case would get here (so its compute time is one real rank's)
-    local_world = len(group) if case.device == "cuda" or not case.emulate else n
-    envs = {
-        i: {
-            "RANK": str(r),
-            "LOCAL_RANK": str(i),
-            "WORLD_SIZE": str(n),
-            "LOCAL_WORLD_SIZE": str(local_world),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "TORCHELASTIC_RUN_ID": case.case_id,
-            ORCHESTRATOR_PID_ENV: str(os.getpid()),
-            # CPU ranks bind their compute threads to cores of their own (hosttuning/threads.py)
-            PIN_ENV: "1" if case.device == "cpu" else "0",
-            GLOO_LOOP_IDLE_ENV: "1" if case.device == "cpu" and gloo_loop_idle_wanted() else "0",
-            **(compile_cache_env(case_dir) if case.compile else {}),
-        }
-        for i, r in enumerate(group)
-    }
+    envs = _rank_envs(case, case_dir, group)
     args = {i: (case.to_json(), str(case_dir)) for i in range(len(group))}
     if baton_store is not None and twin is not None:
         _add_twin(case, twin, case_dir, envs, args, baton_store.port)
     log_dir = case_dir / "elastic" / (f"rank{group[0]}" if case.emulate else "")
     t0 = time.perf_counter()
-    handlers = _signal_handlers()
-    try:
-        pc = start_processes(
-            name=case.case_id,
-            entrypoint=rank_entry,
-            args=args,
-            envs=envs,
-            logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
-            start_method="forkserver",
-        )
-    except _signal_exception() as exc:  # the launcher's handlers caught a signal while it started ranks
-        raise launcher_signal(exc) from None
-    finally:
-        _restore_signal_handlers(handlers)  # Ctrl-C stays a KeyboardInterrupt that the sweep handles
+    pc = _start_processes(case, envs, args, log_dir)
     pids = sorted(pc.pids().values())
     result: Any = None
     own_exits: dict[int, int] = {}
@@ -208,18 +178,77 @@ def _launch_group(
     ranks = [RankResult.read(case_dir / rank_file(r), r) for r in group]
     for rank in ranks:
         rank.exit_code = exitcodes.get(rank.rank)
-    if result is None:
-        status = TIMEOUT
-        error = f"timed out after {case.timeout_s:g} s; " + _phase_summary(ranks)
-    elif any(r < len(group) for r in result.failures):  # a twin process's end is not the case's
-        self_exited = {**own_exits, **{r: f.exitcode for r, f in result.failures.items()}}
-        status, error = _failure(ranks, self_exited, exitcodes)
-    else:
-        status, error = OK, ""
+    status, error = _group_status(case, ranks, result, own_exits, exitcodes, len(group))
     for rank in ranks:
         if not rank.ended:
             rank.status = status
-    return status, error, ranks, pids, wall, exitcodes
+    return GroupOutcome(status=status, error=error, ranks=ranks, pids=pids, wall_s=wall, exit_codes=exitcodes)
+
+
+def _rank_envs(case: Case, case_dir: Path, group: list[int]) -> dict[int, dict[str, str]]:
+    """The environment of each launcher process of ``group`` (numbered 0..len-1): the process group's
+    rendezvous and what the rank needs to know of the orchestrator and the host."""
+    n, port = case.world_size, free_port()
+    # an emulated rank has the machine to itself: on a GPU, cuda:0; on the CPU, the threads a real rank
+    # of this case would get here (so its compute time is one real rank's)
+    local_world = len(group) if case.device == "cuda" or not case.emulate else n
+    return {
+        i: {
+            "RANK": str(r),
+            "LOCAL_RANK": str(i),
+            "WORLD_SIZE": str(n),
+            "LOCAL_WORLD_SIZE": str(local_world),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_RUN_ID": case.case_id,
+            ORCHESTRATOR_PID_ENV: str(os.getpid()),
+            # CPU ranks bind their compute threads to cores of their own (hosttuning/threads.py)
+            PIN_ENV: "1" if case.device == "cpu" else "0",
+            GLOO_LOOP_IDLE_ENV: "1" if case.device == "cpu" and gloo_loop_idle_wanted() else "0",
+            **(compile_cache_env(case_dir) if case.compile else {}),
+        }
+        for i, r in enumerate(group)
+    }
+
+
+def _start_processes(case: Case, envs: dict[int, dict[str, str]], args: dict[int, Any], log_dir: Path) -> Any:
+    """The launcher's process context of the group, started from the fork server; a signal while it
+    starts them is the launcher's interrupt, and the sweep's own handlers are back afterwards."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, start_processes
+
+    from fsdpbench.pipeline.rank_process import rank_entry
+
+    handlers = _signal_handlers()
+    try:
+        return start_processes(
+            name=case.case_id,
+            entrypoint=rank_entry,
+            args=args,
+            envs=envs,
+            logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
+            start_method="forkserver",
+        )
+    except _signal_exception() as exc:  # the launcher's handlers caught a signal while it started ranks
+        raise launcher_signal(exc) from None
+    finally:
+        _restore_signal_handlers(handlers)  # Ctrl-C stays a KeyboardInterrupt that the sweep handles
+
+
+def _group_status(
+    case: Case,
+    ranks: list[RankResult],
+    result: Any,
+    own_exits: dict[int, int],
+    exitcodes: dict[int, int | None],
+    n_ranks: int,
+) -> tuple[str, str]:
+    """(status, error) of a group: timed out (no result), failed, or OK."""
+    if result is None:
+        return TIMEOUT, f"timed out after {case.timeout_s:g} s; " + _phase_summary(ranks)
+    if any(r < n_ranks for r in result.failures):  # a twin process's end is not the case's
+        self_exited = {**own_exits, **{r: f.exitcode for r, f in result.failures.items()}}
+        return _failure(ranks, self_exited, exitcodes)
+    return OK, ""
 
 
 def _add_twin(

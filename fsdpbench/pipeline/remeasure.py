@@ -13,27 +13,26 @@ from pathlib import Path
 
 import pandas as pd
 
-from fsdpbench.analysis.regress import SAMPLED, Comparison
+from fsdpbench.analysis.regress import SAMPLED, DifferenceReport
 from fsdpbench.core.schema import OK, RUN_CASE_ID, case_from_columns
 
 
-def suspects(result: Comparison) -> list[str]:
+def suspects(result: DifferenceReport) -> list[str]:
     """Baseline case ids whose sampled step time failed."""
-    rec = result.records
-    return sorted(rec.loc[(rec["metric"] == SAMPLED) & rec["fails"], "case_id"].unique())
+    return sorted({d.case_id for d in result.failures if d.metric == SAMPLED})
 
 
 def remeasure(
-    result: Comparison,
+    result: DifferenceReport,
     frame: pd.DataFrame,
     run_frame: pd.DataFrame,
     repeat: int,
     out_dir: Path,
-    judge: Callable[[pd.DataFrame], Comparison],
+    judge: Callable[[pd.DataFrame], DifferenceReport],
     log: Callable[[str], None] = print,
     *,
     allow_plugins: bool = False,
-) -> Comparison:
+) -> DifferenceReport:
     """Re-launch each suspect case ``repeat`` times into ``out_dir``; ``judge`` the frame with pooled samples.
 
     ``frame`` is what was compared (strategies mapped); ``run_frame`` the run as it ran (to rebuild

@@ -267,7 +267,6 @@ def add_step_model(
     from fsdpbench.engine.intra_op import rank_threads
     from fsdpbench.metrics.profiled import shard_group_sizes
     from fsdpbench.pipeline.comm_probe import resolve_link
-    from fsdpbench.pipeline.compute_twin import twin_compute_ms
     from fsdpbench.predictors import step_model
     from fsdpbench.strategies import get_strategy
 
@@ -284,19 +283,7 @@ def add_step_model(
     try:
         link = resolve_link(link_spec, case.backend, case.world_size, run_dir)
         sharding = get_strategy(case.strategy).sharding
-        bare: dict[int, float] = {}
-        method = ""
-        if case.emulate:
-            timed = rows.set_index(RANK)[STEP_TIME] if STEP_TIME in rows else pd.Series(dtype=float)
-            bare = {int(r): float(v) for r, v in timed.items() if int(r) >= 0 and pd.notna(v)}
-            method = step_model.METHOD_EMULATED
-        elif launch_twin:
-            # on a GPU too: a step the host cannot launch fast enough (decoder-base in bf16 on an H200:
-            # 26-30 ms of kernels in a 48-121 ms step) is host time, which the kernels do not show
-            bare, interleaved = twin_compute_ms(case, case_dir)
-            method = step_model.METHOD_TWIN_INTERLEAVED if interleaved else step_model.METHOD_TWIN
-        if not bare:
-            method = step_model.METHOD_KERNELS if device_type == "cuda" else step_model.METHOD_PROFILED
+        bare, method = _bare_compute_ms(case, rows, case_dir, device_type, launch_twin=launch_twin)
         # real ranks on this machine whose threads fill its cores: no collective overlaps compute
         serial = (
             launch_twin
@@ -322,11 +309,45 @@ def add_step_model(
             file=sys.stderr,
         )
         return rows
+    return _with_model_columns(case, rows, per_rank, n_traces=len(traces), device_type=device_type)
+
+
+def _bare_compute_ms(
+    case: Case, rows: pd.DataFrame, case_dir: Path, device_type: str, *, launch_twin: bool
+) -> tuple[dict[int, float], str]:
+    """Each rank's compute time without the profiler, and the model_method that names where it came
+    from; no times: the profiled compute (or the kernels' on a GPU)."""
+    from fsdpbench.pipeline.compute_twin import twin_compute_ms
+    from fsdpbench.predictors import step_model
+
+    bare: dict[int, float] = {}
+    method = ""
+    if case.emulate:
+        timed = rows.set_index(RANK)[STEP_TIME] if STEP_TIME in rows else pd.Series(dtype=float)
+        bare = {int(r): float(v) for r, v in timed.items() if int(r) >= 0 and pd.notna(v)}
+        method = step_model.METHOD_EMULATED
+    elif launch_twin:
+        # on a GPU too: a step the host cannot launch fast enough (decoder-base in bf16 on an H200:
+        # 26-30 ms of kernels in a 48-121 ms step) is host time, which the kernels do not show
+        bare, interleaved = twin_compute_ms(case, case_dir)
+        method = step_model.METHOD_TWIN_INTERLEAVED if interleaved else step_model.METHOD_TWIN
+    if not bare:
+        method = step_model.METHOD_KERNELS if device_type == "cuda" else step_model.METHOD_PROFILED
+    return bare, method
+
+
+def _with_model_columns(
+    case: Case, rows: pd.DataFrame, per_rank: dict[int, dict[str, Any]], *, n_traces: int, device_type: str
+) -> pd.DataFrame:
+    """``rows`` with each rank's model_* columns, the case's modelled step time (the slowest rank's, when
+    every traced rank has one) and whether the model can be checked here."""
+    from fsdpbench.predictors import step_model
+
     model = pd.DataFrame.from_dict(per_rank, orient="index")
     rows = rows.drop(columns=[c for c in model.columns if c in rows])
     rows = rows.merge(model, left_on=RANK, right_index=True, how="left")
     modelled = [c[MODEL_STEP_TIME] for c in per_rank.values()]
-    rows[CASE_MODEL_STEP_TIME] = max(modelled) if len(modelled) == len(traces) else None
+    rows[CASE_MODEL_STEP_TIME] = max(modelled) if len(modelled) == n_traces else None
     reason = step_model.checkable(device_type, case.world_size, case.emulate, os.cpu_count())
     rows[MODEL_CHECKABLE] = not reason
     rows[MODEL_UNCHECKED_REASON] = reason

@@ -304,6 +304,22 @@ def _loc(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
 
 
+def in_section(name: str) -> str:
+    """What an error about the case field ``name`` ends with: the section of the case it belongs to
+    (``model_args.NAME`` is of model_args'); "" for a name that is no case field."""
+    field_name = name.partition(".")[0]
+    return f" [{Case.section_of(field_name).value} section]" if field_name in CASE_FIELDS else ""
+
+
+def _section_of_loc(loc: tuple[Any, ...]) -> str:
+    """The section note of a validation error's location: the first case field in it, after
+    ``defaults``, ``sweep`` or ``cases[i]``."""
+    if not loc or loc[0] not in ("defaults", "cases", "sweep"):
+        return ""
+    names = [p for p in loc[1:] if isinstance(p, str)]
+    return in_section(names[0]) if names else ""
+
+
 def _format_validation(source: str, exc: ValidationError) -> str:
     # an unknown field explains a missing one ('nmae:' → name missing): report it first
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
@@ -319,8 +335,10 @@ def _format_validation(source: str, exc: ValidationError) -> str:
         msg = (
             f"unknown field{f' (did you mean {close[0]!r}?)' if close else ''}; allowed: {', '.join(allowed)}"
         )
-    elif "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], (dict, list)):
-        msg += f" (got {_short(err['input'])})"
+    else:
+        if "input" in err and err["type"] not in ("missing",) and not isinstance(err["input"], (dict, list)):
+            msg += f" (got {_short(err['input'])})"
+        msg += _section_of_loc(err["loc"])
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{source}: {loc}: {msg}{more}"
 
@@ -347,14 +365,18 @@ def _check_sweep(source: str, spec: ScenarioFile) -> None:
                     CaseFields.model_validate({key.partition(".")[0]: {key.partition(".")[2]: item}})
                 except ValidationError as exc:
                     msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                    raise ScenarioError(f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)})") from None
+                    raise ScenarioError(
+                        f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)}){in_section(key)}"
+                    ) from None
             continue
         for i, item in enumerate(values):
             try:
                 CaseFields.model_validate({key: item})
             except ValidationError as exc:
                 msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
-                raise ScenarioError(f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)})") from None
+                raise ScenarioError(
+                    f"{source}: sweep.{key}[{i}]: {msg} (got {_short(item)}){in_section(key)}"
+                ) from None
     for i, rule in enumerate(spec.exclude):
         bad = [k for k in rule if k not in CASE_FIELDS and not k.startswith(_ARG_AXES)]
         if bad:
@@ -465,10 +487,10 @@ def build_case(
     try:
         strategy = get_strategy(name)
     except KeyError as exc:
-        raise ScenarioError(f"{source}: strategy: {exc.args[0]}") from None
+        raise ScenarioError(f"{source}: strategy: {exc.args[0]}{in_section('strategy')}") from None
     problem = check_model_args(fields.get("model", _DEFAULT.model), fields.get("model_args") or {})
     if problem:
-        raise ScenarioError(f"{source}: model_args: {problem}")
+        raise ScenarioError(f"{source}: model_args: {problem}{in_section('model_args')}")
     device, backend = resolve_backend(fields.get("device", "auto"), fields.get("backend", "auto"))
     fields["device"], fields["backend"] = device, backend
     case = Case(**{k: v for k, v in fields.items() if k in {f.name for f in dataclasses.fields(Case)}})

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fsdpbench.core.case import Case
+from fsdpbench.core.numbers import numel
 from fsdpbench.core.rundir import CHECKPOINT_DIR, NATIVE_TAG
 from fsdpbench.predictors import dcp_metadata as dcp_md
 from fsdpbench.predictors import torch_save_format as fmt
@@ -69,13 +70,6 @@ def _params(case: Case) -> tuple[list[_Param], int]:
     return [_Param(p.name, p.shape, p.unit) for p in facts.params or ()], len(facts.units)
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
 def _chunk_rows(rows: int, world: int, rank: int) -> tuple[int, int]:
     """(rows this rank holds, rows of its padded chunk): torch.chunk along dim 0, as FSDP shards."""
     chunk = -(-rows // world)
@@ -107,13 +101,13 @@ def _state_graph(
     def tensor(shape: tuple[int, ...], is_param: bool) -> fmt.Tensor:
         if not local and gathered_padded and sharded and shape:
             padded_rows = _chunk_rows(shape[0], world, 0)[1] * world
-            return fmt.Tensor(SAVED_DTYPE, shape, fmt.Storage(SAVED_DTYPE, _numel((padded_rows, *shape[1:]))))
+            return fmt.Tensor(SAVED_DTYPE, shape, fmt.Storage(SAVED_DTYPE, numel((padded_rows, *shape[1:]))))
         if not local or not sharded or not shape:
             return fmt.Tensor(SAVED_DTYPE, shape)
         rows, chunk = _chunk_rows(shape[0], world, rank)
         shard = (rows, *shape[1:])
         if is_param and padded_views:  # FSDP2's local shard views its padded chunk: torch.save writes it
-            return fmt.Tensor(SAVED_DTYPE, shard, fmt.Storage(SAVED_DTYPE, _numel((chunk, *shape[1:]))))
+            return fmt.Tensor(SAVED_DTYPE, shard, fmt.Storage(SAVED_DTYPE, numel((chunk, *shape[1:]))))
         return fmt.Tensor(SAVED_DTYPE, shard)
 
     graph: dict[str, Any] = {"model": {p.name: tensor(p.shape, True) for p in params}}
@@ -130,14 +124,6 @@ def _state_graph(
     return graph
 
 
-def _payload(graph: Any) -> int:
-    if isinstance(graph, dict):
-        return sum(_payload(v) for v in graph.values())
-    if isinstance(graph, list):
-        return sum(_payload(v) for v in graph)
-    return graph.nbytes if isinstance(graph, fmt.Tensor) else 0
-
-
 def _flatten(graph: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str, tuple[str | int, ...], Any]]:
     """DCP's flatten_state_dict: (dotted key, path of keys, leaf); every mapping is walked, a list only when
     it holds a container or a tensor (a list of names or a tuple of floats is one item)."""
@@ -150,7 +136,7 @@ def _flatten(graph: Any, path: tuple[str | int, ...] = ()) -> list[tuple[str, tu
 
 def _dcp_item_bytes(value: Any) -> tuple[int, int]:
     """(bytes in the .distcp file, payload) of one DCP item: a tensor or a pickled object, torch.saved."""
-    return fmt.torch_save_bytes(value), _payload(value)
+    return fmt.torch_save_bytes(value), fmt.payload_bytes(value)
 
 
 def _dcp_plan(case: Case, params: list[_Param], sharded: bool) -> list[list[tuple[dcp_md.Item, int]]]:
@@ -239,7 +225,7 @@ def _fsdp1_flat_numel(params: list[_Param], unit: int, world: int) -> int:
     offset = 0
     for p in params:
         if p.unit == unit:
-            offset = -(-offset // align) * align + _numel(p.shape)
+            offset = -(-offset // align) * align + numel(p.shape)
     return -(-offset // world) * world
 
 
@@ -272,7 +258,7 @@ def _fsdp1_gather_terms(
     }
     if method == "full" and rank == 0:  # the unit's entries (of the state being gathered) not yet cloned
         terms["fsdp1_entries_not_yet_cloned_host"] = -4 * sum(
-            _numel(p.shape) for p in params if p.unit == largest
+            numel(p.shape) for p in params if p.unit == largest
         )
     elif method != "full":
         terms["fsdp1_entries_not_yet_cloned_host"] = -shard
@@ -295,10 +281,10 @@ def _zero1_partitions(params: list[_Param], world: int) -> list[list[_Param]]:
     (a stable sort by numel), each to the rank with the fewest elements so far, the lowest on a tie."""
     parts: list[list[_Param]] = [[] for _ in range(world)]
     sizes = [0] * world
-    for p in sorted(params, key=lambda q: _numel(q.shape), reverse=True):
+    for p in sorted(params, key=lambda q: numel(q.shape), reverse=True):
         rank = sizes.index(min(sizes))
         parts[rank].append(p)
-        sizes[rank] += _numel(p.shape)
+        sizes[rank] += numel(p.shape)
     return parts
 
 
@@ -332,8 +318,8 @@ def _zero1_consolidation_terms(case: Case, params: list[_Param], rank: int) -> d
         return {"zero1_partition_serialized_host": 11 * serialized[rank]}
     loaded, peak = 0, 0
     for r in range(1, world):
-        peak = max(peak, loaded + 2 * serialized[r] + _payload(parts[r]))
-        loaded += _payload(parts[r])
+        peak = max(peak, loaded + 2 * serialized[r] + fmt.payload_bytes(parts[r]))
+        loaded += fmt.payload_bytes(parts[r])
     return {"zero1_partitions_loaded_host": loaded, "zero1_partition_received_host": peak - loaded}
 
 
@@ -342,94 +328,159 @@ def predict_checkpoint(case: Case, strategy: Strategy) -> list[CheckpointPredict
     if case.checkpoint == "none":
         return []
     params, _ = _params(case)
-    world = case.world_size
     if case.checkpoint == "native":
         return _predict_native(case, strategy, params)
-    sharded = strategy.sharding.params
-    # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
-    # (``_fsdp1_gather_terms``)
-    regathers = strategy.fsdp_version == 1 and sharded
-    zero1 = strategy.fsdp_version == 0 and strategy.sharding.optim  # ZeroRedundancyOptimizer
-    full_graph = _state_graph(
-        case, params, False, world, 0, sharded, padded_views=False, gathered_padded=strategy.fsdp_version == 2
-    )
-    full_payload = _payload(full_graph)
-    unit_bytes: dict[int, int] = {}
-    for p in params:
-        unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + _numel(p.shape) * 4
-    largest_tensor = max((_numel(p.shape) * 4 for p in params), default=0)
-    largest_unit = max(unit_bytes.values(), default=0)
-    # what FSDP2's gathering adds while it runs: gloo's receive buffer of one DTensor's full tensor
-    gather_transient = largest_tensor if sharded else 0
-    on_gpu = case.device == "cuda"
-    # without use_orig_params the optimizer's zero_grad(set_to_none) frees the flat gradient itself
-    orig_params = bool(case.strategy_args.get("use_orig_params", True))
-    freed_grad = _fsdp1_freed_grad_bytes(params, world) if regathers and orig_params else 0
-    preds = []
-    if case.checkpoint in ("dcp", "dcp_async"):
-        files, metadata = _dcp_bytes(case, params, sharded)
-    local: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}  # ranks alike are computed once
+    save = _Save.of(case, strategy, params)
+    rank_prediction = {"full": _full_rank, "sharded": _sharded_rank}.get(case.checkpoint, _dcp_rank)
+    return [rank_prediction(save, rank) for rank in range(case.world_size)]
 
-    def local_terms(rank: int) -> tuple[int, int, int, int]:
+
+@dataclass(kw_only=True)
+class _Save:
+    """What every rank's terms of one save read: the case, its parameters, and what the strategy's
+    state dict gathers."""
+
+    case: Case
+    params: list[_Param]
+    world: int
+    sharded: bool  # the parameters are sharded at rest
+    regathers: bool  # FSDP1: state dicts built from gathered flat parameters, a unit at a time
+    zero1: bool  # ZeroRedundancyOptimizer: the optimizer state consolidated on rank 0
+    on_gpu: bool
+    full_graph: Any  # the full state dict's structure
+    full_payload: int
+    largest_unit: int  # bytes of the largest unit's parameters
+    gather_transient: int  # what FSDP2's gathering adds while it runs
+    freed_grad: int  # FSDP1's sharded flat gradients, freed before a state dict gathers
+    dcp_files: (
+        tuple[list[tuple[int, int]], int] | None
+    )  # DCP: each rank's (bytes, payload), .metadata's bytes
+    local: dict[tuple[Any, ...], tuple[int, int, int, int]] = field(default_factory=dict)  # ranks alike once
+
+    @classmethod
+    def of(cls, case: Case, strategy: Strategy, params: list[_Param]) -> _Save:
+        world = case.world_size
+        sharded = strategy.sharding.params
+        # FSDP1 builds its full and its sharded state dicts from gathered flat parameters, a unit at a time
+        # (``_fsdp1_gather_terms``)
+        checkpointing = strategy.checkpointing
+        regathers = checkpointing.gathers == "flat_parameters" and sharded
+        zero1 = checkpointing.optimizer_consolidation == "to_rank0"  # ZeroRedundancyOptimizer
+        full_graph = _state_graph(
+            case,
+            params,
+            False,
+            world,
+            0,
+            sharded,
+            padded_views=False,
+            gathered_padded=checkpointing.gathers == "padded_tensors",
+        )
+        unit_bytes: dict[int, int] = {}
+        for p in params:
+            unit_bytes[p.unit] = unit_bytes.get(p.unit, 0) + numel(p.shape) * 4
+        largest_tensor = max((numel(p.shape) * 4 for p in params), default=0)
+        # without use_orig_params the optimizer's zero_grad(set_to_none) frees the flat gradient itself
+        orig_params = bool(case.strategy_args.get("use_orig_params", True))
+        return cls(
+            case=case,
+            params=params,
+            world=world,
+            sharded=sharded,
+            regathers=regathers,
+            zero1=bool(zero1),
+            on_gpu=case.device == "cuda",
+            full_graph=full_graph,
+            full_payload=fmt.payload_bytes(full_graph),
+            largest_unit=max(unit_bytes.values(), default=0),
+            # gloo's receive buffer of one DTensor's full tensor
+            gather_transient=largest_tensor if sharded else 0,
+            freed_grad=_fsdp1_freed_grad_bytes(params, world) if regathers and orig_params else 0,
+            dcp_files=_dcp_bytes(case, params, sharded) if case.checkpoint in ("dcp", "dcp_async") else None,
+        )
+
+    def local_terms(self, rank: int) -> tuple[int, int, int, int]:
         """(local payload, its model part, the sharded file's payload and bytes) of a rank."""
+        case, params, world, sharded = self.case, self.params, self.world, self.sharded
         key = (_rank_signature(params, world, rank, sharded), len(str(rank)))
-        if key not in local:
+        if key not in self.local:
             graph = _state_graph(case, params, True, world, rank, sharded, padded_views=True)
             unpadded = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
             saved = fmt.torch_save_bytes(graph, f"rank{rank}") if case.checkpoint == "sharded" else 0
-            local[key] = (_payload(unpadded), _payload(unpadded["model"]), _payload(graph), saved)
-        return local[key]
-
-    for rank in range(world):
-        local_payload, local_model, sharded_payload, sharded_bytes = local_terms(rank)
-        terms: dict[str, int] = {}
-        if case.checkpoint == "full":
-            nbytes = fmt.torch_save_bytes(full_graph, FULL_ARCHIVE) if rank == 0 else 0
-            payload = full_payload if rank == 0 else 0
-            # gathered shards are new memory; a whole tensor already on the host is its own entry
-            held = full_payload if (sharded or on_gpu) else 0
-            terms["full_state_dict_host"] = held if rank == 0 else 0
-            if regathers and not on_gpu:
-                terms.update(_fsdp1_gather_terms(params, world, rank, "full", case.checkpoint_optimizer))
-                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
-            else:
-                terms["gather_transient_host"] = 0 if on_gpu else gather_transient
-            if zero1 and case.checkpoint_optimizer and not on_gpu:
-                terms.update(_zero1_consolidation_terms(case, params, rank))
-            if sharded and not regathers and rank != 0 and not on_gpu:
-                # the other ranks drop each gathered tensor as soon as it is gathered (torch 2.13's
-                # _state_dict_utils._iterate_state_dict: a rank not in ranks_only=(0,) returns None for
-                # the leaf): the tensor being gathered is all they hold, beside gloo's receive buffer
-                terms["other_rank_gathered_tensor_host"] = gather_transient
-            device = largest_unit if (sharded and on_gpu) else 0
-        elif case.checkpoint == "sharded":
-            nbytes, payload = sharded_bytes, sharded_payload
-            terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
-            if regathers and not on_gpu:
-                terms.update(_fsdp1_gather_terms(params, world, rank, "sharded", case.checkpoint_optimizer))
-                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
-            device = 0
-        else:
-            nbytes, payload = files[rank]
-            nbytes += metadata if rank == 0 else 0  # DCP's coordinator writes .metadata
-            terms["dcp_staged_copy_host"] = local_payload if case.checkpoint == "dcp_async" else 0
-            if case.checkpoint == "dcp":
-                terms.update(_sharded_host_terms(local_payload, on_gpu, regathers))
-            if regathers and not on_gpu:
-                terms.update(_fsdp1_gather_terms(params, world, rank, "dcp", case.checkpoint_optimizer))
-                terms["fsdp1_flat_grad_freed_host"] = -freed_grad
-            device = 0
-        preds.append(
-            CheckpointPrediction(
-                rank=rank,
-                bytes=nbytes,
-                payload_bytes=payload,
-                save_host_peak_bytes=sum(terms.values()),
-                device_transient_bytes=device,
-                terms=terms,
+            self.local[key] = (
+                fmt.payload_bytes(unpadded),
+                fmt.payload_bytes(unpadded["model"]),
+                fmt.payload_bytes(graph),
+                saved,
             )
-        )
-    return preds
+        return self.local[key]
+
+    def fsdp1_gather_terms(self, rank: int, method: str) -> dict[str, int]:
+        """FSDP1's host terms of gathering flat parameters on a CPU rank (none otherwise)."""
+        if not self.regathers or self.on_gpu:
+            return {}
+        terms = _fsdp1_gather_terms(self.params, self.world, rank, method, self.case.checkpoint_optimizer)
+        terms["fsdp1_flat_grad_freed_host"] = -self.freed_grad
+        return terms
+
+
+def _prediction(
+    rank: int, nbytes: int, payload: int, terms: dict[str, int], device: int
+) -> CheckpointPrediction:
+    return CheckpointPrediction(
+        rank=rank,
+        bytes=nbytes,
+        payload_bytes=payload,
+        save_host_peak_bytes=sum(terms.values()),
+        device_transient_bytes=device,
+        terms=terms,
+    )
+
+
+def _full_rank(save: _Save, rank: int) -> CheckpointPrediction:
+    """A full state dict, gathered and saved by rank 0."""
+    case, sharded, on_gpu = save.case, save.sharded, save.on_gpu
+    nbytes = fmt.torch_save_bytes(save.full_graph, FULL_ARCHIVE) if rank == 0 else 0
+    payload = save.full_payload if rank == 0 else 0
+    # gathered shards are new memory; a whole tensor already on the host is its own entry
+    held = save.full_payload if (sharded or on_gpu) else 0
+    terms = {"full_state_dict_host": held if rank == 0 else 0}
+    if save.regathers and not on_gpu:
+        terms.update(save.fsdp1_gather_terms(rank, "full"))
+    else:
+        terms["gather_transient_host"] = 0 if on_gpu else save.gather_transient
+    if save.zero1 and case.checkpoint_optimizer and not on_gpu:
+        terms.update(_zero1_consolidation_terms(case, save.params, rank))
+    if sharded and not save.regathers and rank != 0 and not on_gpu:
+        # the other ranks drop each gathered tensor as soon as it is gathered (torch 2.13's
+        # _state_dict_utils._iterate_state_dict: a rank not in ranks_only=(0,) returns None for
+        # the leaf): the tensor being gathered is all they hold, beside gloo's receive buffer
+        terms["other_rank_gathered_tensor_host"] = save.gather_transient
+    device = save.largest_unit if (sharded and on_gpu) else 0
+    return _prediction(rank, nbytes, payload, terms, device)
+
+
+def _sharded_rank(save: _Save, rank: int) -> CheckpointPrediction:
+    """Each rank's local state dict in its own torch.save archive."""
+    local_payload, _, sharded_payload, sharded_bytes = save.local_terms(rank)
+    terms = _sharded_host_terms(local_payload, save.on_gpu, save.regathers)
+    terms.update(save.fsdp1_gather_terms(rank, "sharded"))
+    return _prediction(rank, sharded_bytes, sharded_payload, terms, 0)
+
+
+def _dcp_rank(save: _Save, rank: int) -> CheckpointPrediction:
+    """DCP (``dcp``, ``dcp_async``): the rank's ``.distcp`` file, and rank 0's ``.metadata``."""
+    case = save.case
+    local_payload = save.local_terms(rank)[0]
+    assert save.dcp_files is not None
+    files, metadata = save.dcp_files
+    nbytes, payload = files[rank]
+    nbytes += metadata if rank == 0 else 0  # DCP's coordinator writes .metadata
+    terms = {"dcp_staged_copy_host": local_payload if case.checkpoint == "dcp_async" else 0}
+    if case.checkpoint == "dcp":
+        terms.update(_sharded_host_terms(local_payload, save.on_gpu, save.regathers))
+    terms.update(save.fsdp1_gather_terms(rank, "dcp"))
+    return _prediction(rank, nbytes, payload, terms, 0)
 
 
 def _predict_native(case: Case, strategy: Strategy, params: list[_Param]) -> list[CheckpointPrediction]:

@@ -9,7 +9,6 @@ The stand-ins compute nothing: on fake tensors only shapes, dtypes and lifetimes
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fsdpbench.engine.ac_policy import STANDIN_OPS
+from fsdpbench.predictors.memory_model.allocator import cuda_storage_bytes
 from fsdpbench.predictors.memory_model.kernels import AttentionKernel, kernels_for
 
 
@@ -150,8 +150,7 @@ def cuda_storage_rounding() -> Iterator[None]:
     original = info._calculate_mem_consumed
 
     def rounded(self: Any) -> int:
-        mem = self.size * self.element_size
-        return math.ceil(mem / mem_tracker._PYTORCH_MIN_ALLOCATE) * mem_tracker._PYTORCH_MIN_ALLOCATE
+        return cuda_storage_bytes(self.size * self.element_size)
 
     info._calculate_mem_consumed = rounded  # type: ignore[method-assign]  # patched for the trace only
     try:

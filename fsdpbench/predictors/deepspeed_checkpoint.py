@@ -259,7 +259,7 @@ def native_files(
     if model_file is not None:
         graph = _common_state(case, ps, stage, config, version)
         model_bytes = fmt.torch_save_bytes(graph, Path(model_file).stem)
-        payload += _payload(graph)
+        payload += fmt.payload_bytes(graph)
     zero = (
         _zero3_optim_state(case, ps, version)
         if stage == 3
@@ -267,7 +267,7 @@ def native_files(
     )
     optim = {"optimizer_state_dict": zero, "ds_config": config, DS_VERSION: version}
     optim_bytes = fmt.torch_save_bytes(optim, Path(optim_state_file(rank)).stem)
-    payload += _payload(optim)
+    payload += fmt.payload_bytes(optim)
     return NativeFiles(
         model_states=model_bytes,
         optim_states=optim_bytes,
@@ -275,16 +275,3 @@ def native_files(
         recovery_scripts=recovery_script_bytes() if rank == 0 else 0,
         payload=payload,
     )
-
-
-def _payload(graph: Any, seen: set[int] | None = None) -> int:
-    """The storages' bytes, each storage once."""
-    seen = set() if seen is None else seen
-    if isinstance(graph, dict):
-        return sum(_payload(v, seen) for v in graph.values())
-    if isinstance(graph, list):
-        return sum(_payload(v, seen) for v in graph)
-    if isinstance(graph, fmt.Tensor) and id(graph.storage) not in seen:
-        seen.add(id(graph.storage))
-        return graph.storage.nbytes
-    return 0

@@ -67,7 +67,7 @@ from fsdpbench.core.schema import (
     MODEL_WAITS_REMOVED,
 )
 from fsdpbench.metrics.comm import collective_records
-from fsdpbench.metrics.overlap import Interval, merge_intervals, subtract_intervals
+from fsdpbench.metrics.trace import Interval, Trace, merge_intervals, subtract_intervals
 from fsdpbench.predictors.comm_model import Link, collective_time_us
 
 if TYPE_CHECKING:
@@ -201,48 +201,16 @@ def _simulated(
 
 
 # -- the trace → StepTimeline ----------------------------------------------------------------
-def _complete(trace: dict[str, Any]) -> list[dict[str, Any]]:
-    return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
-
-
-def _span(e: dict[str, Any]) -> Interval:
-    return float(e["ts"]), float(e["ts"]) + float(e["dur"])
-
-
-def _host_intervals(events: list[dict[str, Any]]) -> tuple[list[Interval], list[Interval], Interval]:
+def _host_intervals(trace: Trace) -> tuple[list[Interval], list[Interval], Interval]:
     """CPU ranks: (comm = gloo:* work, compute = aten ops minus c10d ops on the other threads, step span)."""
-    comm = [_span(e) for e in events if str(e.get("name", "")).startswith("gloo:")]
-    comm_threads = {
-        (e.get("pid"), e.get("tid")) for e in events if str(e.get("name", "")).startswith("gloo:")
-    }
-    aten: list[Interval] = []
-    c10d: list[Interval] = []
-    for e in events:
-        if (e.get("pid"), e.get("tid")) in comm_threads or e.get("cat") != "cpu_op":
-            continue
-        name = str(e.get("name", ""))
-        if name.startswith("aten::"):
-            aten.append(_span(e))
-        elif name.startswith("c10d::"):
-            c10d.append(_span(e))
-    compute = subtract_intervals(aten, c10d)
-    host = [
-        _span(e)
-        for e in events
-        if (e.get("pid"), e.get("tid")) not in comm_threads and e.get("cat") in ("cpu_op", "user_annotation")
-    ]
-    span = (min(s for s, _ in host), max(t for _, t in host)) if host else (0.0, 0.0)
-    return comm, compute, span
+    aten = [i for ops, _ in trace.host_ops.values() for i in ops]
+    c10d = [i for _, ops in trace.host_ops.values() for i in ops]
+    return trace.host_comm, subtract_intervals(aten, c10d), trace.host_span
 
 
-def _device_intervals(events: list[dict[str, Any]]) -> tuple[list[Interval], list[Interval], Interval]:
+def _device_intervals(trace: Trace) -> tuple[list[Interval], list[Interval], Interval]:
     """GPU ranks: (comm = NCCL kernels, compute = other kernels, step span on the device clock)."""
-    kernels = [e for e in events if str(e.get("cat", "")).lower() == "kernel"]
-    comm = [_span(e) for e in kernels if "nccl" in str(e.get("name", "")).lower()]
-    compute = [_span(e) for e in kernels if "nccl" not in str(e.get("name", "")).lower()]
-    all_k = [_span(e) for e in kernels]
-    span = (min(s for s, _ in all_k), max(t for _, t in all_k)) if all_k else (0.0, 0.0)
-    return comm, compute, span
+    return trace.device_comm, trace.device_compute, trace.device_span
 
 
 def _waits(comm: list[Interval], compute: list[Interval], span: Interval) -> list[Interval]:
@@ -271,18 +239,17 @@ class _Clock:
         return (t - self.start - removed) * self.scale
 
 
-def _host_to_device(events: list[dict[str, Any]]) -> Any:
+def _host_to_device(trace: Trace) -> Any:
     """GPU: host time → device time of the first kernel launched at or after it (None if none)."""
     launch_ts = {
         e["args"]["correlation"]: float(e["ts"])
-        for e in events
+        for e in trace.events
         if e.get("cat") == "cuda_runtime" and "correlation" in (e.get("args") or {})
     }
     pairs = sorted(
         (launch_ts[c], float(e["ts"]))
-        for e in events
-        if str(e.get("cat", "")).lower() == "kernel"
-        and (c := (e.get("args") or {}).get("correlation")) in launch_ts
+        for e in trace.kernels
+        if (c := (e.get("args") or {}).get("correlation")) in launch_ts
     )
     launches = [p[0] for p in pairs]
 
@@ -291,10 +258,6 @@ def _host_to_device(events: list[dict[str, Any]]) -> Any:
         return pairs[i][1] if i < len(pairs) else None
 
     return to_device
-
-
-def _annotation_starts(events: list[dict[str, Any]], prefix: str) -> list[float]:
-    return sorted(float(e["ts"]) for e in events if str(e.get("name", "")).startswith(prefix))
 
 
 def _needed_rule(kind: str, sharding: Sharding, device_type: str) -> str:
@@ -322,7 +285,7 @@ def compute_scale(raw_compute_us: float, bare_compute_us: float | None) -> float
 
 
 def build_timeline(
-    trace: dict[str, Any],
+    trace: Trace | dict[str, Any],
     sharding: Sharding,
     device_type: str,
     *,
@@ -339,24 +302,24 @@ def build_timeline(
     ``bare_compute_us`` (per step) — a step timed without the profiler with collectives that take no
     time (``compute_twin``). Neither given: the profiled compute as it is (on a GPU the compute is
     kernels, which the host-side profiler does not slow down)."""
-    events = _complete(trace)
-    on_gpu = device_type == "cuda" and any(str(e.get("cat", "")).lower() == "kernel" for e in events)
-    comm, compute, span = _device_intervals(events) if on_gpu else _host_intervals(events)
+    trace = Trace.of(trace)
+    on_gpu = device_type == "cuda" and bool(trace.kernels)
+    comm, compute, span = _device_intervals(trace) if on_gpu else _host_intervals(trace)
     waits = _waits(comm, compute, span)
     raw_compute = _Clock(span[0], waits)(span[1])
     steps = max(1, steps)
     if scale is None:
         scale = compute_scale(raw_compute, None if bare_compute_us is None else bare_compute_us * steps)
     clock = _Clock(span[0], waits, scale)
-    to_device = _host_to_device(events) if on_gpu else (lambda t: t)
+    to_device = _host_to_device(trace) if on_gpu else (lambda t: t)
     step_end = span[1]
 
     def on_clock(host_t: float | None) -> float:
         device_t = to_device(host_t) if host_t is not None else None
         return clock(min(device_t if device_t is not None else step_end, step_end))
 
-    copy_outs = _annotation_starts(events, "FSDP::all_gather_copy_out")
-    optim = _annotation_starts(events, "Optimizer.step#")
+    copy_outs = trace.annotation_starts("FSDP::all_gather_copy_out")
+    optim = trace.annotation_starts("Optimizer.step#")
 
     def first_after(starts: list[float], t: float) -> float | None:
         i = bisect.bisect_left(starts, t)
@@ -517,11 +480,9 @@ def case_model_columns(
     ``bare_compute_ms``: per rank, one step's compute timed without the profiler. A rank without
     one is scaled by the factor of the first rank that has one (ranks of one SPMD job run the same
     ops, so the profiler costs them the same share); none at all: the profiled compute unscaled."""
-    from fsdpbench.metrics.overlap import load_trace
-
     ranks = sorted(trace_paths)
     bare = bare_compute_ms or {}
-    traces = {r: load_trace(trace_paths[r]) for r in ranks}
+    traces = {r: Trace.load(trace_paths[r]) for r in ranks}
     measured = [r for r in ranks if r in bare]
     shared_scale = None
     if measured:

@@ -263,3 +263,17 @@ def torch_save_bytes(obj: Any, archive: str = "archive") -> int:
 def _tensor_archive_bytes(dtype: str, shape: tuple[int, ...], storage_numel: int, archive: str) -> int:
     pickle_bytes, storages = pickled(Tensor(dtype, shape, Storage(dtype, storage_numel)))
     return zip_bytes(archive_records(archive, pickle_bytes, [s.nbytes for s in storages]))
+
+
+def payload_bytes(graph: Any, seen: set[int] | None = None) -> int:
+    """The bytes of the storages a state dict's stand-in holds, each storage once: what ``torch.save``
+    writes of them, and what they occupy in memory, however many tensors view one."""
+    seen = set() if seen is None else seen
+    if isinstance(graph, dict):
+        return sum(payload_bytes(v, seen) for v in graph.values())
+    if isinstance(graph, list):
+        return sum(payload_bytes(v, seen) for v in graph)
+    if isinstance(graph, Tensor) and id(graph.storage) not in seen:
+        seen.add(id(graph.storage))
+        return graph.storage.nbytes
+    return 0

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -64,6 +63,7 @@ from fsdpbench.core.schema import (
     WALL_S,
 )
 from fsdpbench.engine.fake_pg import fake_pg_compat, init_fake_process_group, patch_ddp
+from fsdpbench.metrics.rss import peak_rss_bytes
 from fsdpbench.predictors.rank_chunks import rank_chunks_only
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> 
                 else:
                     train_step(parallel, rank_batch(case, rank, step, device))
             model, optimizer = parallel.model, parallel.optimizer
-            tracker = build_tracker(model, optimizer, parallel.strategy.fsdp_root(model))
+            tracker = build_tracker(model, optimizer, parallel.strategy)
             states: dict[str, int] = {}
             recorder = _recorder(record_stream, tracker, model, optimizer, device.type)
             with recorder.attached() if recorder else contextlib.nullcontext(), tracker:
@@ -295,12 +295,6 @@ def _fake_build(
         return model, params
 
     return build
-
-
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (Linux reports KiB, macOS bytes)."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
 def cuda_kernels_dispatchable() -> bool:

@@ -274,32 +274,9 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
                 hovertemplate=f"%{{x}}<br>{kind}: %{{y:.2f}} {unit}<extra></extra>",
             )
         )
-    silent = [label for label, n in zip(labels, ok["world_size"], strict=True) if int(n) == 1]
-    if silent:  # a 1-rank case sends nothing: say so where its bar would be, not an empty slot
-        fig.add_trace(
-            go.Scatter(
-                x=silent,
-                y=[0] * len(silent),
-                mode="text",
-                text=["no communication (1 rank)"] * len(silent),
-                textposition="top center",
-                textfont=dict(color="#555"),
-                name="no communication",
-                showlegend=False,
-                hoverinfo="skip",
-            )
-        )
+    _add_silent_ranks(fig, labels, ok["world_size"])
     if has_pred:
-        fig.add_trace(
-            go.Scatter(
-                x=labels,
-                y=(ok[COMM_PRED_TOTAL] / div).tolist(),
-                mode="markers",
-                name="analytic total",
-                marker=dict(symbol="line-ew-open", size=28, color="#000", line=dict(width=3)),
-                hovertemplate=f"%{{x}}<br>analytic %{{y:.2f}} {unit}<extra></extra>",
-            )
-        )
+        _add_analytic_total(fig, labels, ok[COMM_PRED_TOTAL] / div, unit)
     fig.update_xaxes(categoryorder="array", categoryarray=labels, tickangle=-30)
     fig.update_layout(
         **base_layout(
@@ -316,6 +293,40 @@ def build_comm_bytes_panel(cases: pd.DataFrame) -> Panel:
         f"{analytic}. Ranks: {describe_ranks(ok)}."
     )
     return Panel(key="comm_bytes", title=title, caption=caption, figure=fig, notes=notes)
+
+
+def _add_silent_ranks(fig: go.Figure, labels: list[str], world_sizes: pd.Series) -> None:
+    """A 1-rank case sends nothing: say so where its bar would be, not an empty slot."""
+    silent = [label for label, n in zip(labels, world_sizes, strict=True) if int(n) == 1]
+    if not silent:
+        return
+    fig.add_trace(
+        go.Scatter(
+            x=silent,
+            y=[0] * len(silent),
+            mode="text",
+            text=["no communication (1 rank)"] * len(silent),
+            textposition="top center",
+            textfont=dict(color="#555"),
+            name="no communication",
+            showlegend=False,
+            hoverinfo="skip",
+        )
+    )
+
+
+def _add_analytic_total(fig: go.Figure, labels: list[str], scaled: pd.Series, unit: str) -> None:
+    """The analytic volume of each case: a black bar across its stack."""
+    fig.add_trace(
+        go.Scatter(
+            x=labels,
+            y=scaled.tolist(),
+            mode="markers",
+            name="analytic total",
+            marker=dict(symbol="line-ew-open", size=28, color="#000", line=dict(width=3)),
+            hovertemplate=f"%{{x}}<br>analytic %{{y:.2f}} {unit}<extra></extra>",
+        )
+    )
 
 
 def build_overlap_panel(cases: pd.DataFrame) -> Panel:

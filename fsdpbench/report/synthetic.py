@@ -71,9 +71,11 @@ FAIL_ERROR = "RuntimeError: synthetic failure for the report test"
 
 @functools.cache
 def synthetic_strategies() -> dict[str, Any]:
-    """The strategies of the made-up run by name: the reference, then the FSDP2 strategies that shard
-    over every rank, in the registry's order (ZeRO-2, then ZeRO-3)."""
-    fsdp2 = [s for s in registered().values() if s.fsdp_version == 2 and not s.sharding.over_shard_group]
+    """The strategies of the made-up run by name: the reference, then the strategies FSDPMemTracker
+    tracks that shard over every rank, in the registry's order (ZeRO-2, then ZeRO-3)."""
+    fsdp2 = [
+        s for s in registered().values() if s.memory_tracker == "fsdp2" and not s.sharding.over_shard_group
+    ]
     return {s.name: s for s in [registered()[REFERENCE_STRATEGY], *fsdp2]}
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.core.case import Case
+from fsdpbench.core.formats import FORMAT_VERSION, RESULTS, RUN_JSON, FormatVersionError
 from fsdpbench.core.rundir import RunLock, check_component, check_inside, write_atomically
 from fsdpbench.core.schema import (
     ACHIEVED_TFLOPS,
@@ -91,8 +92,14 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def atomic_write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    """``frame`` as Parquet, its format version in the file's metadata (beside pandas' own)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **RESULTS.parquet_metadata()})
     buffer = io.BytesIO()  # serialised here, written by write_atomically: no path handed to pyarrow
-    frame.to_parquet(buffer, index=False)
+    pq.write_table(table, buffer)
     write_atomically(path, buffer.getvalue())
 
 
@@ -254,7 +261,8 @@ class RunStore:
         return frame[ordered + [c for c in frame.columns if c not in ordered]]
 
     def write_run_json(self, meta: dict[str, Any]) -> None:
-        atomic_write_json(self.run_dir / "run.json", meta)
+        """run.json, its format version first."""
+        atomic_write_json(self.run_dir / "run.json", RUN_JSON.stamped(meta))
 
     def read_run_json(self) -> dict[str, Any]:
         """run.json, checked (input from a stranger): an object whose known fields have their types."""
@@ -273,6 +281,10 @@ class RunStore:
             raise ResultsFileError(f"{path}: not readable JSON ({exc})") from None
         if not isinstance(meta, dict):
             raise ResultsFileError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+        try:
+            RUN_JSON.check(path, meta.get(FORMAT_VERSION))
+        except FormatVersionError as exc:
+            raise ResultsFileError(str(exc)) from None
         for field, kind in _RUN_JSON_FIELDS.items():
             if field in meta and not isinstance(meta[field], kind):
                 raise ResultsFileError(f"{path}: field {field!r} has type {type(meta[field]).__name__}")
@@ -313,9 +325,17 @@ def read_parquet(path: Path) -> pd.DataFrame:
 
 
 def read_results_file(path: Path) -> pd.DataFrame:
-    """One parquet file of a run (results.parquet, cases/<id>.parquet); ResultsFileError if unreadable."""
+    """One parquet file of a run (results.parquet, cases/<id>.parquet), its format version checked;
+    ResultsFileError if unreadable or of a version this fsdpbench does not read."""
+    import pyarrow.parquet as pq
+
     try:
-        return read_parquet(path)
+        with open(path, "rb") as file:
+            RESULTS.check_parquet_metadata(path, pq.read_schema(file).metadata)
+            file.seek(0)
+            return pd.read_parquet(file)
+    except FormatVersionError as exc:
+        raise ResultsFileError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 — ArrowInvalid, OSError, ValueError: all mean unusable
         raise ResultsFileError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
 

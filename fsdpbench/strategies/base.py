@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from fsdpbench.core.case import OPTIMIZER_IMPLS, Case
 
@@ -16,6 +16,8 @@ GROUPS = ("world", "shard_group")
 KEPT_NONE, KEPT_LAST, KEPT_ALL = "none", "last", "all"
 KEPT_AFTER_FORWARD = (KEPT_NONE, KEPT_LAST, KEPT_ALL)
 GRAD_REDUCTIONS = ("all_reduce", "reduce_scatter")
+# the phases of a step a collective runs in, in step order
+PHASES = ("forward", "backward", "after_step")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,13 +71,36 @@ class Sharding:
         """Sharded within a shard group and replicated across groups (HSDP): cases name a shard size."""
         return self.group == "shard_group"
 
+    def collectives(self) -> tuple[Collective, ...]:
+        """What a step communicates to keep this sharding, phase by phase, in step order: the data the
+        analytic communication volume sums (``metrics/comm.analytic_comm_bytes``)."""
+        gathers = [Collective(phase="forward", kind="all_gather", payload="params")]
+        if self.param_gathers == 2:
+            gathers.append(Collective(phase="backward", kind="all_gather", payload="params"))
+        plan = gathers[: self.param_gathers]
+        plan.append(Collective(phase="backward", kind=self.grad_reduction, payload="grads"))
+        if self.param_sync_after_step:
+            plan.append(Collective(phase="after_step", kind=self.param_sync_after_step, payload="params"))
+        if self.over_shard_group:  # each gradient shard, all-reduced across the replicas of the shard group
+            plan.append(
+                Collective(phase="backward", kind="all_reduce", payload="grad_shard", group="replicas")
+            )
+        return tuple(plan)
+
     def comm_pattern(self) -> str:
-        """The textbook communication pattern this sharding follows: a label for the results, not a key."""
-        if self.grad_reduction == "all_reduce":
-            return "zero1" if self.param_sync_after_step else "ddp"
-        if self.over_shard_group:
+        """The textbook communication pattern (a row of the ZeRO paper's table) that ``collectives``
+        follows: a label for the results, read off the collectives, not a key."""
+        plan = {(c.phase, c.kind, c.group) for c in self.collectives()}
+        if ("backward", "all_reduce", "shard") in plan:
+            return "zero1" if any(phase == "after_step" for phase, _, _ in plan) else "ddp"
+        if ("backward", "all_reduce", "replicas") in plan:
             return "hsdp"
-        return "zero2" if self.param_gathers == 1 else "zero3"
+        gathered_once = ("forward", "all_gather", "shard") in plan and (
+            "backward",
+            "all_gather",
+            "shard",
+        ) not in plan
+        return "zero2" if gathered_once else "zero3"
 
     def degrees(self, world_size: int, shard_size: int | None = None) -> tuple[int, int, int]:
         """(d_p, d_g, d_o): 1 for a replicated state, the shard-group size for a sharded one.
@@ -87,6 +112,32 @@ class Sharding:
                 raise ValueError("a shard-group sharding needs its shard size (Case.shard_group_size)")
             n = shard_size
         return (n if self.params else 1, n if self.grads else 1, n if self.optim else 1)
+
+
+PAYLOADS = ("params", "grads", "grad_shard")
+COLLECTIVE_GROUPS = ("shard", "replicas")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One collective a step runs to keep a sharding: in which phase, of which kind, on what, over whom.
+
+    ``payload``: S, the full tensor: all the parameters ("params"), all the gradients ("grads"), or one
+    shard group's share of the gradients ("grad_shard"); ``group``: the ranks a state is sharded over
+    ("shard": the world, or the shard group) or the replicas of one shard ("replicas")."""
+
+    phase: str
+    kind: str
+    payload: str
+    group: str = "shard"
+
+    def __post_init__(self) -> None:
+        kinds = ("all_gather", "all_reduce", "reduce_scatter", "broadcast")
+        # the fields in declaration order: phase, kind, payload, group
+        for field, allowed in zip(dataclasses.fields(self), (PHASES, kinds, PAYLOADS, COLLECTIVE_GROUPS)):
+            value = getattr(self, field.name)
+            if value not in allowed:
+                raise ValueError(f"Collective.{field.name} must be one of {allowed}, got {value!r}")
 
 
 # The shardings the textbook names; a strategy declares one of these or its own.
@@ -123,6 +174,61 @@ class FlatBufferZero:
     max_reuse_distance: int  # stage 3: a gathered parameter used again within this many elements is kept
 
 
+STATE_DICT_APIS = ("module", "fsdp1", "distributed")
+CHECKPOINT_GATHERS = ("nothing", "flat_parameters", "padded_tensors")
+OPTIMIZER_CONSOLIDATIONS = ("none", "to_rank0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpointing:
+    """How a strategy's engine makes its state dicts: with which API, what that gathers, and how the
+    optimizer state becomes one. ``engine/checkpoint.py`` runs it, ``predictors/checkpoint.py`` models it."""
+
+    # the API a full state dict comes from: "module": the wrapped module's ``state_dict()`` and the
+    # optimizer's, as they are; "fsdp1": ``FullyShardedDataParallel.state_dict_type`` (FULL_STATE_DICT,
+    # rank 0 only); "distributed": ``torch.distributed.checkpoint.state_dict`` (full_state_dict=True).
+    # Sharded state dicts and DCP always go through ``torch.distributed.checkpoint.state_dict``.
+    state_dict_api: str = "module"
+    # what a state dict gathers: "nothing" (every tensor is whole on its rank); "flat_parameters" (each
+    # unit's padded flat parameter, gathered whole, the entries cloned out of it, for full and sharded
+    # state dicts alike); "padded_tensors" (a full state dict gathers each tensor's padded dim-0 shards)
+    gathers: str = "nothing"
+    # how a full checkpoint's optimizer state becomes one: "none" (the optimizer's own state dict is the
+    # whole, or is gathered with the model's); "to_rank0": every rank sends its partition to rank 0 first
+    # (``ZeroRedundancyOptimizer.consolidate_state_dict(to=0)``)
+    optimizer_consolidation: str = "none"
+
+    def __post_init__(self) -> None:
+        for field_name, allowed in (
+            ("state_dict_api", STATE_DICT_APIS),
+            ("gathers", CHECKPOINT_GATHERS),
+            ("optimizer_consolidation", OPTIMIZER_CONSOLIDATIONS),
+        ):
+            if getattr(self, field_name) not in allowed:
+                raise ValueError(
+                    f"Checkpointing.{field_name} must be one of {allowed}, got {getattr(self, field_name)!r}"
+                )
+        if (self.state_dict_api == "module") != (self.gathers == "nothing"):
+            raise ValueError("Checkpointing: the module's own state dict gathers nothing; the others gather")
+        if self.optimizer_consolidation == "to_rank0" and self.state_dict_api != "module":
+            raise ValueError(
+                "Checkpointing: only a module's own optimizer state dict is consolidated to rank 0"
+            )
+
+
+MODULE_STATE_DICT = Checkpointing()
+FSDP1_STATE_DICT = Checkpointing(state_dict_api="fsdp1", gathers="flat_parameters")
+DISTRIBUTED_STATE_DICT = Checkpointing(state_dict_api="distributed", gathers="padded_tensors")
+
+# the trackers of metrics/tracker.py, by how the engine holds the model states: "module" (the model's own
+# parameters and the optimizer's state: MemTracker), "fsdp2" (FSDP2's DTensor shards, the model its root:
+# FSDPMemTracker), "fsdp1" (FSDP1's flat parameters), "deepspeed" (DeepSpeed ZeRO's flat buffers)
+MEMORY_TRACKERS = ("module", "fsdp2", "fsdp1", "deepspeed")
+# the case's knobs that only a strategy that says it reads them reads (FSDP1's prefetch and rate limit);
+# for any other strategy a case's value is reset to the default, so a sweep over them collapses
+STRATEGY_KNOBS = ("backward_prefetch", "forward_prefetch", "limit_all_gathers")
+
+
 @dataclass(kw_only=True)
 class ApplyContext:
     """What a strategy gets to work with on one rank."""
@@ -148,9 +254,16 @@ class Strategy:
     # True when the strategy casts parameters itself (FSDP mixed precision); else the worker autocasts.
     native_mixed_precision: ClassVar[bool] = False
     supports_cpu_offload: ClassVar[bool] = False
-    # 0: no FSDP; 1: FullyShardedDataParallel (reads the FSDP1 knobs); 2: fully_shard (the model is
-    # the FSDP2 root, it can be sharded on the meta device)
-    fsdp_version: ClassVar[int] = 0
+    # the tracker that files this engine's model states (one of MEMORY_TRACKERS)
+    memory_tracker: ClassVar[str] = "module"
+    # apply() works on a model on the meta device, each rank then materialising only its shards (FSDP2)
+    shards_on_meta: ClassVar[bool] = False
+    # which of STRATEGY_KNOBS this strategy reads
+    reads_knobs: ClassVar[tuple[str, ...]] = ()
+    # how the engine makes its state dicts (checkpoint_methods names the methods it runs)
+    checkpointing: ClassVar[Checkpointing] = MODULE_STATE_DICT
+    # what the analytic memory model leaves out for this strategy, said beside its prediction
+    memory_model_notes: ClassVar[tuple[str, ...]] = ()
     # the report draws the strategy in this colour; None: one from a fallback palette
     color: ClassVar[str | None] = None
     # the checkpoint methods (Case.checkpoint, fsdpbench/engine/checkpoint.py) this strategy's engine runs
@@ -161,6 +274,19 @@ class Strategy:
     clips_with_torch: ClassVar[bool] = True
     # ``fsdpbench check`` measures it beside its predictions on a GPU (one strategy of each family)
     checked_on_gpu: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # what a subclass declares is checked where it is declared, as Sharding is
+        if cls.memory_tracker not in MEMORY_TRACKERS:
+            raise ValueError(f"{cls.__qualname__}.memory_tracker must be one of {MEMORY_TRACKERS}")
+        unknown = set(cls.reads_knobs) - set(STRATEGY_KNOBS)
+        if unknown:
+            raise ValueError(f"{cls.__qualname__}.reads_knobs: {sorted(unknown)} not in {STRATEGY_KNOBS}")
+        if not isinstance(cls.checkpointing, Checkpointing):
+            raise TypeError(f"{cls.__qualname__}.checkpointing must be a Checkpointing")
+        if not isinstance(cls.checked_on_gpu, bool):
+            raise TypeError(f"{cls.__qualname__}.checked_on_gpu must be a bool")
 
     def check(self, case: Case) -> str | None:
         """Why this case cannot run (a sentence), or None."""
@@ -197,6 +323,10 @@ class Strategy:
         own (DeepSpeed's ZeRO), else None: the memory model then lays states out from ``sharding``."""
         return None
 
+    def vendor_model_states_bytes(self, case: Case) -> int | None:
+        """The engine's own estimate of a rank's model-state bytes (the ``ds_est_*`` columns), or None."""
+        return None
+
     def fsdp_root(self, model: nn.Module) -> nn.Module | None:
-        """The FSDP2 root module if this strategy uses FSDP2 (memory tracking picks its tracker)."""
-        return model if self.fsdp_version == 2 else None
+        """The FSDP2 root module if this strategy's model is one (FSDPMemTracker tracks it), else None."""
+        return model if self.memory_tracker == "fsdp2" else None

@@ -192,6 +192,7 @@ class _DeepSpeedZero(Strategy):
     stage: int
     native_mixed_precision = True  # DeepSpeed's bf16/fp16 config casts; the worker must not autocast
     supports_cpu_offload = True
+    memory_tracker = "deepspeed"
     # the engine's save_checkpoint/load_checkpoint (fsdpbench/engine/checkpoint.py, "native")
     checkpoint_methods = ("native",)
     # the engine steps the torch optimizer over its flat fp32 partition one tensor at a time (flat_zero.py)

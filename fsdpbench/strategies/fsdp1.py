@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any
 from fsdpbench.core.case import Case
 from fsdpbench.core.precision import Precision
 from fsdpbench.strategies.base import (
+    FSDP1_STATE_DICT,
     FSDP_FULL_SHARD,
     FSDP_HYBRID_SHARD,
     FSDP_KEEP_PARAMS,
     REPLICATED,
+    STRATEGY_KNOBS,
     ApplyContext,
     Sharding,
     Strategy,
@@ -128,7 +130,13 @@ class _FSDP1(Strategy):
     uses_prefetch = False  # FSDP1 has no explicit prefetch depth; it has backward_prefetch/forward_prefetch
     native_mixed_precision = True
     supports_cpu_offload = True
-    fsdp_version = 1
+    memory_tracker = "fsdp1"
+    reads_knobs = STRATEGY_KNOBS
+    checkpointing = FSDP1_STATE_DICT
+    memory_model_notes = (
+        "FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
+        "unit and keeps the root unsharded between forward and backward): use --method traced",
+    )
     sharding_strategy_name: str  # the ShardingStrategy member
     # torch.distributed.checkpoint.state_dict drives FSDP1's own state_dict_type: full is FULL_STATE_DICT
     # with FullStateDictConfig(offload_to_cpu=True, rank0_only=True), sharded is SHARDED_STATE_DICT

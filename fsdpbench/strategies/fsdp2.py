@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast
 from fsdpbench.core.case import Case
 from fsdpbench.core.precision import Precision
 from fsdpbench.strategies.base import (
+    DISTRIBUTED_STATE_DICT,
     FSDP_FULL_SHARD,
     FSDP_HYBRID_SHARD,
     FSDP_KEEP_PARAMS,
@@ -93,10 +94,12 @@ class _FSDP2(Strategy):
     uses_prefetch = True
     native_mixed_precision = True
     supports_cpu_offload = True
-    fsdp_version = 2
+    memory_tracker = "fsdp2"
+    shards_on_meta = True
     checked_on_gpu = True
     # full: DTensors gathered to rank 0's host; sharded: each rank's local shards; dcp: DCP's writer
     checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
+    checkpointing = DISTRIBUTED_STATE_DICT
 
     def check(self, case: Case) -> str | None:
         resharding = not self.sharding.params_unsharded_fwd_to_bwd

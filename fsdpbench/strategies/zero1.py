@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, ClassVar
 
 from fsdpbench.core.case import Case
-from fsdpbench.strategies.base import OPTIM_SHARDED
+from fsdpbench.strategies.base import OPTIM_SHARDED, Checkpointing
 from fsdpbench.strategies.ddp import DDP
 from fsdpbench.strategies.optim import get_optimizer, implementation_kwargs
 
@@ -24,6 +24,7 @@ class Zero1(DDP):
     # partition onto one rank (torch.distributed.checkpoint.state_dict does not call it, so no DCP or
     # sharded state dict): the full checkpoint, rank 0 writing it, every rank loading it
     checkpoint_methods: ClassVar[tuple[str, ...]] = ("full",)
+    checkpointing = Checkpointing(optimizer_consolidation="to_rank0")
 
     def build_optimizer(self, model: nn.Module, case: Case) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer

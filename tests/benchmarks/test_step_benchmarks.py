@@ -70,7 +70,7 @@ class StepBench:
     def tracked_step(self) -> dict[str, int]:
         """Tracker bytes of one step, named as in results.parquet (peak by category, states after step)."""
         model, optimizer = self.parallel.model, self.parallel.optimizer
-        tracker = build_tracker(model, optimizer, self.parallel.strategy.fsdp_root(model))
+        tracker = build_tracker(model, optimizer, self.parallel.strategy)
         states: dict[str, int] = {}
         with tracker:
             self.step(

@@ -12,7 +12,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from fsdpbench.strategies import register_strategy
-from fsdpbench.strategies.base import FSDP_HYBRID_SHARD, ApplyContext, Strategy
+from fsdpbench.strategies.base import DISTRIBUTED_STATE_DICT, FSDP_HYBRID_SHARD, ApplyContext, Strategy
 from fsdpbench.strategies.fsdp2 import apply_fsdp2
 
 
@@ -26,7 +26,10 @@ class HybridKeepParams(Strategy):
     uses_wrap = True
     uses_prefetch = True
     native_mixed_precision = True
-    fsdp_version = 2
+    memory_tracker = "fsdp2"
+    shards_on_meta = True
+    checkpointing = DISTRIBUTED_STATE_DICT
+    checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
 
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         shard = ctx.case.shard_size or ctx.world_size

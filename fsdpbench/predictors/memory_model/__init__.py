@@ -386,12 +386,7 @@ def recipe_note(case: Case) -> str:
 
 def _case_notes(case: Case, strategy: Strategy) -> list[str]:
     """What the prediction leaves out for this case's strategy and knobs (first: the recipe it assumes)."""
-    notes: list[str] = [recipe_note(case)]
-    if strategy.fsdp_version == 1:
-        notes.append(
-            "FSDP1 is predicted with FSDP2's per-parameter layout (FSDP1 pads one flat parameter per "
-            "unit and keeps the root unsharded between forward and backward): use --method traced"
-        )
+    notes: list[str] = [recipe_note(case), *strategy.memory_model_notes]
     flat = strategy.flat_buffers(case)
     if case.cpu_offload and flat is not None:
         notes.append(

@@ -34,6 +34,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsdpbench.core.numbers import MiB
 from fsdpbench.predictors.memory_model.allocator import (
     AllocatorStats,
     AllocConf,
@@ -50,7 +51,6 @@ OPTIMIZER_STEP = "optimizer step"
 MEASURED_STEP = "step"  # allocator.replay's mark: peaks restart here
 DEFAULT_STREAM = "default"
 
-MiB = 1 << 20
 # cuBLAS's workspace per (handle, stream), by GPU generation (CublasHandlePool.cpp, parseChosenWorkspaceSize)
 CUBLAS_WORKSPACE_HOPPER = 32 * MiB  # ":4096:8", compute capability 9.x–12.x
 CUBLAS_WORKSPACE_OLDER = 4096 * 1024 * 2 + 16 * 1024 * 8  # ":4096:2:16:8"

@@ -38,7 +38,15 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-KMIN_BLOCK = 512  # kMinBlockSize: every size rounds up to this
+# kMinBlockSize: every allocation rounds up to this, and PyTorch's trackers count a CUDA storage so too
+CUDA_BLOCK_BYTES = 512
+
+
+def cuda_storage_bytes(nbytes: int) -> int:
+    """What a CUDA storage of ``nbytes`` occupies: whole 512-byte blocks (none for an empty one)."""
+    return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+
+
 KSMALL_SIZE = 1 << 20  # kSmallSize: the largest "small" request
 KSMALL_BUFFER = 2 << 20  # kSmallBuffer: small requests are packed in 2 MiB segments
 KMIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: requests under 10 MiB may share a kLargeBuffer segment
@@ -357,10 +365,10 @@ class CachingAllocator:
 
     # ---- sizes --------------------------------------------------------------------------------------
     def round_size(self, nbytes: int) -> int:
-        if nbytes < KMIN_BLOCK:
-            return KMIN_BLOCK
+        if nbytes < CUDA_BLOCK_BYTES:
+            return CUDA_BLOCK_BYTES
         div = self.conf.roundup_power2_divisions
-        if div > 1 and nbytes > KMIN_BLOCK * div:
+        if div > 1 and nbytes > CUDA_BLOCK_BYTES * div:
             if nbytes & (nbytes - 1) == 0:
                 return nbytes
             floor = 1 << (nbytes.bit_length() - 1)
@@ -369,7 +377,7 @@ class CachingAllocator:
                 return floor << 1
             rounded = nbytes & ~(step - 1)
             return nbytes if rounded == nbytes else rounded + step
-        return -(-nbytes // KMIN_BLOCK) * KMIN_BLOCK
+        return cuda_storage_bytes(nbytes)
 
     @staticmethod
     def allocation_size(size: int) -> int:
@@ -415,7 +423,7 @@ class CachingAllocator:
     def _should_split(self, block: _Block, size: int) -> bool:
         remaining = block.size - size
         if block.pool.small or self.conf.expandable_segments:
-            return remaining >= KMIN_BLOCK
+            return remaining >= CUDA_BLOCK_BYTES
         return size < self.conf.max_split_size and remaining > KSMALL_SIZE
 
     def _split(self, block: _Block, size: int) -> _Block:

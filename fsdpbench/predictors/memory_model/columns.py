@@ -91,8 +91,7 @@ def vendor_columns(case: Case, rows: pd.DataFrame) -> dict[str, Any]:
     from fsdpbench.strategies import get_strategy
 
     try:
-        estimate = getattr(get_strategy(case.strategy), "vendor_model_states_bytes", None)
-        nbytes = estimate(case) if estimate else None
+        nbytes = get_strategy(case.strategy).vendor_model_states_bytes(case)
     except Exception:  # noqa: BLE001 — an estimator that cannot answer leaves the columns out
         return {}
     if nbytes is None:

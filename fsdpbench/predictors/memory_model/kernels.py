@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fsdpbench.predictors.memory_model.states import CUDA_BLOCK_BYTES
+from fsdpbench.predictors.memory_model.allocator import cuda_storage_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,4 +107,4 @@ def storage_bytes(nbytes: int, device: str) -> int:
     """What one tensor's storage occupies: CUDA rounds every allocation up to 512 bytes."""
     if device != "cuda":
         return nbytes
-    return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+    return cuda_storage_bytes(nbytes)

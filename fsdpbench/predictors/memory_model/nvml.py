@@ -41,13 +41,14 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-MiB = 1 << 20
+from fsdpbench.core.formats import CALIBRATION, FORMAT_VERSION
+from fsdpbench.core.numbers import MiB
+
 NCCL_SIMPLE_BUFFSIZE = 4 * MiB  # NCCL_BUFFSIZE's documented default
 NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16  # 512 KiB
 NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8  # 4.6875 MiB
 NCCL_PROTOCOL_BYTES = NCCL_SIMPLE_BUFFSIZE + NCCL_LL_BUFFSIZE + NCCL_LL128_BUFFSIZE
 NCCL_ASSUMED_CHANNELS = 16
-CALIBRATION_FORMAT = "fsdpbench calibration 1"
 CUDNN_DTYPES = ("bfloat16", "float16")  # compute dtypes whose SDPA is cuDNN attention on sm90
 
 
@@ -63,13 +64,14 @@ class Calibration:
     source: str
 
     def to_json(self) -> dict:
-        return {"format": CALIBRATION_FORMAT, **asdict(self)}
+        return CALIBRATION.stamped(asdict(self))
 
     @classmethod
     def from_json(cls, data: object, where: str) -> Calibration:
-        """Checked: a wrong field raises ValueError naming ``where`` and the field."""
-        if not isinstance(data, dict) or data.get("format") != CALIBRATION_FORMAT:
-            raise ValueError(f"{where}: format: expected {CALIBRATION_FORMAT!r}")
+        """Checked: a wrong field or format version raises ValueError naming ``where`` and the field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a JSON object")
+        CALIBRATION.check(where, data.get(FORMAT_VERSION))  # FormatVersionError is a ValueError
         values: dict[str, object] = {}
         for f in fields(cls):
             value = data.get(f.name)

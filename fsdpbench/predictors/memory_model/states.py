@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fsdpbench.models.facts import ModelFacts, ParamFact
+from fsdpbench.predictors.memory_model.allocator import cuda_storage_bytes
 from fsdpbench.predictors.memory_model.precision import (
     STEP_TENSOR_BYTES,
     Precision,
@@ -28,7 +29,6 @@ from fsdpbench.predictors.memory_model.precision import (
 )
 from fsdpbench.strategies.base import Sharding
 
-CUDA_BLOCK_BYTES = 512  # the tracker (and the caching allocator) round every CUDA storage up to this
 DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
 DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel(bucket_cap_mb=25)
 
@@ -248,7 +248,7 @@ def _update_temp_bytes(sizes: list[int], per_param: int) -> int:
 
 def storage_rounder(device: str) -> Callable[[int], int]:
     if device == "cuda":
-        return lambda nbytes: -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES if nbytes else 0
+        return cuda_storage_bytes
     return lambda nbytes: nbytes
 
 
