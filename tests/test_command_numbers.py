@@ -29,9 +29,9 @@ def run(capsys, *argv: str) -> tuple[int, str]:
         ((*BASE, "--batch-size", "-1"), "--batch-size -1: must be from 1"),
         ((*BASE, "--seq-len", "-7"), "--seq-len -7: must be from 1 to 10,000,000"),
         ((*BASE, "--prefetch", "-1"), "--prefetch -1: must be from 0 to 64"),
-        ((*BASE, "--rank", "-2"), "--rank -2: must be ≥ 0"),
-        ((*BASE, "--max-world-size", "0"), "--max-world-size 0: must be ≥ 1"),
-        ((*BASE, "--nccl-channels", "-1"), "--nccl-channels -1: must be ≥ 0"),
+        ((*BASE, "--rank", "-2"), "--rank -2: must be from 0 to 1,048,575"),
+        ((*BASE, "--max-world-size", "0"), "--max-world-size 0: must be from 1 to 1,048,576"),
+        ((*BASE, "--nccl-channels", "-1"), "--nccl-channels -1: must be from 0 to 64"),
     ],
 )
 def test_a_number_out_of_bounds_is_one_line_and_exit_2(capsys, argv, named):

@@ -137,7 +137,7 @@ def test_compile_on_two_ranks_trains_the_same_and_records_the_compile_step(tmp_p
     compiled = run(case, tmp_path)
     assert eager.status == compiled.status == "ok", compiled.error
     # the compile caches are the case's, under its directory; nothing is added to the system's
-    assert any((tmp_path / case.case_id / "compile_cache" / "inductor").rglob("*"))
+    assert any((tmp_path / case.case_id / "torch_cache" / "inductor").rglob("*"))
     assert (sorted(system_cache.rglob("*")) if system_cache.exists() else []) == before
     assert global_losses(compiled) == pytest.approx(global_losses(eager), rel=1e-5)
     rank = compiled.ranks[0]

@@ -60,7 +60,7 @@ def test_oversized_file_is_refused_unread(tmp_path: Path, capsys: pytest.Capture
     path.write_text("name: x\nsweep: {strategy: [ddp]}\ndescription: " + "d" * 10_000_000 + "\n")
     assert run_cli(str(path), "--dry-run") == 2
     err = capsys.readouterr().err
-    assert err == f"error: {path}: file is larger than 1,000,000 bytes (the limit)\n"
+    assert err == f"error: {path}: longer than 1,000,000 bytes; not a scenario file\n"
 
 
 def test_bad_override_is_one_line(capsys: pytest.CaptureFixture) -> None:

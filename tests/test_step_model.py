@@ -490,7 +490,7 @@ def test_a_probe_cached_with_the_other_loop_thread_policy_is_measured_again(
     points = [{"kind": "all_reduce", "payload_bytes": s, "time_us": 400.0 + s / 1e3} for s in (4096, 1 << 20)]
     probes: list[int] = []
     monkeypatch.setattr(
-        comm_probe, "run_probe", lambda n, reps, log_dir: probes.append(n) or {"points": points}
+        comm_probe, "run_probe", lambda n, reps, log_dir, root: probes.append(n) or {"points": points}
     )
     cache = tmp_path / "comm_probe" / "gloo_n2.json"
     cache.parent.mkdir()

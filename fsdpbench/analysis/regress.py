@@ -45,6 +45,7 @@ from fsdpbench.analysis.frame import (
 from fsdpbench.analysis.timegate import ALPHA
 from fsdpbench.core.formats import BASELINE, FORMAT_VERSION, FormatVersionError
 from fsdpbench.core.numbers import number
+from fsdpbench.core.readback import ReadBackError, finite_number, read_json
 from fsdpbench.core.schema import (
     ALLOC_PEAK_ALLOCATED,
     CASE_STEP_TIME,
@@ -66,6 +67,7 @@ from fsdpbench.core.schema import (
     RUN_CASE_ID,
     SKIPPED,
     STATUS,
+    STATUSES,
     STEP_TIME_REF_RATIOS,
     TORCH_VERSION,
     TRACKER_CATEGORIES,
@@ -120,6 +122,12 @@ METRICS: dict[str, MetricDef] = {
 CASE_LEVEL_METRICS = (CKPT_CASE_BYTES, CKPT_RANK0_HOST_PEAK, CKPT_CASE_SAVE_S, CKPT_CASE_LOAD_S)
 MACHINE_KEYS = (HOSTNAME, DEVICE_NAME, TORCH_VERSION)
 PROVENANCE_KEYS = (TORCH_VERSION, "backend", "device", DEVICE_NAME, COMMIT, HOSTNAME)
+
+
+# a relative tolerance beyond this lets a metric double (a gate that cannot fail); warn or off says so openly
+MAX_TOLERANCE = 1.0
+# a metric's largest value: an exabyte, or a step of thirty thousand years in ms; beyond it, a forgery
+MAX_METRIC_VALUE = 1e18
 
 
 class BaselineError(ValueError):
@@ -188,6 +196,23 @@ class DifferenceReport:
         names = [f.name for f in dataclasses.fields(MetricDifference)]
         return pd.DataFrame([dataclasses.asdict(d) for d in self.differences], columns=names)
 
+    @property
+    def n_compared(self) -> int:
+        """Metrics actually compared with the baseline's (not a case's presence, not 'not compared')."""
+        return sum(1 for d in self.differences if d.metric != "case" and d.verdict != "not compared")
+
+
+def check_compared(result: DifferenceReport, baseline_path: str | Path) -> None:
+    """A gate that compared nothing has not passed: BaselineError (exit 2) when nothing failed and no
+    metric of the baseline was compared (its cases empty, all skipped, without metrics, or every gate
+    off)."""
+    if result.passed and result.n_compared == 0:
+        what = ", ".join(f"{n} {v}" for v, n in result.verdict_counts().items()) or "no cases"
+        raise BaselineError(
+            f"{baseline_path}: cases: no metric compared ({what}); a gate that compares nothing has not "
+            "passed: re-write the baseline from a run whose cases are ok"
+        )
+
 
 # ---- thresholds ---------------------------------------------------------------------------------
 
@@ -202,7 +227,7 @@ def parse_threshold(text: str, *, where: str = "--threshold") -> tuple[str, Thre
         )
     check_metric_name(name.strip(), where=f"{where} {text!r}")
     return name.strip(), make_threshold(
-        {"tolerance": tol_text.strip(), "gate": gate.strip() or "fail"}, where
+        {"tolerance": tol_text.strip(), "gate": gate.strip() or "fail"}, f"{where} {text!r}"
     )
 
 
@@ -210,15 +235,22 @@ def make_threshold(raw: Any, where: str) -> Threshold:
     if not isinstance(raw, Mapping):
         raise BaselineError(f"{where}: a threshold is {{'tolerance': 0.01, 'gate': 'fail'}}, got {raw!r}")
     tol: Any = raw.get("tolerance")
+    if isinstance(tol, bool):
+        raise BaselineError(f"{where}: tolerance {tol!r} is not a number (0.01 or 1%)")
     try:
         tol = float(tol.rstrip("%")) / 100 if isinstance(tol, str) and tol.endswith("%") else float(tol)
-    except (TypeError, ValueError):
-        raise BaselineError(f"{where}: tolerance {tol!r} is not a number (0.01 or 1%)") from None
+    except (TypeError, ValueError, OverflowError):
+        raise BaselineError(f"{where}: tolerance {_short(tol)} is not a number (0.01 or 1%)") from None
     gate = raw.get("gate", "fail")
     if gate not in GATES or not (0 <= tol < math.inf):
         raise BaselineError(
             f"{where}: gate must be one of {', '.join(GATES)} and tolerance a finite number >= 0 "
-            f"(got {raw!r})"
+            f"(got {_short(raw)})"
+        )
+    if tol > MAX_TOLERANCE:
+        raise BaselineError(
+            f"{where}: tolerance {tol:g} is beyond the maximum {MAX_TOLERANCE:g} ({MAX_TOLERANCE:.0%}), "
+            "which would let the metric double unnoticed; to stop gating it say so: gate warn or off"
         )
     return Threshold(tolerance=tol, gate=gate)
 
@@ -317,8 +349,8 @@ def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
             metrics[name] = int(value) if METRICS[name].kind == "memory" else round(value, 4)
     for name in (LOSSES, SAMPLED):
         values = case.get(name)
-        if values is not None and len(values):
-            metrics[name] = [float(x) for x in values]
+        if values is not None and len(values):  # Parquet gives an all-NaN list back as nulls
+            metrics[name] = [math.nan if x is None else float(x) for x in values]
     return metrics
 
 
@@ -439,19 +471,12 @@ MAX_BASELINE_CASES = 10_000  # a scenario's own limit (pipeline/scenario.MAX_CAS
 
 
 def load_baseline(path: str | Path) -> dict[str, Any]:
-    """Read and check a baseline file (input from a stranger: every number finite, every field of its
-    type, its size bounded); errors name the file and the field."""
-    path = Path(path)
+    """Read and check a baseline file (input from a stranger: every field of its type, every number
+    finite and in range, its size bounded by reading); errors name the file and the field."""
     try:
-        if path.stat().st_size > MAX_BASELINE_BYTES:
-            raise BaselineError(f"{path}: larger than {MAX_BASELINE_BYTES >> 20} MiB; not a baseline")
-        data = json.loads(path.read_bytes())
-    except OSError as exc:
-        raise BaselineError(f"{path}: cannot read baseline: {exc.strerror}") from None
-    except RecursionError:
-        raise BaselineError(f"{path}: nested too deep to be a baseline") from None
-    except ValueError as exc:
-        raise BaselineError(f"{path}: not valid JSON: {exc}") from None
+        data = read_json(path, MAX_BASELINE_BYTES, what="baseline")
+    except ReadBackError as exc:
+        raise BaselineError(str(exc)) from None
     marker = data.get(BASELINE_MARKER) if isinstance(data, dict) else None
     if type(marker) is not int or marker != 1:  # True == 1 in Python, not here
         raise BaselineError(
@@ -466,29 +491,68 @@ def load_baseline(path: str | Path) -> dict[str, Any]:
         raise BaselineError(f"{path}: cases: expected a mapping case_id → entry")
     if len(data["cases"]) > MAX_BASELINE_CASES:
         raise BaselineError(f"{path}: cases: {len(data['cases'])} entries, more than {MAX_BASELINE_CASES}")
+    for key in ("machine", "provenance"):
+        if not isinstance(data.get(key, {}), dict):
+            raise BaselineError(f"{path}: {key}: expected a mapping, got {type(data[key]).__name__}")
+    for key, value in data.get("machine", {}).items():
+        if not isinstance(value, (str, type(None))):
+            raise BaselineError(f"{path}: machine.{key}: expected text, got {_short(value)}")
+    if not isinstance(data.get("time_reference", ""), str):
+        raise BaselineError(f"{path}: time_reference: expected a strategy or a case id")
     data["thresholds"] = _thresholds_of(data.get("thresholds") or {}, f"{path}: thresholds")
     for cid, entry in data["cases"].items():
-        where = f"{path}: cases.{cid}"
-        if (
-            not isinstance(entry, dict)
-            or STATUS not in entry
-            or not isinstance(entry.get("metrics", {}), dict)
-        ):
-            raise BaselineError(f"{where}: expected {{status, metrics: {{...}}}}")
-        for name, value in entry.get("metrics", {}).items():
-            check_metric_name(name, where=f"{where}.metrics")
-            _check_metric_value(value, f"{where}.metrics.{name}")
-        entry["thresholds"] = _thresholds_of(entry.get("thresholds") or {}, f"{where}.thresholds")
+        _check_entry(entry, f"{path}: cases.{cid}")
     return data
 
 
-def _check_metric_value(value: Any, where: str) -> None:
-    """A baseline's metric is a finite number, or a list of them (losses, time samples): a NaN would
-    compare as neither larger nor smaller and pass every gate."""
-    values = value if isinstance(value, list) else [value]
+_ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "strategy": str,
+    "world_size": int,
+    "time_reference": str,
+    "mode": str,
+    "reason": (str, type(None)),
+    "metrics": dict,
+}
+
+
+def _check_entry(entry: Any, where: str) -> None:
+    """One case of a baseline: {status, metrics: {...}}, each known field of its type."""
+    if not isinstance(entry, dict) or entry.get(STATUS) not in STATUSES:
+        raise BaselineError(f"{where}: expected {{status ({', '.join(STATUSES)}), metrics: {{...}}}}")
+    for key, kind in _ENTRY_TYPES.items():
+        if key in entry and (isinstance(entry[key], bool) or not isinstance(entry[key], kind)):
+            raise BaselineError(f"{where}.{key}: {_short(entry[key])} is not of type {_type_name(kind)}")
+    for name, value in entry.get("metrics", {}).items():
+        check_metric_name(name, where=f"{where}.metrics")
+        _check_metric_value(name, value, f"{where}.metrics.{name}")
+    entry["thresholds"] = _thresholds_of(entry.get("thresholds") or {}, f"{where}.thresholds")
+
+
+def _check_metric_value(name: str, value: Any, where: str) -> None:
+    """A baseline's metric is a finite number in range, or (losses, time samples) a non-empty list of
+    them: a NaN would compare as neither larger nor smaller and pass every gate."""
+    if name in (LOSSES, SAMPLED):
+        if not isinstance(value, list) or not value:
+            raise BaselineError(f"{where}: expected a non-empty list of numbers, got {_short(value)}")
+        values = value
+    else:
+        values = [value]
+    low = None if name == LOSSES else 0.0
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise BaselineError(f"{where}: {v!r} is not a finite number")
+        try:
+            finite_number(v, where, low=low, high=MAX_METRIC_VALUE)
+        except ReadBackError as exc:
+            raise BaselineError(str(exc)) from None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:40] + f"… ({len(text)} characters)"
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
 
 
 def _as_thresholds(raw: Any, where: str) -> dict[str, Threshold]:
@@ -730,6 +794,8 @@ def _compare_losses(base, now, th: Threshold):
         return base[-1], None, None, th, "missing", th.gate == "fail", "no losses in the run"
     if len(now) != len(base):
         return base[-1], now[-1], None, th, "changed", th.gate == "fail", f"{len(now)} steps vs {len(base)}"
+    if not all(math.isfinite(x) for x in now):  # a NaN differs from nothing by more than a tolerance
+        return base[-1], now[-1], None, th, "changed", th.gate == "fail", "a loss of the run is not finite"
     change = max(abs(n - b) / max(abs(b), 1e-12) for n, b in zip(now, base))
     bad = change > th.tolerance
     verdict = ("changed" if th.gate == "fail" else "warn") if bad else OK

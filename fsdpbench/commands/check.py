@@ -32,7 +32,10 @@ from typing import Any
 from fsdpbench.core import schema
 from fsdpbench.core.case import Case
 from fsdpbench.core.formats import BOUNDARIES, FORMAT_VERSION
+from fsdpbench.core.markup import escape
 from fsdpbench.core.names import FULL_SHARD_STRATEGY, REFERENCE_STRATEGY
+from fsdpbench.core.readback import read_json
+from fsdpbench.core.rundir import write_atomically
 
 CHECK_MODEL = "decoder-base"
 NVML_NEEDS_GPU = "fsdpbench check needs a CUDA GPU"
@@ -46,6 +49,7 @@ BOUNDARY_LABELS = (
     f"{FULL_SHARD_STRATEGY} fp32 AC",
 )
 BOUNDARY_PROBES = 6
+MAX_BOUNDARIES_BYTES = 1 << 20  # a few lines per bisected case
 LAYERS = ("tracker", "allocated", "reserved", "nvml")
 METHODS = ("analytic", "traced")
 MEASURED = {
@@ -334,7 +338,7 @@ def _read_boundaries(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "boundaries.json"
     if not path.exists():
         return []
-    data = json.loads(path.read_text())
+    data = read_json(path, MAX_BOUNDARIES_BYTES, what="boundaries file", follow_links=False)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object")
     BOUNDARIES.check(path, data.get(FORMAT_VERSION))
@@ -345,8 +349,11 @@ def _read_boundaries(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def _write_boundaries(out: Path, boundaries: list[dict[str, Any]]) -> None:
-    text = json.dumps(BOUNDARIES.stamped({"boundaries": boundaries}), indent=1)
-    (out / "boundaries.json").write_text(text + "\n")
+    _write_json(out / "boundaries.json", BOUNDARIES.stamped({"boundaries": boundaries}))
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    write_atomically(path, (json.dumps(obj, indent=1) + "\n").encode())
 
 
 # ---- the report ---------------------------------------------------------------------------------------
@@ -397,12 +404,12 @@ def write_report(
     for name in table_header():
         table.add_column(name, justify="left" if name in ("case", schema.STATUS) else "right")
     for cells in table_rows(records):
-        table.add_row(*cells)
+        table.add_row(*(escape(c) for c in cells))
     console.print(table)
     for key, value in environment(env).items():
-        console.print(f"{key}: {value}", highlight=False)
+        console.print(escape(f"{key}: {value}"), highlight=False)
     for b in boundaries:
-        console.print(_boundary_line(b), highlight=False)
+        console.print(escape(_boundary_line(b)), highlight=False)
     report: dict[str, Any] = {
         "environment": environment(env),
         "cases": [r.to_json() for r in records],
@@ -411,14 +418,16 @@ def write_report(
     try:
         calibration = calibration_from(records, env)
     except ValueError as exc:
-        console.print(f"no calibration: {exc}", highlight=False)
+        console.print(escape(f"no calibration: {exc}"), highlight=False)
     else:
         report["calibration"] = calibration.to_json()
-        (out / "calibration.json").write_text(json.dumps(calibration.to_json(), indent=1) + "\n")
-        console.print(f"calibration: {out / 'calibration.json'} (predict --calibration)", highlight=False)
-    (out / "check.json").write_text(json.dumps(report, indent=1) + "\n")
-    (out / "check.html").write_text(render_html(records, env, boundaries))
-    console.print(f"report: {out / 'check.html'}, {out / 'check.json'}", highlight=False)
+        _write_json(out / "calibration.json", calibration.to_json())
+        console.print(
+            escape(f"calibration: {out / 'calibration.json'} (predict --calibration)"), highlight=False
+        )
+    _write_json(out / "check.json", report)
+    write_atomically(out / "check.html", render_html(records, env, boundaries).encode())
+    console.print(escape(f"report: {out / 'check.html'}, {out / 'check.json'}"), highlight=False)
     return 0 if all(r.status == schema.OK for r in records) else 1
 
 

@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.commands import running
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import ERROR, FAILED, OK, OOM, STATUS, TIMEOUT
 from fsdpbench.pipeline.interrupts import signals_as_interrupts
 
@@ -184,8 +184,7 @@ def main(args: argparse.Namespace) -> int:
 
 def build_compare_table(cases: Any) -> Table:
     """Strategies side by side (columns), one metric per row, the winner of each metric marked."""
-    from rich.markup import escape
-
+    from fsdpbench.core.markup import escape
     from fsdpbench.report.panel import describe_ranks
     from fsdpbench.report.tables import compare_rows
 

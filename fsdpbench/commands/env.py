@@ -8,6 +8,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from fsdpbench.core.markup import escape
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -28,6 +30,6 @@ def main(args: argparse.Namespace) -> int:
             value = ", ".join(value) or "none"
         elif isinstance(value, bool):
             value = "yes" if value else "no"
-        table.add_row(key, str(value))
+        table.add_row(escape(key), escape(value))
     Console().print(table)
     return 0

@@ -23,10 +23,10 @@ import math
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
 from fsdpbench.commands import running
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import MODEL_COMM, MODEL_COMPUTE, MODEL_EXPOSED_COMM, MODEL_LINK, MODEL_STEP_TIME
 from fsdpbench.predictors.memory_model import NO_ACTIVATION_MODEL
 from fsdpbench.strategies import FULL_SHARD_STRATEGY
@@ -255,7 +255,7 @@ def _checkpoint_record(case: Any, host_memory: int | None) -> dict[str, Any]:
 def _print_checkpoint(rec: dict[str, Any], units: str) -> None:
     console = Console()
     if "not_applicable" in rec:
-        console.print(f"  checkpoint={rec['checkpoint']}: {rec['not_applicable']}", highlight=False)
+        console.print(f"  checkpoint={rec['checkpoint']}: {escape(rec['not_applicable'])}", highlight=False)
         return
     table = Table(title=f"checkpoint={rec['checkpoint']} (analytic, modelled; {units})", title_justify="left")
     # not a column: the table's headings
@@ -300,22 +300,26 @@ CASE_FLAGS = (
 MAX_PARAMS = 1e15  # a thousand times the largest models trained today: a typo, not a model, past it
 
 
+MAX_PREDICT_RANKS = 1 << 20  # a million ranks: the largest jobs are a tenth of it
+MAX_NCCL_CHANNELS = 64  # NCCL's own maximum (NCCL_MAX_NCHANNELS)
+
+
 def _check_numbers(args: argparse.Namespace) -> None:
     """The numeric options within the bounds a case accepts (fsdpbench/core/case.py), before anything runs."""
+    from fsdpbench.commands.arguments import check_count
     from fsdpbench.core.case import MAX_BATCH_SIZE, MAX_PREFETCH, MAX_SEQ_LEN
 
     for flag, value, low, high in (
+        ("--world-size", args.world_size, 1, MAX_PREDICT_RANKS),
         ("--batch-size", args.batch_size, 1, MAX_BATCH_SIZE),
         ("--seq-len", args.seq_len, 1, MAX_SEQ_LEN),
         ("--prefetch", args.prefetch, 0, MAX_PREFETCH),
-        ("--rank", args.rank, 0, None),
-        ("--shard-size", args.shard_size, 1, None),
-        ("--max-world-size", args.max_world_size, 1, None),
-        ("--nccl-channels", args.nccl_channels, 0, None),
+        ("--rank", args.rank, 0, MAX_PREDICT_RANKS - 1),
+        ("--shard-size", args.shard_size, 1, MAX_PREDICT_RANKS),
+        ("--max-world-size", args.max_world_size, 1, MAX_PREDICT_RANKS),
+        ("--nccl-channels", args.nccl_channels, 0, MAX_NCCL_CHANNELS),
     ):
-        if value is not None and (value < low or (high is not None and value > high)):
-            bound = f"from {low} to {high:,}" if high is not None else f"≥ {low}"
-            raise ValueError(f"{flag} {value}: must be {bound}")
+        check_count(flag, value, low, high)
 
 
 def _check_args(args: argparse.Namespace) -> list[str]:
@@ -590,18 +594,18 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any]) -> None:
     console = Console()
     console.print(table)
     if res.get("fallback"):
-        console.print(f"  {res['fallback']}", highlight=False)
+        console.print(f"  {escape(res['fallback'])}", highlight=False)
     for note in (pred.notes if pred else ()) + (est.notes if est else ()):
         if res.get("fallback") and note == NO_ACTIVATION_MODEL.format(model=case.model):
             continue  # the fallback line above says what happened instead
         if not (skipped and "need a model" in note):
-            console.print(f"  note: {note}", highlight=False)
+            console.print(f"  note: {escape(note)}", highlight=False)
     if emu:
         _print_emulated(console, emu, res.get("emulated_fit"), units, args)
     if res.get("fit"):
         _print_fit(console, res["fit"], units, args.max_world_size)
     for note in res.get("notes", ()):
-        console.print(f"  note: {note}", highlight=False)
+        console.print(f"  note: {escape(note)}", highlight=False)
     if res.get("allocator"):
         for line in res["allocator"].lines(lambda n: f"{_fmt(n, units)} {units}"):
             print(f"  {line}")  # not rich: a long source note must not wrap the figures at 80 columns
@@ -648,7 +652,7 @@ def _print_fit(console: Console, fit: Any, units: str, max_world_size: int) -> N
             f"(model states {needed}; activations not estimated without --model); smallest world size "
             f"where the model states fit: {fit.smallest_world_size or 'none'}"
         )
-    console.print(f"  {text}", highlight=False)
+    console.print(f"  {escape(text)}", highlight=False)
 
 
 def _analytic_value(pred: Any, key: str) -> int | None:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import (
     BYTES,
     COLUMNS,
@@ -38,6 +38,7 @@ from fsdpbench.core.schema import (
 )
 from fsdpbench.strategies import REFERENCE_STRATEGY
 
+MAX_REPEAT = 100  # re-launches of one suspect case: each is a whole case's run
 if TYPE_CHECKING:
     from fsdpbench.analysis.regress import DifferenceReport, MetricDifference
 
@@ -76,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="K",
         help="re-launch a case whose step time looks regressed K more times and judge it "
-        "again on the pooled samples, before failing (asv-style; default 0)",
+        f"again on the pooled samples, before failing (asv-style; default 0, at most {MAX_REPEAT})",
     )
     parser.add_argument(
         "--allow-plugins",
@@ -141,13 +142,20 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _load_run(run_dir: str) -> tuple[Any, dict[str, Any]]:
+    """The run's rows and run.json, checked: every case's configuration columns as a scenario's case
+    (``case_from_row``), since regress rebuilds cases from them (--map-strategy) and launches them
+    (--repeat)."""
     from fsdpbench.analysis.regress import BaselineError
+    from fsdpbench.pipeline.scenario import ScenarioError, case_from_row
     from fsdpbench.store.results import ResultsFileError, RunStore, load_results
 
     try:  # an unusable run is exit 2 (its input), never 1 (a regression)
         frame = load_results(run_dir)
         meta = RunStore(run_dir).read_run_json()
-    except ResultsFileError as exc:
+        source = str(Path(run_dir) / "results.parquet")
+        for _, row in frame.drop_duplicates("case_id").iterrows():
+            case_from_row(row, source=source)
+    except (ResultsFileError, ScenarioError) as exc:
         raise BaselineError(str(exc)) from None
     if frame.empty:
         raise BaselineError(
@@ -193,16 +201,24 @@ def _write(args: argparse.Namespace, err: Console) -> int:
     ]
     for cid in no_ref:
         err.print(
-            f"[yellow]note:[/] {cid}: no {args.time_reference} case with the same model, batch and world "
-            "size in the run, so its step time is gated only on the same machine",
+            f"[yellow]note:[/] {escape(cid)}: no {escape(args.time_reference)} case with the same model, "
+            "batch and world size in the run, so its step time is gated only on the same machine",
             highlight=False,
         )
     return 0
 
 
 def _gate(args: argparse.Namespace, err: Console) -> int:
-    from fsdpbench.analysis.regress import BaselineError, apply_strategy_map, compare, load_baseline
+    from fsdpbench.analysis.regress import (
+        BaselineError,
+        apply_strategy_map,
+        check_compared,
+        compare,
+        load_baseline,
+    )
+    from fsdpbench.commands.arguments import check_count
 
+    check_count("--repeat", args.repeat, 0, MAX_REPEAT)
     baseline = load_baseline(args.baseline)
     frame, _ = _load_run(args.run_dir)
     mapping = {}
@@ -220,8 +236,6 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
         )
 
     result = judge(frame)
-    if args.repeat < 0:
-        raise BaselineError(f"--repeat {args.repeat}: expected K >= 0")
     if args.repeat:
         from fsdpbench.pipeline.remeasure import remeasure
         from fsdpbench.pipeline.scenario import plugins_allowed
@@ -233,10 +247,13 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
             args.repeat,
             Path(args.run_dir) / "remeasured",
             judge,
-            log=lambda line: err.print(line, highlight=False),
-            # a plugin typed on this command line (--map-strategy mod:Class=zero3) is the user's act
-            allow_plugins=plugins_allowed(args.allow_plugins or None) or any(":" in run for run in mapping),
+            log=lambda line: err.print(escape(line), highlight=False),
+            # a plugin typed on this command line (--map-strategy mod:Class=zero3) is the user's act for
+            # that plugin only: another that the run's files name is not
+            allow_plugins=plugins_allowed(args.allow_plugins or None)
+            or frozenset(run for run in mapping if ":" in run),
         )
+    check_compared(result, args.baseline)
 
     out = Console() if sys.stdout.isatty() else Console(width=250)  # CI logs: no folding
     if args.markdown == "-":  # the Markdown is the table (CI logs, job summaries)
@@ -244,10 +261,10 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
     else:
         out.print(build_table(result, args.baseline, args.run_dir))
         for note in result.notes:
-            out.print(f"note: {note}", highlight=False)
+            out.print(f"note: {escape(note)}", highlight=False)
         if args.markdown:
             _emit(args.markdown, render_markdown(result, baseline, args.baseline, args.run_dir))
-    out.print(verdict_line(result), highlight=False)
+    out.print(escape(verdict_line(result)), highlight=False)
     if args.json:
         _emit(
             args.json, json.dumps(to_json(result, args.baseline, args.run_dir), indent=1, default=str) + "\n"
@@ -323,7 +340,7 @@ _HEADERS = ["case", "metric", "baseline", "now", "change", "tolerance", "verdict
 
 
 def build_table(result: DifferenceReport, baseline_path: str, run_dir: str) -> Table:
-    table = Table(title=f"regress {run_dir} against {baseline_path} (memory: largest rank)")
+    table = Table(title=escape(f"regress {run_dir} against {baseline_path} (memory: largest rank)"))
     for h in _HEADERS:
         table.add_column(
             h, overflow="fold", justify="right" if h in ("baseline", "now", "change") else "left"
@@ -337,7 +354,7 @@ def build_table(result: DifferenceReport, baseline_path: str, run_dir: str) -> T
             previous = cells[0]
             if table.row_count:
                 table.add_section()
-        table.add_row(*cells, style="red" if row.fails else _VERDICT_STYLE.get(row.verdict))
+        table.add_row(*map(escape, cells), style="red" if row.fails else _VERDICT_STYLE.get(row.verdict))
     return table
 
 

@@ -12,7 +12,8 @@ import argparse
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
+
+from fsdpbench.core.markup import escape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
 from fsdpbench.commands.running import (
     add_link_argument,
@@ -23,6 +22,7 @@ from fsdpbench.commands.running import (
     run_header,
     validate_overrides,
 )
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import FAILED, OOM, STATUS, TIMEOUT
 from fsdpbench.pipeline.interrupts import signals_as_interrupts
 from fsdpbench.pipeline.scenario import ScenarioError, enable_plugin_imports, load_scenario
@@ -126,7 +126,7 @@ def _run(
     """Run the scenario's cases into ``run_dir`` (resumed: the missing ones), then summarise and report."""
     from fsdpbench.core.rundir import RunDirError
     from fsdpbench.pipeline.runner import run_cases
-    from fsdpbench.store.results import RunStore
+    from fsdpbench.store.results import ResultsFileError, RunStore
 
     store = RunStore(run_dir)
     resume_hint = f"fsdpbench run {shlex.quote(args.scenario)} --out {shlex.quote(str(run_dir))} --resume"
@@ -159,7 +159,7 @@ def _run(
                 traced=args.traced or scenario.traced,
                 link=link,
             )
-    except RunDirError as exc:
+    except (RunDirError, ResultsFileError) as exc:  # a file in RUN_DIR that is not this run's
         console.print(f"[red]error:[/] {escape(str(exc))}", highlight=False)
         return 2
     except OSError as exc:  # a full disk or an unwritable --out: the stored cases stay; resume works
@@ -193,9 +193,9 @@ def _finish(
     print(f"results: {run_dir / 'results.parquet'}")
     failed = frame[frame[STATUS].isin([FAILED, TIMEOUT, OOM])]["case_id"].nunique()
     not_run = {c.case_id for c in scenario.cases} - set(frame["case_id"])
-    if not_run:  # their directories are held by live ranks of another run (a warning named each)
+    if not_run:  # held by live ranks of another run, or no space left to store them (a warning named each)
         console.print(
-            f"[yellow]{len(not_run)} case(s) not run[/]: their directories are in use; "
+            f"[yellow]{len(not_run)} case(s) not run or not stored[/] (see the warnings above); "
             f"continue with: {escape(resume_hint)}",
             highlight=False,
         )

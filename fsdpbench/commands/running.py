@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 
+from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import CASE_STEP_TIME, OK, SKIPPED
 
 # run_cases' callbacks: on_start(case, index) and on_done(case, outcome, rows)

@@ -269,13 +269,23 @@ def case_to_columns(case: Case) -> dict[str, Any]:
 
 def case_from_columns(row: Any) -> Case:
     """The case of a result row (a mapping or a pandas row, as read back from Parquet); a field whose
-    column the row lacks keeps its default."""
+    column the row lacks keeps its default. Unchecked: a row read back from a file is checked as a
+    scenario's case is by ``pipeline.scenario.case_from_row``, which builds on ``case_field_values``."""
+    return Case(**case_field_values(row))
+
+
+def case_field_values(row: Any) -> dict[str, Any]:
+    """The Case fields of a result row, each cell decoded as its field's type (by field name; a field
+    whose column the row lacks is left out); ValueError names a column whose text cannot be decoded."""
     data: dict[str, Any] = {}
     for f in dataclasses.fields(Case):
         col = CASE_FIELD_COLUMNS[f.name]
         if col in row:
-            data[f.name] = _field_value(row[col], _CASE_HINTS[f.name], f)
-    return Case(**data)
+            try:
+                data[f.name] = _field_value(row[col], _CASE_HINTS[f.name], f)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise ValueError(f"column {col}: cannot be read as the case's {f.name} ({exc})") from None
+    return data
 
 
 _CASE_HINTS = typing.get_type_hints(Case)  # field name → its type

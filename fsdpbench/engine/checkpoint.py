@@ -23,14 +23,21 @@ The methods (``Case.checkpoint``), as the engines' guides write them:
   rank with ZeRO-3; rank 0 also ``latest`` and the recovery scripts) and ``engine.load_checkpoint(dir, tag,
   load_optimizer_states=...)`` into the freshly built engine.
 
-Every file goes under the case's ``checkpoint/`` directory; the phase removes it unless the case keeps it.
+Every file goes under the case's ``checkpoint/`` directory, which rank 0 makes anew; the phase removes
+it unless the case keeps it (``keep_checkpoints``), whether the save ends well or not. fsdpbench creates
+each file itself, ``O_EXCL | O_NOFOLLOW`` beneath the case directory (``rundir.create_new``), DCP's
+included (``FilesBeneath``, its file system), so that no link planted there is written through;
+``torch.save`` writes to that file as a stream (its records are then named "archive/…", not after the
+file). DeepSpeed opens its own files: its checkpoint is checked after the save and refused if it holds a
+link. A save that fails is one line (``CheckpointSaveError``: "no space left while saving …" on a full
+disk), and the launcher removes the partial checkpoint once the ranks are gone, unless kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import shutil
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,6 +50,7 @@ import torch.distributed.checkpoint as dcp
 # imported with this module, before the phase's baseline: torch.distributed.optim's first import costs
 # ~4.7 MB of anonymous memory in a rank (its modules), which a save that first imports it would count
 import torch.distributed.optim  # noqa: F401
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -50,7 +58,17 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from fsdpbench.core.rundir import CHECKPOINT_DIR, NATIVE_TAG
+from fsdpbench.core.rundir import (
+    CHECKPOINT_DIR,
+    NATIVE_TAG,
+    check_no_links,
+    create_new,
+    make_dirs,
+    make_new_dir,
+    remove_tree,
+    replace_beneath,
+    space_error,
+)
 from fsdpbench.engine.parallel import Parallel
 from fsdpbench.engine.rank_result import CheckpointRecord
 from fsdpbench.metrics.allocator import reset_cuda_peaks
@@ -73,6 +91,61 @@ def sharded_file(rank: int) -> str:
 
 def checkpoint_dir(case_dir: Path) -> Path:
     return case_dir / CHECKPOINT_DIR
+
+
+class CheckpointSaveError(RuntimeError):
+    """A save that failed (a full disk, a quota, a planted link): one line, the partial checkpoint removed."""
+
+
+class FilesBeneath(FileSystem):
+    """DCP's local file system, every file it writes created by fsdpbench beneath ``root`` without
+    following a link (``rundir.create_new``), its rename and removals by directory descriptor."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__()
+        self.root = Path(root)
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        if "w" not in mode:  # a read: nothing is written
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        try:
+            with os.fdopen(create_new(Path(path), self.root), mode) as stream:
+                yield stream
+        except Exception as exc:
+            # torch.save, which DCP writes each item with, turns the stream's OSError into a RuntimeError
+            # that keeps it only as its context, which DCP's gathering of every rank's exception drops
+            full = space_error(exc)
+            if full is None or full is exc:
+                raise
+            raise OSError(full.errno, full.strerror, str(path)) from exc
+
+    def mkdir(self, path: str | os.PathLike) -> None:
+        make_dirs(Path(path), self.root)
+
+    def exists(self, path: str | os.PathLike) -> bool:
+        return os.path.lexists(path)
+
+    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        replace_beneath(Path(path), Path(new_path), self.root)
+
+    def rm_file(self, path: str | os.PathLike) -> None:
+        remove_tree(Path(path), self.root)
+
+
+def _writer(directory: Path, root: Path) -> dcp.FileSystemWriter:
+    writer = dcp.FileSystemWriter(directory)
+    writer.fs = FilesBeneath(root)
+    return writer
+
+
+@contextlib.contextmanager
+def _new_file(path: Path, root: Path) -> Iterator[Any]:
+    """A file for ``torch.save`` to stream into, created beneath ``root`` with ``O_EXCL | O_NOFOLLOW``."""
+    with os.fdopen(create_new(path, root), "wb") as stream:
+        yield stream
 
 
 # ---- what each method saves and loads ---------------------------------------------------------------
@@ -172,9 +245,18 @@ class _Async:
 
 
 def save(
-    method: str, parallel: Parallel, directory: Path, rank: int, with_optim: bool, device: torch.device
+    method: str,
+    parallel: Parallel,
+    directory: Path,
+    rank: int,
+    with_optim: bool,
+    device: torch.device,
+    root: Path | None = None,
 ) -> _Async | None:
-    """Save this rank's part of the checkpoint under ``directory`` (the async method: return its future)."""
+    """Save this rank's part of the checkpoint under ``directory`` (the async method: return its future);
+    every file is created beneath ``root`` (the case directory; default: ``directory``) without following
+    a link."""
+    root = directory if root is None else root
     if method == "full":
         if _full_state_dict_api(parallel) == "module":
             zero = _consolidated_optimizer(parallel)
@@ -186,18 +268,21 @@ def save(
         else:
             state = _state(parallel, with_optim, FULL_OPTIONS)  # empty except on rank 0
         if rank == 0:
-            torch.save(state, directory / FULL_FILE)
+            with _new_file(directory / FULL_FILE, root) as stream:
+                torch.save(state, stream)
         del state
     elif method == "sharded":
-        torch.save(_local(_state(parallel, with_optim)), directory / sharded_file(rank))
+        with _new_file(directory / sharded_file(rank), root) as stream:
+            torch.save(_local(_state(parallel, with_optim)), stream)
     elif method == "dcp":
-        dcp.save(_state(parallel, with_optim), storage_writer=dcp.FileSystemWriter(directory))
+        dcp.save(_state(parallel, with_optim), storage_writer=_writer(directory, root))
     elif method == "dcp_async":
-        writer = dcp.FileSystemWriter(directory)
+        writer = _writer(directory, root)
         return _Async(dcp.async_save(_state(parallel, with_optim), storage_writer=writer))
     elif method == "native":  # DeepSpeed's engine: it always writes its optimizer partitions
         engine: Any = parallel.model
         engine.save_checkpoint(str(directory), tag=NATIVE_TAG)
+        check_no_links(directory)  # it opens its files by name: what it wrote is checked instead
     else:
         raise ValueError(f"unknown checkpoint method {method!r}")
     return None
@@ -379,8 +464,8 @@ def run_checkpoint_phase(
     method, with_optim = case.checkpoint, case.checkpoint_optimizer
     directory = checkpoint_dir(case_dir)
     if rank == 0:
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
+        remove_tree(directory, case_dir)
+        make_new_dir(directory, case_dir)
     dist.barrier()
     record = CheckpointRecord(method=method, with_optimizer=with_optim)
     with allocations_visible_in_rss():
@@ -388,11 +473,12 @@ def run_checkpoint_phase(
         reset_cuda_peaks(device)
         host = HostPeak()
         t0 = time.perf_counter()
-        pending = save(method, parallel, directory, rank, with_optim, device)
-        record.save_blocked_s = time.perf_counter() - t0
-        host.mark()
-        if pending is not None:
-            pending.wait()
+        with _save_failure_in_one_line(method, directory, case.keep_checkpoints):
+            pending = save(method, parallel, directory, rank, with_optim, device, case_dir)
+            record.save_blocked_s = time.perf_counter() - t0
+            host.mark()
+            if pending is not None:
+                pending.wait()
         record.save_s = time.perf_counter() - t0
         record.save_host_peak_bytes = host.stop()
         record.save_device_peak_bytes = device_peak_bytes(device)
@@ -420,5 +506,42 @@ def run_checkpoint_phase(
         record.loss_equal = record.loss_after_load == record.loss_uninterrupted
     dist.barrier()
     if rank == 0 and not case.keep_checkpoints:
-        shutil.rmtree(directory, ignore_errors=True)
+        remove_tree(directory, case_dir)
     return record
+
+
+@contextlib.contextmanager
+def _save_failure_in_one_line(method: str, directory: Path, keep: bool) -> Iterator[None]:
+    """A save that fails says why in one line (DCP gathers every rank's exception into one of many
+    lines), and what becomes of the partial checkpoint: the launcher removes it once every rank is gone,
+    unless the case keeps its checkpoints. Not here: a peer still writing would fail for the directory
+    gone, and could be taken for the cause."""
+    try:
+        yield
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        left = "kept (keep_checkpoints)" if keep else "removed"
+        full = space_error(exc)
+        if full is not None:
+            raise CheckpointSaveError(
+                f"no space left while saving the checkpoint ({method}) in {directory} "
+                f"({full.strerror}); the partial checkpoint is {left}"
+            ) from exc
+        first = _first_failure(exc)
+        raise CheckpointSaveError(
+            f"saving the checkpoint ({method}) in {directory} failed: "
+            f"{type(first).__name__}: {str(first).splitlines()[0] if str(first) else ''}; "
+            f"the partial checkpoint is {left}"
+        ) from exc
+
+
+def _first_failure(exc: BaseException) -> BaseException:
+    """The first rank's exception in a DCP CheckpointException, or ``exc`` itself."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = failures[min(failures)]
+        first = first[0] if isinstance(first, tuple) else first
+        if isinstance(first, BaseException):
+            return first
+    return exc

@@ -6,12 +6,12 @@ turns it into the rank's columns, each record giving its own.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fsdpbench.core.readback import ReadBackError, read_json
 from fsdpbench.core.schema import (
     BARE_STEP_TIME,
     CORES,
@@ -44,6 +44,8 @@ from fsdpbench.metrics.tracker import TrackedMemory
 
 PAIRED_SERIES = PAIRED.members  # metrics.reference.interleaved_steps
 NO_RESULT = "no result written"
+# a rank's exit code when the disk had no room even for the record of its failure (ENOSPC's number)
+NO_SPACE_EXIT = 28
 MAX_RANK_FILE_BYTES = 64 << 20  # a rank file holds per-step lists, not megabytes of them
 
 
@@ -317,14 +319,12 @@ def _checked_rank_json(path: Path, rank: int) -> dict[str, Any]:
     """The rank file's JSON object, its fields of the right types and its numbers finite."""
     if path.is_symlink():
         raise RankFileError(f"{path.name}: a symbolic link, not a rank file")
-    if path.stat().st_size > MAX_RANK_FILE_BYTES:
-        raise RankFileError(f"{path.name}: larger than {MAX_RANK_FILE_BYTES >> 20} MiB")
+    if not path.exists():
+        raise FileNotFoundError(path)
     try:
-        data = json.loads(path.read_bytes())
-    except RecursionError:
-        raise RankFileError(f"{path.name}: nested too deep") from None
-    except ValueError as exc:
-        raise RankFileError(f"{path.name}: not JSON ({exc})") from None
+        data = read_json(path, MAX_RANK_FILE_BYTES, what="rank file", follow_links=False)
+    except ReadBackError as exc:
+        raise RankFileError(str(exc).replace(str(path), path.name, 1)) from None
     if not isinstance(data, dict):
         raise RankFileError(f"{path.name}: a JSON object expected, got {type(data).__name__}")
     _check_fields(path, data, rank)
@@ -344,6 +344,7 @@ def _check_fields(path: Path, data: dict[str, Any], rank: int) -> None:
     for name in (LOSSES, WARMUP_TIMES, STEP_TIMES):
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in data.get(name) or ()):
             raise RankFileError(f"{path.name}: field {name!r} holds a value that is not a number")
+    _check_integers(data, path.name)
     # a diverged run's loss may be NaN (a measurement); a step time never is
     for name in (WARMUP_TIMES, STEP_TIMES):
         if not all(math.isfinite(v) and v >= 0 for v in data.get(name) or ()):
@@ -365,3 +366,18 @@ class CaseOutcome:
     wall_s: float = 0.0
     spawn_s: float = 0.0  # from launch to the last rank's process group being ready
     pids: list[int] = field(default_factory=list)  # the rank processes (all gone when launch_case returns)
+
+
+_INT64 = 1 << 63  # what a results column holds: a larger integer (a forged 4000-digit count) cannot be stored
+
+
+def _check_integers(value: Any, where: str, depth: int = 0) -> None:
+    """Every integer in the record, at any depth, fits a results column (int64)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_integers(item, f"{where}: field {key!r}" if depth == 0 else f"{where}.{key}", depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_integers(item, where, depth + 1)
+    elif isinstance(value, int) and not isinstance(value, bool) and not -_INT64 <= value < _INT64:
+        raise RankFileError(f"{where}: an integer of {value.bit_length()} bits, beyond int64")

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from fsdpbench.core.case import Case
-from fsdpbench.core.rundir import write_atomically
+from fsdpbench.core.rundir import DiskReserve, space_error, write_atomically
 from fsdpbench.core.schema import FAILED, OK, OOM
 from fsdpbench.engine.emulate import (
     build_rank_model,
@@ -45,7 +45,7 @@ from fsdpbench.engine.fake_pg import init_fake_process_group
 from fsdpbench.engine.intra_op import rank_threads
 from fsdpbench.engine.knobs import state_placement_bytes
 from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
-from fsdpbench.engine.rank_result import Harness, RankResult, Setup, rank_file
+from fsdpbench.engine.rank_result import NO_SPACE_EXIT, Harness, RankResult, Setup, rank_file
 from fsdpbench.engine.reference import ReferenceWorkload, interleaved_steps
 from fsdpbench.engine.step import Batch, rank_batch, train_step
 from fsdpbench.metrics.allocator import cuda_allocator_stats, reset_cuda_peaks
@@ -63,6 +63,8 @@ class RankRecorder:
     def __init__(self, out_dir: Path, rank: int) -> None:
         self.path = out_dir / rank_file(rank)
         self.result = RankResult(rank=rank, pid=os.getpid())
+        # on a disk that fills, the record that says so still fits: the reserve is given back for it
+        self.reserve = DiskReserve(self.path, out_dir)
         self.flush()
 
     def update(self, **fields: Any) -> None:
@@ -71,7 +73,13 @@ class RankRecorder:
         self.flush()
 
     def flush(self) -> None:
-        write_atomically(self.path, json.dumps(self.result.to_json(), default=str).encode())
+        data = json.dumps(self.result.to_json(), default=str).encode()
+        try:
+            write_atomically(self.path, data)
+        except OSError as exc:
+            if space_error(exc) is None or not self.reserve.release():
+                raise
+            write_atomically(self.path, data)
 
 
 class RankHooks:
@@ -149,14 +157,20 @@ def run_rank(case: Case, out_dir: Path, hooks: RankHooks = NO_HOOKS) -> RankResu
     except BaseException as exc:  # noqa: BLE001 — every failure is recorded, then re-raised
         hooks.failed()
         status = OOM if isinstance(exc, torch.OutOfMemoryError) else FAILED
-        rec.update(
-            status=status,
-            error=f"{type(exc).__name__}: {exc}",
-            traceback=traceback.format_exc(),
-            failed_at=time.time(),
-        )
+        try:
+            rec.update(
+                status=status,
+                error=f"{type(exc).__name__}: {exc}",
+                traceback=traceback.format_exc(),
+                failed_at=time.time(),
+            )
+        except OSError as lost:
+            if space_error(lost) is None:
+                raise
+            os._exit(NO_SPACE_EXIT)  # no room left even for the record: the exit code says why
         raise
     finally:
+        rec.reserve.release()
         if dist.is_initialized():
             dist.destroy_process_group()
     return rec.result

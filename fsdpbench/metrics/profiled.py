@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import torch
 
 from fsdpbench.core.case import Case
 from fsdpbench.core.precision import Precision
+from fsdpbench.core.rundir import create_new, make_fresh_dir, remove_tree
 from fsdpbench.core.schema import (
     COMM_BACKEND_BYTES,
     COMM_BYTES,
@@ -90,7 +92,9 @@ class Samplers:
         frame = pd.concat(frames, ignore_index=True)
         frame.insert(0, RANK, rank)
         frame.insert(0, "case_id", case_id)
-        with open(path, "wb") as file:  # pyarrow would encode the path as UTF-8, which it need not be
+        # opened here, not by pyarrow (which would encode the path as UTF-8, which it need not be), and
+        # never through a link planted at its name (rundir.create_new)
+        with os.fdopen(create_new(path, Path(path).parent), "wb") as file:
             frame.to_parquet(file, index=False)
 
 
@@ -117,15 +121,22 @@ def export_gzipped_trace(prof: Any, trace_path: Path) -> None:
     """``prof``'s Chrome trace at ``trace_path`` (.json.gz), by way of a plain JSON file beside it.
     ``export_chrome_trace`` with a .gz path writes its JSON to the system's temporary directory, outside
     the run, and gzips it a line at a time: 0.075 s of a tiny case's rank (2-core CPU, 47,775 lines),
-    where one pass over the file takes 0.008 s."""
+    where one pass over the file takes 0.008 s. torch opens the plain file by its name: it is written in a
+    directory this process made itself (``rundir.make_fresh_dir``), and the trace is created
+    ``O_EXCL | O_NOFOLLOW`` (``rundir.create_new``), so neither is written through a planted link."""
     trace_path = Path(trace_path)
-    plain = trace_path.with_name(trace_path.name + ".partial")  # not .json: never read as a trace
-    prof.export_chrome_trace(str(plain))  # a path without .gz: torch writes it there, as it is
+    fresh = make_fresh_dir(trace_path.parent, trace_path.parent, ".trace-")
+    plain = fresh / "trace.partial"  # not .json: never read as a trace
     try:
-        with open(plain, "rb") as src, gzip.open(trace_path, "wb", compresslevel=TRACE_GZIP_LEVEL) as dst:
+        prof.export_chrome_trace(str(plain))  # a path without .gz: torch writes it there, as it is
+        with (
+            open(plain, "rb") as src,
+            os.fdopen(create_new(trace_path, trace_path.parent), "wb") as raw,
+            gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=TRACE_GZIP_LEVEL) as dst,
+        ):
             shutil.copyfileobj(src, dst, 1 << 20)
     finally:
-        plain.unlink(missing_ok=True)
+        remove_tree(fresh, trace_path.parent)
 
 
 def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: int) -> dict[str, Any]:

@@ -33,17 +33,24 @@ modelled figures can be traced to the measurement behind them, and re-used on re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from fsdpbench.core.rundir import write_atomically
+from fsdpbench.core.rundir import (
+    make_dirs,
+    make_fresh_dir,
+    remove_tree,
+    use_torch_cache,
+    write_atomically,
+)
 from fsdpbench.engine.intra_op import rank_threads
 from fsdpbench.hosttuning.threads import (
     bind_to_rank_cores,
@@ -121,13 +128,23 @@ def _burst(ms: float):
 
 
 def _probe_rank(
-    rank: int, world_size: int, port: int, out_path: str, reps: int, log_path: str, idle_loops: bool
+    rank: int,
+    world_size: int,
+    port: int,
+    out_path: str,
+    reps: int,
+    log_path: str,
+    idle_loops: bool,
+    root: str | None = None,
 ) -> None:
     """One probe process: join the gloo group, time every (kind, size) in context and back to back;
-    rank 0 writes the points."""
+    rank 0 writes the points. ``root``: the run directory, beneath which its files are written without
+    following a link (``rundir.open_log``, ``rundir.write_atomically``)."""
     ignore_sigint()  # a Ctrl-C is the orchestrator's to answer; it kills this process
     die_with_parent()  # the fork server, which dies with the orchestrator
-    send_output_to(log_path)  # before torch runs: its C++ side writes to fds 1 and 2
+    send_output_to(log_path, root)  # before torch runs: its C++ side writes to fds 1 and 2
+    if root is not None:  # torch's caches and temporary files in the run directory, removed after
+        use_torch_cache(Path(out_path).parent)
     import warnings
 
     import torch
@@ -147,7 +164,7 @@ def _probe_rank(
     finally:
         dist.destroy_process_group()
     if rank == 0:
-        Path(out_path).write_text(json.dumps(measured))
+        write_atomically(Path(out_path), json.dumps(measured).encode(), Path(root) if root else None)
 
 
 def measure_in_group(reps: int) -> dict[str, Any] | None:
@@ -350,15 +367,22 @@ def probe_log_path(log_dir: Path, world_size: int, rank: int) -> Path:
 
 
 def run_probe(
-    world_size: int, reps: int = PROBE_REPS, timeout_s: float = 120.0, log_dir: Path | None = None
+    world_size: int,
+    reps: int = PROBE_REPS,
+    timeout_s: float = 120.0,
+    log_dir: Path | None = None,
+    root: Path | None = None,
 ) -> dict[str, Any]:
     """Start ``world_size`` processes, run the probe, return rank 0's points. The processes' output goes
-    to ``probe_log_path(log_dir, …)`` (without ``log_dir``: nowhere)."""
+    to ``probe_log_path(log_dir, …)`` (without ``log_dir``: nowhere), written beneath ``root`` (the run
+    directory; default ``log_dir``) without following a link."""
     from fsdpbench.pipeline.launch import forkserver_context
 
     ctx = forkserver_context()
-    # rank 0's points: in the run's directory where there is one (nothing is written outside a run)
-    with tempfile.TemporaryDirectory(dir=log_dir) as tmp:
+    root = root if root is not None else log_dir
+    # rank 0's points: in the run's directory where there is one (nothing is written outside a run), in
+    # a directory this process made itself
+    with _points_dir(log_dir, root) as tmp:
         out = str(Path(tmp) / "points.json")
         logs = [
             str(probe_log_path(log_dir, world_size, r)) if log_dir else os.devnull for r in range(world_size)
@@ -366,7 +390,8 @@ def run_probe(
         port = free_port()
         procs = [
             ctx.Process(
-                target=_probe_rank, args=(r, world_size, port, out, reps, logs[r], gloo_loop_idle_wanted())
+                target=_probe_rank,
+                args=(r, world_size, port, out, reps, logs[r], gloo_loop_idle_wanted(), root and str(root)),
             )
             for r in range(world_size)
         ]
@@ -387,26 +412,64 @@ def run_probe(
         return json.loads(Path(out).read_text())
 
 
+@contextlib.contextmanager
+def _points_dir(log_dir: Path | None, root: Path | None) -> Iterator[Path]:
+    """A fresh directory for rank 0's points: in ``log_dir`` beneath ``root`` (made by this process, no
+    link followed: ``rundir.make_fresh_dir``), removed after; without ``log_dir``, the system's."""
+    if log_dir is None or root is None:
+        with tempfile.TemporaryDirectory() as tmp:
+            yield Path(tmp)
+        return
+    fresh = make_fresh_dir(log_dir, root, ".points-")
+    try:
+        yield fresh
+    finally:
+        remove_tree(fresh, root)
+
+
 def probe(run_dir: Path, world_size: int, reps: int = PROBE_REPS) -> dict[str, Any]:
     """The probe's result for ``world_size`` CPU ranks, from the run's cache or measured now (``reps``
     repetitions of each sequence): {"link": Link fields, "points": [...], "world_size": N}."""
     world_size = max(2, int(world_size))
     path = Path(run_dir) / "comm_probe" / f"gloo_n{world_size}.json"
-    if path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("loop_threads_idle", False) == gloo_loop_idle_wanted():
-            return cached  # else measured with the other loop-thread policy: measure again
+    cached = None if path.parent.is_symlink() else _cached_probe(path)
+    if cached is not None and cached.get("loop_threads_idle", False) == gloo_loop_idle_wanted():
+        return cached  # else measured with the other loop-thread policy, or not usable: measure again
     print(f"probing gloo with {world_size} processes for the step-time model …", file=sys.stderr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    measured = run_probe(world_size, reps, log_dir=path.parent)
+    Path(run_dir).mkdir(parents=True, exist_ok=True)  # the run's own directory (--out)
+    make_dirs(path.parent, run_dir)  # a link planted as comm_probe/ is replaced, never written through
+    measured = run_probe(world_size, reps, log_dir=path.parent, root=Path(run_dir))
     idle = gloo_loop_idle_wanted()
     link = fit_link(
         measured["points"], world_size, queued_points=measured.get("points_queued"), loops_idle=idle
     )
     result = {"link": link.to_dict(), "world_size": world_size, "loop_threads_idle": idle}
     result |= measured
-    write_atomically(path, json.dumps(result, indent=1).encode())
+    write_atomically(path, json.dumps(result, indent=1).encode(), Path(run_dir))
     return result
+
+
+MAX_PROBE_FILE_BYTES = 1 << 20  # a probe's result is a few kB
+
+
+def _cached_probe(path: Path) -> dict[str, Any] | None:
+    """The run's cached probe result, or None when there is none or it is not usable (not JSON, a link,
+    its link's numbers not finite and in range): a cache is measured again, never trusted."""
+    from fsdpbench.core.readback import ReadBackError, read_json
+    from fsdpbench.predictors.comm_model import LinkError, check_link_numbers
+
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        cached = read_json(path, MAX_PROBE_FILE_BYTES, what="gloo probe result", follow_links=False)
+        link = cached["link"]
+        check_link_numbers(link["alpha_us"], link["busbw_GBps"], str(path))
+        for key in ("per_kind", "per_kind_queued"):
+            for _, alpha, busbw in link.get(key) or ():
+                check_link_numbers(alpha, busbw, f"{path}: {key}")
+    except (ReadBackError, LinkError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return cached if isinstance(cached, dict) else None
 
 
 def gloo_link(run_dir: Path, world_size: int) -> Link:

@@ -7,6 +7,7 @@ The orchestrating process never joins a process group.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -20,8 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from fsdpbench.core.case import Case
+from fsdpbench.core.rundir import (
+    CHECKPOINT_DIR,
+    RESERVE_GLOB,
+    make_dirs,
+    remove_torch_tmp,
+    remove_tree,
+    torch_cache_env,
+)
 from fsdpbench.core.schema import FAILED, OK, SKIPPED, TIMEOUT
-from fsdpbench.engine.rank_result import CaseOutcome, RankResult, rank_file
+from fsdpbench.engine.rank_result import NO_SPACE_EXIT, CaseOutcome, RankResult, rank_file
 from fsdpbench.hosttuning import baton
 from fsdpbench.hosttuning.threads import GLOO_LOOP_IDLE_ENV, PIN_ENV, gloo_loop_idle_wanted
 from fsdpbench.pipeline.interrupts import launcher_signal
@@ -30,6 +39,7 @@ from fsdpbench.pipeline.lifeline import ORCHESTRATOR_PID_ENV, held_by_a_live_ran
 # the lifeline first: a fork server that outlived a killed orchestrator would keep its ranks alive
 _PRELOAD = [
     "fsdpbench.pipeline._forkserver_lifeline",
+    "fsdpbench.pipeline._forkserver_scratch",  # before torch: the cache directory its import makes
     "torch",
     "torch._dynamo",
     "torch.distributed.fsdp",
@@ -117,9 +127,12 @@ def launch_case(
     groups = [[r] for r in case.emulate_ranks] if case.emulate else [list(range(case.world_size))]
     if case.emulate and together:
         groups = [list(case.emulate_ranks)]
-    return _case_outcome(
-        [_launch_group(case, case_dir, group, None if case.emulate else twin) for group in groups]
-    )
+    try:  # interrupted too: the case is not stored, and what it left is not kept
+        return _case_outcome(
+            [_launch_group(case, case_dir, group, None if case.emulate else twin) for group in groups]
+        )
+    finally:
+        remove_leftovers(case, case_dir)
 
 
 def _case_outcome(launched: list[GroupOutcome]) -> CaseOutcome:
@@ -171,6 +184,7 @@ def _launch_group(case: Case, case_dir: Path, group: list[int], twin: Case | Non
         if result is None:  # timeout or interrupt: stop the ranks now
             pc.close(timeout=5)
         del baton_store  # the case's ranks are gone: nobody waits for a turn
+        _remove_error_files(pc)
     wall = time.perf_counter() - t0
     # the launcher numbers a group's processes 0..len-1 (a twin's after them); results name the case's ranks
     exitcodes = {group[i]: code for i, code in _exitcodes(pc).items() if i < len(group)}
@@ -205,7 +219,7 @@ def _rank_envs(case: Case, case_dir: Path, group: list[int]) -> dict[int, dict[s
             # CPU ranks bind their compute threads to cores of their own (hosttuning/threads.py)
             PIN_ENV: "1" if case.device == "cpu" else "0",
             GLOO_LOOP_IDLE_ENV: "1" if case.device == "cpu" and gloo_loop_idle_wanted() else "0",
-            **(compile_cache_env(case_dir) if case.compile else {}),
+            **torch_cache_env(case_dir),
         }
         for i, r in enumerate(group)
     }
@@ -261,7 +275,7 @@ def _add_twin(
     for env in envs.values():
         env.update(baton.baton_env(port, baton.CASE, case.world_size, case.steps, limit))
     twin_dir = case_dir / baton.TWIN_DIR
-    twin_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(twin_dir, case_dir)  # a link planted there is replaced, never written through
     first, twin_port = len(envs), free_port()
     for r in range(twin.world_size):
         envs[first + r] = {
@@ -269,24 +283,34 @@ def _add_twin(
             "MASTER_PORT": str(twin_port),
             "TORCHELASTIC_RUN_ID": f"{case.case_id}-twin",
             **baton.baton_env(port, baton.TWIN, case.world_size, case.steps, limit),
+            **torch_cache_env(twin_dir),
         }
         args[first + r] = (twin.to_json(), str(twin_dir))
 
 
-COMPILE_CACHE = "compile_cache"  # in a case directory: torch.compile's caches of its ranks
+def remove_leftovers(case: Case, case_dir: Path) -> None:
+    """What a case's ranks leave that is no result, once they are gone: their temporary directory
+    (``rundir.torch_cache_env``), a rank's disk reserve (``worker.RankRecorder``), and the checkpoint
+    unless the case keeps it, whole or partial (a rank killed in a save, or a full disk, leaves it
+    partial)."""
+    kept = case.checkpoint == "none" or case.keep_checkpoints
+    leftovers = [] if kept else [(case_dir / CHECKPOINT_DIR, case_dir)]
+    for directory in (case_dir, case_dir / baton.TWIN_DIR):
+        leftovers += [(reserve, directory) for reserve in directory.glob(RESERVE_GLOB)]
+    for path, root in leftovers:
+        with contextlib.suppress(OSError):  # not there, or a link on the way: nothing of ours to remove
+            remove_tree(path, root)
+    for directory in (case_dir, case_dir / baton.TWIN_DIR):
+        with contextlib.suppress(OSError):
+            remove_torch_tmp(directory)
 
 
-def compile_cache_env(case_dir: Path) -> dict[str, str]:
-    """The environment of a compiled case's ranks that puts torch.compile's caches in the case
-    directory: by default they go to the system's temporary directory, outside the run. TMPDIR too:
-    inductor's precompiled headers (~150 MB on the CPU) go to its default cache directory, which
-    follows the temporary directory and not TORCHINDUCTOR_CACHE_DIR."""
-    cache = Path(case_dir).resolve() / COMPILE_CACHE
-    return {
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-        "TRITON_CACHE_DIR": str(cache / "triton"),
-        "TMPDIR": str(cache / "tmp"),
-    }
+def _remove_error_files(pc: Any) -> None:
+    """torch's process starter gives every rank an error file in the system's temporary directory
+    (``pytorch-errorfile-*.pickle``), which a rank that failed leaves there: removed once read."""
+    for path in getattr(getattr(pc, "_pc", None), "error_files", None) or []:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _wait(pc: Any, timeout_s: float, n_ranks: int) -> tuple[Any, dict[int, int]]:
@@ -308,10 +332,37 @@ def _wait(pc: Any, timeout_s: float, n_ranks: int) -> tuple[Any, dict[int, int]]
             for proc in procs[n_ranks:]:
                 if proc.exitcode is None:
                     proc.kill()
-        result = pc.wait(timeout=0)  # on a failure, this closes (SIGTERMs) the other ranks
+        try:
+            result = pc.wait(timeout=0)  # on a failure, this closes (SIGTERMs) the other ranks
+        except ValueError:
+            # a failed rank's error file that is not JSON: empty, where the disk was full when the rank
+            # wrote it (torch's launcher reads it after closing the ranks). The ranks that exited with a
+            # code of their own, not the launcher's signal, are the failures
+            for r, proc in enumerate(procs):
+                if proc.exitcode not in (None, 0) and proc.exitcode > 0:
+                    own_exits.setdefault(r, proc.exitcode)
+            codes = {r: code for r, code in own_exits.items() if code != 0}
+            codes = codes or {r: p.exitcode for r, p in enumerate(procs) if p.exitcode} or {0: 1}
+            return _Failed(codes), own_exits
         if result is not None or time.monotonic() >= deadline:
             return result, own_exits
         time.sleep(_POLL_S)
+
+
+@dataclass
+class _Failed:
+    """What the launcher's result says of a failure, where it could not say it itself."""
+
+    codes: dict[int, int]
+
+    @property
+    def failures(self) -> dict[int, Any]:
+        return {r: _Exited(code) for r, code in self.codes.items()}
+
+
+@dataclass
+class _Exited:
+    exitcode: int
 
 
 def _signal_handlers() -> dict[int, Any]:
@@ -402,7 +453,9 @@ def _failure(
     the OOM killer), else the rank whose error came first (the others usually fail because it left).
     A rank the launcher stopped after the first failure (SIGTERM, then SIGKILL) is never the cause."""
     silent = [
-        f"rank {ranks[r].rank} {_exit_text(code)} in phase {ranks[r].phase} without a Python exception"
+        f"rank {ranks[r].rank} in phase {ranks[r].phase}: no space left on device, not even for its rank file"
+        if code == NO_SPACE_EXIT
+        else f"rank {ranks[r].rank} {_exit_text(code)} in phase {ranks[r].phase} without a Python exception"
         for r, code in sorted(self_exited.items())
         if not ranks[r].ended and code not in (0, None)
     ]

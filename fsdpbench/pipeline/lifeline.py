@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+from fsdpbench.core.rundir import open_log
+
 PR_SET_PDEATHSIG = 1
 ORCHESTRATOR_PID_ENV = "FSDPBENCH_ORCHESTRATOR_PID"
 # in a case directory: every rank launched into it holds a shared lock on this file while it lives
@@ -37,11 +39,15 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     return True  # a parent that died before this call is caught by watch_orchestrator
 
 
-def send_output_to(path: str) -> None:
+def send_output_to(path: str, root: str | Path | None = None) -> None:
     """Point this process's file descriptors 1 and 2 at ``path`` (appended to): where the C++ libraries
     (gloo, c10d, kineto) write, past Python's sys.stdout, so their lines are the run's record, not the
-    user's terminal."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    user's terminal. A log beneath ``root`` (a run directory) is opened by ``rundir.open_log``: no link
+    planted at it, or on the way to it, is appended through."""
+    if root is None:  # /dev/null (the fork server's), or a path outside any run
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    else:
+        fd = open_log(Path(path), Path(root))
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)

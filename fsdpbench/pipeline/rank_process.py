@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 import traceback
 from pathlib import Path
 
 from fsdpbench.core.case import Case
+from fsdpbench.core.rundir import open_log, use_torch_cache
 from fsdpbench.engine.worker import run_rank
 from fsdpbench.hosttuning.baton import TWIN, env_role
 from fsdpbench.hosttuning.hooks import HostHooks
@@ -23,11 +23,10 @@ def rank_entry(case_json: str, out_dir: str) -> None:
     die_with_parent()  # the fork server is the parent; it dies with the orchestrator
     watch_orchestrator()
     hold_while_alive(Path(out_dir))  # a --resume does not clear this directory while this rank lives
-    if os.environ.get("TMPDIR"):  # a compiled case's (launch.compile_cache_env): made, and read anew,
-        Path(os.environ["TMPDIR"]).mkdir(parents=True, exist_ok=True)
-        tempfile.tempdir = None  # as the fork server cached the system's before the launcher set it
+    use_torch_cache(Path(out_dir))  # torch's caches and TMPDIR in the case directory
     rank = int(os.environ["RANK"])
-    log = open(Path(out_dir) / f"rank{rank}.log", "w")  # noqa: SIM115 — lives as long as the process
+    # no link planted at the log is written through (the case directory is fresh: appending is writing)
+    log = os.fdopen(open_log(Path(out_dir) / f"rank{rank}.log", Path(out_dir)), "w")
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     sys.stdout = sys.stderr = log

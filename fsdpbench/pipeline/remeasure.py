@@ -14,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from fsdpbench.analysis.regress import SAMPLED, DifferenceReport
-from fsdpbench.core.schema import OK, RUN_CASE_ID, case_from_columns
+from fsdpbench.core.schema import OK, RUN_CASE_ID
+from fsdpbench.pipeline.scenario import PluginPermission
 
 
 def suspects(result: DifferenceReport) -> list[str]:
@@ -31,17 +32,18 @@ def remeasure(
     judge: Callable[[pd.DataFrame], DifferenceReport],
     log: Callable[[str], None] = print,
     *,
-    allow_plugins: bool = False,
+    allow_plugins: PluginPermission = False,
 ) -> DifferenceReport:
     """Re-launch each suspect case ``repeat`` times into ``out_dir``; ``judge`` the frame with pooled samples.
 
     ``frame`` is what was compared (strategies mapped); ``run_frame`` the run as it ran (to rebuild
-    each case as launched, a plugin strategy included: re-launched only with ``allow_plugins``, as
-    ``run`` launched it, its module then also searched for in the current directory)."""
+    each case as launched, checked as a scenario's case is, a plugin strategy included: re-launched only
+    where ``allow_plugins`` permits that plugin (all, or these names), as ``run`` launched it, its module
+    then also searched for in the current directory)."""
     from fsdpbench.analysis.regress import gloo_loops_idle
     from fsdpbench.hosttuning.threads import follow_gloo_loop_policy
     from fsdpbench.pipeline.launch import launch_case
-    from fsdpbench.pipeline.scenario import enable_plugin_imports
+    from fsdpbench.pipeline.scenario import case_from_row, enable_plugin_imports, plugin_permitted
     from fsdpbench.store.results import build_rows
 
     cases = suspects(result)
@@ -52,12 +54,14 @@ def remeasure(
     for cid in cases:
         rows = frame.index[frame["case_id"] == cid]
         run_id = frame.at[rows[0], RUN_CASE_ID]
-        case = case_from_columns(run_frame[run_frame["case_id"] == run_id].iloc[0])
+        row = run_frame[run_frame["case_id"] == run_id].iloc[0]
+        case = case_from_row(row, source=str(out_dir.parent / "results.parquet"))
         pooled = list(frame.at[rows[0], SAMPLED])
-        if ":" in case.strategy and not allow_plugins:
+        if not plugin_permitted(case.strategy, allow_plugins):
             log(
                 f"not re-measured {cid}: its strategy {case.strategy} is a plugin (module:Class), whose "
-                "code runs only when allowed: add --allow-plugins (it is judged on the run's samples)"
+                "code runs only when allowed: add --allow-plugins, or name it in --map-strategy "
+                "(it is judged on the run's samples)"
             )
             continue
         if ":" in case.strategy:

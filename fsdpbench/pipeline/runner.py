@@ -15,8 +15,16 @@ from typing import Any
 import pandas as pd
 
 from fsdpbench.core.case import Case
-from fsdpbench.core.rundir import RunDirError, check_component, check_inside
+from fsdpbench.core.rundir import (
+    RunDirError,
+    check_component,
+    check_inside,
+    space_error,
+    torch_caches_in,
+    use_torch_cache,
+)
 from fsdpbench.core.schema import (
+    CASE_ID,
     CASE_MODEL_STEP_TIME,
     COMM_PATTERN,
     ERROR,
@@ -34,8 +42,14 @@ from fsdpbench.engine.rank_result import CaseOutcome
 from fsdpbench.hosttuning.threads import gloo_loop_policy, gloo_loop_setting
 from fsdpbench.pipeline.interrupts import ignore_sigint
 from fsdpbench.pipeline.launch import CaseDirInUse, collect_case, launch_case
-from fsdpbench.pipeline.scenario import Skipped
-from fsdpbench.store.results import RunStore, build_rows, skipped_rows
+from fsdpbench.pipeline.scenario import ScenarioError, Skipped, case_from_row
+from fsdpbench.store.results import (
+    ResultsFileError,
+    RunStore,
+    build_rows,
+    read_results_file,
+    skipped_rows,
+)
 
 TRACED_LOG = "traced.log"  # in the run directory: what the traced predictor's processes wrote
 
@@ -88,7 +102,8 @@ def run_cases(
     ``link`` (a --link value), each finished case gets its modelled step time on that link
     (``model_*`` columns; predictors/step_model.py)."""
     store.create()
-    with store.lock():  # refuses (RunDirError) while another run uses this directory
+    # refuses (RunDirError) while another run uses this directory
+    with store.lock(), torch_caches_in(store.run_dir):
         tracer = TracedPredictor(log_path=store.run_dir / TRACED_LOG) if traced else None
         done = _start_run(store, meta, skipped, resume=resume, traced=traced, link=link)
         try:
@@ -109,20 +124,23 @@ def run_cases(
                 rows = _case_rows(
                     case, outcome, store, meta["env"], link=link, tracer=tracer, launch_twin=not collect
                 )
-                store.merge_timelines(case.case_id)
-                store.write_case(case.case_id, rows)
                 meta["cases"][case.case_id] = case_overhead(outcome)
-                store.write_run_json(meta)
+                if not _store_case(store, case, rows, meta):
+                    continue
                 if on_done:
                     on_done(case, outcome, rows)
-            not_run = [i for i, c in meta["cases"].items() if c.get(STATUS) == NOT_RUN]
-            # a case skipped because a live rank holds its directory is not done: --resume runs it
+            not_run = [i for i, c in meta["cases"].items() if c.get(STATUS) in (NOT_RUN, NOT_STORED)]
+            # a case skipped because a live rank holds its directory, or not stored for want of space, is
+            # not done: --resume runs it
             meta[STATUS] = f"incomplete: {len(not_run)} case(s) not run" if not_run else "complete"
         except KeyboardInterrupt:
             meta[STATUS] = "interrupted"
             raise
         except OSError as exc:  # a full disk, an unwritable directory: stored cases stay, resume works
             meta[STATUS] = f"failed: {exc.strerror or exc}"
+            raise
+        except ResultsFileError as exc:  # a case file planted in cases/ that is not this run's
+            meta[STATUS] = f"failed: {exc}"
             raise
         finally:
             _end_run(store, meta, tracer, failing=sys.exc_info()[0] is not None)
@@ -143,6 +161,8 @@ def _start_run(
     if link:
         meta["step_time_model"] = {"link": link}
     done = store.completed_ids()
+    if resume:
+        _check_stored_cases(store, done)
     if done and not resume:  # a fresh run must not take another run's rows into its results and gate
         raise RunDirError(
             f"{store.run_dir} already holds {len(done)} stored case(s) of another run; continue that run "
@@ -156,6 +176,21 @@ def _start_run(
     return done
 
 
+def _check_stored_cases(store: RunStore, done: set[str]) -> None:
+    """Each case file --resume keeps is this run's: a results table (``read_results_file``) of that one
+    case, its configuration checked as a scenario's case (``case_from_row``); ResultsFileError names the
+    file and the field otherwise (a foreign file failed later, in pyarrow, with the run left running)."""
+    for case_id in sorted(done):
+        path = store.cases_dir / f"{case_id}.parquet"
+        frame = read_results_file(path)
+        if frame.empty or set(frame[CASE_ID]) != {case_id}:
+            raise ResultsFileError(f"{path}: column {CASE_ID}: not the rows of case {case_id}")
+        try:
+            case_from_row(frame.iloc[0], source=str(path))
+        except ScenarioError as exc:
+            raise ResultsFileError(str(exc)) from None
+
+
 def _decide_gloo_loops(meta: dict[str, Any]) -> None:
     """Decide, before the first case, whether the CPU ranks' gloo loop threads go under SCHED_IDLE
     (hosttuning/threads.py: "auto" watches the machine now, while nothing of this run computes); run.json
@@ -167,6 +202,33 @@ def _decide_gloo_loops(meta: dict[str, Any]) -> None:
 
 
 NOT_RUN = "not run"  # run.json's status of a case whose directory a live rank holds
+NOT_STORED = "not stored"  # run.json's status of a case whose rows found no space on the disk
+
+
+def _store_case(store: RunStore, case: Case, rows: pd.DataFrame, meta: dict[str, Any]) -> bool:
+    """Store the case's rows and run.json; whether its rows are stored. A disk with no space left is
+    this case's failure, in one line, not the run's: the sweep goes on (a failed case's removed
+    checkpoint, or the user, may free space), and ``--resume`` runs the case again."""
+    try:
+        store.merge_timelines(case.case_id)
+        store.write_case(case.case_id, rows)
+    except OSError as exc:
+        full = space_error(exc)
+        if full is None:
+            raise
+        stored = case.case_id in store.completed_ids()  # the case's file, if only results.parquet failed
+        if not stored:
+            error = f"no space left on device to store its rows ({full.filename or store.cases_dir})"
+            print(f"warning: {case.case_id} not stored: {error}; --resume runs it again", file=sys.stderr)
+            meta["cases"][case.case_id] = {STATUS: NOT_STORED, ERROR: error}
+    else:
+        stored = True
+    try:
+        store.write_run_json(meta)
+    except OSError as exc:  # written again after the next case and at the end
+        if space_error(exc) is None:
+            raise
+    return stored
 
 
 def _launch_or_collect(
@@ -376,7 +438,10 @@ def _tracer_process_init(log_path: str) -> None:
 
     ignore_sigint()
     die_with_parent()
-    send_output_to(log_path)
+    run_dir = None if log_path == os.devnull else Path(log_path).parent
+    send_output_to(log_path, run_dir)  # in the run directory: a link planted there is not appended through
+    if run_dir is not None:
+        use_torch_cache(run_dir)
 
 
 # each tracing process holds torch and its trace (a 70B model's: ~2 GB resident): not one per core of

@@ -35,7 +35,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from fsdpbench.core.case import MAX_TEXT, Accepts, Case, field_accepts, resolve_activation_checkpointing
-from fsdpbench.core.safe_yaml import YamlInputError, decode_text, load_yaml
+from fsdpbench.core.readback import ReadBackError, read_bounded
+from fsdpbench.core.safe_yaml import MAX_FILE_BYTES, YamlInputError, decode_text, load_yaml
 
 _DEFAULT = Case()
 
@@ -214,12 +215,9 @@ def load_scenario(
     """Read, validate and expand a scenario file; raise ScenarioError naming the field on bad input."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_READ)
-    except OSError as exc:
-        raise ScenarioError(f"{path}: cannot read scenario file: {exc.strerror}") from None
-    try:
-        text = decode_text(data)
+        text = decode_text(read_bounded(path, MAX_FILE_BYTES, what="scenario file"))
+    except ReadBackError as exc:
+        raise ScenarioError(str(exc)) from None
     except YamlInputError as exc:
         raise ScenarioError(f"{path}: {exc}") from None
     return parse_scenario(
@@ -247,6 +245,58 @@ def plugins_allowed(allow_plugins: bool | None = None) -> bool:
     return os.environ.get(ALLOW_PLUGINS_ENV, "") == "1"
 
 
+PluginPermission = bool | frozenset[str]  # every plugin, none, or these module:Class names only
+
+
+def plugin_permitted(strategy: str, permission: PluginPermission) -> bool:
+    """Whether a case of ``strategy`` may be launched: a built-in always; a plugin (``module:Class``)
+    only when every plugin is allowed, or this one by name (one typed on the command line permits that
+    one, never another that a file read back names)."""
+    if ":" not in strategy:
+        return True
+    return permission is True or (isinstance(permission, frozenset) and strategy in permission)
+
+
+def case_from_row(row: Any, *, source: str) -> Case:
+    """The case of a results row read back from a file, checked as a scenario's case is (``CaseFields``:
+    types, bounds, known names) and against the row's own ``case_id`` (an edited field, e.g.
+    ``world_size: 16`` in a 2-rank case's row, gives another id); ScenarioError names the file, the case
+    and the field. Nothing is imported: a plugin strategy is only checked to be ``module:Class``."""
+    from fsdpbench.core.schema import CASE_ID, case_field_values
+
+    cid = row[CASE_ID] if CASE_ID in row else None
+    where = f"{source}: case {_short(cid)}"
+    if not isinstance(cid, str) or not cid:
+        raise ScenarioError(f"{where}: column {CASE_ID}: not a case id")
+    try:
+        values = case_field_values(row)
+    except ValueError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    settable = {
+        k: list(v) if isinstance(v, tuple) else v
+        for k, v in values.items()
+        if k in CASE_FIELDS and v is not None
+    }
+    try:
+        CaseFields.model_validate(settable)
+    except ValidationError as exc:
+        raise ScenarioError(_format_validation(where, exc)) from None
+    for name, value in values.items():
+        if name not in CASE_FIELDS and not (isinstance(value, str) and len(value) <= MAX_TEXT):
+            raise ScenarioError(f"{where}: {name}: {_short(value)} is not a name of at most {MAX_TEXT}")
+    try:
+        case = Case(**values)
+        rebuilt = case.case_id
+    except (TypeError, ValueError) as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+    if rebuilt != cid:
+        raise ScenarioError(
+            f"{where}: its columns make the case {rebuilt}, not {cid}: the file was edited "
+            "(or written by another fsdpbench version)"
+        )
+    return case
+
+
 def parse_scenario(
     text: str,
     *,
@@ -269,8 +319,10 @@ def parse_scenario(
     except ValidationError as exc:
         raise ScenarioError(_format_validation(source, exc)) from None
     _check_sweep(source, spec)
+    # an override of null is the field's default, as null is in a scenario's defaults (model_dump drops it)
+    overrides = {key: value for key, value in (overrides or {}).items() if value is not None}
     cases, skipped = expand(
-        spec, source=source, overrides=overrides or {}, allow_plugins=plugins_allowed(allow_plugins)
+        spec, source=source, overrides=overrides, allow_plugins=plugins_allowed(allow_plugins)
     )
     if not allow_oversubscribe:
         check_oversubscription(cases, source)
@@ -295,9 +347,6 @@ def check_oversubscription(cases: list[Case], source: str) -> None:
                 f"{source}: world_size: {case.world_size} CPU ranks on {cores} cores (limit {limit}, "
                 f"{CPU_RANKS_PER_CORE} per core); pass --allow-oversubscribe to run it anyway"
             )
-
-
-_MAX_READ = 1_000_001  # one byte past the limit, so an oversized file is reported, not truncated
 
 
 def _loc(loc: tuple[Any, ...]) -> str:
@@ -414,15 +463,62 @@ def _combine(base: dict[str, Any], point: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _field_of(fields: dict[str, Any], key: str) -> Any:
+    """The value a rule's ``key`` names in a case's fields (``model_args.n_layers`` inside its group)."""
+    if key.startswith(_ARG_AXES):
+        group, _, arg = key.partition(".")
+        return fields.get(group, {}).get(arg)
+    return fields.get(key)
+
+
+def _frozen(value: Any) -> Any:
+    """A value as a hashable one, equal where the value is (lists → tuples, dicts → their items)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    if isinstance(value, dict):
+        return frozenset((k, _frozen(v)) for k, v in value.items())
+    return value
+
+
+# exclude rules are matched through a set per combination of keys: a point costs one look-up per
+# combination, not one comparison per rule. A rule whose lists multiply past this stays a rule.
+_MAX_RULE_COMBINATIONS = 1_000
+# look-ups and comparisons of an expansion (10,000 points × 100 key combinations): beyond, a file that
+# would take minutes to expand is refused in one line
+MAX_EXCLUDE_CHECKS = 1_000_000
+
+
+class _Exclusion:
+    """A scenario's ``exclude`` rules, indexed: ``matches(fields)`` is whether any rule drops a point
+    (every key of the rule equal to one of its values; a list of values matches any of them)."""
+
+    def __init__(self, rules: list[dict[str, Any]]) -> None:
+        self.sets: dict[tuple[str, ...], set[Any]] = {}
+        self.rules: list[dict[str, Any]] = []  # rules whose value lists multiply too far to index
+        for rule in rules:
+            keys = tuple(sorted(rule))
+            options = [rule[k] if isinstance(rule[k], list) else [rule[k]] for k in keys]
+            if math.prod(len(o) for o in options) > _MAX_RULE_COMBINATIONS:
+                self.rules.append(rule)
+                continue
+            combos = self.sets.setdefault(keys, set())
+            combos.update(_frozen(combo) for combo in itertools.product(*options))
+
+    @property
+    def checks_per_point(self) -> int:
+        return len(self.sets) + len(self.rules)
+
+    def matches(self, fields: dict[str, Any]) -> bool:
+        for keys, combos in self.sets.items():
+            if _frozen(tuple(_field_of(fields, k) for k in keys)) in combos:
+                return True
+        return any(_matches(rule, fields) for rule in self.rules)
+
+
 def _matches(rule: dict[str, Any], fields: dict[str, Any]) -> bool:
     for key, want in rule.items():
-        if key.startswith(_ARG_AXES):
-            group, _, arg = key.partition(".")
-            have = fields.get(group, {}).get(arg)
-        else:
-            have = fields.get(key)
         options = want if isinstance(want, list) else [want]
-        if have not in options:
+        if _field_of(fields, key) not in options:
             return False
     return True
 
@@ -433,6 +529,14 @@ def expand(
     """The sweep's product plus extra cases, checked; impossible ones are Skipped with their reason."""
     base = _combine(spec.defaults.model_dump(exclude_none=True), {})
     axes = _axes(spec)
+    n_points = (math.prod(len(v) for v in axes.values()) if axes else 0) + len(spec.cases)
+    exclusion = _Exclusion(spec.exclude)
+    if n_points * exclusion.checks_per_point > MAX_EXCLUDE_CHECKS:
+        raise ScenarioError(
+            f"{source}: exclude: {len(spec.exclude):,} rules ({exclusion.checks_per_point:,} sets of keys) "
+            f"× {n_points:,} sweep points is more than {MAX_EXCLUDE_CHECKS:,} checks; give fewer rules "
+            "(a list of values in one rule matches any of them)"
+        )
     points = [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())] if axes else []
     points += [c.model_dump(exclude_none=True) for c in spec.cases]
     cases: list[Case] = []
@@ -442,7 +546,7 @@ def expand(
         fields = _combine(_combine(base, point), overrides)
         fields.setdefault("scenario", spec.name)
         fields["scenario"] = spec.name
-        if any(_matches(rule, fields) for rule in spec.exclude):
+        if exclusion.matches(fields):
             continue
         case, reason = build_case(fields, source=source, allow_plugins=allow_plugins)
         if reason:

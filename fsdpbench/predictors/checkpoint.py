@@ -32,7 +32,9 @@ from fsdpbench.predictors.optimizer_state_dict import OPTIMIZER_STATE, PARAM_GRO
 if TYPE_CHECKING:
     from fsdpbench.strategies.base import Strategy
 
-FULL_ARCHIVE = "full"  # engine/checkpoint.FULL_FILE's stem: torch.save names its records after it
+# torch.save names its records after the file's stem, or "archive" when it writes to a stream, as
+# engine/checkpoint does for ``full`` and ``sharded`` (a file it created itself, no link followed)
+SAVED_ARCHIVE = "archive"
 SAVED_DTYPE = "float32"  # parameters and optimizer state are kept (and saved) in fp32 in every precision
 
 
@@ -406,7 +408,7 @@ class _Save:
         if key not in self.local:
             graph = _state_graph(case, params, True, world, rank, sharded, padded_views=True)
             unpadded = _state_graph(case, params, True, world, rank, sharded, padded_views=False)
-            saved = fmt.torch_save_bytes(graph, f"rank{rank}") if case.checkpoint == "sharded" else 0
+            saved = fmt.torch_save_bytes(graph, SAVED_ARCHIVE) if case.checkpoint == "sharded" else 0
             self.local[key] = (
                 fmt.payload_bytes(unpadded),
                 fmt.payload_bytes(unpadded["model"]),
@@ -440,7 +442,7 @@ def _prediction(
 def _full_rank(save: _Save, rank: int) -> CheckpointPrediction:
     """A full state dict, gathered and saved by rank 0."""
     case, sharded, on_gpu = save.case, save.sharded, save.on_gpu
-    nbytes = fmt.torch_save_bytes(save.full_graph, FULL_ARCHIVE) if rank == 0 else 0
+    nbytes = fmt.torch_save_bytes(save.full_graph, SAVED_ARCHIVE) if rank == 0 else 0
     payload = save.full_payload if rank == 0 else 0
     # gathered shards are new memory; a whole tensor already on the host is its own entry
     held = save.full_payload if (sharded or on_gpu) else 0

@@ -113,9 +113,26 @@ def parse_explicit_link(spec: str) -> Link:
             raise LinkError(f"--link {spec!r}: {key}={value!r} is not a number") from None
     if set(fields) != {"alpha_us", "busbw_GBps"}:
         raise LinkError(f"--link {spec!r}: give both alpha_us and busbw_GBps")
-    if fields["alpha_us"] < 0 or fields["busbw_GBps"] <= 0:
-        raise LinkError(f"--link {spec!r}: alpha_us must be >= 0 and busbw_GBps > 0")
+    check_link_numbers(fields["alpha_us"], fields["busbw_GBps"], f"--link {spec!r}")
     return Link("custom", fields["alpha_us"], fields["busbw_GBps"], source="given on the command line")
+
+
+# the numbers a link may have: beyond them, a typo or a forgery (a second per collective; a millibyte
+# per second makes a step of years; a petabyte per second is a thousand NVLink 5 domains)
+ALPHA_US_RANGE = (0.0, 1e6)
+BUSBW_GBPS_RANGE = (1e-3, 1e6)
+
+
+def check_link_numbers(alpha_us: object, busbw_GBps: object, where: str) -> None:
+    """α and busbw finite and within ``ALPHA_US_RANGE``/``BUSBW_GBPS_RANGE``; LinkError naming ``where``
+    (an inf or 5e-324 busbw made every modelled step time inf)."""
+    from fsdpbench.core.readback import ReadBackError, finite_number
+
+    try:
+        finite_number(alpha_us, f"{where}: alpha_us", low=ALPHA_US_RANGE[0], high=ALPHA_US_RANGE[1])
+        finite_number(busbw_GBps, f"{where}: busbw_GBps", low=BUSBW_GBPS_RANGE[0], high=BUSBW_GBPS_RANGE[1])
+    except ReadBackError as exc:
+        raise LinkError(str(exc)) from None
 
 
 def algorithm_factor(kind: str, group_size: int) -> float:

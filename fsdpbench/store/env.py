@@ -12,6 +12,10 @@ from typing import Any
 
 from fsdpbench.core.schema import COMMIT, HOSTNAME, TORCH_VERSION
 
+# git, read-only in the install's checkout: no optional lock taken (``git status`` otherwise refreshes
+# the index, creating .git/index.lock and rewriting .git/index there), and no fsmonitor hook run
+GIT_READ_ONLY = ("git", "--no-optional-locks", "-c", "core.fsmonitor=false")
+
 
 @lru_cache(maxsize=1)
 def project_commit() -> str:
@@ -20,7 +24,11 @@ def project_commit() -> str:
 
     def git(*args: str) -> str:
         return subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5
+            [*GIT_READ_ONLY, "-C", str(root), *args],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            env={**os.environ, "GIT_OPTIONAL_LOCKS": "0"},
         ).stdout.strip()
 
     try:

@@ -17,10 +17,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from fsdpbench.core.case import Case
 from fsdpbench.core.formats import FORMAT_VERSION, RESULTS, RUN_JSON, FormatVersionError
+from fsdpbench.core.readback import ReadBackError, read_bounded, read_json
 from fsdpbench.core.rundir import RunLock, check_component, check_inside, write_atomically
 from fsdpbench.core.schema import (
     ACHIEVED_TFLOPS,
@@ -50,6 +52,7 @@ from fsdpbench.core.schema import (
     RANK,
     SKIPPED,
     STATUS,
+    STATUSES,
     STEP_TIME,
     STEP_TIME_MEAN,
     STEP_TIME_REF_RATIOS,
@@ -247,7 +250,15 @@ class RunStore:
     def consolidate(self) -> pd.DataFrame:
         frame = self.load_cases()
         if not frame.empty:
-            atomic_write_parquet(self.run_dir / "results.parquet", frame)
+            try:
+                atomic_write_parquet(self.run_dir / "results.parquet", frame)
+            except OSError:
+                raise
+            except Exception as exc:  # noqa: BLE001 — pyarrow's ArrowTypeError/ArrowInvalid: columns that disagree
+                raise ResultsFileError(
+                    f"{self.cases_dir}: the case files cannot be stored as one table, a column differs in "
+                    f"type ({type(exc).__name__}: {str(exc)[:200]}); a case file of another run or version?"
+                ) from None
         return frame
 
     def load_cases(self) -> pd.DataFrame:
@@ -267,18 +278,12 @@ class RunStore:
     def read_run_json(self) -> dict[str, Any]:
         """run.json, checked (input from a stranger): an object whose known fields have their types."""
         path = self.run_dir / "run.json"
-        if not path.exists():
+        if not path.exists() and not path.is_symlink():
             return {}
         try:
-            if path.is_symlink() or path.stat().st_size > MAX_RUN_JSON_BYTES:
-                raise ResultsFileError(
-                    f"{path}: a symbolic link or larger than {MAX_RUN_JSON_BYTES >> 20} MiB"
-                )
-            meta = json.loads(path.read_bytes())
-        except RecursionError:
-            raise ResultsFileError(f"{path}: nested too deep to be a run.json") from None
-        except (OSError, ValueError) as exc:
-            raise ResultsFileError(f"{path}: not readable JSON ({exc})") from None
+            meta = read_json(path, MAX_RUN_JSON_BYTES, what="run.json", follow_links=False)
+        except ReadBackError as exc:
+            raise ResultsFileError(str(exc)) from None
         if not isinstance(meta, dict):
             raise ResultsFileError(f"{path}: expected a JSON object, got {type(meta).__name__}")
         try:
@@ -288,6 +293,10 @@ class RunStore:
         for field, kind in _RUN_JSON_FIELDS.items():
             if field in meta and not isinstance(meta[field], kind):
                 raise ResultsFileError(f"{path}: field {field!r} has type {type(meta[field]).__name__}")
+        for field, kind in _RUN_JSON_ENTRIES.items():
+            for key, value in (meta.get(field) or {}).items():
+                if not isinstance(value, kind):
+                    raise ResultsFileError(f"{path}: field {field}.{key} has type {type(value).__name__}")
         return meta
 
 
@@ -303,7 +312,14 @@ _RUN_JSON_FIELDS: dict[str, type | tuple[type, ...]] = {
     "scenario": (str, dict),
     "overrides": dict,
     "predictions": list,
+    "emulation": dict,
+    "step_time_model": dict,
+    "command": str,
+    "started": str,
+    "gloo_loop_policy": str,
 }
+# the mappings of run.json whose every entry is itself of a type (a case's launch record is an object)
+_RUN_JSON_ENTRIES: dict[str, type | tuple[type, ...]] = {"cases": dict}
 
 
 def _readable_parquet(path: Path) -> bool:
@@ -325,19 +341,63 @@ def read_parquet(path: Path) -> pd.DataFrame:
 
 
 def read_results_file(path: Path) -> pd.DataFrame:
-    """One parquet file of a run (results.parquet, cases/<id>.parquet), its format version checked;
-    ResultsFileError if unreadable or of a version this fsdpbench does not read."""
+    """One parquet file of a run (results.parquet, cases/<id>.parquet), bounded in size (by reading),
+    its format version checked, and checked as a results table (``check_results_frame``);
+    ResultsFileError if unusable or of a version this fsdpbench does not read."""
     import pyarrow.parquet as pq
 
     try:
-        with open(path, "rb") as file:
-            RESULTS.check_parquet_metadata(path, pq.read_schema(file).metadata)
-            file.seek(0)
-            return pd.read_parquet(file)
-    except FormatVersionError as exc:
+        data = read_bounded(path, MAX_RESULTS_BYTES, what="results file", follow_links=False)
+        RESULTS.check_parquet_metadata(path, pq.read_schema(io.BytesIO(data)).metadata)
+        frame = pd.read_parquet(io.BytesIO(data))
+    except (ReadBackError, FormatVersionError) as exc:
         raise ResultsFileError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 — ArrowInvalid, OSError, ValueError: all mean unusable
         raise ResultsFileError(f"{path}: not a readable parquet file ({type(exc).__name__}: {exc})") from None
+    check_results_frame(frame, path)
+    return frame
+
+
+MAX_RESULTS_BYTES = 1 << 30  # 10,000 cases × 4096 ranks' rows stay far below it
+
+
+def check_results_frame(frame: pd.DataFrame, source: str | Path) -> None:
+    """A table read back is a results table: its case ids text, its statuses known, its losses and
+    step-time samples lists of numbers; ResultsFileError names the file, the column and the row. (The
+    configuration columns are checked as a scenario's case where a case is rebuilt from them:
+    ``pipeline.scenario.case_from_row``.)"""
+    if frame.empty:
+        return
+    for col in (CASE_ID, STATUS):
+        if col not in frame.columns:
+            raise ResultsFileError(f"{source}: no column {col}: not a fsdpbench results table")
+    bad_id = frame.index[~frame[CASE_ID].map(lambda v: isinstance(v, str) and bool(v))]
+    if len(bad_id):
+        raise ResultsFileError(f"{source}: column {CASE_ID}, row {bad_id[0]}: not a case id")
+    bad_status = frame.index[~frame[STATUS].isin(STATUSES)]
+    if len(bad_status):
+        value = frame.at[bad_status[0], STATUS]
+        raise ResultsFileError(
+            f"{source}: column {STATUS}, row {bad_status[0]}: {value!r}; allowed: {', '.join(STATUSES)}"
+        )
+    for col in (LOSSES, STEP_TIME_REF_RATIOS):
+        if col in frame.columns:
+            for i, cell in frame[col].items():
+                if not _numbers_or_none(cell):
+                    raise ResultsFileError(f"{source}: column {col}, row {i}: not a list of numbers")
+
+
+def _numbers_or_none(cell: Any) -> bool:
+    """None, or a list (an array, as Parquet gives it back) of numbers; NaN in it is a number (a
+    diverged loss is a measurement), and so is None (Parquet gives an all-NaN list back as nulls)."""
+    if cell is None:
+        return True
+    if isinstance(cell, float):
+        return cell != cell  # a missing list comes back as NaN
+    if isinstance(cell, (str, bytes)) or not hasattr(cell, "__len__"):
+        return False
+    numbers = (int, float, np.integer, np.floating)
+    return all(v is None or (isinstance(v, numbers) and not isinstance(v, bool)) for v in cell)
 
 
 def load_results(run_dir: str | Path) -> pd.DataFrame:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fsdpbench.core.numbers import MiB
+from fsdpbench.core.rundir import write_atomically
 from fsdpbench.predictors.memory_model.allocator import (
     AllocatorStats,
     AllocConf,
@@ -179,10 +180,8 @@ class AllocStream:
     def write(self, path: Path) -> Path:
         """Write (gzip-compressed JSON) atomically."""
         path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, separators=(",", ":"))
-        tmp.replace(path)
+        text = json.dumps(self.to_json(), separators=(",", ":"))
+        write_atomically(path, gzip.compress(text.encode("utf-8")))  # never through a planted link
         return path
 
     @classmethod

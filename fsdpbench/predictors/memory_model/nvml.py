@@ -37,18 +37,19 @@ by ``fsdpbench check`` replaces the measured terms with the user's machine's (``
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from fsdpbench.core.formats import CALIBRATION, FORMAT_VERSION
 from fsdpbench.core.numbers import MiB
+from fsdpbench.core.readback import read_json
 
 NCCL_SIMPLE_BUFFSIZE = 4 * MiB  # NCCL_BUFFSIZE's documented default
 NCCL_LL_BUFFSIZE = 8 * 512 * 8 * 16  # 512 KiB
 NCCL_LL128_BUFFSIZE = 120 * 640 * 8 * 8  # 4.6875 MiB
 NCCL_PROTOCOL_BYTES = NCCL_SIMPLE_BUFFSIZE + NCCL_LL_BUFFSIZE + NCCL_LL128_BUFFSIZE
 NCCL_ASSUMED_CHANNELS = 16
+MAX_CALIBRATION_BYTES = 64 * 1024  # six fields
 CUDNN_DTYPES = ("bfloat16", "float16")  # compute dtypes whose SDPA is cuDNN attention on sm90
 
 
@@ -85,11 +86,7 @@ class Calibration:
 
     @classmethod
     def read(cls, path: Path | str) -> Calibration:
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{path}: cannot read a calibration: {exc}") from None
-        return cls.from_json(data, str(path))
+        return cls.from_json(read_json(path, MAX_CALIBRATION_BYTES, what="calibration"), str(path))
 
 
 REFERENCE_H100 = Calibration(
