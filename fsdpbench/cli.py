@@ -19,6 +19,7 @@ COMMANDS = {
     "compare": "Run strategies side by side for one model and world size, without a YAML file.",
     "report": "Write the HTML report of one or more run directories.",
     "regress": "Compare a run against a baseline; exit non-zero on a regression (for CI).",
+    "check": "Measure and predict a fixed grid on this GPU: how far to trust the predictions here.",
 }
 
 

@@ -9,8 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from fsdpbench.core.case import Case
-from fsdpbench.predictors import device_fit
 from fsdpbench.predictors.device_fit import DeviceFit, DeviceModel
+from fsdpbench.predictors.memory_model.nvml import JobLoads, nvml_terms
 
 DEVICE = 80 * 2**30
 CASE = Case(model="decoder-small", world_size=4, strategy="zero3", device="cuda", backend="nccl")
@@ -38,7 +38,8 @@ def stand_in(
     monkeypatch.setattr(DeviceModel, "analytic_largest_batch", analytic_largest_batch)
     monkeypatch.setattr(DeviceModel, "analytic_needed", lambda self, case: analytic(case.batch_size))
     monkeypatch.setattr(DeviceModel, "allocator_needed", lambda self, case: need(case.batch_size))
-    monkeypatch.setattr(DeviceModel, "terms", lambda self, case: device_fit.nvml_terms(4, backend="nccl"))
+    terms = nvml_terms(JobLoads(nccl_communicators=1, nccl_peers=True))
+    monkeypatch.setattr(DeviceModel, "terms", lambda self, case: terms)
     return tried
 
 

@@ -478,3 +478,23 @@ def test_a_trace_that_fails_keeps_the_measurement_and_says_why(capsys):
         tracer.close()
     assert out.equals(rows)
     assert "traced prediction failed for no_such_module.Strategy_n2" in capsys.readouterr().err
+
+
+def test_a_cuda_case_is_traced_in_a_process_that_ends_before_the_next_case(tmp_path):
+    """The tracing process of a CUDA case holds a CUDA context, which NVML counts in every later case's
+    device memory: it is gone once the case is traced (on a CPU-only build the trace applies CUDA's
+    rules, in the same kind of process)."""
+    import pandas as pd
+
+    from fsdpbench.core.schema import RANK, TRACED_ALLOC_ALLOCATED
+    from fsdpbench.pipeline.runner import TracedPredictor
+
+    case = Case(model="decoder-tiny", strategy="zero3", world_size=2, batch_size=2, seq_len=64)
+    case = case.replace(device="cuda", backend="nccl")
+    tracer = TracedPredictor(log_path=tmp_path / "traced.log")
+    try:
+        rows = tracer.add_columns(case, pd.DataFrame({RANK: [0]}))
+        assert rows[TRACED_ALLOC_ALLOCATED].iloc[0] > 0
+        assert True not in tracer._pools
+    finally:
+        tracer.close()

@@ -91,7 +91,12 @@ def test_model_prediction_with_device_memory(capsys):
         alloc["nvml_peak_bytes"]
         == alloc["reserved_peak_bytes"] + alloc["context_bytes"] + alloc["nccl_bytes"]
     )
-    assert alloc["nccl_bytes"] == 16 * (4 * 2**20 + 512 * 2**10 + 120 * 640 * 64)  # one ring, 16 channels
+    # one ring, 16 channels
+    assert alloc["nvml_terms_bytes"]["nccl_buffers"] == 16 * (4 * 2**20 + 512 * 2**10 + 120 * 640 * 64)
+    assert (
+        alloc["nccl_bytes"]
+        == alloc["nvml_terms_bytes"]["nccl_buffers"] + alloc["nvml_terms_bytes"]["nccl_library"]
+    )
     assert alloc["margin_bytes"] == 80 * 2**30 - alloc["nvml_peak_bytes"]
 
 
@@ -158,13 +163,16 @@ def test_device_memory_on_cuda_prints_each_layer_and_answers_from_the_allocator(
         "tracked peak (live tensors, traced tracker)",
         "allocated peak (max_memory_allocated)",
         "reserved peak (max_memory_reserved, no limit)",
-        "+ CUDA context & libraries",
-        "+ NCCL buffers",
+        "+ cuda_context",
+        "+ cudnn",
+        "+ nccl_library",
+        "+ nccl_buffers",
         "NVML used, no limit",
     ):
         figure = lines[label].split("  (")[0]  # each its own line, in binary units as asked
         assert label in lines and figure.endswith((" GiB", " MiB", " KiB"))
     assert "2 channels (given)" in out
+    assert "+ profiler" not in lines  # a plain training job's terms
     assert "fits in 3.0 GiB: the allocator model's reserved peak + context + NCCL" in out
     assert "+ CUDA context / NCCL allowance" in out  # the analytic table keeps its flat allowance row
 

@@ -189,6 +189,8 @@ def test_a_plugin_declares_its_tracker_checkpoint_and_knobs_and_the_engine_follo
         type("Bad", (Strategy,), {"memory_tracker": "fsdp3"})
     with pytest.raises(ValueError, match="reads_knobs"):
         type("Bad", (Strategy,), {"reads_knobs": ("wrap",)})
+    with pytest.raises(TypeError, match="checked_on_gpu"):
+        type("Bad", (Strategy,), {"checked_on_gpu": "yes"})
 
 
 @pytest.mark.parametrize(

@@ -155,7 +155,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--context-bytes",
-        help="NVML's CUDA context & libraries term (default: measured on the reference H100, 1.9 GB)",
+        help="NVML's CUDA context term (default: measured on the reference H100, or --calibration's)",
+    )
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="NVML's measured terms (context, cuDNN, NCCL library) of your GPU, as `fsdpbench check` "
+        "writes them (calibration.json); default: the reference H100's",
     )
     parser.add_argument(
         "--nccl-channels", type=int, help="NCCL channels per communicator (default: 16, an assumption)"
@@ -196,6 +202,7 @@ def main(args: argparse.Namespace) -> int:
         device_memory = parse_bytes(args.device_memory) if args.device_memory else None
         args.units = args.units or _units_asked(args.device_memory)
         args.context_bytes = parse_bytes(args.context_bytes) if args.context_bytes else None
+        args.calibration_terms = _calibration(args.calibration)
         host_memory = parse_bytes(args.host_memory) if args.host_memory else None
         context = parse_bytes(args.context_allowance)
         args.step_link = _model_link(args.link)
@@ -505,6 +512,7 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
         context_bytes=args.context_bytes,
         nccl_channels=args.nccl_channels,
         on_trace=progress,
+        calibration=args.calibration_terms,
     )
     memory = model.memory(case)
     fit = model.fit(case, device_memory)
@@ -520,6 +528,15 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
         recipe=recipe_note(case),
     )
     return answer, model.estimate(case)
+
+
+def _calibration(path: str | None) -> Any:
+    """--calibration's file, checked (a ValueError names the file and the field)."""
+    if not path:
+        return None
+    from fsdpbench.predictors.memory_model.nvml import Calibration
+
+    return Calibration.read(path)
 
 
 def _require_model(method: str, facts: Any) -> None:

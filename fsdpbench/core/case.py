@@ -402,6 +402,14 @@ class Case:
         "(and gloo's loop threads under SCHED_IDLE); docs/step-time-model.md",
         accepts=Accepts(choices=tuple(HOST_TUNINGS)),
     )
+    # the allocator's limit as torch.cuda.set_per_process_memory_fraction sets it (fsdpbench check's fits
+    # boundary); the allocator model replays under the same limit
+    memory_fraction: float = case_field(
+        0.0,
+        section=Section.HOST,
+        doc="share of the GPU's memory the caching allocator may reserve (0: no limit)",
+        accepts=Accepts(ge=0, le=1),
+    )
 
     @property
     def global_batch_size(self) -> int:

@@ -79,3 +79,11 @@ BASELINE = FileFormat(
     remedy="write one with: fsdpbench regress RUN_DIR --write-baseline PATH",
 )
 RESULTS = FileFormat(name="results", version=1, oldest=0, remedy="run the scenario again")
+# fsdpbench check's files: a machine's measured NVML terms (predict --calibration) and its fits
+# boundaries (check --from); none was written before files carried a version
+CALIBRATION = FileFormat(
+    name="calibration", version=1, oldest=1, remedy="measure one with: fsdpbench check --out DIR"
+)
+BOUNDARIES = FileFormat(
+    name="boundaries", version=1, oldest=1, remedy="measure them again with: fsdpbench check --out DIR"
+)

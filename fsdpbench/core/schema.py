@@ -852,13 +852,21 @@ TRACED_ALLOC_FRAGMENTATION = column(
     "traced_alloc_fragmentation", RATIO, Agg.MAX, _ALLOC_MODEL, "reserved but free at the allocated peak"
 )
 TRACED_NVML = column(
-    "traced_nvml_peak_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "predicted NVML: reserved + context + NCCL"
+    "traced_nvml_peak_bytes",
+    BYTES,
+    Agg.MAX,
+    _ALLOC_MODEL,
+    "predicted NVML: reserved + the terms of what the rank loads",
 )
 TRACED_NVML_CONTEXT = column(
-    "traced_nvml_context_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "the CUDA context and libraries term used"
+    "traced_nvml_context_bytes",
+    BYTES,
+    Agg.MAX,
+    _ALLOC_MODEL,
+    "the NVML terms used besides NCCL's (context, cuDNN, ...)",
 )
 TRACED_NVML_NCCL = column(
-    "traced_nvml_nccl_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "the NCCL buffers term used"
+    "traced_nvml_nccl_bytes", BYTES, Agg.MAX, _ALLOC_MODEL, "the NCCL terms used (library, buffers)"
 )
 ALLOCATOR_ERROR_COLUMNS = {
     column("traced_alloc_peak_allocated_err", RATIO, Agg.MAX, _ALLOC_MODEL, "error vs the allocator"): (

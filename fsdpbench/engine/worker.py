@@ -287,6 +287,8 @@ def setup(
     """Process group, samplers, model, strategy, optimizer."""
     hooks.before_setup()
     device = resolve_device(case, local_rank)
+    if case.memory_fraction and device.type == "cuda":  # before the first allocation
+        torch.cuda.set_per_process_memory_fraction(case.memory_fraction, device)
     if case.checkpoint != "none":
         # before any training allocation: a fixed mmap threshold, so that training leaves no heap of large
         # free chunks for the checkpoint phase's transients to land on unseen (docs/checkpointing.md)

@@ -185,6 +185,17 @@ def read_nvml_raw(handle: Any) -> dict[str, Any]:
     return raw
 
 
+def device_total_bytes(local_rank: int) -> int:
+    """The total memory of the GPU of ``local_rank``, from NVML (no CUDA context is created)."""
+    pynvml, reason = _open_nvml()
+    if pynvml is None:
+        raise ValueError(reason)
+    try:
+        return int(pynvml.nvmlDeviceGetMemoryInfo(_resolve(pynvml, local_rank)[1]).total)
+    finally:
+        _shutdown(pynvml)
+
+
 def nvml_sampler(local_rank: int, interval_s: float = 0.01) -> tuple[BackgroundSampler | None, str]:
     """A (not started) sampler of NVML used bytes of this rank's GPU, source "nvml"; or (None, reason)."""
     pynvml, reason = _open_nvml()

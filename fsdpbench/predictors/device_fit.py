@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, CudaRuntime
 from fsdpbench.predictors.memory_model.allocator import AllocConf, OutOfMemory
-from fsdpbench.predictors.memory_model.nvml import NvmlTerms, nvml_terms
+from fsdpbench.predictors.memory_model.nvml import Calibration, NvmlTerms, job_loads, nvml_terms
 
 if TYPE_CHECKING:
     from fsdpbench.predictors.traced import TracedEstimate
@@ -57,6 +57,7 @@ class DeviceMemory:
             "context_source": self.terms.context_source,
             "nccl_bytes": self.terms.nccl_bytes,
             "nccl_source": self.terms.nccl_source,
+            "nvml_terms_bytes": self.terms.by_name(),
             "alloc_conf": self.conf.describe(),
             "reserved_by_stream": dict(self.reserved_by_stream),
             "peak_where": self.peak_where,
@@ -131,9 +132,8 @@ class AllocatorAnswer:
                 m.reserved_peak,
                 f"fragmentation at the allocated peak {m.fragmentation:.0%}",
             ),
-            ("+ CUDA context & libraries", t.context_bytes, t.context_source),
-            ("+ NCCL buffers", t.nccl_bytes, t.nccl_source),
-            ("NVML used, no limit", m.nvml_peak, "reserved + context + NCCL"),
+            *((f"+ {term.name}", term.nbytes, term.source.strip("()")) for term in t.terms),
+            ("NVML used, no limit", m.nvml_peak, "reserved + the terms above"),
         ]
         label_width = max(len(label) for label, _, _ in rows)
         out = _wrapped(
@@ -184,6 +184,8 @@ class DeviceModel:
         context_bytes: int | None = None,
         nccl_channels: int | None = None,
         on_trace: Callable[[Case], None] | None = None,
+        calibration: Calibration | None = None,
+        fsdpbench_run: bool = False,
     ) -> None:
         self.conf = conf or AllocConf()  # a case's own alloc_conf: DeviceModel.for_case
         self.rank = rank
@@ -193,6 +195,8 @@ class DeviceModel:
         self.on_trace = on_trace  # told before each trace (a progress line)
         self.traced: list[Case] = []
         self._estimates: dict[str, TracedEstimate] = {}
+        self.calibration = calibration  # None: the reference H100's measured terms
+        self.fsdpbench_run = fsdpbench_run  # NVML of one of fsdpbench's ranks (profiler, samplers)
 
     @classmethod
     def for_case(cls, case: Case, **kwargs) -> DeviceModel:  # noqa: ANN003 — DeviceModel's keywords
@@ -202,14 +206,9 @@ class DeviceModel:
         return cls(parse_alloc_conf(case.alloc_conf), **kwargs)
 
     def terms(self, case: Case) -> NvmlTerms:
-        from fsdpbench.predictors.memory_model import resolve_shard_size
-        from fsdpbench.strategies import get_strategy
-
-        shard = resolve_shard_size(case, get_strategy(case.strategy).sharding)
         return nvml_terms(
-            case.world_size,
-            shard_group=shard,
-            backend=case.backend,
+            job_loads(case, fsdpbench_run=self.fsdpbench_run),
+            calibration=self.calibration,
             context_bytes=self.context_bytes,
             nccl_channels=self.nccl_channels,
         )

@@ -41,7 +41,8 @@ def trace_ranks(case_dict: dict[str, Any], ranks: list[int]) -> dict[int, dict[s
         if cuda and est.alloc_stream is not None:
             from fsdpbench.predictors.device_fit import DeviceModel
 
-            memory = DeviceModel.for_case(case, rank=rank).replayed(case, est.alloc_stream, est.peak_bytes)
+            model = DeviceModel.for_case(case, rank=rank, fsdpbench_run=True)
+            memory = model.replayed(case, est.alloc_stream, est.peak_bytes)
             out[rank]["device_memory"] = memory.to_dict()
             out[rank]["alloc_stream"] = est.alloc_stream.to_json()
     return out

@@ -9,6 +9,11 @@ is the one FSDP2 makes current around it: FSDP2 enters ``device_handle.stream(s)
 copy-in (``foreach_all_gather``) and reduce-scatter (``foreach_reduce``) work, and the recorder follows
 that context manager, naming FSDP2's streams from its ``FSDPCommContext``. It also marks the first matmul
 of forward and of backward (cuBLAS's workspaces) and the optimizer step (the lazily created state).
+
+What exists before the step is what the tracker knows when the step begins, whenever it learnt it:
+``FSDPMemTracker`` registers the model on entering, ``MemTracker.track_external`` (DDP, ZeRO-1) before.
+DistributedDataParallel's reducer also holds its gradient buckets, which no tracker sees (the C++
+reducer makes them when DDP is built): ``ddp_bucket_mallocs``.
 """
 
 from __future__ import annotations
@@ -98,6 +103,8 @@ class StreamRecorder:
         target keeps in host memory although the trace made them on its device (a CPU trace of a CUDA
         target: the optimizer's step counters)."""
         self.entered = True
+        self._register_known_storages()
+        self.resident.extend(ddp_bucket_mallocs(self.model, self.device_type))
         host = set()
         for t in host_tensors:
             winfo, _ = self.tracker._WINFO.get(t.untyped_storage(), (None, None))
@@ -105,6 +112,15 @@ class StreamRecorder:
                 host.add(self.keys.get(id(winfo)))
         self.resident = [m for m in self.resident if m.key not in host]
         self.lazy = [m for m in self.lazy if m.key not in host]
+
+    def _register_known_storages(self) -> None:
+        """Storages the tracker registered before the recorder attached (``MemTracker.track_external``):
+        resident, or lazy for the optimizer state, in the order the tracker registered them."""
+        entered, self.entered = self.entered, False
+        for winfo, _ in list(self.tracker._WINFO.values()):
+            if id(winfo) not in self.keys and winfo.mem_consumed > 0:
+                self._alloc(winfo, int(winfo.mem_consumed))
+        self.entered = entered
 
     def _name_fsdp_streams(self) -> None:
         for module in self.model.modules():
@@ -192,6 +208,37 @@ class StreamRecorder:
                 alive.pop(e.key, None)
         step = [*self.step, *(Free(k) for k in alive)]
         return AllocStream(tuple(self.resident), tuple(step), tuple(self.lazy), source="traced", notes=notes)
+
+
+def ddp_bucket_mallocs(model: Any, device_type: str) -> list[Malloc]:
+    """DistributedDataParallel's gradient buckets as its reducer holds them from the second step on.
+
+    torch/nn/parallel/distributed.py builds the reducer with one bucket of every parameter (bucket limit
+    ``sys.maxsize`` unless ``find_unused_parameters`` or ``static_graph``); the second step's forward
+    calls ``Reducer::rebuild_buckets``, which frees it and assigns the parameters, in the order their
+    gradients became ready (the reverse of registration for a model run front to back), to buckets of
+    at most ``first_bucket_bytes_cap`` (1 MiB) then ``bucket_bytes_cap`` (``bucket_cap_mb``, 25 MiB),
+    each one ``at::empty`` of its parameters' dtype (reducer.cpp, ``initialize_buckets``). With
+    ``gradient_as_bucket_view=False`` (DDP's default, what fsdpbench runs) gradients are separate tensors
+    copied in and out, so the buckets come on top of them; with it the gradients are the buckets' views
+    (not modelled: fsdpbench does not set it)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel) or model.gradient_as_bucket_view:
+        return []
+    import torch.distributed as dist
+
+    params = [p for p in model.module.parameters() if p.requires_grad and p.device.type == device_type]
+    if not params:
+        return []
+    ready_order = params[::-1]
+    limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(model.bucket_bytes_cap)]
+    buckets, _ = dist._compute_bucket_assignment_by_size(ready_order, limits)
+    out = []
+    for n, indices in enumerate(buckets):
+        nbytes = sum(ready_order[i].numel() * ready_order[i].element_size() for i in indices)
+        out.append(Malloc(f"ddp bucket {n}", nbytes, DEFAULT_STREAM, "ddp_bucket", "DDP()"))
+    return out
 
 
 def _category(reftype: Any) -> str:

@@ -272,6 +272,8 @@ class Strategy:
     optimizer_impls: ClassVar[tuple[str, ...]] = OPTIMIZER_IMPLS
     # gradient clipping (Case.max_norm) by torch.nn.utils over the model's gradients gives the global norm
     clips_with_torch: ClassVar[bool] = True
+    # ``fsdpbench check`` measures it beside its predictions on a GPU (one strategy of each family)
+    checked_on_gpu: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -283,6 +285,8 @@ class Strategy:
             raise ValueError(f"{cls.__qualname__}.reads_knobs: {sorted(unknown)} not in {STRATEGY_KNOBS}")
         if not isinstance(cls.checkpointing, Checkpointing):
             raise TypeError(f"{cls.__qualname__}.checkpointing must be a Checkpointing")
+        if not isinstance(cls.checked_on_gpu, bool):
+            raise TypeError(f"{cls.__qualname__}.checked_on_gpu must be a bool")
 
     def check(self, case: Case) -> str | None:
         """Why this case cannot run (a sentence), or None."""

@@ -43,6 +43,7 @@ class DDP(Strategy):
     name = "ddp"
     sharding = REPLICATED
     color = "#4C78A8"
+    checked_on_gpu = True
     # full: rank 0 torch.saves the plain state dict; no "sharded": every rank holds the whole model
     checkpoint_methods: ClassVar[tuple[str, ...]] = ("full", "dcp", "dcp_async")
 

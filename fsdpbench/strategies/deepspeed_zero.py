@@ -276,12 +276,14 @@ class DSZero2(_DeepSpeedZero):
     """DeepSpeed ZeRO stage 2: gradients and optimizer state sharded, params replicated."""
 
     stage = 2
+    checked_on_gpu = True
 
 
 class DSZero3(_DeepSpeedZero):
     """DeepSpeed ZeRO stage 3: params, gradients and optimizer state sharded."""
 
     stage = 3
+    checked_on_gpu = True
 
 
 def largest_layer_params(case: Case) -> int:

@@ -183,6 +183,7 @@ class FSDP1Full(_FSDP1):
     """FSDP1 FULL_SHARD: params, grads, optimizer state sharded (16Ψ/N), resharded after forward."""
 
     sharding_strategy_name = "FULL_SHARD"
+    checked_on_gpu = True  # FSDP1's family: its other strategies share its engine
 
 
 class FSDP1GradOp(_FSDP1):

@@ -96,6 +96,7 @@ class _FSDP2(Strategy):
     supports_cpu_offload = True
     memory_tracker = "fsdp2"
     shards_on_meta = True
+    checked_on_gpu = True
     # full: DTensors gathered to rank 0's host; sharded: each rank's local shards; dcp: DCP's writer
     checkpoint_methods = ("full", "sharded", "dcp", "dcp_async")
     checkpointing = DISTRIBUTED_STATE_DICT

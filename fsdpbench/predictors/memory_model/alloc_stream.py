@@ -234,11 +234,12 @@ def from_schedule(events: Iterable, resident_categories: Iterable[str], optim_ca
                 step.append(Mark(MATMUL_FORWARD if phase == "forward" else MATMUL_BACKWARD))
             if ev.label == "optimizer step":
                 step.append(Mark(OPTIMIZER_STEP))
-            for category, nbytes in ev.transient:
+            # a moment's transients are alive together, then gone
+            keys = [f"{ev.label} · {category} #{n}" for category, _ in ev.transient]
+            for key, (category, nbytes) in zip(keys, ev.transient, strict=True):
                 if nbytes > 0:
-                    key = f"{ev.label} · {category} #{n}"
                     step.append(Malloc(key, nbytes, DEFAULT_STREAM, category, ev.label))
-                    step.append(Free(key))
+            step.extend(Free(key) for key, (_, nbytes) in zip(keys, ev.transient, strict=True) if nbytes > 0)
     # the schedule keeps everything alive to the end of the step; a step of a run frees what it made
     alive = _alive_after(step)
     step.extend(Free(k) for k in alive)
