@@ -363,7 +363,7 @@ def changed_rows(result: DifferenceReport) -> list[MetricDifference]:
     return [
         r
         for r in result.differences
-        if r.verdict != "ok" or r.fails or (r.change is not None and r.change == r.change and r.change != 0)
+        if r.verdict != OK or r.fails or (r.change is not None and r.change == r.change and r.change != 0)
     ]
 
 
