@@ -655,17 +655,8 @@ def compare(
         notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
     tunings = tuning_differences(baseline, cases)
     notes += tuning_notes(tunings)
-    old_samples = _earlier_samples(baseline)
-    if old_samples:
-        notes.append(old_samples)
-    loaded = _overloaded(cases, baseline["cases"])
-    if loaded:
-        notes.append(
-            f"step time not judged in {len(loaded)} case(s): other processes kept more than "
-            f"{MAX_OTHER_LOAD:.0%} of the machine's cores busy while their samples were taken, beyond the "
-            "load the gate's error rates were measured under (docs/ci.md); their memory, communication "
-            "and losses are gated"
-        )
+    unjudged, samples_notes = samples_not_judged(baseline, cases)
+    notes += samples_notes
     rows: list[MetricDifference] = []
     for cid, entry in sorted(baseline["cases"].items()):
         layers = [
@@ -684,9 +675,7 @@ def compare(
             strict=strict,
             machine_differs=bool(differs),
             tuning_differs=_tuning_reason(tunings.get(cid)),
-            samples_not_judged=(NOT_COMPARABLE, EARLIER_SAMPLES)
-            if old_samples
-            else ((NOT_COMPARED, loaded[cid]) if cid in loaded else None),
+            samples_not_judged=unjudged.get(cid),
         )
     for cid in sorted(set(cases) - set(baseline["cases"])):
         rows.append(
@@ -751,6 +740,28 @@ def _earlier_samples(baseline: Mapping[str, Any]) -> str:
         "are of work CPU time (docs/ci.md): step time is not gated; re-write the baseline "
         "(fsdpbench regress RUN_DIR --write-baseline PATH)"
     )
+
+
+def samples_not_judged(
+    baseline: Mapping[str, Any], cases: Mapping[str, dict[str, Any]]
+) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """The baseline cases whose step-time samples are not judged, each with (verdict, why), and the notes
+    that say so for the whole comparison: every case where the baseline's samples are of an earlier
+    method (not comparable), else the cases measured beyond the rated load of other processes (not
+    compared)."""
+    earlier = _earlier_samples(baseline)
+    if earlier:
+        return dict.fromkeys(baseline["cases"], (NOT_COMPARABLE, EARLIER_SAMPLES)), [earlier]
+    loaded = _overloaded(cases, baseline["cases"])
+    if not loaded:
+        return {}, []
+    note = (
+        f"step time not judged in {len(loaded)} case(s): other processes kept more than "
+        f"{MAX_OTHER_LOAD:.0%} of the machine's cores busy while their samples were taken, beyond the load "
+        "the gate's error rates were measured under (docs/ci.md); their memory, communication and losses "
+        "are gated"
+    )
+    return {cid: (NOT_COMPARED, why) for cid, why in loaded.items()}, [note]
 
 
 def _overloaded(cases: Mapping[str, dict[str, Any]], baseline_cases: Mapping[str, Any]) -> dict[str, str]:
@@ -893,13 +904,9 @@ def _compare_case(
         th = dataclasses.replace(th, gate=gate) if gate else th
         if th.gate == "off":
             continue
-        if tuning_differs and METRICS[metric].kind == "time":
-            value = metrics_now.get(metric)
-            row = (_typical(base), _typical(value), None, th, NOT_COMPARABLE, False, tuning_differs)
-            out.append(_row(cid, metric, *row, run_case_id=now[RUN_CASE_ID]))
-            continue
-        if metric == SAMPLED and samples_not_judged:
-            verdict, why = samples_not_judged
+        unjudged = _unjudged(metric, tuning_differs, samples_not_judged)
+        if unjudged:
+            verdict, why = unjudged
             row = (_typical(base), _typical(metrics_now.get(metric)), None, th, verdict, False, why)
             out.append(_row(cid, metric, *row, run_case_id=now[RUN_CASE_ID]))
             continue
@@ -918,6 +925,18 @@ def _compare_case(
             stats = None
         out.append(_row(cid, metric, *row, run_case_id=now[RUN_CASE_ID], stats=stats))
     return out
+
+
+def _unjudged(
+    metric: str, tuning_differs: str | None, samples_not_judged: tuple[str, str] | None
+) -> tuple[str, str] | None:
+    """(verdict, why) of a metric that is not judged: a time metric under another host tuning, the
+    samples when ``samples_not_judged`` says so; None for a metric that is judged."""
+    if tuning_differs and METRICS[metric].kind == "time":
+        return NOT_COMPARABLE, tuning_differs
+    if metric == SAMPLED and samples_not_judged:
+        return samples_not_judged
+    return None
 
 
 def _typical(value: Any) -> Any:

@@ -1,12 +1,12 @@
 """The CI gate's error rates, measured: how often it fails unchanged code, how often it catches a slowdown.
 
-    FSDPBENCH_BENCH_GATE=1 python -m pytest tests/benchmarks/test_gate_trials.py -q -s -p no:xdist \\
+    FSDPBENCH_BENCH_GATE=1 python -m pytest tests/benchmarks/test_gate_trials.py -q -s -n 0 \\
         [FSDPBENCH_BENCH_GATE_TRIALS=20] [FSDPBENCH_BENCH_GATE_DOCS=docs/ci.md] \\
         [FSDPBENCH_BENCH_GATE_RECORD=trials.json] [FSDPBENCH_BENCH_GATE_CONDITIONS=a,b,c,d10,d20,d10b,d20b]
 
 A trial is what CI does, as ``.ci/run`` does it, on ``tests/benchmarks/gate_trial.yaml`` (ZeRO-3 at 2
 ranks on decoder-tiny with the gate's 10 reference-interleaved blocks: a few seconds): ``fsdpbench run
-… --set host_tuning=pin --link none``, then ``fsdpbench regress … --baseline B --strict --repeat 2``,
+… --no-report --link none``, then ``fsdpbench regress … --baseline B --strict --repeat 2``,
 against a baseline written once, at the start, from ``FSDPBENCH_BENCH_GATE_BASELINE_RUNS`` (default 3)
 runs on the idle machine (``--write-baseline … --pool …``, as ``baselines/ci.json`` is written). The
 conditions (``gate_trials.CONDITIONS``), their trials interleaved so that a drift of the machine hits
@@ -128,7 +128,7 @@ class Load:
 
 
 def run_args(extra: float) -> list[str]:
-    args = ["--no-report", "--link", "none", "--set", "host_tuning=pin"]
+    args = ["--no-report", "--link", "none"]
     if extra:
         args += ["--set", f"strategy={PLUGINS[extra]}", "--allow-plugins"]
     return args
@@ -202,7 +202,7 @@ def machine_header(trials: int, conditions: list) -> str:
     return (
         f"`FSDPBENCH_BENCH_GATE=1 FSDPBENCH_BENCH_GATE_TRIALS={trials} "
         f"FSDPBENCH_BENCH_GATE_CONDITIONS={names} "
-        "python -m pytest tests/benchmarks/test_gate_trials.py -q -s -p no:xdist` — "
+        "python -m pytest tests/benchmarks/test_gate_trials.py -q -s -n 0` — "
         f"commit {commit}{'+dirty' if dirty else ''}, torch {torch.__version__}, "
         f"{os.cpu_count()}-core CPU, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC"
     )
