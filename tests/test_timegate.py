@@ -232,7 +232,7 @@ def test_repeat_judges_the_launches_before_failing(tmp_path, monkeypatch, capsys
         fsdpbench.pipeline.launch, "launch_case", lambda c, d: fake_launch(c, d) and Outcome()
     )
     monkeypatch.setattr(fsdpbench.store.results, "build_rows", fake_rows)
-    assert cli(bad_minute, "--baseline", base) == 1  # no repeat: fails
+    assert cli(bad_minute, "--baseline", base, "--repeat", "0") == 1  # no repeat: fails
     capsys.readouterr()
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 0
     assert launched == [(pinned.case_id, "repeat1"), (pinned.case_id, "repeat2")]

@@ -429,12 +429,22 @@ LOSS_SKIPPED_REASON = column(
 )
 PAIRED = family(
     "paired_{}",
-    ("step_ms", "ref_ms", "step_cpu_ms", "ref_cpu_ms", "block_busy_share", "block_own_share"),
+    (
+        "step_ms",
+        "ref_ms",
+        "step_cpu_ms",
+        "ref_cpu_ms",
+        "step_spin_ms",
+        "ref_spin_ms",
+        "block_busy_share",
+        "block_own_share",
+    ),
     unit=LIST,
     agg=Agg.PER_RANK,
     source="engine/reference.py",
     doc="with time_blocks: wall and work CPU time (gloo's loop threads left out) of each step and of the "
-    "reference step after it; per block, the machine's busy share of its cores and this rank's",
+    "reference step after it, and the loop threads' CPU time left out (spin); per block, the machine's "
+    "busy share of its cores and this rank's",
 )
 STEP_TIME_REF_RATIOS = column(
     "step_time_ref_ratios",

@@ -86,8 +86,9 @@ def interleaved_steps(
     synchronize: Callable[[], None],
     steps_per_block: int = 1,
 ) -> dict[str, list[float]]:
-    """``n`` training steps, each followed by a reference step: this rank's wall and work CPU time of each
-    (ms); per block of ``steps_per_block`` pairs, the machine's busy share of its cores and this rank's.
+    """``n`` training steps, each followed by a reference step: this rank's wall and work CPU time of each,
+    and the CPU time of the gloo loop threads it leaves out (ms); per block of ``steps_per_block`` pairs,
+    the machine's busy share of its cores and this rank's.
 
     Work CPU time is this process's, all threads but gloo's loop threads (``WorkClock``): the work
     done, which a busy machine does not stretch the way it stretches wall time (a preempted rank, a
@@ -97,6 +98,8 @@ def interleaved_steps(
         "ref_ms": [],
         "step_cpu_ms": [],
         "ref_cpu_ms": [],
+        "step_spin_ms": [],
+        "ref_spin_ms": [],
         "block_busy_share": [],
         "block_own_share": [],
     }
@@ -107,11 +110,12 @@ def interleaved_steps(
             block_start = load.read()
         for name, work in (("step", train_step), ("ref", reference.step)):
             synchronize()
-            t0, c0 = time.perf_counter(), clock()
+            t0, s0, c0 = time.perf_counter(), clock.spin(), clock()
             work()
             synchronize()
             out[f"{name}_ms"].append((time.perf_counter() - t0) * 1e3)
             out[f"{name}_cpu_ms"].append((clock() - c0) * 1e3)
+            out[f"{name}_spin_ms"].append((clock.spin() - s0) * 1e3)
         if i % k == k - 1 or i == n - 1:
             busy, own = load.shares(block_start, load.read())
             if busy is not None:  # unknown off Linux: then no block has it

@@ -61,13 +61,17 @@ class WorkClock:
         self.loops = threads_named(GLOO_LOOP_THREAD)
 
     def __call__(self) -> float:
+        return time.process_time() - self.spin()
+
+    def spin(self) -> float:
+        """CPU time of the loop threads left out, in s."""
         spin = 0.0
         for tid in self.loops:
             try:
                 spin += thread_cpu_s(tid)
             except OSError:  # the loop ended (its group was destroyed): its CPU left the process's too
                 continue
-        return time.process_time() - spin
+        return spin
 
 
 @dataclass(frozen=True, slots=True)

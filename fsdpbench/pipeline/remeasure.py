@@ -1,7 +1,8 @@
 """``regress --repeat K``: re-measure the cases whose step time looks regressed, then judge them again.
 
 As asv does before it reports a regression: a shared runner has bad minutes, and one measurement of
-a case can land in one. Each suspect case is launched ``K`` more times (fresh processes, as in the
+a case can land in one. Each suspect case (slower than its tolerance, significant or not) is launched
+``K`` more times (fresh processes, as in the
 run); its step-time samples from every launch join the run's, each launch's kept apart, and the
 comparison is made again on the launches (``analysis.timegate``: the launch is the unit of the test).
 A real slowdown stays slow in every launch; a bad minute is one launch of several. The other
@@ -21,8 +22,20 @@ from fsdpbench.pipeline.scenario import PluginPermission
 
 
 def suspects(result: DifferenceReport) -> list[tuple[str, str]]:
-    """(baseline case id, the run's own id of that case) of each case whose sampled step time failed."""
-    return sorted({(d.case_id, d.run_case_id) for d in result.failures if d.metric == SAMPLED})
+    """(baseline case id, the run's own id of that case) of each case whose sampled step time looks slower
+    by more than its tolerance, significant or not: with few launches a real slowdown is not significant
+    yet, and its re-launches are what makes it so (or clears it)."""
+    return sorted(
+        {
+            (d.case_id, d.run_case_id)
+            for d in result.differences
+            if d.metric == SAMPLED
+            and d.gate == "fail"
+            and d.change is not None
+            and d.tolerance is not None
+            and d.change > d.tolerance
+        }
+    )
 
 
 def remeasure(
