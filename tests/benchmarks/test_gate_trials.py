@@ -3,6 +3,7 @@
     FSDPBENCH_BENCH_GATE=1 python -m pytest tests/benchmarks/test_gate_trials.py -q -s -n 0 \\
         [FSDPBENCH_BENCH_GATE_TRIALS=20] [FSDPBENCH_BENCH_GATE_DOCS=docs/ci.md] \\
         [FSDPBENCH_BENCH_GATE_RECORD=trials.json] [FSDPBENCH_BENCH_GATE_CONDITIONS=a,b,c,d10,d20,d10b,d20b]
+        [FSDPBENCH_BENCH_GATE_FROM=trials.json]   # only the table, from recorded trials
 
 A trial is what CI does, as ``.ci/run`` does it, on ``tests/benchmarks/gate_trial.yaml`` (ZeRO-3 at 2
 ranks on decoder-tiny with the gate's 10 reference-interleaved blocks: a few seconds): ``fsdpbench run
@@ -191,11 +192,16 @@ def one_trial(cond, index: int, baseline: Path, work: Path) -> dict:
     return record
 
 
-def machine_header(trials: int, conditions: list) -> str:
+def checkout_commit() -> str:
+    """This checkout's commit, +dirty when it has changes."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
     dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=ROOT).stdout
+    return commit + ("+dirty" if dirty else "")
+
+
+def machine_header(trials: int, conditions: list, commit: str, when: str) -> str:
     import torch
 
     names = ",".join(c.name for c in conditions)
@@ -203,8 +209,7 @@ def machine_header(trials: int, conditions: list) -> str:
         f"`FSDPBENCH_BENCH_GATE=1 FSDPBENCH_BENCH_GATE_TRIALS={trials} "
         f"FSDPBENCH_BENCH_GATE_CONDITIONS={names} "
         "python -m pytest tests/benchmarks/test_gate_trials.py -q -s -n 0` — "
-        f"commit {commit}{'+dirty' if dirty else ''}, torch {torch.__version__}, "
-        f"{os.cpu_count()}-core CPU, {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC"
+        f"commit {commit}, torch {torch.__version__}, {os.cpu_count()}-core CPU, started {when} UTC"
     )
 
 
@@ -212,12 +217,22 @@ def test_gate_trials(tmp_path):
     trials = int(os.environ.get(f"{SWITCH}_TRIALS", "20"))
     wanted = os.environ.get(f"{SWITCH}_CONDITIONS")
     conditions = [c for c in CONDITIONS if not wanted or c.name in wanted.split(",")]
-    baseline = write_baseline(tmp_path, int(os.environ.get(f"{SWITCH}_BASELINE_RUNS", "3")))
     records_path = os.environ.get(f"{SWITCH}_RECORD")
     records: list[dict] = []
-    for index in range(trials):  # interleaved: trial i of every condition, then trial i + 1
+    commit, when = checkout_commit(), time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+    if os.environ.get(f"{SWITCH}_FROM"):  # the table of recorded trials (an interrupted series), no run
+        records = json.loads(Path(os.environ[f"{SWITCH}_FROM"]).read_text())
+        trials = max(sum(r["condition"] == c.name for r in records) for c in conditions)
+        conditions = [c for c in conditions if any(r["condition"] == c.name for r in records)]
+        trials_to_run = 0
+        commit, when = records[0]["commit"], records[0]["started"]
+    else:
+        trials_to_run = trials
+        baseline = write_baseline(tmp_path, int(os.environ.get(f"{SWITCH}_BASELINE_RUNS", "3")))
+    for index in range(trials_to_run):  # interleaved: trial i of every condition, then trial i + 1
         for cond in conditions:
             record = one_trial(cond, index, baseline, tmp_path)
+            record.update(commit=commit, started=when)
             records.append(record)
             print(
                 f"{cond.name:5s} {index:2d} exit {record['exit_code']} launches {record['launches']} "
@@ -227,7 +242,7 @@ def test_gate_trials(tmp_path):
             )
             if records_path:  # after every trial: an interrupted series keeps what it measured
                 Path(records_path).write_text(json.dumps(records, indent=1) + "\n")
-    table = markdown(records, machine_header(trials, conditions))
+    table = markdown(records, machine_header(trials, conditions, commit, when))
     print("\n" + table)
     docs = os.environ.get(f"{SWITCH}_DOCS")
     if docs:
