@@ -200,6 +200,11 @@ def test_time_is_not_judged_beyond_the_rated_load_and_says_so():
     row = result.records.set_index(["case_id", "metric"]).loc[(ZERO3.case_id, SAMPLED)]
     assert row["verdict"] == "not compared" and not row["fails"] and "not judged" in row["note"]
     assert any("step time not judged in 2 case(s)" in n for n in result.notes)
+    from fsdpbench.commands.regress import verdict_line
+
+    assert verdict_line(result).startswith("PASS") and "step time not judged in 2 case(s)" in verdict_line(
+        result
+    )
     # within the rated load the same samples fail
     within = sampled_frame([x * 1.5 for x in BASE], other_load=MAX_OTHER_LOAD - 0.1)
     assert not compare(baseline, within).passed

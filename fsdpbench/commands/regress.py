@@ -403,8 +403,18 @@ def verdict_line(result: DifferenceReport) -> str:
         for r in result.failures
     ]
     summary = ", ".join(f"{n} {v}" for v, n in result.verdict_counts().items())
+    unjudged = sum(
+        r.metric == STEP_TIME_REF_RATIOS and r.verdict == "not compared" for r in result.differences
+    )
+    time_not_judged = (
+        f"; step time not judged in {unjudged} case(s): the machine was busier than the gate is rated for "
+        "(memory, communication and losses gated)"
+        if unjudged
+        else ""
+    )
     lines.append(
-        ("FAIL" if not result.passed else "PASS") + f": {len(result.differences)} compared ({summary})"
+        ("FAIL" if not result.passed else "PASS")
+        + f": {len(result.differences)} compared ({summary}){time_not_judged}"
     )
     return "\n".join(lines)
 
