@@ -49,7 +49,7 @@ def remeasure(
     *,
     allow_plugins: PluginPermission = False,
 ) -> DifferenceReport:
-    """Re-launch each suspect case ``repeat`` times into ``out_dir``; ``judge`` the frame with pooled samples.
+    """Re-launch each suspect case ``repeat`` times into ``out_dir``; ``judge`` the frame with its launches.
 
     ``frame`` is what was compared (strategies mapped); ``run_frame`` the run as it ran (to rebuild
     each case as launched, checked as a scenario's case is, a plugin strategy included: re-launched only
