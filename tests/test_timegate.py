@@ -252,6 +252,42 @@ def test_repeat_judges_the_launches_before_failing(tmp_path, monkeypatch, capsys
     assert cli(bad_minute, "--baseline", base, "--repeat", "2") == 1
 
 
+def test_a_slower_case_not_yet_significant_is_re_launched_and_then_fails(tmp_path, monkeypatch):
+    """Against a baseline of three launches that spread by ±12%, one launch 25% slower is not significant
+    (t test, 2 degrees of freedom): it is re-launched all the same, and three slow launches fail."""
+    import fsdpbench.pipeline.launch
+    import fsdpbench.store.results
+
+    base = tmp_path / "b.json"
+    runs = [
+        write_run(tmp_path / f"a{i}", sampled_frame([x * s for x in BASE]))
+        for i, s in enumerate((0.88, 1, 1.12))
+    ]
+    assert cli(runs[0], "--write-baseline", base, "--pool", runs[1], "--pool", runs[2]) == 0
+    slow = write_run(tmp_path / "r", sampled_frame([x * 1.25 for x in BASE]))
+    baseline = json.loads(base.read_text())
+    first = compare(baseline, sampled_frame([x * 1.25 for x in BASE]))
+    row = first.records.set_index(["case_id", "metric"]).loc[(ZERO3.case_id, SAMPLED)]
+    assert (
+        row["change"] > 0.10 and row["p_value"] > 0.05 and row["verdict"] == "ok"
+    )  # slower, not yet significant
+    launched = []
+
+    class Outcome:
+        status = "ok"
+
+    monkeypatch.setattr(
+        fsdpbench.pipeline.launch, "launch_case", lambda c, d: launched.append(c) or Outcome()
+    )
+    monkeypatch.setattr(
+        fsdpbench.store.results,
+        "build_rows",
+        lambda c, o, e: pd.DataFrame([{SAMPLED: [x * 1.25 * (1 + 0.01 * len(launched)) for x in BASE]}]),
+    )
+    assert cli(slow, "--baseline", base, "--repeat", "2") == 1  # three slow launches against three
+    assert len(launched) == 2 and {c.case_id for c in launched} == {ZERO3.case_id}
+
+
 def test_a_run_from_before_tuning_was_recorded_is_re_measured_as_its_launcher_tuned(tmp_path, monkeypatch):
     import fsdpbench.pipeline.launch
     import fsdpbench.store.results
