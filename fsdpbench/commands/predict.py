@@ -440,22 +440,26 @@ def _predict_one(
         _add_emulated(out, case, args.rank, device_memory, context, getattr(args, "step_link", None))
     if "traced" in methods:
         _require_model("traced", facts)
-        from fsdpbench.predictors.traced import estimate
-
-        try:
-            # the allocator model's trace of this case is the traced method's too: traced once
-            out["traced"] = est = out.get("allocator_trace") or estimate(case, rank=args.rank)
-            out["json"].append(
-                {**est.to_dict(), **({"fallback": out["fallback"]} if "fallback" in out else {})}
-            )
-        except Exception as exc:  # noqa: BLE001 — asked for: the error is the answer; a fallback: a note
-            if "fallback" not in out:
-                raise
-            out["fallback"] = TRACE_FAILED.format(model=case.model, error=f"{type(exc).__name__}: {exc}")
-            out["json"][-1]["notes"] = [*out["json"][-1].get("notes", ()), out["fallback"]]
+        _add_traced(out, case, args.rank)
     if "allocator" in out:
         out["json"].append(out["allocator"].to_dict())
     return out
+
+
+def _add_traced(out: dict[str, Any], case: Any, rank: int) -> None:
+    """The traced method's answer into ``out``; when it stands in for a missing analytic activation
+    model (a fallback), a failed trace becomes a note instead of an error."""
+    from fsdpbench.predictors.traced import estimate
+
+    try:
+        # the allocator model's trace of this case is the traced method's too: traced once
+        out["traced"] = est = out.get("allocator_trace") or estimate(case, rank=rank)
+        out["json"].append({**est.to_dict(), **({"fallback": out["fallback"]} if "fallback" in out else {})})
+    except Exception as exc:  # noqa: BLE001 — asked for: the error is the answer; a fallback: a note
+        if "fallback" not in out:
+            raise
+        out["fallback"] = TRACE_FAILED.format(model=case.model, error=f"{type(exc).__name__}: {exc}")
+        out["json"][-1]["notes"] = [*out["json"][-1].get("notes", ()), out["fallback"]]
 
 
 # the line the output carries when the analytic column has no peak and the traced method stands in
@@ -641,14 +645,7 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any], shown_notes: set
         )
     console = Console()
     console.print(table)
-    if res.get("fallback"):
-        console.print(f"  {escape(res['fallback'])}", highlight=False)
-    for note in (pred.notes if pred else ()) + (est.notes if est else ()):
-        if res.get("fallback") and note == NO_ACTIVATION_MODEL.format(model=case.model):
-            continue  # the fallback line above says what happened instead
-        if not (skipped and "need a model" in note) and note not in shown_notes:
-            shown_notes.add(note)
-            console.print(f"  note: {escape(note)}", highlight=False)
+    _print_method_notes(console, res, skipped, shown_notes)
     if emu:
         _print_emulated(console, emu, res.get("emulated_fit"), units, args)
     if res.get("fit"):
@@ -660,6 +657,21 @@ def _print_table(args: argparse.Namespace, res: dict[str, Any], shown_notes: set
     if res.get("allocator"):
         for line in res["allocator"].lines(lambda n: _size(n, units), width=TERMINAL_COLUMNS - 2):
             print(f"  {line}")  # not rich: wrapped by lines() so that a figure never breaks
+
+
+def _print_method_notes(
+    console: Console, res: dict[str, Any], skipped: list[str], shown_notes: set[str]
+) -> None:
+    """The fallback line, then the analytic and traced methods' notes not shown for an earlier case."""
+    pred, est, model = res.get("analytic"), res.get("traced"), res["case"].model
+    if res.get("fallback"):
+        console.print(f"  {escape(res['fallback'])}", highlight=False)
+    for note in (pred.notes if pred else ()) + (est.notes if est else ()):
+        if res.get("fallback") and note == NO_ACTIVATION_MODEL.format(model=model):
+            continue  # the fallback line above says what happened instead
+        if not (skipped and "need a model" in note) and note not in shown_notes:
+            shown_notes.add(note)
+            console.print(f"  note: {escape(note)}", highlight=False)
 
 
 def _term_rows(pred: Any, est: Any, emu: Any, units: str) -> tuple[list[tuple[str, list[str]]], list[str]]:

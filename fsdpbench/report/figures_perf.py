@@ -439,15 +439,9 @@ def build_sweep_panels(cases: pd.DataFrame) -> list[Panel]:
 
 
 def _sweep_panel(ok: pd.DataFrame, axis: str) -> Panel:
-    order = SWEEP_AXES[axis]
     # the x position of a case: its value as a person tells it apart (two size wraps: size(100), size(2e4))
     ok = ok.assign(_shown=axis_values(ok, axis))
-    kind = {shown: v for shown, v in zip(ok["_shown"], ok[axis], strict=True) if v in (order or ())}
-    values = list(dict.fromkeys(v for v in ok["_shown"].tolist() if v is not None and v == v))
-    if order:
-        values = sorted((v for v in values if v in kind), key=lambda v: (order.index(kind[v]), _size_key(v)))
-    else:
-        values = sorted(values)
+    values = _axis_order(ok, axis)
     others = [a for a in series_key_axes(ok) if a != axis]
     several_runs = ok[RUN].nunique() > 1 if RUN in ok else False
     ok = ok.assign(
@@ -478,3 +472,14 @@ def _sweep_panel(ok: pd.DataFrame, axis: str) -> Panel:
         f"rank's median) against {axis}, one line per strategy and world size. Ranks: {describe_ranks(ok)}."
     )
     return Panel(key=f"sweep_{axis}", title=f"Sweep: {axis}", caption=caption, figure=fig)
+
+
+def _axis_order(ok: pd.DataFrame, axis: str) -> list[Any]:
+    """The distinct shown values of ``axis`` (column ``_shown``) in the axis's declared order, sizes
+    ascending within a kind (size(100) before size(2e4)); sorted when the axis declares no order."""
+    order = SWEEP_AXES[axis]
+    kind = {shown: v for shown, v in zip(ok["_shown"], ok[axis], strict=True) if v in (order or ())}
+    values = list(dict.fromkeys(v for v in ok["_shown"].tolist() if v is not None and v == v))
+    if order:
+        return sorted((v for v in values if v in kind), key=lambda v: (order.index(kind[v]), _size_key(v)))
+    return sorted(values)
