@@ -131,3 +131,57 @@ def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
             full = figures(rank)
         assert shortcut == full
         assert shortcut[0] > 0
+
+
+def test_a_foreach_step_on_dtensors_counts_each_optimizer_state_once(monkeypatch):
+    """ZeRO-3 with torch's foreach AdamW, traced: at the optimizer step the tracker holds the two moments
+    of the rank's shards, and not the global-shape fake tensors DTensor's sharding propagation makes for
+    each foreach op (tracker.blind_to_sharding_propagation). Torch 2.11 propagates every foreach op again
+    under a fake mode; counted, they made the step's optimizer state 27 × the sharded parameters."""
+    import fsdpbench.strategies.optim as optim
+
+    monkeypatch.setattr(
+        optim, "build_optimizer", lambda params, case: torch.optim.AdamW(params, lr=case.lr, foreach=True)
+    )
+    # a CUDA target: the step counters are host tensors there, so the state is the two moments alone
+    case = Case(
+        model="decoder-small",
+        strategy="zero3",
+        world_size=8,
+        batch_size=1,
+        seq_len=8,
+        device="cuda",
+        backend="nccl",
+    )
+    peak = estimate(case).peak_by_category
+    assert peak["optim"] == 2 * peak["params"]  # exp_avg and exp_avg_sq, fp32 like the fp32 parameters
+
+
+def test_the_tracker_skips_only_the_sharding_propagation():
+    """The propagation's own tensors are not counted; the same op run as the rank's work is."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    from fsdpbench.metrics.tracker import blind_to_sharding_propagation
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+    blind = blind_to_sharding_propagation(MemTracker)
+
+    def fake_propagation(self, op_schema):
+        return torch.empty(1024, 1024)  # what a propagation allocates to learn a shape
+
+    with FakeTensorMode(), torch.no_grad():
+        try:
+            ShardingPropagator._propagate_tensor_meta_non_cached = fake_propagation
+            tracker = blind()
+            with tracker:
+                assert ShardingPropagator._propagate_tensor_meta_non_cached is not fake_propagation
+                kept = ShardingPropagator._propagate_tensor_meta_non_cached(None, None)
+                counted = torch.empty(256, 1024)
+                peak = max(tracker.get_tracker_snapshot("peak")[counted.device]["Total"], 0)
+            assert ShardingPropagator._propagate_tensor_meta_non_cached is fake_propagation  # put back
+        finally:
+            ShardingPropagator._propagate_tensor_meta_non_cached = original
+    assert kept.numel() == 1024 * 1024
+    assert peak == 256 * 1024 * 4
