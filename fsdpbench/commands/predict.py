@@ -519,10 +519,20 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
         calibration=args.calibration_terms,
     )
     memory = model.memory(case)
-    found = _disagreements(args, case, model, memory)
-    if found:  # the models contradict each other: no verdict, and no search built on them
+    found, tracked_agree = _disagreements(args, case, model, memory)
+    if found:  # the models contradict each other: no search built on them, and a verdict only where
+        # the live tensors alone (both agree on them) do not fit
+        fit = model.fit(case, device_memory)
+        decided = tracked_agree and not fit.fits and fit.needed_bytes is None  # by the tracked peak alone
         answer = AllocatorAnswer(
-            memory, None, None, None, args.max_world_size, recipe_note(case), device_memory, found
+            memory,
+            fit if decided else None,
+            None,
+            None,
+            args.max_world_size,
+            recipe_note(case),
+            device_memory,
+            found,
         )
         return answer, model.estimate(case)
     shard = resolve_shard_size(case, get_strategy(case.strategy).sharding) or 1
@@ -540,15 +550,19 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
     return answer, model.estimate(case)
 
 
-def _disagreements(args: argparse.Namespace, case: Any, model: Any, memory: Any) -> tuple[str, ...]:
-    """Where the analytic layers and the allocator model's (the traced stream) contradict each other."""
-    from fsdpbench.predictors.consistency import LayerFigures, disagreements, layer_figures
+def _disagreements(
+    args: argparse.Namespace, case: Any, model: Any, memory: Any
+) -> tuple[tuple[str, ...], bool]:
+    """Where the analytic layers and the allocator model's (the traced stream) contradict each other, and
+    whether the two tracked peaks agree all the same."""
+    from fsdpbench.predictors.consistency import AGREEMENT, LayerFigures, disagreements, layer_figures
 
     traced = LayerFigures(
         "allocator model", memory.tracked_peak, memory.allocated_peak, memory.reserved_peak, memory.nvml_peak
     )
     analytic = layer_figures(case, "analytic", rank=args.rank, model=model)
-    return tuple(disagreements(analytic, traced, lambda n: _size(n, args.units)))
+    found = tuple(disagreements(analytic, traced, lambda n: _size(n, args.units)))
+    return found, abs(analytic.tracked - traced.tracked) <= AGREEMENT * max(analytic.tracked, traced.tracked)
 
 
 def _calibration(path: str | None) -> Any:

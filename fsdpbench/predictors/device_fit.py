@@ -97,7 +97,8 @@ class AllocatorAnswer:
     largest batch and the smallest world size that fit (all modelled)."""
 
     memory: DeviceMemory
-    fit: DeviceFit | None  # None: the predictions contradict each other (``disagreements``), no verdict
+    # None: the predictions contradict each other (``disagreements``) on what decides it: no verdict
+    fit: DeviceFit | None
     largest_batch: int | None
     smallest_world_size: int | None
     max_world_size: int
@@ -155,15 +156,17 @@ class AllocatorAnswer:
                 out += _wrapped(f"({why})", width, indent=" " * 6) if why else []
         if self.recipe:
             out += _wrapped(self.recipe, width, indent="  ")
-        if self.fit is None:
-            out += _wrapped(
-                f"no verdict on {fmt(self.device_memory_bytes)}: this case's predictions contradict "
-                "each other, so whether it fits is not known from them:",
-                width,
-            )
+        if self.disagreements:
+            out += _wrapped("this case's predictions contradict each other:", width)
             for found in self.disagreements:
                 out += _wrapped(f"- {found}", width, indent="  ")
-            return out
+            if self.fit is None:
+                text = (
+                    f"no verdict on {fmt(self.device_memory_bytes)}: whether it fits is not known from them"
+                )
+            else:  # the live tensors alone, on which both methods agree, decide it
+                text = self.fit.describe(fmt) + " (both methods agree on the live tensors)"
+            return out + _wrapped(text, width) + _wrapped("no search: it would rest on them", width)
         out += _wrapped(self.fit.describe(fmt), width)
         out += _wrapped(
             f"largest per-rank batch that fits: {self.largest_batch or 'none'}; smallest world size that "
