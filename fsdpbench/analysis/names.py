@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from fsdpbench.core.case import wrap_text
-from fsdpbench.core.schema import RUN
+from fsdpbench.core.schema import CASE_ID, RUN
 
 # configuration columns that may vary in a scenario (besides strategy and world size); a case's label
 # names those that do
@@ -135,7 +135,7 @@ def case_labels(cases: pd.DataFrame) -> list[str]:
     seen: dict[str, int] = {}
     for i, label in enumerate(labels):  # still equal (e.g. a field outside AXES): add the id's hash
         if label in seen:
-            labels[i] = f"{label} ({id_tail(cases.iloc[i]['case_id'])})"
+            labels[i] = f"{label} ({id_tail(cases.iloc[i][CASE_ID])})"
         seen[label] = i
     return labels
 
@@ -159,8 +159,8 @@ def case_names(cases: Any) -> dict[str, str]:
     cases = list(cases)
     if not cases:
         return {}
-    frame = pd.DataFrame([{**c.to_dict(), "case_id": c.case_id} for c in cases])
-    return dict(zip(frame["case_id"], case_labels(frame), strict=True))
+    frame = pd.DataFrame([{**c.to_dict(), CASE_ID: c.case_id} for c in cases])
+    return dict(zip(frame[CASE_ID], case_labels(frame), strict=True))
 
 
 def id_tail(case_id: Any) -> str:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pandas as pd
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -115,7 +115,7 @@ def _cells(row: Any, name: str, columns: list[str]) -> list[Text | str]:
 
 # heading → (justify, may wrap): the case's name, its ranks, its status and the harness overhead wrap at
 # spaces when the console is narrow; a number never wraps
-_COLUMNS = {
+_COLUMNS: dict[str, tuple[JustifyMethod, bool]] = {
     "case": ("left", True),
     "ranks": ("left", True),
     "step ms (p10–p90)": ("right", False),

@@ -26,6 +26,7 @@ from fsdpbench.analysis.names import id_tail
 from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import (
     BYTES,
+    CASE_ID,
     COLUMNS,
     COMMIT,
     DEVICE_NAME,
@@ -376,7 +377,7 @@ def case_names(frame: Any) -> dict[str, str]:
     from fsdpbench.analysis.names import case_labels
 
     cases = case_frame(frame)
-    return dict(zip(cases["case_id"], case_labels(cases), strict=True))
+    return dict(zip(cases[CASE_ID], case_labels(cases), strict=True))
 
 
 def changed_rows(result: DifferenceReport) -> list[MetricDifference]:

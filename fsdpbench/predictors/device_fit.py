@@ -156,7 +156,7 @@ class AllocatorAnswer:
                 out += _wrapped(f"({why})", width, indent=" " * 6) if why else []
         if self.recipe:
             out += _wrapped(self.recipe, width, indent="  ")
-        if self.disagreements:
+        if self.disagreements or self.fit is None:
             out += _wrapped("this case's predictions contradict each other:", width)
             for found in self.disagreements:
                 out += _wrapped(f"- {found}", width, indent="  ")
