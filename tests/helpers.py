@@ -169,14 +169,16 @@ def trace_event(
 
 
 def regression_named(out: str, case_id: str, metric: str, verdict: str) -> bool:
-    """``regress`` printed a ``REGRESSION <case name> (<hash>) <metric>: <verdict>`` line for the case,
-    followed by its ``case <case_id>`` line (a line wrapped at 80 columns read as one)."""
+    """``regress`` printed a ``REGRESSION <case name> (<hash>) <metric>: <verdict>`` line followed by the
+    line ``case <case_id>`` (the baseline's id; ``(ran as <id>)`` after it for a mapped strategy); a line
+    wrapped at 80 columns is read as one."""
     lines = out.splitlines()
-    tail = case_id.rsplit("_", 1)[-1]
     for i, line in enumerate(lines):
-        if line.startswith("REGRESSION ") and f"({tail}) {metric}: {verdict}" in " ".join(
-            [line, *(x.strip() for x in lines[i + 1 : i + 3])]
-        ):
-            rest = [x.strip() for x in lines[i + 1 : i + 4]]
-            return f"case {case_id}" in rest
+        if not line.startswith("REGRESSION "):
+            continue
+        following = [x.strip() for x in lines[i + 1 : i + 4]]
+        head = " ".join([line, *following[:2]])
+        ids = [x for x in following if x.startswith("case ")]
+        if f") {metric}: {verdict}" in head and ids and ids[0].split()[1] == case_id:
+            return True
     return False

@@ -430,7 +430,8 @@ def verdict_line(
             width,
         )
         if names and r.run_case_id in names:
-            lines += _wrap(f"  case {r.run_case_id}", width)
+            ran_as = f" (ran as {r.run_case_id})" if r.run_case_id != r.case_id else ""
+            lines += _wrap(f"  case {r.case_id}{ran_as}", width)
     summary = ", ".join(f"{n} {v}" for v, n in result.verdict_counts().items())
     lines += _wrap(
         ("FAIL" if not result.passed else "PASS") + f": {len(result.differences)} compared ({summary})", width
