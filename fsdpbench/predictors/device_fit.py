@@ -97,11 +97,15 @@ class AllocatorAnswer:
     largest batch and the smallest world size that fit (all modelled)."""
 
     memory: DeviceMemory
-    fit: DeviceFit
+    # None: the predictions contradict each other (``disagreements``) on what decides it: no verdict
+    fit: DeviceFit | None
     largest_batch: int | None
     smallest_world_size: int | None
     max_world_size: int
     recipe: str = ""  # the optimizer, clipping and checkpointing the stream was traced with
+    device_memory_bytes: int = 0
+    # where this case's predictions contradict each other (predictors.consistency.disagreements)
+    disagreements: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         fit = self.fit
@@ -109,12 +113,14 @@ class AllocatorAnswer:
             "method": "allocator model (traced allocation stream replayed; modelled)",
             "recipe": self.recipe,
             **self.memory.to_dict(),
-            "device_memory_bytes": fit.device_memory_bytes,
-            "fits": fit.fits,
-            "decided_by": fit.decided_by,
-            "margin_bytes": fit.margin_bytes if fit.oom is None else None,
-            "oom_where": fit.oom.where if fit.oom else None,
-            "alloc_retries": fit.retries,
+            "device_memory_bytes": self.device_memory_bytes,
+            "consistent": not self.disagreements,
+            "disagreements": list(self.disagreements),
+            "fits": fit.fits if fit else None,
+            "decided_by": fit.decided_by if fit else None,
+            "margin_bytes": fit.margin_bytes if fit and fit.oom is None else None,
+            "oom_where": fit.oom.where if fit and fit.oom else None,
+            "alloc_retries": fit.retries if fit else None,
             "largest_batch": self.largest_batch,
             "smallest_world_size": self.smallest_world_size,
         }
@@ -150,6 +156,17 @@ class AllocatorAnswer:
                 out += _wrapped(f"({why})", width, indent=" " * 6) if why else []
         if self.recipe:
             out += _wrapped(self.recipe, width, indent="  ")
+        if self.disagreements or self.fit is None:
+            out += _wrapped("this case's predictions contradict each other:", width)
+            for found in self.disagreements:
+                out += _wrapped(f"- {found}", width, indent="  ")
+            if self.fit is None:
+                text = (
+                    f"no verdict on {fmt(self.device_memory_bytes)}: whether it fits is not known from them"
+                )
+            else:  # the live tensors alone, on which both methods agree, decide it
+                text = self.fit.describe(fmt) + " (both methods agree on the live tensors)"
+            return out + _wrapped(text, width) + _wrapped("no search: it would rest on them", width)
         out += _wrapped(self.fit.describe(fmt), width)
         out += _wrapped(
             f"largest per-rank batch that fits: {self.largest_batch or 'none'}; smallest world size that "
