@@ -203,6 +203,7 @@ class DeviceModel:
         on_trace: Callable[[Case], None] | None = None,
         calibration: Calibration | None = None,
         fsdpbench_run: bool = False,
+        repeat_blocks: bool = True,
     ) -> None:
         self.conf = conf or AllocConf()  # a case's own alloc_conf: DeviceModel.for_case
         self.rank = rank
@@ -214,6 +215,7 @@ class DeviceModel:
         self._estimates: dict[str, TracedEstimate] = {}
         self.calibration = calibration  # None: the reference H100's measured terms
         self.fsdpbench_run = fsdpbench_run  # NVML of one of fsdpbench's ranks (profiler, samplers)
+        self.repeat_blocks = repeat_blocks  # a deep decoder from shallow traces (block_repeat.py)
 
     @classmethod
     def for_case(cls, case: Case, **kwargs) -> DeviceModel:  # noqa: ANN003 — DeviceModel's keywords
@@ -234,13 +236,20 @@ class DeviceModel:
         """The case's trace (tracker peak, states and allocation stream), made once per distinct case."""
         key = repr(sorted(case.to_dict().items()))
         if key not in self._estimates:
+            from fsdpbench.predictors.block_repeat import repeat_blocks
             from fsdpbench.predictors.traced import estimate
 
             if self.on_trace is not None:
                 self.on_trace(case)
             self.traced.append(case)
             rank = min(self.rank, case.world_size - 1)
-            self._estimates[key] = estimate(case, rank=rank, record_stream=True)
+
+            def trace(c: Case) -> TracedEstimate:
+                return estimate(c, rank=rank, record_stream=True)
+
+            # a decoder's identical blocks traced once (block_repeat.py), else the case whole
+            repeated = repeat_blocks(case, trace) if self.repeat_blocks else None
+            self._estimates[key] = repeated or trace(case)
         return self._estimates[key]
 
     def stream(self, case: Case) -> tuple[AllocStream, int]:
