@@ -11,7 +11,7 @@ import pytest
 
 # A test process per core (pytest_xdist_auto_num_workers, below), each starting rank processes: more
 # threads than cores, and an OpenMP thread that waits spins for a while before it sleeps, on a core that
-# another test's rank needs (2-core CPU, 2026-11-25, 3 test processes: 455 CPU-seconds in 229 s
+# another test's rank needs (2-core CPU, 3 test processes: 455 CPU-seconds in 229 s
 # spinning, 424 in 214 s passive). Set before torch loads OpenMP; the test processes, their fork
 # servers and ranks inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -24,8 +24,8 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
     On CPU ranks: as many as the cores. More is slower: the tests' own rank processes already fill
     the cores, and every process beyond them adds CPU time instead of using idle time (2-core CPU,
-    idle, 2026-11-25: 3 processes 228-231 s, 451-461 CPU-seconds; 2 processes 204-216 s, 384-409
-    CPU-seconds; serially 286 s, 340 CPU-seconds; docs/ci.md). Serial (0) where a CUDA GPU is
+    idle: 3 processes 228-231 s, 451-461 CPU-seconds; 2 processes 204-216 s, 384-409
+    CPU-seconds; serially 286 s, 340 CPU-seconds; docs/results/ci.md). Serial (0) where a CUDA GPU is
     visible, whose memory and NVML readings would be shared with the other processes' tests, and
     where benchmarks are timed (``--benchmark-enable``: pytest-benchmark times nothing beside other
     tests)."""

@@ -50,7 +50,7 @@ TINY: dict[str, Any] = dict(
     warmup_steps=1,
     steps=2,
     memory_steps=1,
-    timeout_s=90,
+    timeout_s=300,  # a bound for a hung case on a busy machine, not a speed: tiny cases take seconds
     **CPU,
 )
 
@@ -99,9 +99,15 @@ def reference_losses(world_size: int, tmp_path: Path, batch_size: int = 2) -> li
 FAULTS = "tests.plugins.faults"
 
 
+# how long a test waits for what it asserts will happen (a thread's tick, a process's exit) before it
+# fails: a bound on a busy machine's delay, not a speed asserted; a test that passes waits no longer than
+# the event takes
+EVENTUALLY_S = 120.0
+
+
 def wait_until(
     predicate: Callable[[], bool],
-    timeout_s: float = 5.0,
+    timeout_s: float = EVENTUALLY_S,
     what: str = "the condition",
     *,
     poll_s: float = 0.002,
@@ -113,8 +119,8 @@ def wait_until(
         time.sleep(poll_s)
 
 
-def assert_all_gone(pids: list[int], within_s: float = 10.0) -> None:
-    """Every process in ``pids`` exits within ``within_s`` (a zombie counts as gone)."""
+def assert_all_gone(pids: list[int], within_s: float = EVENTUALLY_S) -> None:
+    """Every process in ``pids`` exits (a zombie counts as gone), waited for up to ``within_s``."""
     assert pids, "no process ids recorded"
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
@@ -160,3 +166,19 @@ def trace_event(
     if types is not None:
         args["Input type"] = types
     return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def regression_named(out: str, case_id: str, metric: str, verdict: str) -> bool:
+    """``regress`` printed a ``REGRESSION <case name> (<hash>) <metric>: <verdict>`` line followed by the
+    line ``case <case_id>`` (the baseline's id; ``(ran as <id>)`` after it for a mapped strategy); a line
+    wrapped at 80 columns is read as one."""
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("REGRESSION "):
+            continue
+        following = [x.strip() for x in lines[i + 1 : i + 4]]
+        head = " ".join([line, *following[:2]])
+        ids = [x for x in following if x.startswith("case ")]
+        if f") {metric}: {verdict}" in head and ids and ids[0].split()[1] == case_id:
+            return True
+    return False

@@ -5,7 +5,7 @@ and its exact bytes (stdout, stderr, exit code) per command line.
 ``tests/data/predict_grid.json.gz`` holds those bytes; ``tests/test_predict_fast.py`` asserts today's code
 prints the same. History: first written at commit 3cb4e70, before predict stopped importing torch, and
 the torch-free predict was checked byte-identical against it on its branch; rewritten at 33e756d, where
-issue 22's DeepSpeed layout (a ``step_temp`` term) and the traced fallback for models without an
+DeepSpeed's own layout (a ``step_temp`` term) and the traced fallback for models without an
 activation model changed answers on purpose (mnist-cnn left the grid then); rewritten at 4b6e469, where each
 rank came to hold only its own batch (the batch term, and the peaks it is part of) and the loss scalar and
 autograd's seed gradient came to be counted through backward; rewritten at 023b06c, the merge of the recipe

@@ -34,6 +34,7 @@ def _run_groups(
     twin_fails_at: int | None = None,
     twin_silent_at: int | None = None,
     case_limit_s: float = 20.0,
+    twin_limit_s: float = 20.0,
     failing_twin_ranks: tuple[int, ...] | None = None,
 ) -> tuple[list[tuple[str, str, int]], dict[str, Any]]:
     """Case and twin 'ranks' as threads, the worker's calls in its order; the events in time order. The
@@ -68,7 +69,7 @@ def _run_groups(
                 outcome.setdefault("case_waited_out", []).append(rank)
 
     def twin_rank(rank: int) -> None:
-        b = _baton(store.port, TWIN, rank, world, steps, timeout_s=1.0)
+        b = _baton(store.port, TWIN, rank, world, steps, timeout_s=twin_limit_s)
         try:
             b.wait_to_start()
             note("setup", TWIN, -1)

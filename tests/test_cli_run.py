@@ -28,16 +28,20 @@ cases: [{strategy: hsdp, world_size: 2, shard_size: 3}]
 def test_run_writes_results_and_prints_the_summary(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "200")  # rich wraps table cells to the terminal; keep each row on one line
+    monkeypatch.setenv("COLUMNS", "80")  # the narrowest terminal the output is made for
+    monkeypatch.chdir(tmp_path)  # paths as short as a user's: a path is printed whole, however long
     scenario = tmp_path / "mini.yaml"
     scenario.write_text(SCENARIO)
     with pytest.raises(SystemExit) as exit_info:
         # --link none: the modelled step time's columns and lines are tests/test_step_model.py's
-        main(["run", str(scenario), "--out", str(tmp_path / "run"), "--no-report", "--link", "none"])
+        main(["run", "mini.yaml", "--out", "run", "--no-report", "--link", "none"])
     assert exit_info.value.code == 0
     out, err = capsys.readouterr()
-    assert f"results: {tmp_path / 'run' / 'results.parquet'}" in out
-    assert "skipped hsdp_n2" in err and "does not divide world_size=2" in err
+    assert "results: run/results.parquet" in out
+    assert "skipped hsdp n2" in err and "does not divide world_size=2" in " ".join(err.split())
+    # at 80 columns every line fits: the progress lines, the thread policy, the summary table
+    assert max(len(line) for line in (out + err).splitlines()) <= 80
+    assert "host_tuning none: gloo's and the compute threads under SCHED_OTHER" in " ".join(err.split())
     frame = pd.read_parquet(tmp_path / "run" / "results.parquet")
     assert set(zip(frame.strategy, frame.status)) == {("ddp", "ok"), ("zero3", "ok"), ("hsdp", "skipped")}
     for column in (
@@ -70,8 +74,7 @@ def test_run_writes_results_and_prints_the_summary(
     ddp = frame[frame.strategy == "ddp"]
     slowest = ddp.loc[ddp.step_time_ms.idxmax()]
     assert (
-        f"{slowest.step_time_ms:.1f} ms ({slowest.step_time_p10_ms:.0f}–{slowest.step_time_p90_ms:.0f})"
-        in out
+        f"{slowest.step_time_ms:.1f} ({slowest.step_time_p10_ms:.0f}–{slowest.step_time_p90_ms:.0f})" in out
     )
 
 

@@ -1,4 +1,4 @@
-"""Numbers on a command line are checked before anything runs (issue 21): one line naming the option,
+"""Numbers on a command line are checked before anything runs: one line naming the option,
 exit 2, never an OverflowError or a negative term; and compare applies run's oversubscription check."""
 
 from __future__ import annotations

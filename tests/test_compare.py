@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from fsdpbench.commands.compare import build_compare_table, build_scenario_text
 from fsdpbench.pipeline.scenario import parse_scenario
 from fsdpbench.report.data import build_case_frame
 from fsdpbench.report.synthetic import synthetic_results, write_synthetic_run
-from tests.helpers import CPU
+from tests.helpers import CPU, REPO, repo_pythonpath
 
 
 def _args(*argv: str):
@@ -116,15 +117,21 @@ def test_compare_runs_real_cases_prints_the_table_and_writes_the_report(tmp_path
             "--set",
             "backend=gloo",
             "--out",
-            str(out),
+            "cmp",
         ],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
+        cwd=tmp_path,  # paths as short as a user's: a path is printed whole, however long
+        env={**os.environ, "PYTHONPATH": repo_pythonpath(REPO), "COLUMNS": "80"},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ddp n2" in proc.stdout and "zero3 n2" in proc.stdout and "winner" in proc.stdout
-    assert f"report:  {out / 'report.html'}" in proc.stdout
+    assert "report:  cmp/report.html" in proc.stdout
+    # at 80 columns every line fits: progress, the thread policy, the side-by-side table
+    assert max(len(line) for line in (proc.stdout + proc.stderr).splitlines()) <= 80
+    policy = "host_tuning none: gloo's and the compute threads under SCHED_OTHER"
+    assert policy in " ".join(proc.stderr.split())
     frame = pd.read_parquet(out / "results.parquet")
     assert sorted(frame["strategy"].unique()) == ["ddp", "zero3"] and set(frame["status"]) == {"ok"}
     page = (out / "report.html").read_text()

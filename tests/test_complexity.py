@@ -11,13 +11,6 @@ from tests.test_architecture import PACKAGE
 
 MAX_COMPLEXITY = 20
 
-# functions another branch is rewriting (the one trace loader); each entry must still be above the limit,
-# so the list shrinks to nothing as they are split: remove an entry once its function is
-PENDING = {
-    ("metrics/comm.py", "_records_from_c10d"),
-    ("metrics/bandwidth.py", "bandwidth_by_kind"),
-}
-
 
 def complexities(root: Path = PACKAGE) -> dict[tuple[str, str], int]:
     """(module path under the package, qualified name) → radon's cyclomatic complexity, every function
@@ -35,20 +28,12 @@ def complexities(root: Path = PACKAGE) -> dict[tuple[str, str], int]:
 
 def too_complex(found: dict[tuple[str, str], int]) -> list[str]:
     return sorted(
-        f"{path}:{name} has complexity {cc}"
-        for (path, name), cc in found.items()
-        if cc > MAX_COMPLEXITY and (path, name) not in PENDING
+        f"{path}:{name} has complexity {cc}" for (path, name), cc in found.items() if cc > MAX_COMPLEXITY
     )
 
 
 def test_no_function_above_the_limit() -> None:
     assert too_complex(complexities()) == []
-
-
-def test_pending_entries_are_still_above_the_limit() -> None:
-    found = complexities()
-    done = sorted(f"{p}:{n}" for p, n in PENDING if found.get((p, n), 0) <= MAX_COMPLEXITY)
-    assert done == [], "split now: remove from PENDING"
 
 
 def test_the_check_sees_a_complex_function(tmp_path: Path) -> None:

@@ -115,10 +115,12 @@ def test_predict_both_for_llama_7b_on_8_ranks_where_cuda_is_present(monkeypatch,
     """`predict --method both --device cuda` for llama-7b on 8 ranks: CUDA's presence faked (on a CPU-only
     build the trace then applies CUDA's rules; with a real GPU it traces fake CUDA tensors). fully_shard's
     default CUDA mesh must not put the model on cuda:0 while the batch stays on the CPU (the trace
-    crashes)."""
+    crashes). CUDA's presence is faked only on a CPU-only build, which never dispatches CUDA kernels: a
+    CUDA build told it has a GPU would trace CUDA's kernels and need a driver; without a GPU it traces
+    with CUDA's rules as it is."""
     from fsdpbench.cli import main
 
-    if not torch.cuda.is_available():
+    if not torch.backends.cuda.is_built():
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(SystemExit) as exc:

@@ -16,8 +16,8 @@ import pytest
 
 from fsdpbench import cli
 from fsdpbench.pipeline import launch
+from tests.helpers import EVENTUALLY_S, repo_pythonpath
 from tests.helpers import REPO as ROOT
-from tests.helpers import repo_pythonpath
 
 
 @pytest.mark.parametrize(
@@ -86,4 +86,4 @@ def test_the_server_runs_while_the_scenario_is_read_and_dies_with_a_malformed_on
         proc.kill()
     assert proc.returncode == 2 and err.startswith(f"error: {scenario}: sweep.world_size[0]"), err
     assert not (tmp_path / "r").exists()
-    assert _wait_for(lambda: not _processes_marked(mark), 5)  # the fork server died with it
+    assert _wait_for(lambda: not _processes_marked(mark), EVENTUALLY_S)  # the fork server died with it

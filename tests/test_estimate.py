@@ -96,15 +96,59 @@ FIRST_STEP_CASES = [  # FSDP2 strategies × precision, optimizer state, offload,
     Case(
         model="decoder-tiny", strategy="zero3", world_size=8, precision="bf16", device="cuda", backend="nccl"
     ),
+    Case(  # torchtitan's recipe: foreach update, clipping, the op policy
+        model="llama3-tiny",
+        strategy="zero3",
+        world_size=8,
+        batch_size=2,
+        seq_len=64,
+        precision="bf16",
+        activation_checkpointing="op",
+        optimizer_impl="foreach",
+        max_norm=1.0,
+        device="cuda",
+        backend="nccl",
+    ),
 ]
+
+
+FIRST_AND_AGAIN = """
+import contextlib
+from fsdpbench.core.case import Case
+import fsdpbench.predictors.traced as traced
+case = Case.from_dict({case!r})
+first, again = (traced.estimate(case, record_stream=True) for _ in range(2))
+traced._strided_shard_flag_checked_once = contextlib.nullcontext
+plain = traced.estimate(case, record_stream=True)
+print(first.peak_bytes, again.peak_bytes, first.alloc_stream == again.alloc_stream == plain.alloc_stream)
+"""
+
+
+def test_a_trace_is_the_same_whether_or_not_it_is_the_processs_first():
+    """The shortened first step clips the gradients as a real first step does: otherwise the tracked
+    step's clipping was the first on these parameters in the process and allocated what a later step
+    does not (on this case the first trace of a process peaked at 3,563,520 B, every later one at
+    1,674,240 B), and ``predict`` answers from the first trace of its process. With and without the
+    _StridedShard scan made once per op, the same stream, event for event. A fresh process: this one's
+    earlier traces would have warmed what the first trace meets."""
+    import os
+    import subprocess
+    import sys
+
+    case = FIRST_STEP_CASES[-1].replace(model_args={"n_layers": 3})
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    code = FIRST_AND_AGAIN.format(case=case.to_dict())
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == ["1674240", "1674240", "True"]
 
 
 @pytest.mark.parametrize("case", FIRST_STEP_CASES, ids=lambda c: c.case_id)
 def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
     """What makes a trace fast changes no byte of what the tracked step sees, on the last rank too
     (uneven shards): the FSDP2 first-step shortcut (lazy init and the optimizer's state on zero
-    gradients, no forward or backward), the lazy chunks (rank_chunks.py), the tracker's quick device
-    queries (tracker.fsdp2_tracker_class) and the collector's larger young generation."""
+    gradients, no forward or backward), the lazy chunks (rank_chunks.py), the sharding propagation's
+    _StridedShard scan made once per op, the tracker's quick device queries
+    (tracker.fsdp2_tracker_class) and the collector's larger young generation."""
     import contextlib
 
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -126,8 +170,63 @@ def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
         with monkeypatch.context() as without:
             without.setattr(traced, "FSDP2_FIRST_STEP_SHORTCUT", False)
             without.setattr(traced, "rank_chunks_only", contextlib.nullcontext)
+            without.setattr(traced, "_strided_shard_flag_checked_once", contextlib.nullcontext)
             without.setattr(tracker, "fsdp2_tracker_class", lambda: FSDPMemTracker)
             without.setattr(traced, "YOUNG_GENERATION_OBJECTS", 700)
             full = figures(rank)
         assert shortcut == full
         assert shortcut[0] > 0
+
+
+def test_a_foreach_step_on_dtensors_counts_each_optimizer_state_once(monkeypatch):
+    """ZeRO-3 with torch's foreach AdamW, traced: at the optimizer step the tracker holds the two moments
+    of the rank's shards, and not the global-shape fake tensors DTensor's sharding propagation makes for
+    each foreach op (tracker.blind_to_sharding_propagation). Torch 2.11 propagates every foreach op again
+    under a fake mode; counted, they made the step's optimizer state 27 × the sharded parameters."""
+    import fsdpbench.strategies.optim as optim
+
+    monkeypatch.setattr(
+        optim, "build_optimizer", lambda params, case: torch.optim.AdamW(params, lr=case.lr, foreach=True)
+    )
+    # a CUDA target: the step counters are host tensors there, so the state is the two moments alone
+    case = Case(
+        model="decoder-small",
+        strategy="zero3",
+        world_size=8,
+        batch_size=1,
+        seq_len=8,
+        device="cuda",
+        backend="nccl",
+    )
+    peak = estimate(case).peak_by_category
+    assert peak["optim"] == 2 * peak["params"]  # exp_avg and exp_avg_sq, fp32 like the fp32 parameters
+
+
+def test_the_tracker_skips_only_the_sharding_propagation():
+    """The propagation's own tensors are not counted; the same op run as the rank's work is."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    from fsdpbench.metrics.tracker import blind_to_sharding_propagation
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+    blind = blind_to_sharding_propagation(MemTracker)
+
+    def fake_propagation(self, op_schema):
+        return torch.empty(1024, 1024)  # what a propagation allocates to learn a shape
+
+    with FakeTensorMode(), torch.no_grad():
+        try:
+            ShardingPropagator._propagate_tensor_meta_non_cached = fake_propagation
+            tracker = blind()
+            with tracker:
+                assert ShardingPropagator._propagate_tensor_meta_non_cached is not fake_propagation
+                kept = ShardingPropagator._propagate_tensor_meta_non_cached(None, None)
+                counted = torch.empty(256, 1024)
+                peak = max(tracker.get_tracker_snapshot("peak")[counted.device]["Total"], 0)
+            assert ShardingPropagator._propagate_tensor_meta_non_cached is fake_propagation  # put back
+        finally:
+            ShardingPropagator._propagate_tensor_meta_non_cached = original
+    assert kept.numel() == 1024 * 1024
+    assert peak == 256 * 1024 * 4

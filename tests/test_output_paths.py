@@ -1,4 +1,4 @@
-"""Output paths are checked before any work, and a write that fails anyway is one line (issue 21):
+"""Output paths are checked before any work, and a write that fails anyway is one line:
 `regress --json/--markdown/--write-baseline`, `report --out` and `run --export-cases` pointing at a
 directory, under a file, or somewhere that cannot be written give exit 2 and no traceback."""
 

@@ -265,3 +265,70 @@ def test_sizes_print_in_a_unit_a_person_reads(nbytes, units, shown):
     from fsdpbench.commands.predict import _fmt
 
     assert _fmt(nbytes, units) == shown
+
+
+SMALL_ON_3GIB = (
+    *("--model", "decoder-small", "--world-size", "4", "--strategy", "zero3", "--precision", "bf16"),
+    *("--seq-len", "128", "--batch-size", "4", "--device-memory", "3GiB", "--nccl-channels", "2"),
+)
+
+
+def test_a_prediction_whose_methods_agree_says_so_and_gives_its_verdict(capsys):
+    code, out, _ = run_cli(capsys, *SMALL_ON_3GIB, "--json")
+    assert code == 0
+    answer = next(r for r in json.loads(out) if "allocated_peak_bytes" in r)
+    assert answer["consistent"] is True and answer["disagreements"] == [] and answer["fits"] is True
+    assert answer["tracked_peak_bytes"] <= answer["allocated_peak_bytes"] <= answer["reserved_peak_bytes"]
+    assert answer["reserved_peak_bytes"] <= answer["nvml_peak_bytes"]
+
+
+def test_a_prediction_that_contradicts_itself_gives_no_verdict_and_says_where(capsys, monkeypatch):
+    """An analytic allocated peak a third above the allocator model's: no fits line, no searches, and
+    each disagreement named in readable sizes (at 80 columns); JSON says the same."""
+    import dataclasses
+
+    import fsdpbench.predictors.consistency as consistency
+
+    real = consistency.layer_figures
+
+    def inflated(case, method, **kwargs):  # noqa: ANN001, ANN003, ANN202 — layer_figures' own
+        f = real(case, method, **kwargs)
+        return dataclasses.replace(f, allocated=f.allocated * 3 // 2, reserved=f.reserved * 3 // 2)
+
+    monkeypatch.setattr(consistency, "layer_figures", inflated)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run_cli(capsys, *SMALL_ON_3GIB)
+    assert code == 0
+    text = " ".join(out.split())
+    assert "this case's predictions contradict each other: - allocated peak: analytic " in text
+    assert "apart (they agree within 10%)" in text
+    assert "no verdict on 3.0 GiB: whether it fits is not known from them no search" in text
+    assert "fits in" not in text and "does NOT fit" not in text and "largest per-rank batch" not in text
+    assert len(err.splitlines()) == 1  # the case asked traced once; no search traced anything
+    assert max(len(line) for line in out.splitlines()) <= 80
+    code, out, _ = run_cli(capsys, *SMALL_ON_3GIB, "--json")
+    answer = next(r for r in json.loads(out) if "allocated_peak_bytes" in r)
+    assert answer["consistent"] is False and answer["fits"] is None and answer["largest_batch"] is None
+    assert any(d.startswith("allocated peak: analytic ") for d in answer["disagreements"])
+
+
+def test_where_the_methods_disagree_the_live_tensors_they_agree_on_still_decide_a_no(capsys, monkeypatch):
+    """Allocated peaks apart, tracked peaks equal, and the live tensors + NVML's terms alone above the
+    device memory: "does NOT fit", said to rest on the live tensors; still no search."""
+    import dataclasses
+
+    import fsdpbench.predictors.consistency as consistency
+
+    real = consistency.layer_figures
+
+    def inflated(case, method, **kwargs):  # noqa: ANN001, ANN003, ANN202 — layer_figures' own
+        f = real(case, method, **kwargs)
+        return dataclasses.replace(f, allocated=f.allocated * 3 // 2, reserved=f.reserved * 3 // 2)
+
+    monkeypatch.setattr(consistency, "layer_figures", inflated)
+    argv = [a if a != "3GiB" else "1GiB" for a in SMALL_ON_3GIB]
+    code, out, _ = run_cli(capsys, *argv)
+    text = " ".join(out.split())
+    assert code == 0 and "this case's predictions contradict each other" in text
+    assert "does NOT fit in 1.0 GiB: the tracked peak alone (analytic) + context + NCCL" in text
+    assert "(both methods agree on the live tensors) no search" in text and "largest per-rank" not in text

@@ -1,4 +1,4 @@
-"""Rank records end to end (issue 20): the worker writes a ``RankResult``, the launcher reads it back as
+"""Rank records end to end: the worker writes a ``RankResult``, the launcher reads it back as
 one (``RankResult.read``), and every later stage works on the typed record. A rank file is input from a
 stranger (a crashed rank, another run, a hand edit): the reader names the file and the field, and the
 rank counts as one that wrote nothing usable; it never raises."""

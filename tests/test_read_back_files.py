@@ -1,4 +1,4 @@
-"""Every file fsdpbench reads back is input from a stranger (issue 21): a baseline whose numbers are NaN,
+"""Every file fsdpbench reads back is input from a stranger: a baseline whose numbers are NaN,
 inf, strings or lists of them, a forged format marker, an infinite tolerance, a huge or deep file; a
 truncated results.parquet or case file; a run.json of the wrong shape. Each is one line naming the file
 and the field, exit 2 — and regress never says 1 (a regression) for a broken file."""

@@ -26,7 +26,7 @@ from fsdpbench.cli import build_parser
 from fsdpbench.core import schema
 from fsdpbench.core.case import Case
 from fsdpbench.core.schema import RUN_CASE_ID
-from tests.helpers import made_once
+from tests.helpers import made_once, regression_named
 
 PLUGINS = Path(__file__).parent / "plugins"
 MACHINE = {"hostname": "ci-host", "device_name": "CPU: test (2 cores)", "torch_version": "2.13.0+cpu"}
@@ -394,7 +394,7 @@ def test_command_writes_baseline_then_gates(tmp_path, capsys):
     md, js = tmp_path / "comment.md", tmp_path / "regress.json"
     assert cli(bad, "--baseline", base, "--markdown", md, "--json", js) == 1
     out = capsys.readouterr().out
-    assert f"REGRESSION {ZERO3.case_id} mem_tracker_peak_bytes: regressed" in out and "FAIL" in out
+    assert regression_named(out, ZERO3.case_id, "mem_tracker_peak_bytes", "regressed") and "FAIL" in out
     assert "fsdpbench regress: FAIL" in md.read_text() and ZERO3.case_id in md.read_text()
     report = json.loads(js.read_text())
     assert report["passed"] is False
@@ -493,7 +493,7 @@ def test_extra_param_copy_fails_on_memory(real_baseline, capsys):
     out = capsys.readouterr().out
     assert code == 1
     zero3_id = ZERO3.replace(warmup_steps=1, steps=3).case_id
-    assert f"REGRESSION {zero3_id} mem_tracker_peak_bytes: regressed" in out
+    assert regression_named(out, zero3_id, "mem_tracker_peak_bytes", "regressed")
     records = pd.DataFrame(json.loads((tmp / "copy.json").read_text())["records"]).set_index(
         ["case_id", "metric"]
     )
@@ -528,7 +528,7 @@ def test_sleep_per_step_fails_on_step_time_ratio(real_baseline, capsys):
     out = capsys.readouterr().out
     assert code == 1
     zero3_id = ZERO3.replace(warmup_steps=1, steps=3).case_id
-    assert f"REGRESSION {zero3_id} step_time_ratio: regressed" in out
+    assert regression_named(out, zero3_id, "step_time_ratio", "regressed")
     records = pd.DataFrame(json.loads((tmp / "sleepy.json").read_text())["records"])
     mine = records[records["case_id"] == zero3_id]
     assert mine[mine["kind"].isin(["memory", "loss"])]["verdict"].eq("ok").all()  # only time moved
@@ -610,12 +610,18 @@ def test_the_terminal_shows_the_verdict_first_and_only_what_changed_at_80_column
     capsys.readouterr()
     bad = write_run(tmp_path / "c", run_frame(zero3_peak=(1000, 1100)))
     assert cli(bad, "--baseline", base, "--json", tmp_path / "all.json") == 1
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"REGRESSION {ZERO3.case_id} mem_tracker_peak_bytes: regressed")
-    assert lines[1].startswith("FAIL: ")
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    # the verdict first, the case by its name (what tells it from the run's others) and its id's hash,
+    # then its id on a line of its own
+    tail = ZERO3.case_id.rsplit("_", 1)[-1]
+    assert lines[0].startswith(f"REGRESSION zero3 n2 ({tail}) mem_tracker_peak_bytes: regressed (1,000 B")
+    assert lines[2] == f"  case {ZERO3.case_id}" and lines[3].startswith("FAIL: ")
+    assert regression_named(text, ZERO3.case_id, "mem_tracker_peak_bytes", "regressed")
+    assert max(len(x) for x in lines) <= 80  # every line, the table's and the verdict's
     table = [x for x in lines if x[:1] in "┏┃┡│└━┗╇"]
-    assert table and all(len(x) <= 80 for x in table)
-    assert "ddp_n2" not in "".join(table)  # DDP's metrics did not move: none of its rows is shown
+    assert table and f"zero3 n2 ({tail})" in text
+    assert "ddp n2" not in "".join(table)  # DDP's metrics did not move: none of its rows is shown
     records = json.loads((tmp_path / "all.json").read_text())["records"]
     unchanged = len(records) - sum(r["verdict"] != "ok" or (r["change"] or 0) != 0 for r in records)
     assert unchanged > 0 and f"{unchanged} metric(s) unchanged and within tolerance, not shown" in " ".join(

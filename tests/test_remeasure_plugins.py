@@ -1,5 +1,5 @@
 """``regress --repeat K`` re-launches a case of a plugin strategy as ``run --allow-plugins`` launched
-it (issue 21): it failed to re-measure one ("failed, 0 samples") and said nothing more, because its
+it: it once failed to re-measure one ("failed, 0 samples") and said nothing more, because its
 module, found in the current directory by the run, was not found by the re-launched ranks."""
 
 from __future__ import annotations

@@ -513,7 +513,7 @@ def test_a_probe_is_cached_per_host_tuning_and_one_without_its_tuning_measured_a
 def test_a_queued_collective_costs_what_it_adds_to_a_burst_not_a_share_of_its_start() -> None:
     """A burst of n collectives issued at once takes start + n × (α + S·factor/busbw): the start (gloo's
     idle threads woken) is the burst's first collective's, timed in context. Per collective of a burst of
-    8 (the line until 2026-11-26), each of ZeRO-1's 38 queued broadcasts paid an eighth of the start."""
+    8 (the probe's earlier line), each of ZeRO-1's 38 queued broadcasts paid an eighth of the start."""
     from fsdpbench.pipeline.comm_probe import _fit_bursts
 
     start_us, alpha_us, us_per_byte = 1600.0, 60.0, 1 / 4e3  # 4 GB/s

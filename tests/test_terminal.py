@@ -12,6 +12,7 @@ from io import StringIO
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 from rich.console import Console
 
 from fsdpbench.analysis.summary import print_summary
@@ -56,22 +57,42 @@ def _summary(width: int) -> tuple[str, list[str]]:
     return console.file.getvalue(), list(dict.fromkeys(rows[CASE_ID]))
 
 
-def test_at_80_columns_every_case_id_is_whole_and_no_cell_wraps():
-    text, case_ids = _summary(80)
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_the_summary_is_a_table_that_fits_naming_each_case_by_what_differs(width):
+    text, case_ids = _summary(width)
     lines = text.splitlines()
-    assert max(len(line) for line in lines) <= 80
+    assert max(len(line) for line in lines) <= width
     assert "…" not in text
-    for case_id in case_ids:
-        assert case_id in lines  # on a line of its own: copy it, find its directory
-    # every step-time cell whole, on one line: "161.1 ms (161–161)"
-    assert len(re.findall(r"step time \(p10–p90\) \d+\.\d ms \(\d+–\d+\)", text)) == len(case_ids)
-    assert "ddp_n1_decoder-base_none_pf0_fp32_b8_4581d4" in lines
+    rows = [line for line in lines if re.search(r"\b[0-9a-f]{6}\s*$", line)]
+    assert len(rows) == len(case_ids)  # one row per case, not a block of lines per case
+    for case_id, row in zip(case_ids, rows, strict=True):
+        strategy, world, *_ = case_id.split("_")
+        precision = "bf16" if "_bf16_" in case_id else "fp32"
+        # its name (what tells it from the others: the precision here) and its id's hash (its directory)
+        assert row.split()[:3] == [strategy, world, precision] and row.rstrip().endswith(case_id[-6:])
+        assert re.search(r" \d+\.\d \(\d+–\d+\) ", row)  # the step-time cell whole: "161.1 (161–161)"
+    assert "161.1 (161–161)" in text and "58.5%" in text
 
 
-def test_a_wide_console_gets_the_table():
-    text, case_ids = _summary(250)
-    assert "┃ case" in text and "161.1 ms (161–161)" in text
-    assert all(any(case_id in line and "│" in line for line in text.splitlines()) for case_id in case_ids)
+def test_a_narrow_console_leaves_out_the_throughput_and_a_wide_one_shows_it():
+    assert "samples/s" not in _summary(80)[0] and "samples/s" in _summary(120)[0]
+
+
+def test_a_case_is_named_by_what_tells_it_from_the_others():
+    from fsdpbench.analysis.names import case_names
+    from fsdpbench.core.case import Case
+
+    size = dict(model="mnist-cnn", strategy="fsdp1_full", world_size=2, wrap="size")
+    cases = [
+        Case(**size, wrap_min_params=100_000),
+        Case(**size, wrap_min_params=20_000),
+        Case(model="mnist-cnn", strategy="ddp", world_size=2),
+    ]
+    assert list(case_names(cases).values()) == [
+        "fsdp1_full n2 wrap=size(1e5)",
+        "fsdp1_full n2 wrap=size(2e4)",
+        "ddp n2",
+    ]
 
 
 def _finish_two_cases(console: Console) -> None:

@@ -5,20 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 import pandas as pd
-from rich.console import Console
+from rich import box
+from rich.console import Console, JustifyMethod
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 from fsdpbench.analysis.frame import case_frame, case_mode, has_values
+from fsdpbench.analysis.names import case_labels, id_tail
 from fsdpbench.core.formatting import fmt_bytes, fmt_compute, fmt_harness_overhead, fmt_throughput
 from fsdpbench.core.schema import (
+    ACHIEVED_TFLOPS,
     CASE_ID,
     CASE_STEP_TIME,
     DEVICE,
     EMULATED,
     ERROR,
     HARNESS_OVERHEAD_RATIO,
+    MFU,
     MODE,
     N_RANKS_REPORTED,
     OK,
@@ -66,54 +70,71 @@ def case_summary(frame: pd.DataFrame) -> pd.DataFrame:
             },
             "starved": [starved_note(r) for _, r in cases.iterrows()],
             "throughput": [fmt_throughput(r, tokens=False) for _, r in cases.iterrows()],
-            "compute": [fmt_compute(r) for _, r in cases.iterrows()],
+            "compute": [_compute_cell(r) for _, r in cases.iterrows()],
             "harness_overhead": [fmt_harness_overhead(r) for _, r in cases.iterrows()],
             "has_bare_loop": has_values(cases, HARNESS_OVERHEAD_RATIO),
         }
     )
 
 
+def _compute_cell(row: Any) -> str:
+    """MFU and achieved TFLOP/s in the summary's few columns: '41.2% (129.5)'; the long form where one is
+    missing (core.formatting.fmt_compute)."""
+    mfu, tflops = row.get(MFU), row.get(ACHIEVED_TFLOPS)
+    if _ok(mfu) and _ok(tflops) and row.get(DEVICE) != "cpu":
+        return f"{mfu:.1%} ({tflops:.1f})"
+    return fmt_compute(row)
+
+
 def _ok(x: object) -> bool:
     return x is not None and x == x
 
 
-def _cells(row: Any, *, gpu: bool, bare: bool) -> list[Text | str]:
-    """One case's cells, in the summary's column order."""
+def _cells(row: Any, name: str, columns: list[str]) -> list[Text | str]:
+    """One case's cells, in the order of ``columns``."""
     ms = row.step_time_ms
     status = row.status if row.status == OK else f"{row.status}: {str(row.error)[:60]}"
+    status += f" ({row.starved})" if row.starved else ""
     spread = f" ({row.p10_ms:.0f}–{row.p90_ms:.0f})" if _ok(row.p10_ms) and _ok(row.p90_ms) else ""
-    return [  # Text: an error message is never read as markup
-        Text(str(row.case_id)),
-        Text(str(row.strategy)),
-        f"{row.world_size} {row.device}"
+    cells: dict[str, Text | str] = {  # Text: an error message is never read as markup
+        "case": Text(name),
+        "ranks": f"{row.world_size} {row.device}"
         if row.mode != EMULATED
         else f"{row.ranks_run} of {row.world_size} {row.device}, emulated",
-        f"{ms:.1f} ms{spread}" + (f" [{row.starved}]" if row.starved else "") if _ok(ms) else "—",
-        row.throughput,
-        *([row.compute] if gpu else []),
-        *([row.harness_overhead] if bare else []),
-        fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
-        Text(str(status)),
-    ]
+        "step ms (p10–p90)": f"{ms:.1f}{spread}" if _ok(ms) else "—",
+        "samples/s": row.throughput.removesuffix(" samples/s"),
+        "MFU (TFLOP/s)": row.compute,
+        "MFU": row.compute.split(" (")[0],
+        "harness overhead": row.harness_overhead,
+        "peak / rank": fmt_bytes(row.peak_bytes if _ok(row.peak_bytes) else None),
+        STATUS: Text(str(status)),
+        "id": Text(id_tail(row.case_id)),
+    }
+    return [cells[c] for c in columns]
 
 
-def _print_stacked(console: Console, title: str, columns: list[str], rows: list[list[Text | str]]) -> None:
-    """The summary for a console narrower than its table: each case's id on a line of its own (whole,
-    to find its directory), then its cells as ``heading value`` pairs, each pair kept on one line."""
-    console.print(title, highlight=False)
-    for cells in rows:
-        console.print(Text(str(cells[0]), style="bold"), highlight=False, overflow="ignore", crop=False)
-        pairs = [f"{heading} {cell}" for heading, cell in zip(columns[1:], cells[1:], strict=True)]
-        line = Text("  ")
-        for pair in pairs:
-            if len(line) > 2 and len(line) + 3 + len(pair) > console.width:
-                console.print(line, highlight=False)
-                line = Text("  ")
-            line.append(("" if len(line) == 2 else " · ") + pair)
-        console.print(line, highlight=False)
+# heading → (justify, may wrap): the case's name, its ranks, its status and the harness overhead wrap at
+# spaces when the console is narrow; a number never wraps
+_COLUMNS: dict[str, tuple[JustifyMethod, bool]] = {
+    "case": ("left", True),
+    "ranks": ("left", True),
+    "step ms (p10–p90)": ("right", False),
+    "samples/s": ("right", False),
+    "MFU (TFLOP/s)": ("right", False),
+    "MFU": ("right", False),
+    "harness overhead": ("right", True),
+    "peak / rank": ("right", False),
+    STATUS: ("left", True),
+    "id": ("left", False),
+}
+# what a narrow console leaves out, in turn, before the wrapping columns wrap: the throughput (the step
+# time says it: global batch / step time), then the achieved TFLOP/s beside the MFU
+_NARROWER = ({"samples/s"}, {"samples/s", "MFU (TFLOP/s)"})
 
 
-def print_summary(frame: pd.DataFrame, console: Console) -> None:
+def summary_table(frame: pd.DataFrame, width: int = 10**6) -> Table:
+    """The run's cases as one table at most ``width`` columns wide: each case named by what tells it
+    from the others (analysis.names), its id's hash (its directory, ``cases/<case_id>/``) last."""
     cases = case_summary(frame)
     counts = {(int(r.steps), int(r.warmup)) for r in cases.itertuples() if _ok(r.steps) and _ok(r.warmup)}
     how = ""
@@ -125,24 +146,52 @@ def print_summary(frame: pd.DataFrame, console: Console) -> None:
     )
     gpu = (cases[DEVICE] != "cpu").any()
     bare = bool(cases["has_bare_loop"].any())
-    columns = ["case", "strategy", "ranks", "step time (p10–p90)", "throughput"]
+    columns = ["case", "ranks", "step ms (p10–p90)", "samples/s"]
     columns += ["MFU (TFLOP/s)"] if gpu else []  # on CPU ranks not meaningful: said once below the table
     columns += ["harness overhead"] if bare else []  # only with a bare loop (bare_steps)
-    columns += ["peak / rank", STATUS]
-    rows = [_cells(row, gpu=gpu, bare=bare) for row in cases.itertuples()]
-    table = Table(title=title)
+    columns += ["peak / rank", STATUS, "id"]
+    names = case_labels(case_frame(frame))  # the same cases in the same order as case_summary's
+    rows = [(row, name) for row, name in zip(cases.itertuples(), names, strict=True)]
+    table = _table(title, columns, rows)
+    for left_out in _NARROWER:
+        if _natural_width(table) <= width:
+            break
+        shown = [c for c in columns if c not in left_out]
+        table = _table(title, _with_mfu(shown, gpu, left_out), rows)
+    return table
+
+
+def _with_mfu(columns: list[str], gpu: bool, left_out: set[str]) -> list[str]:
+    """The MFU alone where its TFLOP/s were left out (on GPUs)."""
+    if not gpu or "MFU (TFLOP/s)" not in left_out:
+        return columns
+    at = columns.index("peak / rank")
+    return [*columns[:at], "MFU", *columns[at:]]
+
+
+def _table(title: str, columns: list[str], rows: list[tuple[Any, str]]) -> Table:
+    table = Table(
+        title=title, title_justify="left", box=box.SIMPLE_HEAD, show_edge=False, collapse_padding=True
+    )
     for col in columns:
-        # a cell never wraps: a case id cut or folded cannot be found among the run's directories
-        table.add_column(
-            col, justify="left" if col in ("case", "strategy", STATUS) else "right", no_wrap=True
-        )
-    for cells in rows:
-        table.add_row(*cells)
-    natural = Measurement.get(console, console.options.update_width(10**6), table).maximum
-    if natural <= console.width:
-        console.print(table)
-    else:  # narrower than the table (80 columns, piped or logged): one block per case, nothing cut
-        _print_stacked(console, title, columns, rows)
+        justify, wraps = _COLUMNS[col]
+        words = [len(w) for row, name in rows for w in str(_cells(row, name, [col])[0]).split()]
+        # a wrapping column breaks between words, never inside one (a case's name stays readable)
+        table.add_column(col, justify=justify, no_wrap=not wraps, min_width=max(words, default=1))
+    for row, name in rows:
+        table.add_row(*_cells(row, name, columns))
+    return table
+
+
+def _natural_width(table: Table) -> int:
+    console = Console(width=10**6)
+    return Measurement.get(console, console.options, table).maximum
+
+
+def print_summary(frame: pd.DataFrame, console: Console) -> None:
+    cases = case_summary(frame)
+    console.print(summary_table(frame, console.width))
+    bare = bool(cases["has_bare_loop"].any())
     if (cases[DEVICE] == "cpu").any():
         console.print(
             "MFU and achieved TFLOP/s: not meaningful on CPU ranks (no datasheet peak)", highlight=False

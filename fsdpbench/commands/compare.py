@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -160,11 +159,12 @@ def main(args: argparse.Namespace) -> int:
         f"→ {escape(str(run_dir))}",
         highlight=False,
     )
+    running.print_thread_policy(err, scenario.cases)
     running.print_skipped(err, scenario)
     try:
         with (
             signals_as_interrupts(),
-            running.case_progress(err, len(scenario.cases)) as (
+            running.case_progress(err, len(scenario.cases), scenario.cases) as (
                 on_start,
                 on_done,
             ),
@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
             highlight=False,
         )
         return 128 + getattr(exc, "signum", signal.SIGINT)
-    out = Console() if sys.stdout.isatty() else Console(width=160)
+    out = Console()  # the terminal's width; COLUMNS, or 80 when piped
     cases = print_compare(run_dir, out)
     if not args.no_report:
         from fsdpbench.report import write_report

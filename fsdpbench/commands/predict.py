@@ -519,19 +519,50 @@ def _allocator_answer(args: argparse.Namespace, case: Any, device_memory: int) -
         calibration=args.calibration_terms,
     )
     memory = model.memory(case)
-    fit = model.fit(case, device_memory)
+    found, tracked_agree = _disagreements(args, case, model, memory)
+    if found:  # the models contradict each other: no search built on them, and a verdict only where
+        # the live tensors alone (both agree on them) do not fit
+        fit = model.fit(case, device_memory)
+        decided = tracked_agree and not fit.fits and fit.needed_bytes is None  # by the tracked peak alone
+        answer = AllocatorAnswer(
+            memory,
+            fit if decided else None,
+            None,
+            None,
+            args.max_world_size,
+            recipe_note(case),
+            device_memory,
+            found,
+        )
+        return answer, model.estimate(case)
     shard = resolve_shard_size(case, get_strategy(case.strategy).sharding) or 1
     answer = AllocatorAnswer(
         memory,
-        fit,
+        model.fit(case, device_memory),
         largest_batch=model.largest_batch(case, device_memory),
         smallest_world_size=model.smallest_world_size(
             case, device_memory, max_world_size=args.max_world_size, multiple=shard
         ),
         max_world_size=args.max_world_size,
         recipe=recipe_note(case),
+        device_memory_bytes=device_memory,
     )
     return answer, model.estimate(case)
+
+
+def _disagreements(
+    args: argparse.Namespace, case: Any, model: Any, memory: Any
+) -> tuple[tuple[str, ...], bool]:
+    """Where the analytic layers and the allocator model's (the traced stream) contradict each other, and
+    whether the two tracked peaks agree all the same."""
+    from fsdpbench.predictors.consistency import AGREEMENT, LayerFigures, disagreements, layer_figures
+
+    traced = LayerFigures(
+        "allocator model", memory.tracked_peak, memory.allocated_peak, memory.reserved_peak, memory.nvml_peak
+    )
+    analytic = layer_figures(case, "analytic", rank=args.rank, model=model)
+    found = tuple(disagreements(analytic, traced, lambda n: _size(n, args.units)))
+    return found, abs(analytic.tracked - traced.tracked) <= AGREEMENT * max(analytic.tracked, traced.tracked)
 
 
 def _calibration(path: str | None) -> Any:

@@ -15,15 +15,18 @@ import dataclasses
 import json
 import math
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
+from fsdpbench.analysis.names import id_tail
 from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import (
     BYTES,
+    CASE_ID,
     COLUMNS,
     COMMIT,
     DEVICE_NAME,
@@ -265,16 +268,16 @@ def _gate(args: argparse.Namespace, err: Console) -> int:
     check_compared(result, args.baseline)
 
     out = Console()  # the terminal's width, 80 columns in a CI log
+    names = case_names(run_frame)
     if args.markdown == "-":  # the Markdown is the table (CI logs, job summaries)
         _emit("-", render_markdown(result, baseline, args.baseline, args.run_dir))
-        out.print(escape(verdict_line(result)), highlight=False, soft_wrap=True)
+        out.print(escape(verdict_line(result, names, out.width)), highlight=False, soft_wrap=True)
     else:
         # the verdict first, then only what changed: every row is in --markdown and --json
-        # each verdict line whole (no fold inserted): a log is searched for "REGRESSION <case id>"
-        out.print(escape(verdict_line(result)), highlight=False, soft_wrap=True)
+        out.print(escape(verdict_line(result, names, out.width)), highlight=False, soft_wrap=True)
         changed = changed_rows(result)
         if changed:
-            out.print(build_table(result, args.baseline, args.run_dir, changed))
+            out.print(build_table(result, args.baseline, args.run_dir, changed, names))
         unchanged = len(result.differences) - len(changed)
         if unchanged:
             out.print(
@@ -335,14 +338,14 @@ def _json_value(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def _cells(row: MetricDifference) -> list[str]:
+def _cells(row: MetricDifference, names: Mapping[str, str] | None = None) -> list[str]:
     tol = (
         ""
         if row.tolerance is None or row.tolerance != row.tolerance
         else (f"{row.tolerance:.0e}" if row.metric == LOSSES else f"{row.tolerance:.0%}")
     )
     verdict = row.verdict + (" ✗" if row.fails else "")
-    case = row.case_id if row.run_case_id == row.case_id else f"{row.case_id} (ran as {row.run_case_id})"
+    case = case_name(row, names)
     if row.mode == "emulated":
         case += " [emulated]"
     return [
@@ -360,6 +363,25 @@ def _cells(row: MetricDifference) -> list[str]:
 _HEADERS = ["case", "metric", "baseline", "now", "change", "tolerance", "verdict", "note"]
 
 
+def case_name(row: MetricDifference, names: Mapping[str, str] | None) -> str:
+    """The case as a person tells it from the others (``analysis.names``) with its id's hash, or its id
+    where the run has no name for it (a baseline case the run lacks)."""
+    name = (names or {}).get(row.run_case_id)
+    if name is None:
+        case = row.case_id
+        return case if row.run_case_id == row.case_id else f"{case} (ran as {row.run_case_id})"
+    return f"{name} ({id_tail(row.run_case_id)})"
+
+
+def case_names(frame: Any) -> dict[str, str]:
+    """Each case of the run, by its id, named by what tells it from the run's other cases."""
+    from fsdpbench.analysis.frame import case_frame
+    from fsdpbench.analysis.names import case_labels
+
+    cases = case_frame(frame)
+    return dict(zip(cases[CASE_ID], case_labels(cases), strict=True))
+
+
 def changed_rows(result: DifferenceReport) -> list[MetricDifference]:
     """The rows a person must see: every verdict but ok, and an ok metric that moved (within tolerance)."""
     return [
@@ -374,6 +396,7 @@ def build_table(
     baseline_path: str,
     run_dir: str,
     rows: list[MetricDifference] | None = None,
+    names: Mapping[str, str] | None = None,
 ) -> Table:
     """The differences (``rows``, or all of them) as a table whose cells fold to the console's width."""
     table = Table(title=escape(f"regress {run_dir} against {baseline_path} (memory: largest rank)"))
@@ -383,7 +406,7 @@ def build_table(
         )
     previous = None
     for row in result.differences if rows is None else rows:
-        cells = _cells(row)
+        cells = _cells(row, names)
         if cells[0] == previous:
             cells[0] = ""  # the case id once per group
         else:
@@ -394,14 +417,23 @@ def build_table(
     return table
 
 
-def verdict_line(result: DifferenceReport) -> str:
-    """One line per failure, naming the case and the metric, then PASS/FAIL."""
-    lines = [
-        f"REGRESSION {r.case_id} {r.metric}: {r.verdict} ({fmt_value(r.metric, r.baseline)} → "
-        f"{fmt_value(r.metric, r.now)}{', ' + fmt_change(r.metric, r.change) if r.change is not None else ''}"
-        f"{', ' + r.note if r.note else ''})"
-        for r in result.failures
-    ]
+def verdict_line(
+    result: DifferenceReport, names: Mapping[str, str] | None = None, width: int | None = None
+) -> str:
+    """Per failure a line ``REGRESSION <case> <metric>: <verdict> (…)`` and one with the case's id
+    (``case <case_id>``: its directory); then PASS/FAIL. With ``width``, each line wrapped to it."""
+    lines = []
+    for r in result.failures:
+        change = f", {fmt_change(r.metric, r.change)}" if r.change is not None else ""
+        lines += _wrap(
+            f"REGRESSION {case_name(r, names) if names else r.case_id} {r.metric}: {r.verdict} "
+            f"({fmt_value(r.metric, r.baseline)} → {fmt_value(r.metric, r.now)}{change}"
+            f"{', ' + r.note if r.note else ''})",
+            width,
+        )
+        if names and r.run_case_id in names:
+            ran_as = f" (ran as {r.run_case_id})" if r.run_case_id != r.case_id else ""
+            lines += _wrap(f"  case {r.case_id}{ran_as}", width)
     summary = ", ".join(f"{n} {v}" for v, n in result.verdict_counts().items())
     unjudged = sum(
         r.metric == STEP_TIME_REF_RATIOS and r.verdict == "not compared" for r in result.differences
@@ -412,11 +444,21 @@ def verdict_line(result: DifferenceReport) -> str:
         if unjudged
         else ""
     )
-    lines.append(
+    lines += _wrap(
         ("FAIL" if not result.passed else "PASS")
-        + f": {len(result.differences)} compared ({summary}){time_not_judged}"
+        + f": {len(result.differences)} compared ({summary}){time_not_judged}",
+        width,
     )
     return "\n".join(lines)
+
+
+def _wrap(text: str, width: int | None) -> list[str]:
+    """``text`` in lines of at most ``width`` columns (continuations indented by four), or whole."""
+    if width is None or len(text) <= width:
+        return [text]
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent="    ", break_on_hyphens=False)
 
 
 def render_markdown(

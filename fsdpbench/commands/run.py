@@ -18,8 +18,10 @@ from fsdpbench.commands.running import (
     link_spec,
     parse_overrides,
     print_skipped,
+    print_thread_policy,
     print_write_error,
     run_header,
+    scenario_names,
     validate_overrides,
 )
 from fsdpbench.core.markup import escape
@@ -144,9 +146,10 @@ def _run(
         f"{len(scenario.skipped)} skipped → {escape(str(run_dir))}",
         highlight=False,
     )
+    print_thread_policy(console, scenario.cases)
     print_skipped(console, scenario)
     try:
-        with case_progress(console, n_todo) as (on_start, on_done):
+        with case_progress(console, n_todo, scenario.cases) as (on_start, on_done):
             frame = run_cases(
                 scenario.cases,
                 scenario.skipped,
@@ -266,10 +269,10 @@ def _print_dry_run(scenario: Any) -> int:
     console.print(
         f"[bold]{escape(scenario.name)}[/]: {len(scenario.cases)} cases, {len(scenario.skipped)} skipped"
     )
+    names = scenario_names(scenario)
     for case in scenario.cases:
-        console.print(f"  {case.case_id}", highlight=False)
-    for s in scenario.skipped:
-        console.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
+        console.print(f"  {escape(names[case.case_id])}  [dim]{case.case_id}[/]", highlight=False)
+    print_skipped(console, scenario)
     return 0
 
 

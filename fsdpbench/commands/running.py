@@ -192,13 +192,36 @@ def run_header(
     }
 
 
+def scenario_names(scenario: Any) -> dict[str, str]:
+    """Every case of the scenario, run or skipped, named by what tells it from the others."""
+    from fsdpbench.analysis.names import case_names
+
+    return case_names([*scenario.cases, *(s.case for s in scenario.skipped)])
+
+
+def print_thread_policy(console: Console, cases: Any) -> None:
+    """What the cases' host tuning does to gloo's threads, in the scheduler's words: one line per tuning
+    among the gloo cases (a run of NCCL ranks has no gloo threads, and no line)."""
+    from fsdpbench.core.case import GLOO_THREADS
+
+    tunings = dict.fromkeys(c.host_tuning for c in cases if c.backend == "gloo")
+    for tuning in tunings:
+        console.print(f"  host_tuning {tuning}: {GLOO_THREADS[tuning]}", highlight=False, soft_wrap=False)
+
+
 def print_skipped(console: Console, scenario: Any) -> None:
+    names = scenario_names(scenario) if scenario.skipped else {}
     for s in scenario.skipped:
-        console.print(f"  skipped {s.case.case_id}: {escape(s.reason)}", style="yellow", highlight=False)
+        name = names.get(s.case.case_id, s.case.case_id)
+        text = f"  skipped {escape(name)}: {escape(s.reason)}"
+        console.print(text, style="yellow", highlight=False, soft_wrap=False)
 
 
-def outcome_line(case: Any, outcome: Any, rows: Any) -> str:
-    """One finished case as a line of console markup: status, case id, step time, first error line."""
+def outcome_line(case: Any, outcome: Any, rows: Any, name: str | None = None) -> str:
+    """One finished case as a line of console markup: status, its name (what tells it from the other
+    cases: analysis.names) with its id's hash (its directory), step time, first error line."""
+    from fsdpbench.analysis.names import id_tail
+
     colour = "green" if outcome.status == OK else "red"
     ms = rows[CASE_STEP_TIME].iloc[0] if CASE_STEP_TIME in rows else None
     # the slowest rank's row: the one whose steps make the case's step time
@@ -206,7 +229,8 @@ def outcome_line(case: Any, outcome: Any, rows: Any) -> str:
     if STEP_TIME in rows and rows[STEP_TIME].notna().any():
         note = starved_note(rows.loc[rows[STEP_TIME].astype(float).idxmax()])
     return (
-        f"  [{colour}]{outcome.status:7}[/] {case.case_id}"
+        f"  [{colour}]{outcome.status:7}[/] "
+        + (f"{escape(name)} [dim]{id_tail(case.case_id)}[/]" if name else case.case_id)
         + (f"  {ms:.1f} ms/step" if ms is not None and ms == ms else "")
         + (f"  [yellow]{note}: not compared[/]" if note else "")
         + (f"  — {escape(outcome.error.splitlines()[0][:160])}" if outcome.error else "")
@@ -220,19 +244,24 @@ def _ranks_text(case: Any) -> str:
 
 
 @contextmanager
-def case_progress(console: Console, n_cases: int) -> Iterator[tuple[OnStart, OnDone]]:
+def case_progress(console: Console, n_cases: int, cases: Any = ()) -> Iterator[tuple[OnStart, OnDone]]:
     """A progress bar over the cases; yields run_cases' (on_start, on_done), which move it and print
-    each finished case's line above it.
+    each finished case's line above it, each case named by what tells it from the others (``cases``:
+    the sweep's cases).
 
     The bar is live on a terminal only, and leaves when the cases are done (the finished cases' lines
     stay): piped or logged output cannot redraw, and its one frame, printed at the end, would name the
     last case as if it still ran. There each finished case's line is the progress."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from fsdpbench.analysis.names import case_names
+
+    names = case_names(cases)
     if not console.is_terminal:
 
         def print_done(case: Any, outcome: Any, rows: Any) -> None:
-            console.print(outcome_line(case, outcome, rows), highlight=False)
+            line = outcome_line(case, outcome, rows, names.get(case.case_id))
+            console.print(line, highlight=False, soft_wrap=False)
 
         yield (lambda case, index: None), print_done
         return
@@ -248,10 +277,13 @@ def case_progress(console: Console, n_cases: int) -> Iterator[tuple[OnStart, OnD
         task = progress.add_task("cases", total=n_cases)
 
         def on_start(case: Any, index: int) -> None:
-            progress.update(task, description=f"{case.case_id} ({_ranks_text(case)})")
+            name = names.get(case.case_id, case.case_id)
+            progress.update(task, description=f"{name} ({_ranks_text(case)})")
 
         def on_done(case: Any, outcome: Any, rows: Any) -> None:
-            progress.console.print(outcome_line(case, outcome, rows), highlight=False)
+            progress.console.print(
+                outcome_line(case, outcome, rows, names.get(case.case_id)), highlight=False
+            )
             progress.advance(task)
 
         yield on_start, on_done

@@ -53,6 +53,15 @@ HOST_TUNINGS = {
     PIN: "each CPU rank's compute threads bound to cores of its own, where there is a core per thread",
     PIN_IDLE_LOOPS: "pinned, and gloo's loop threads under SCHED_IDLE, gloo's threads on the rank's cores",
 }
+# the same tunings in the scheduler's words, for gloo's threads (a CPU case's run prints its line)
+GLOO_THREADS = {
+    NO_HOST_TUNING: "gloo's and the compute threads under SCHED_OTHER (the kernel's fair scheduler), "
+    "on any core, shared with the rest of the machine",
+    PIN: "compute threads bound one per core of the rank's own; gloo's under SCHED_OTHER (the default "
+    "group's on any core, a later group's on the rank's main core)",
+    PIN_IDLE_LOOPS: "compute threads bound one per core of the rank's own; gloo's loop threads under "
+    "SCHED_IDLE (a core only when no other thread wants it), all of gloo's on the rank's cores",
+}
 # how activation checkpointing treats the blocks (engine/knobs.py): "full" recomputes every block; "op" is
 # torchtitan's selective op-level policy; "every:N" (N >= 2) recomputes every N-th block whole
 AC_FULL, AC_OP, AC_EVERY = "full", "op", "every:"

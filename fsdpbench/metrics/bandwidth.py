@@ -60,23 +60,38 @@ def bandwidth_by_kind(
     kernel_us = nccl_kernel_us(trace) if backend == "nccl" else None
     out: dict[str, Any] = {}
     for kind in KINDS:
-        calls = [r for r in records if r.kind == kind and r.group_size > 1 and r.payload_bytes > 0]
+        calls = _calls_between_ranks(records, kind)
         if not calls:
             continue
-        if kernel_us is not None:
-            time_us = kernel_us[kind]
-        else:
-            timed = [r for r in calls if r.dur_us is not None]
-            if len(timed) != len(calls):
-                continue  # a call whose work the trace does not show: no honest rate for this kind
-            time_us = sum(r.dur_us for r in timed if r.dur_us is not None)
-        if time_us <= 0:
-            continue
-        payload = sum(r.payload_bytes for r in calls)
-        factors = [bus_factor(kind, r.group_size) for r in calls]
-        out[COMM_TIME.of(kind)] = time_us / 1e3 / max(1, steps)
-        out[COMM_ALGBW.of(kind)] = payload / (time_us * 1e-6) / 1e9
-        if all(f is not None for f in factors):
-            bus = sum(r.payload_bytes * f for r, f in zip(calls, factors) if f is not None)
-            out[COMM_BUSBW.of(kind)] = bus / (time_us * 1e-6) / 1e9
+        time_us = kernel_us[kind] if kernel_us is not None else _backend_span_us(calls)
+        if time_us is not None and time_us > 0:
+            out.update(_rates(kind, calls, time_us, steps))
+    return out
+
+
+def _calls_between_ranks(records: list[CollectiveRecord], kind: str) -> list[CollectiveRecord]:
+    """The calls of ``kind`` that moved bytes between ranks (a group of more than one, a payload)."""
+    return [r for r in records if r.kind == kind and r.group_size > 1 and r.payload_bytes > 0]
+
+
+def _backend_span_us(calls: list[CollectiveRecord]) -> float | None:
+    """Summed duration of the backend spans that ran the calls; None when a call's work is not in the
+    trace: no honest rate for its kind."""
+    spans = [r.dur_us for r in calls]
+    if any(d is None for d in spans):
+        return None
+    return sum(d for d in spans if d is not None)
+
+
+def _rates(kind: str, calls: list[CollectiveRecord], time_us: float, steps: int) -> dict[str, float]:
+    """Time per step, algbw and (where every call's group has a convention) busbw of one kind."""
+    payload = sum(r.payload_bytes for r in calls)
+    factors = [bus_factor(kind, r.group_size) for r in calls]
+    out = {
+        COMM_TIME.of(kind): time_us / 1e3 / max(1, steps),
+        COMM_ALGBW.of(kind): payload / (time_us * 1e-6) / 1e9,
+    }
+    if all(f is not None for f in factors):
+        bus = sum(r.payload_bytes * f for r, f in zip(calls, factors) if f is not None)
+        out[COMM_BUSBW.of(kind)] = bus / (time_us * 1e-6) / 1e9
     return out

@@ -298,53 +298,75 @@ def _c10d_sizes(name: str, args: dict[str, Any], group_size: int) -> tuple[int, 
 def _records_from_c10d(
     trace: Trace, group_size: int, assumed_dtype: str, is_gloo: bool
 ) -> list[CollectiveRecord]:
-    ops = [
-        e for e in trace.events if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("c10d::")
-    ]
-    ops = [e for e in ops if e["name"] in _C10D_LAYOUT or collective_kind(e["name"]) != "other"]
+    ops = _c10d_collective_ops(trace)
     nested = _nested_in_same_thread(ops)
-    backend_events = sorted(trace.gloo_work, key=lambda e: float(e["ts"]))
-    used: set[int] = set()
+    pairing = _BackendPairing(sorted(trace.gloo_work, key=lambda e: float(e["ts"])))
     records = []
     for i, e in sorted(enumerate(ops), key=lambda p: float(p[1]["ts"])):
         if i in nested:  # e.g. a c10d op issued from inside another one: count the outer call
             continue
-        name = str(e["name"])
-        if "Input Dims" not in (e.get("args") or {}):
-            raise ValueError(f"{name} at ts={e['ts']} has no 'Input Dims': profile with record_shapes=True")
-        kind = collective_kind(name)
-        # gloo has no reduce-scatter: it all-reduces the full input and keeps its chunk
-        backend_kind = "all_reduce" if is_gloo and kind == "reduce_scatter" else kind
-        numel, n, gloo_numel, dtype = _c10d_sizes(name, e.get("args") or {}, group_size)
-        dur_us = None
-        # Pair with the first unused gloo:* event of the same kind and size that starts after it.
-        for j, b in enumerate(backend_events):
-            if j in used or float(b["ts"]) < float(e["ts"]):
+        records.append(_record_of_c10d_op(e, group_size, assumed_dtype, is_gloo, pairing))
+    return records
+
+
+def _c10d_collective_ops(trace: Trace) -> list[dict[str, Any]]:
+    """The trace's c10d:: CPU ops that are collectives (a known layout or a recognised kind)."""
+    ops = [
+        e for e in trace.events if e.get("cat") == "cpu_op" and str(e.get("name", "")).startswith("c10d::")
+    ]
+    return [e for e in ops if e["name"] in _C10D_LAYOUT or collective_kind(e["name"]) != "other"]
+
+
+class _BackendPairing:
+    """The gloo:* events of a trace in start order, each paired with at most one c10d op."""
+
+    def __init__(self, backend_events: list[dict[str, Any]]) -> None:
+        self.events = backend_events
+        self.used: set[int] = set()
+
+    def take(self, op: dict[str, Any], backend_kind: str, backend_numel: int) -> dict[str, Any] | None:
+        """The first unused gloo:* event of the same kind and size that starts after ``op``."""
+        for j, b in enumerate(self.events):
+            if j in self.used or float(b["ts"]) < float(op["ts"]):
                 continue
             if collective_kind(str(b["name"])[len("gloo:") :]) != backend_kind:
                 continue
-            if backend_kind != "other" and _backend_event_numel(b) != gloo_numel:
+            if backend_kind != "other" and _backend_event_numel(b) != backend_numel:
                 continue
-            used.add(j)
-            dtype = dtype or _backend_event_dtype(b)
-            dur_us = float(b["dur"])
-            break
-        dtype = dtype or assumed_dtype
-        records.append(
-            CollectiveRecord(
-                name=name,
-                kind=kind,
-                ts_us=float(e["ts"]),
-                numel=numel,
-                dtype=dtype,
-                elem_bytes=dtype_bytes(dtype) or 0,
-                group_size=n,
-                source="c10d",
-                backend_kind=backend_kind,
-                dur_us=dur_us,
-            )
-        )
-    return records
+            self.used.add(j)
+            return b
+        return None
+
+
+def _record_of_c10d_op(
+    e: dict[str, Any], group_size: int, assumed_dtype: str, is_gloo: bool, pairing: _BackendPairing
+) -> CollectiveRecord:
+    name = str(e["name"])
+    args = e.get("args") or {}
+    if "Input Dims" not in args:
+        raise ValueError(f"{name} at ts={e['ts']} has no 'Input Dims': profile with record_shapes=True")
+    kind = collective_kind(name)
+    # gloo has no reduce-scatter: it all-reduces the full input and keeps its chunk
+    backend_kind = "all_reduce" if is_gloo and kind == "reduce_scatter" else kind
+    numel, n, gloo_numel, dtype = _c10d_sizes(name, args, group_size)
+    backend_event = pairing.take(e, backend_kind, gloo_numel)
+    dur_us = None
+    if backend_event is not None:
+        dtype = dtype or _backend_event_dtype(backend_event)
+        dur_us = float(backend_event["dur"])
+    dtype = dtype or assumed_dtype
+    return CollectiveRecord(
+        name=name,
+        kind=kind,
+        ts_us=float(e["ts"]),
+        numel=numel,
+        dtype=dtype,
+        elem_bytes=dtype_bytes(dtype) or 0,
+        group_size=n,
+        source="c10d",
+        backend_kind=backend_kind,
+        dur_us=dur_us,
+    )
 
 
 def collective_records(

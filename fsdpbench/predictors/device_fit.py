@@ -97,11 +97,15 @@ class AllocatorAnswer:
     largest batch and the smallest world size that fit (all modelled)."""
 
     memory: DeviceMemory
-    fit: DeviceFit
+    # None: the predictions contradict each other (``disagreements``) on what decides it: no verdict
+    fit: DeviceFit | None
     largest_batch: int | None
     smallest_world_size: int | None
     max_world_size: int
     recipe: str = ""  # the optimizer, clipping and checkpointing the stream was traced with
+    device_memory_bytes: int = 0
+    # where this case's predictions contradict each other (predictors.consistency.disagreements)
+    disagreements: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         fit = self.fit
@@ -109,12 +113,14 @@ class AllocatorAnswer:
             "method": "allocator model (traced allocation stream replayed; modelled)",
             "recipe": self.recipe,
             **self.memory.to_dict(),
-            "device_memory_bytes": fit.device_memory_bytes,
-            "fits": fit.fits,
-            "decided_by": fit.decided_by,
-            "margin_bytes": fit.margin_bytes if fit.oom is None else None,
-            "oom_where": fit.oom.where if fit.oom else None,
-            "alloc_retries": fit.retries,
+            "device_memory_bytes": self.device_memory_bytes,
+            "consistent": not self.disagreements,
+            "disagreements": list(self.disagreements),
+            "fits": fit.fits if fit else None,
+            "decided_by": fit.decided_by if fit else None,
+            "margin_bytes": fit.margin_bytes if fit and fit.oom is None else None,
+            "oom_where": fit.oom.where if fit and fit.oom else None,
+            "alloc_retries": fit.retries if fit else None,
             "largest_batch": self.largest_batch,
             "smallest_world_size": self.smallest_world_size,
         }
@@ -150,6 +156,17 @@ class AllocatorAnswer:
                 out += _wrapped(f"({why})", width, indent=" " * 6) if why else []
         if self.recipe:
             out += _wrapped(self.recipe, width, indent="  ")
+        if self.disagreements or self.fit is None:
+            out += _wrapped("this case's predictions contradict each other:", width)
+            for found in self.disagreements:
+                out += _wrapped(f"- {found}", width, indent="  ")
+            if self.fit is None:
+                text = (
+                    f"no verdict on {fmt(self.device_memory_bytes)}: whether it fits is not known from them"
+                )
+            else:  # the live tensors alone, on which both methods agree, decide it
+                text = self.fit.describe(fmt) + " (both methods agree on the live tensors)"
+            return out + _wrapped(text, width) + _wrapped("no search: it would rest on them", width)
         out += _wrapped(self.fit.describe(fmt), width)
         out += _wrapped(
             f"largest per-rank batch that fits: {self.largest_batch or 'none'}; smallest world size that "
@@ -186,6 +203,7 @@ class DeviceModel:
         on_trace: Callable[[Case], None] | None = None,
         calibration: Calibration | None = None,
         fsdpbench_run: bool = False,
+        repeat_blocks: bool = True,
     ) -> None:
         self.conf = conf or AllocConf()  # a case's own alloc_conf: DeviceModel.for_case
         self.rank = rank
@@ -197,6 +215,7 @@ class DeviceModel:
         self._estimates: dict[str, TracedEstimate] = {}
         self.calibration = calibration  # None: the reference H100's measured terms
         self.fsdpbench_run = fsdpbench_run  # NVML of one of fsdpbench's ranks (profiler, samplers)
+        self.repeat_blocks = repeat_blocks  # a deep decoder from shallow traces (block_repeat.py)
 
     @classmethod
     def for_case(cls, case: Case, **kwargs) -> DeviceModel:  # noqa: ANN003 — DeviceModel's keywords
@@ -217,13 +236,20 @@ class DeviceModel:
         """The case's trace (tracker peak, states and allocation stream), made once per distinct case."""
         key = repr(sorted(case.to_dict().items()))
         if key not in self._estimates:
+            from fsdpbench.predictors.block_repeat import repeat_blocks
             from fsdpbench.predictors.traced import estimate
 
             if self.on_trace is not None:
                 self.on_trace(case)
             self.traced.append(case)
             rank = min(self.rank, case.world_size - 1)
-            self._estimates[key] = estimate(case, rank=rank, record_stream=True)
+
+            def trace(c: Case) -> TracedEstimate:
+                return estimate(c, rank=rank, record_stream=True)
+
+            # a decoder's identical blocks traced once (block_repeat.py), else the case whole
+            repeated = repeat_blocks(case, trace) if self.repeat_blocks else None
+            self._estimates[key] = repeated or trace(case)
         return self._estimates[key]
 
     def stream(self, case: Case) -> tuple[AllocStream, int]:

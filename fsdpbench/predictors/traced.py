@@ -174,6 +174,7 @@ def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> 
             contextlib.ExitStack() as fake_scope,
             fake_pg_compat(case.backend),
             rank_chunks_only(),
+            _strided_shard_flag_checked_once(),
             _fsdp1_allocation_by_size(),
             _cuda_rules(cuda_rules) as uncovered,
         ):
@@ -241,6 +242,10 @@ def _create_fsdp2_states(parallel: Any) -> None:
     for param in parallel.model.parameters():
         if param.requires_grad:
             param.grad = torch.zeros_like(param)
+    if parallel.max_norm is not None:
+        from fsdpbench.engine.step import clip_grad_norm
+
+        clip_grad_norm(parallel.model, parallel.max_norm)
     parallel.optimizer.step()
     parallel.optimizer.zero_grad(set_to_none=True)
 
@@ -335,6 +340,41 @@ def _drop_host_step_counters(snapshot: dict[str, int], optimizer: Any) -> None:
         snapshot["optim"] -= counters
         if "total" in snapshot:
             snapshot["total"] -= counters
+
+
+@contextlib.contextmanager
+def _strided_shard_flag_checked_once() -> Iterator[None]:
+    """DTensor's sharding propagation of a foreach op (the optimizer's update, clipping's norms) fixes up
+    each output's ``_StridedShard`` flag (``_sharding_prop._propagate_use_strided_shard_flag``), first
+    scanning every argument's placements for a ``_StridedShard``, once per tensor of the list: quadratic
+    in the parameters, a third of a foreach trace of a 32-block model. FSDP2's placements have none (then
+    the function returns having changed nothing), so the scan is made once per op and the function called
+    only when it finds one. Where this torch has no such function, nothing changes."""
+    try:
+        from torch.distributed.tensor import _sharding_prop
+        from torch.distributed.tensor.placement_types import _StridedShard
+    except ImportError:
+        yield
+        return
+    original = getattr(_sharding_prop, "_propagate_use_strided_shard_flag", None)
+    if original is None:
+        yield
+        return
+    last: list[Any] = [None, True]  # the op schema scanned last, and whether it has a _StridedShard
+
+    def propagate(op_strategy: Any, op_schema: Any) -> None:
+        if last[0] is not op_schema:
+            specs = op_schema.args_spec
+            last[:] = [op_schema, any(isinstance(p, _StridedShard) for s in specs for p in s.placements)]
+        if last[1]:
+            original(op_strategy, op_schema)
+
+    _sharding_prop._propagate_use_strided_shard_flag = propagate
+    try:
+        yield
+    finally:
+        _sharding_prop._propagate_use_strided_shard_flag = original
+        last.clear()
 
 
 @contextlib.contextmanager

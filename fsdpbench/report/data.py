@@ -7,41 +7,26 @@ missing.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from fsdpbench.analysis.frame import case_frame
-from fsdpbench.core.case import wrap_text
-from fsdpbench.core.schema import OK, PHASE, RANK, RUN, STATUS
-
-# configuration columns that may vary in a scenario (besides strategy and world size); a case's label
-# names those that do
-AXES = (
-    "model",
-    "model_args",
-    "shard_size",
-    "wrap",
-    "prefetch",
-    "precision",
-    "optimizer",
-    "batch_size",
-    "seq_len",
-    "activation_checkpointing",
-    "compile",
-    "cpu_offload",
-    "backward_prefetch",
-    "forward_prefetch",
-    "limit_all_gathers",
-    "strategy_args",
-    "mode",
+from fsdpbench.analysis.names import (  # noqa: F401 — the report names cases as every command does
+    AXES,
+    axis_text,
+    axis_values,
+    case_labels,
+    declared_strategy,
+    present,
+    shard_label,
+    varying_axes,
 )
+from fsdpbench.core.schema import OK, PHASE, RANK, RUN, STATUS
 
 
 @dataclass(kw_only=True)
@@ -159,14 +144,6 @@ def rows_with(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame[pd.to_numeric(frame[column], errors="coerce").notna()]
 
 
-def declared_strategy(name: Any) -> Any:
-    """The class of a strategy (what it declares of itself), or None for a plugin this process has
-    not loaded (the report imports none)."""
-    from fsdpbench.strategies import find_strategy
-
-    return find_strategy(str(name))
-
-
 def strategy_rank(name: Any) -> int:
     """Where the strategy stands in the report's order: the registry's, unregistered plugins last."""
     from fsdpbench.strategies import registered
@@ -175,21 +152,13 @@ def strategy_rank(name: Any) -> int:
     return order.index(name) if name in order else len(order)
 
 
-def shard_label(row: Any) -> str:
-    """'shard=N' for a case of a strategy that shards within shard groups (HSDP), else ''."""
-    declared = declared_strategy(row.get("strategy"))
-    if declared is None or not declared.sharding.over_shard_group or not _present(row.get("shard_size")):
-        return ""
-    return axis_text("shard_size", row.get("shard_size"))
-
-
 def ranks_label(
     world_size: Any, device: Any, backend: Any, *, mode: Any = "real", emulated_ranks: Any = ""
 ) -> str:
     """'4 CPU ranks (gloo)' or '4 GPUs (NCCL)': a CPU rank is never called a GPU. Emulated: 'rank 0 of 4
     GPUs (NCCL), emulated on one device' — the others never ran."""
-    n = int(world_size) if _present(world_size) else 0
-    backend_name = str(backend) if _present(backend) else "?"
+    n = int(world_size) if present(world_size) else 0
+    backend_name = str(backend) if present(backend) else "?"
     if mode == "emulated":
         real = ranks_label(world_size, device, backend)
         return f"rank {emulated_ranks} of {real}, emulated on one {'GPU' if device == 'cuda' else 'CPU'}"
@@ -198,102 +167,5 @@ def ranks_label(
     return f"{n} CPU rank{'s' if n != 1 else ''} ({backend_name})"
 
 
-# axes that a strategy normalises (DDP has no wrap, only HSDP a shard size): only variation within a
-# strategy counts
-_PER_STRATEGY_AXES = ("wrap", "shard_size")
-
-
-def axis_values(cases: pd.DataFrame, axis: str) -> pd.Series:
-    """The cases' values on an axis as a person tells them apart: the wrap policy with its parameter
-    (``size(1e5)``, core.case.wrap_text), every other axis its column."""
-    if axis != "wrap":
-        return cases[axis]
-    return pd.Series(
-        [
-            wrap_text(r.get("wrap"), r.get("wrap_min_params"), r.get("wrap_classes"))
-            for _, r in cases.iterrows()
-        ],
-        index=cases.index,
-        dtype=object,
-    )
-
-
-def varying_axes(cases: pd.DataFrame, axes: tuple[str, ...] = AXES) -> list[str]:
-    """The configuration columns that take more than one value among these cases."""
-    out = []
-    for axis in axes:
-        if axis not in cases:
-            continue
-        values = axis_values(cases, axis)
-        if axis in _PER_STRATEGY_AXES and "strategy" in cases:
-            varies = any(sub.astype(str).nunique() > 1 for _, sub in values.groupby(cases["strategy"]))
-        else:
-            varies = values.astype(str).nunique(dropna=False) > 1
-        if varies:
-            out.append(axis)
-    return out
-
-
-def axis_text(axis: str, value: Any) -> str:
-    if axis == "model_args":
-        try:
-            args = json.loads(value) if isinstance(value, str) else dict(value)
-        except (TypeError, ValueError):
-            return str(value)
-        return ",".join(f"{k}={v}" for k, v in sorted(args.items())) or "default args"
-    if axis == "shard_size":
-        return f"shard={int(value)}" if _present(value) else ""
-    if axis == "prefetch":
-        return f"prefetch={value}"
-    if axis in ("precision", "model"):
-        return str(value)
-    if axis == "mode":  # a plot with real and emulated cases names the emulated ones
-        return "emulated" if value == "emulated" else "real"
-    if isinstance(value, (bool, np.bool_)):
-        return axis if value else f"no {axis}"
-    return f"{axis}={value}"
-
-
-def case_labels(cases: pd.DataFrame) -> list[str]:
-    """Short unique labels: strategy, ranks and only the axes that vary (and the run when several)."""
-    axes = varying_axes(cases)
-    several_runs = RUN in cases and cases[RUN].nunique() > 1
-    shown = {a: axis_values(cases, a).tolist() for a in axes}
-    labels = []
-    for i, (_, r) in enumerate(cases.iterrows()):
-        parts = [
-            str(r.get("strategy")),
-            f"n{int(r['world_size'])}" if _present(r.get("world_size")) else "n?",
-        ]
-        if "shard_size" not in axes and shard_label(r):
-            parts.append(shard_label(r))
-        parts += [
-            t for t in (axis_text(a, shown[a][i]) for a in axes if not _unused(a, r.get("strategy"))) if t
-        ]
-        if several_runs:
-            parts.append(f"[{r[RUN]}]")
-        labels.append(" ".join(parts))
-    seen: dict[str, int] = {}
-    for i, label in enumerate(labels):  # still equal (e.g. a field outside AXES): add the id's hash
-        if label in seen:
-            labels[i] = f"{label} ({cases.iloc[i]['case_id'].rsplit('_', 1)[-1]})"
-        seen[label] = i
-    return labels
-
-
-def _unused(axis: str, strategy: Any) -> bool:
-    """An axis that this strategy does not use (DDP/ZeRO-1 have no wrap), so its label leaves it out."""
-    declared = declared_strategy(strategy)
-    return axis == "wrap" and declared is not None and not declared.uses_wrap
-
-
 def ok_cases(cases: pd.DataFrame) -> pd.DataFrame:
     return cases[cases[STATUS] == OK] if STATUS in cases else cases
-
-
-def _present(value: Any) -> bool:
-    """A value that is there (not None/NaN)."""
-    try:
-        return value is not None and not pd.isna(value)
-    except (TypeError, ValueError):
-        return False

@@ -111,8 +111,9 @@ class _FSDP2(Strategy):
         value = case.strategy_args.get(RESHARD_ARG, True)
         if value not in RESHARD_VALUES or (value is not True and not isinstance(value, str)):
             return (
-                f"strategy_args.{RESHARD_ARG}: {value!r} is not true or except_last (FSDP2's int form, "
-                "resharding to fewer ranks, is not run)"
+                f"strategy_args.{RESHARD_ARG}: {value!r} is not true or except_last; FSDP2's int form "
+                "(reshard to a smaller group after forward) is not run: the analytic and allocator models "
+                "have no term for the slice of each unit's unsharded parameters it keeps to backward"
             )
         return super().check(case)
 
