@@ -48,7 +48,7 @@ def test_a_format_reads_its_versions_and_refuses_the_others_in_one_line() -> Non
 
 
 def test_every_file_is_read_from_version_0_and_written_at_its_version() -> None:
-    for fmt, version in ((RUN_JSON, 1), (BASELINE, 2), (RESULTS, 1)):
+    for fmt, version in ((RUN_JSON, 1), (BASELINE, 3), (RESULTS, 1)):
         assert (fmt.version, fmt.oldest) == (version, 0)
         assert fmt.check("x", None) == 0
 
@@ -107,18 +107,39 @@ def test_results_parquet_of_an_unknown_version_is_refused(tmp_path: Path, stored
     assert "\n" not in message
 
 
-def test_the_ci_baseline_carries_version_1_and_an_unversioned_baseline_is_read(tmp_path: Path) -> None:
+def legacy_copy(path: Path, version: int | None = 1) -> dict:
+    """The CI baseline as a version-1 file (or an unversioned one) wrote it: no case names its host
+    tuning, the step-time samples a flat list, the provenance of a pinned CPU run with gloo's loops as
+    gloo has them."""
     data = json.loads(CI_BASELINE.read_text())
-    assert data[FORMAT_VERSION] == 1
-    del data[FORMAT_VERSION]
-    (tmp_path / "old.json").write_text(json.dumps(data))
+    data.pop(FORMAT_VERSION)
+    if version is not None:
+        data[FORMAT_VERSION] = version
+    data["provenance"].update(device="cpu", gloo_loops_idle=False)
+    for entry in data["cases"].values():
+        entry.pop("host_tuning", None)
+        samples = entry["metrics"].get("step_time_ref_ratios")
+        if samples and isinstance(samples[0], list):
+            entry["metrics"]["step_time_ref_ratios"] = [x for launch in samples for x in launch]
+    path.write_text(json.dumps(data))
+    return data
+
+
+def test_the_ci_baseline_carries_the_current_version_and_an_unversioned_baseline_is_read(
+    tmp_path: Path,
+) -> None:
+    assert json.loads(CI_BASELINE.read_text())[FORMAT_VERSION] == BASELINE.version
+    data = legacy_copy(tmp_path / "old.json", version=None)
     assert set(load_baseline(tmp_path / "old.json")["cases"]) == set(data["cases"])
 
 
-def test_a_baseline_before_version_2_is_read_with_the_host_tuning_its_launcher_applied() -> None:
-    """Versions 0 and 1 name no case's host tuning: the CI baseline's CPU ranks were pinned, gloo's loop
+def test_a_baseline_before_version_2_is_read_with_the_host_tuning_its_launcher_applied(
+    tmp_path: Path,
+) -> None:
+    """Versions 0 and 1 name no case's host tuning: a CPU baseline's ranks were pinned, gloo's loop
     threads as gloo has them (its provenance: device cpu, gloo_loops_idle false)."""
-    baseline = load_baseline(CI_BASELINE)
+    legacy_copy(tmp_path / "v1.json")
+    baseline = load_baseline(tmp_path / "v1.json")
     tunings = {baseline_host_tuning(baseline, entry) for entry in baseline["cases"].values()}
     assert tunings == {"pin"}
     assert all("host_tuning" not in entry for entry in baseline["cases"].values())
@@ -128,10 +149,10 @@ def test_a_baseline_of_a_newer_version_is_refused_in_one_line_exit_2(tmp_path: P
     path = tmp_path / "newer.json"
     shutil.copy(CI_BASELINE, path)
     data = json.loads(path.read_text())
-    data[FORMAT_VERSION] = 3
+    data[FORMAT_VERSION] = 4
     path.write_text(json.dumps(data))
     with pytest.raises(
-        BaselineError, match=r"baseline format_version 3 is newer than this fsdpbench reads \(2\)"
+        BaselineError, match=r"baseline format_version 4 is newer than this fsdpbench reads \(3\)"
     ):
         load_baseline(path)
     run = subprocess.run(
@@ -143,4 +164,4 @@ def test_a_baseline_of_a_newer_version_is_refused_in_one_line_exit_2(tmp_path: P
     )
     assert run.returncode == 2
     lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(path) in lines[0] and "format_version 3" in lines[0]
+    assert len(lines) == 1 and str(path) in lines[0] and "format_version 4" in lines[0]

@@ -44,9 +44,9 @@ from fsdpbench.analysis.frame import (
     rank_maxima,
     time_references,
 )
-from fsdpbench.analysis.timegate import ALPHA
+from fsdpbench.analysis.timegate import ALPHA, MAX_OTHER_LOAD, as_launches, flat
 from fsdpbench.core.case import HOST_TUNINGS, NO_HOST_TUNING, PIN, PIN_IDLE_LOOPS
-from fsdpbench.core.formats import BASELINE, FORMAT_VERSION, FormatVersionError
+from fsdpbench.core.formats import BASELINE, BASELINE_SAMPLES_BY_LAUNCH, FORMAT_VERSION, FormatVersionError
 from fsdpbench.core.numbers import number
 from fsdpbench.core.readback import ReadBackError, finite_number, read_json
 from fsdpbench.core.schema import (
@@ -73,6 +73,7 @@ from fsdpbench.core.schema import (
     SKIPPED,
     STATUS,
     STATUSES,
+    STEP_TIME_REF_OTHER_LOAD,
     STEP_TIME_REF_RATIOS,
     TORCH_VERSION,
     TRACKER_CATEGORIES,
@@ -87,7 +88,10 @@ BASELINE_MARKER = "fsdpbench_baseline"
 KINDS = ("memory", "comm", "time", "loss")
 GATES = ("fail", "warn", "off")
 FAILING = ("regressed", "changed", "missing", FAILED)
-NOT_COMPARABLE = "not comparable"  # a time metric measured under another host tuning
+NOT_COMPARABLE = "not comparable"  # a time metric measured under another host tuning, or by another method
+NOT_COMPARED = (
+    "not compared"  # machine differs; step-time samples taken beyond the load the gate is rated for
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -343,6 +347,7 @@ def case_records(frame: pd.DataFrame, reference: str = REFERENCE_STRATEGY) -> di
             if HOST_TUNING in case and isinstance(case[HOST_TUNING], str)
             else legacy_host_tuning(str(case.get(DEVICE)), loops_idle),
             "ids_by_tuning": _ids_by_tuning(case),
+            STEP_TIME_REF_OTHER_LOAD: number(case.get(STEP_TIME_REF_OTHER_LOAD)),
         }
     return out
 
@@ -379,10 +384,14 @@ def _measured(case: pd.Series, maxima: pd.Series) -> dict[str, Any]:
         value = number(case.get(name))
         if value is not None:
             metrics[name] = int(value) if METRICS[name].kind == "memory" else round(value, 4)
-    for name in (LOSSES, SAMPLED):
-        values = case.get(name)
-        if values is not None and len(values):  # Parquet gives an all-NaN list back as nulls
-            metrics[name] = [math.nan if x is None else float(x) for x in values]
+    values = case.get(LOSSES)
+    if values is not None and len(values):  # Parquet gives an all-NaN list back as nulls
+        metrics[LOSSES] = [math.nan if x is None else float(x) for x in values]
+    values = case.get(SAMPLED)  # one launch's blocks, or (regress --repeat) several launches'
+    if values is not None and len(values):
+        items = list(values)
+        nested = all(hasattr(x, "__len__") for x in items)
+        metrics[SAMPLED] = as_launches([list(x) for x in items] if nested else items)
     return metrics
 
 
@@ -421,7 +430,8 @@ def build_baseline(
 ) -> dict[str, Any]:
     """The baseline document for a run: provenance, thresholds, and one entry per case.
 
-    ``pool``: other runs of the same cases, whose step-time samples join this run's."""
+    ``pool``: other runs of the same cases, whose step-time samples join this run's, each run's as
+    launches of their own."""
     cases = case_records(frame, time_reference)
     for other in pool:
         for cid, c in case_records(other).items():
@@ -467,8 +477,8 @@ def _baseline_entry(cid: str, cases: Mapping[str, dict[str, Any]]) -> dict[str, 
     metrics = {k: (round(v, rounded[k]) if k in rounded else v) for k, v in c["metrics"].items()}
     if LOSSES in metrics:
         metrics[LOSSES] = [float(f"{x:.7g}") for x in metrics[LOSSES]]
-    if SAMPLED in metrics:  # sorted: a distribution, and a smaller diff
-        metrics[SAMPLED] = sorted(round(x, 4) for x in metrics[SAMPLED])
+    if SAMPLED in metrics:  # by launch (the unit of the time verdict), each sorted: a smaller diff
+        metrics[SAMPLED] = [sorted(round(x, 4) for x in launch) for launch in metrics[SAMPLED]]
     ref = c["time_reference"]
     if ref is not None:
         entry["time_reference"] = ref
@@ -572,7 +582,11 @@ def _check_entry(entry: Any, where: str) -> None:
 def _check_metric_value(name: str, value: Any, where: str) -> None:
     """A baseline's metric is a finite number in range, or (losses, time samples) a non-empty list of
     them: a NaN would compare as neither larger nor smaller and pass every gate."""
-    if name in (LOSSES, SAMPLED):
+    if name == SAMPLED and isinstance(value, list) and value and all(isinstance(v, list) for v in value):
+        if not all(value):  # samples by launch (BASELINE_SAMPLES_BY_LAUNCH)
+            raise BaselineError(f"{where}: a launch without samples; expected non-empty lists of numbers")
+        values = [v for launch in value for v in launch]
+    elif name in (LOSSES, SAMPLED):
         if not isinstance(value, list) or not value:
             raise BaselineError(f"{where}: expected a non-empty list of numbers, got {_short(value)}")
         values = value
@@ -641,6 +655,8 @@ def compare(
         notes.append("torch version differs: memory may change with it; re-baseline after an upgrade")
     tunings = tuning_differences(baseline, cases)
     notes += tuning_notes(tunings)
+    unjudged, samples_notes = samples_not_judged(baseline, cases)
+    notes += samples_notes
     rows: list[MetricDifference] = []
     for cid, entry in sorted(baseline["cases"].items()):
         layers = [
@@ -659,6 +675,7 @@ def compare(
             strict=strict,
             machine_differs=bool(differs),
             tuning_differs=_tuning_reason(tunings.get(cid)),
+            samples_not_judged=unjudged.get(cid),
         )
     for cid in sorted(set(cases) - set(baseline["cases"])):
         rows.append(
@@ -706,6 +723,59 @@ def tuning_differences(
         if cid in cases
     }
     return {cid: pair for cid, pair in pairs.items() if pair[0] != pair[1]}
+
+
+EARLIER_SAMPLES = "the baseline's samples are of an earlier method: re-write the baseline"
+
+
+def _earlier_samples(baseline: Mapping[str, Any]) -> str:
+    """A note when the baseline's step-time samples were measured by an earlier method ('' when not)."""
+    version = baseline.get(FORMAT_VERSION) or 0
+    has_samples = any(SAMPLED in (e.get("metrics") or {}) for e in baseline["cases"].values())
+    if not has_samples or (isinstance(version, int) and version >= BASELINE_SAMPLES_BY_LAUNCH):
+        return ""
+    return (
+        f"not comparable: the baseline's step-time samples (format version {version}) are ratios of "
+        "process CPU time, gloo's loop threads' spin included, pooled without their launches; the run's "
+        "are of work CPU time (docs/ci.md): step time is not gated; re-write the baseline "
+        "(fsdpbench regress RUN_DIR --write-baseline PATH)"
+    )
+
+
+def samples_not_judged(
+    baseline: Mapping[str, Any], cases: Mapping[str, dict[str, Any]]
+) -> tuple[dict[str, tuple[str, str]], list[str]]:
+    """The baseline cases whose step-time samples are not judged, each with (verdict, why), and the notes
+    that say so for the whole comparison: every case where the baseline's samples are of an earlier
+    method (not comparable), else the cases measured beyond the rated load of other processes (not
+    compared)."""
+    earlier = _earlier_samples(baseline)
+    if earlier:
+        return dict.fromkeys(baseline["cases"], (NOT_COMPARABLE, EARLIER_SAMPLES)), [earlier]
+    loaded = _overloaded(cases, baseline["cases"])
+    if not loaded:
+        return {}, []
+    note = (
+        f"step time not judged in {len(loaded)} case(s): other processes kept more than "
+        f"{MAX_OTHER_LOAD:.0%} of the machine's cores busy while their samples were taken, beyond the load "
+        "the gate's error rates were measured under (docs/ci.md); their memory, communication and losses "
+        "are gated"
+    )
+    return {cid: (NOT_COMPARED, why) for cid, why in loaded.items()}, [note]
+
+
+def _overloaded(cases: Mapping[str, dict[str, Any]], baseline_cases: Mapping[str, Any]) -> dict[str, str]:
+    """Why each case's step-time samples are not judged: taken while other processes kept more of the
+    machine busy than ``MAX_OTHER_LOAD`` (the load the gate is rated for)."""
+    out = {}
+    for cid in baseline_cases:
+        load = (cases.get(cid) or {}).get(STEP_TIME_REF_OTHER_LOAD)
+        if load is not None and load > MAX_OTHER_LOAD:
+            out[cid] = (
+                f"not judged: other processes kept {load:.0%} of the cores busy while it was measured "
+                f"(rated up to {MAX_OTHER_LOAD:.0%}, docs/ci.md)"
+            )
+    return out
 
 
 def _tuning_reason(pair: tuple[str, str] | None) -> str | None:
@@ -771,10 +841,22 @@ def _row(
 
 
 def _compare_case(
-    cid, entry, now, cases, layers, gates, *, strict, machine_differs, tuning_differs=None
+    cid,
+    entry,
+    now,
+    cases,
+    layers,
+    gates,
+    *,
+    strict,
+    machine_differs,
+    tuning_differs=None,
+    samples_not_judged=None,
 ) -> list[MetricDifference]:
     """Every metric of one baseline case against the run's; ``tuning_differs`` (why, or None): its time
-    metrics are not comparable."""
+    metrics are not comparable; ``samples_not_judged`` ((verdict, why), or None): its step-time samples
+    are not judged (a baseline of an earlier method: not comparable; a run beyond the rated load: not
+    compared)."""
     if now is None:
         return [_row(cid, "case", entry[STATUS], None, None, None, "missing", True, "case not in the run")]
     if entry[STATUS] == SKIPPED or now[STATUS] != OK:
@@ -822,9 +904,10 @@ def _compare_case(
         th = dataclasses.replace(th, gate=gate) if gate else th
         if th.gate == "off":
             continue
-        if tuning_differs and METRICS[metric].kind == "time":
-            value = metrics_now.get(metric)
-            row = (_typical(base), _typical(value), None, th, NOT_COMPARABLE, False, tuning_differs)
+        unjudged = _unjudged(metric, tuning_differs, samples_not_judged)
+        if unjudged:
+            verdict, why = unjudged
+            row = (_typical(base), _typical(metrics_now.get(metric)), None, th, verdict, False, why)
             out.append(_row(cid, metric, *row, run_case_id=now[RUN_CASE_ID]))
             continue
         if metric == SAMPLED:
@@ -844,9 +927,21 @@ def _compare_case(
     return out
 
 
+def _unjudged(
+    metric: str, tuning_differs: str | None, samples_not_judged: tuple[str, str] | None
+) -> tuple[str, str] | None:
+    """(verdict, why) of a metric that is not judged: a time metric under another host tuning, the
+    samples when ``samples_not_judged`` says so; None for a metric that is judged."""
+    if tuning_differs and METRICS[metric].kind == "time":
+        return NOT_COMPARABLE, tuning_differs
+    if metric == SAMPLED and samples_not_judged:
+        return samples_not_judged
+    return None
+
+
 def _typical(value: Any) -> Any:
-    """A metric's value as its row shows it: a list of samples by its median."""
-    return statistics.median(value) if isinstance(value, list) and value else value
+    """A metric's value as its row shows it: samples (of one or more launches) by their median."""
+    return statistics.median(flat(value)) if isinstance(value, list) and value else value
 
 
 def _compare_metric(metric, base, now, th: Threshold, *, strict, machine_differs, ref):
@@ -883,7 +978,7 @@ def _compare_samples(base, now, th: Threshold):
 
     if not now:
         return (
-            statistics.median(base),
+            _typical(base),
             None,
             None,
             th,
@@ -898,7 +993,7 @@ def _compare_samples(base, now, th: Threshold):
     else:
         verdict, fails = ("improved" if v.effect < -th.tolerance and v.high < 0 else OK), False
     note = v.describe() + (f"; slower by more than {th.tolerance:.0%} and p < {ALPHA}" if v.regressed else "")
-    return statistics.median(base), statistics.median(now), v.effect, th, verdict, fails, note, v
+    return _typical(base), _typical(now), v.effect, th, verdict, fails, note, v
 
 
 def _compare_losses(base, now, th: Threshold):

@@ -71,13 +71,15 @@ class FileFormat:
 RUN_JSON = FileFormat(name="run.json", version=1, oldest=0, remedy="run the scenario again")
 # a baseline of version 2 names each case's host_tuning; one of 0 or 1 does not, and is read with the
 # tuning its launcher applied then (analysis.regress.legacy_host_tuning: its provenance's device and
-# gloo_loops_idle)
+# gloo_loops_idle); version 3 keeps each case's step-time samples by launch, of work CPU time
+# (engine/reference.py), and an older version's samples are not comparable with a run's (analysis.regress)
 BASELINE = FileFormat(
     name="baseline",
-    version=2,
+    version=3,
     oldest=0,
     remedy="write one with: fsdpbench regress RUN_DIR --write-baseline PATH",
 )
+BASELINE_SAMPLES_BY_LAUNCH = 3  # the first baseline version whose step-time samples are by launch
 RESULTS = FileFormat(name="results", version=1, oldest=0, remedy="run the scenario again")
 # fsdpbench check's files: a machine's measured NVML terms (predict --calibration) and its fits
 # boundaries (check --from); none was written before files carried a version

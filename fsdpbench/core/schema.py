@@ -429,11 +429,22 @@ LOSS_SKIPPED_REASON = column(
 )
 PAIRED = family(
     "paired_{}",
-    ("step_ms", "ref_ms", "step_cpu_ms", "ref_cpu_ms"),
+    (
+        "step_ms",
+        "ref_ms",
+        "step_cpu_ms",
+        "ref_cpu_ms",
+        "step_spin_ms",
+        "ref_spin_ms",
+        "block_busy_share",
+        "block_own_share",
+    ),
     unit=LIST,
     agg=Agg.PER_RANK,
     source="engine/reference.py",
-    doc="with time_blocks: wall and CPU time of each step and of the reference step after it",
+    doc="with time_blocks: wall and work CPU time (gloo's loop threads left out) of each step and of the "
+    "reference step after it, and the loop threads' CPU time left out (spin); per block, the machine's "
+    "busy share of its cores and this rank's",
 )
 STEP_TIME_REF_RATIOS = column(
     "step_time_ref_ratios",
@@ -441,6 +452,14 @@ STEP_TIME_REF_RATIOS = column(
     Agg.SAME,
     "engine/reference.py",
     "per block: summed step ÷ summed reference time, slowest rank per pair (the CI time gate's samples)",
+)
+STEP_TIME_REF_OTHER_LOAD = column(
+    "step_time_ref_other_load",
+    RATIO,
+    Agg.SAME,
+    "engine/reference.py",
+    "share of the machine's cores that other processes kept busy during the reference blocks (the "
+    "machine's busy share less the case's ranks'), the median block's; empty where /proc/stat is not read",
 )
 
 # ---- memory: the live-tensor tracker (fsdpbench.metrics.tracker) ---------------------------------------

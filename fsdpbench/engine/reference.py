@@ -12,21 +12,29 @@ so it uses the same compute threads and the same communication backend as the ca
 identical for every case, model and fsdpbench version (changing it invalidates every baseline's
 samples: ``REFERENCE_VERSION``).
 
-On CPU ranks the samples are ratios of *CPU time* (all threads of the rank process): a rank that
-the machine's other processes preempt, or that waits for a preempted peer, loses wall time but
-not CPU time, so CPU time moves far less with load; what load still does to it (shared caches,
-hyper-threads) it does to the reference too. On GPUs the ratio is of wall time (GPU work is
-asynchronous to the CPU, and a GPU is not shared the way a runner's cores are).
+On CPU ranks the samples are ratios of *work CPU time* (``metrics.cpu_clock.WorkClock``: every thread
+of the rank process but gloo's TCP loop threads): a rank that the machine's other processes preempt,
+or that waits for a preempted peer, loses wall time but not CPU time, so CPU time moves far less with
+load; what load still does to it (shared caches, hyper-threads) it does to the reference too. The
+loop threads' spin is left out because it is not work: it grows with the load and with the number of
+collectives in a step, which a step and the reference do not share (docs/ci.md). On GPUs the ratio is
+of wall time (GPU work is asynchronous to the CPU, and a GPU is not shared the way a runner's cores are).
+
+Each block also records how busy the machine was (``metrics.cpu_clock.MachineLoad``): the share of
+the cores that every process used, and the share this rank used, so that the gate can tell the load
+of other processes apart from the case's own (``other_load_share``).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from fsdpbench.core.case import Case
 from fsdpbench.core.schema import PAIRED
+from fsdpbench.metrics.cpu_clock import MachineLoad, WorkClock
 
 if TYPE_CHECKING:
     import torch
@@ -34,7 +42,8 @@ if TYPE_CHECKING:
 # torch is imported where the workload runs, in a rank: the samples' arithmetic below is read by
 # `regress` and `report` (through store/results.py), which need no torch
 
-REFERENCE_VERSION = 1
+# 2: work CPU time (gloo's loop threads left out), the samples of a baseline kept by launch
+REFERENCE_VERSION = 2
 _REFERENCE_CASE = Case(model="decoder-tiny", batch_size=4, seq_len=64, seed=0)  # fixed: never the case's
 
 
@@ -75,20 +84,43 @@ def interleaved_steps(
     reference: ReferenceWorkload,
     n: int,
     synchronize: Callable[[], None],
+    steps_per_block: int = 1,
 ) -> dict[str, list[float]]:
-    """``n`` training steps, each followed by a reference step: this rank's wall and CPU time of each (ms).
+    """``n`` training steps, each followed by a reference step: this rank's wall and work CPU time of each,
+    and the CPU time of the gloo loop threads it leaves out (ms); per block of ``steps_per_block`` pairs,
+    the machine's busy share of its cores and this rank's.
 
-    CPU time is this process's, all threads (``time.process_time``): the work done, which a busy
-    machine does not stretch the way it stretches wall time (a preempted rank, a peer waiting for it)."""
-    out: dict[str, list[float]] = {"step_ms": [], "ref_ms": [], "step_cpu_ms": [], "ref_cpu_ms": []}
-    for _ in range(n):
+    Work CPU time is this process's, all threads but gloo's loop threads (``WorkClock``): the work
+    done, which a busy machine does not stretch the way it stretches wall time (a preempted rank, a
+    peer waiting for it), nor the way it stretches the loop threads' spin."""
+    out: dict[str, list[float]] = {
+        "step_ms": [],
+        "ref_ms": [],
+        "step_cpu_ms": [],
+        "ref_cpu_ms": [],
+        "step_spin_ms": [],
+        "ref_spin_ms": [],
+        "block_busy_share": [],
+        "block_own_share": [],
+    }
+    clock, load = WorkClock(), MachineLoad()
+    k = max(1, steps_per_block)
+    for i in range(n):
+        if i % k == 0:
+            block_start = load.read()
         for name, work in (("step", train_step), ("ref", reference.step)):
             synchronize()
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, s0, c0 = time.perf_counter(), clock.spin(), clock()
             work()
             synchronize()
             out[f"{name}_ms"].append((time.perf_counter() - t0) * 1e3)
-            out[f"{name}_cpu_ms"].append((time.process_time() - c0) * 1e3)
+            out[f"{name}_cpu_ms"].append((clock() - c0) * 1e3)
+            out[f"{name}_spin_ms"].append((clock.spin() - s0) * 1e3)
+        if i % k == k - 1 or i == n - 1:
+            busy, own = load.shares(block_start, load.read())
+            if busy is not None:  # unknown off Linux: then no block has it
+                out["block_busy_share"].append(busy)
+            out["block_own_share"].append(own)
     return out
 
 
@@ -112,3 +144,19 @@ def block_ratios(
     return [
         sum(step[b : b + k]) / sum(ref[b : b + k]) for b in range(0, n - k + 1, k) if sum(ref[b : b + k]) > 0
     ]
+
+
+def other_load_share(ranks: list[dict], device: str) -> float | None:
+    """The share of the machine's cores that other processes kept busy during the reference blocks: per
+    block, the machine's busy share (the mean of what its ranks read) less every rank's own share; the
+    median block's. None for GPU ranks (their ratio is of wall time, judged as it is) and where a rank did
+    not read the machine's load (not Linux). All ranks of a CPU case run on one machine."""
+    if device != "cpu" or not ranks:
+        return None
+    busy = [rank.get(PAIRED.of("block_busy_share")) or [] for rank in ranks]
+    own = [rank.get(PAIRED.of("block_own_share")) or [] for rank in ranks]
+    n = min(len(x) for x in (*busy, *own))
+    if not n:
+        return None
+    other = [sum(b[i] for b in busy) / len(busy) - sum(o[i] for o in own) for i in range(n)]
+    return max(0.0, statistics.median(other))

@@ -404,7 +404,11 @@ def reference_phase(run: RankRun) -> None:
     batches = iter([steps.batch(steps.next + i) for i in range(n)])
     dist.barrier()
     paired = interleaved_steps(
-        lambda: steps.run(next(batches), record=False), reference, n, lambda: synchronize(device)
+        lambda: steps.run(next(batches), record=False),
+        reference,
+        n,
+        lambda: synchronize(device),
+        case.time_block_steps,
     )
     run.rec.update(paired=paired)
 

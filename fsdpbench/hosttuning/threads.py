@@ -10,8 +10,9 @@ import time
 from functools import cache
 
 from fsdpbench.core.case import NO_HOST_TUNING, PIN, PIN_IDLE_LOOPS, Case
+from fsdpbench.metrics.cpu_clock import GLOO_LOOP_THREAD
+from fsdpbench.metrics.cpu_clock import threads_named as _threads_named
 
-GLOO_LOOP_THREAD = "gloo_tcp_loop"  # the name gloo's TCP transport gives its event-loop thread (loop.cc)
 LOOP_NAMING_WAIT_S = 2.0  # at most, for a group's new loop thread to run and name itself (a loaded machine)
 
 
@@ -221,16 +222,3 @@ def _gloo_groups() -> int:
     from torch.distributed.distributed_c10d import _world  # private: the only list of every group
 
     return sum("gloo" in str(dist.get_backend(group)) for group in list(_world.pg_map))
-
-
-def _threads_named(name: str) -> list[int]:
-    """The ids of this process's threads called ``name``."""
-    found = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if f.read().strip() == name:
-                    found.append(int(tid))
-        except OSError:  # the thread has ended
-            continue
-    return found

@@ -55,6 +55,7 @@ from fsdpbench.core.schema import (
     STATUSES,
     STEP_TIME,
     STEP_TIME_MEAN,
+    STEP_TIME_REF_OTHER_LOAD,
     STEP_TIME_REF_RATIOS,
     THROUGHPUT_SAMPLES,
     THROUGHPUT_TOKENS,
@@ -62,7 +63,7 @@ from fsdpbench.core.schema import (
     case_to_columns,
 )
 from fsdpbench.engine.rank_result import CaseOutcome
-from fsdpbench.engine.reference import block_ratios, ratio_series
+from fsdpbench.engine.reference import block_ratios, other_load_share, ratio_series
 
 # the columns every results table has, in order (measurements follow): the configuration columns by
 # the Case fields they come from (schema.CASE_FIELD_COLUMNS), the rest by their handles
@@ -150,6 +151,7 @@ def _case_measurement_columns(
         STEP_TIME_REF_RATIOS: block_ratios(
             [s for s, _ in series], [r for _, r in series], case.time_block_steps
         ),
+        STEP_TIME_REF_OTHER_LOAD: other_load_share(ranks, case.device),
     }
     if case_step:
         out.update(_throughput_columns(case, case_step))
