@@ -28,6 +28,20 @@ def test_the_cpu_share_of_the_timed_steps_marks_them_starved_on_cpu_only():
     assert "step_cpu_share" not in StepTimes(times_ms=[1.0]).to_columns()  # a file from before it
 
 
+def test_ranks_that_outnumber_the_cores_take_turns_and_are_not_starved_for_it():
+    """4 ranks on 2 cores: each rank's fair share is half a core, so a share of 0.3 is its turn, not
+    starvation; at 0.2 (under half of half a core) it is starved. One rank per core: the full threshold."""
+    four_on_two = {"device": "cpu", "world_size": 4, "cpus": 2}
+    assert not starved({**four_on_two, "step_cpu_share": 0.3})
+    assert starved({**four_on_two, "step_cpu_share": 0.2})
+    two_on_two = {"device": "cpu", "world_size": 2, "cpus": 2}
+    assert starved({**two_on_two, "step_cpu_share": 0.3})
+    assert starved({**two_on_two, "cpus": 16, "step_cpu_share": 0.3})  # more cores than ranks: one each
+    # not recorded (a file from before it, NaN in a frame, nonsense): one core each, as before
+    for cpus in (None, float("nan"), 0, -2):
+        assert starved({**four_on_two, "cpus": cpus, "step_cpu_share": 0.3})
+
+
 @pytest.mark.slow
 def test_a_sleeping_strategy_is_flagged_and_left_out_of_the_verdicts(tmp_path, capsys):
     sys.path.insert(0, str(PLUGINS))  # the ranks get this sys.path from the fork server

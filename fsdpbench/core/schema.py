@@ -343,6 +343,14 @@ THREADS = column("threads", COUNT, Agg.PER_RANK, "worker", "the rank's intra-op 
 CORES = column(
     "cores", TEXT, Agg.PER_RANK, "worker", "the cores the rank's compute threads are bound to ('' unbound)"
 )
+CPUS = column(
+    "cpus",
+    COUNT,
+    Agg.SAME,
+    "worker",
+    "the logical CPUs the rank's process may run on (its affinity at setup); a CPU rank's fair share of "
+    "them is min(1, cpus ÷ world_size), the base of the starved threshold (metrics/timing.py)",
+)
 GLOO_LOOPS_IDLE = column(
     "gloo_loops_idle", COUNT, Agg.PER_RANK, "worker", "the rank's gloo TCP loop threads put under SCHED_IDLE"
 )
@@ -382,7 +390,7 @@ STEP_CPU_SHARE = column(
     Agg.SLOWEST,
     "timing",
     "the timed steps' CPU time (time.process_time, all threads) ÷ their wall time; on CPU ranks under "
-    "STARVED_CPU_SHARE the steps were starved (metrics/timing.py)",
+    "STARVED_CPU_SHARE of the rank's fair share of the cores the steps were starved (metrics/timing.py)",
 )
 WARMUP_TIMES = column("warmup_times_ms", LIST, Agg.PER_RANK, "timing", "every warm-up step")
 FIRST_STEP = column("first_step_ms", MS, Agg.MAX, "timing", "the first warm-up step (holds compilation)")

@@ -15,6 +15,7 @@ from fsdpbench.core.readback import ReadBackError, read_json
 from fsdpbench.core.schema import (
     BARE_STEP_TIME,
     CORES,
+    CPUS,
     ERROR,
     EXIT_CODE,
     FAILED,
@@ -74,12 +75,14 @@ class Setup:
     cores: str = ""  # the cores its compute threads are bound to, "0" or "0,1" ("" unbound)
     gloo_loops_idle: int = 0  # its gloo TCP loop threads put under SCHED_IDLE (hosttuning/threads.py)
     gloo_threads_bound: int = 0  # its default group's gloo threads bound to its cores (hosttuning/threads.py)
+    cpus: int = 0  # the logical CPUs its process may run on (0: not recorded)
 
     COLUMNS: ClassVar[tuple[str, ...]] = (
         "params",
         N_UNITS,
         THREADS,
         CORES,
+        CPUS,
         GLOO_LOOPS_IDLE,
         GLOO_THREADS_BOUND,
         INIT_PG_S,
@@ -307,6 +310,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "harness": (dict,),
     "checkpoint": (dict,),
     CORES: (str,),
+    CPUS: (int,),
     GLOO_LOOPS_IDLE: (int,),
     GLOO_THREADS_BOUND: (int,),
 }

@@ -323,6 +323,7 @@ def setup(
         setup_s=time.perf_counter() - t_start,
         samplers=samplers.status,
         cores=",".join(map(str, cores)),
+        cpus=len(os.sched_getaffinity(0)),
         gloo_loops_idle=idle_loops,
         gloo_threads_bound=bound,
     )

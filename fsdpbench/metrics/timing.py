@@ -5,10 +5,13 @@ A case's step time is the slowest rank's median (``results.build_rows``).
 Starved steps. A CPU rank's step is CPU work: its threads run the kernels and gloo's collectives. Wall
 time its process's CPU time does not cover is time no thread of it ran: it waited for a core (the
 machine busy with other work, or its threads at a scheduler policy that yields to everything else), or
-for a peer that did. Where the timed steps' CPU time is under ``STARVED_CPU_SHARE`` of their wall time,
-the step time measures the machine more than the strategy: the case says so wherever its step time is
-shown and wins or loses no step-time comparison. On a GPU rank the host waits for the device by design,
-so the share says nothing there and no GPU case is called starved.
+for a peer that did. A rank's fair share of the cores is min(1, cpus ÷ world_size): one core per rank
+where the machine has as many, less where the case's own ranks outnumber its cores (4 ranks on 2 cores
+take turns: 0.5 each, by the case's own shape, not starvation). Where the timed steps' CPU time is under
+``STARVED_CPU_SHARE`` of the rank's fair share of their wall time, the step time measures the machine
+more than the strategy: the case says so wherever its step time is shown and wins or loses no step-time
+comparison. On a GPU rank the host waits for the device by design, so the share says nothing there and
+no GPU case is called starved.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fsdpbench.core.schema import (
+    CPUS,
     DEVICE,
     STEP_CPU_SHARE,
     STEP_TIME,
@@ -26,10 +30,11 @@ from fsdpbench.core.schema import (
     STEP_TIME_P10,
     STEP_TIME_P90,
     STEP_TIME_STD,
+    WORLD_SIZE,
 )
 
-# half the wall time without a thread of the process on a core: an unloaded CPU rank's steps are
-# compute and gloo's own threads, over one core's worth of CPU per wall second
+# half its fair share of the wall time without a thread of the process on a core: an unloaded CPU rank's
+# steps are compute and gloo's own threads, over its fair share of a core per wall second
 STARVED_CPU_SHARE = 0.5
 
 
@@ -75,10 +80,25 @@ def cpu_share(row: Mapping[str, Any]) -> float | None:
     return float(share)
 
 
+def fair_share(row: Mapping[str, Any]) -> float:
+    """The row's rank's fair share of the cores, min(1, cpus ÷ world_size); 1 where either is unknown."""
+    cpus, world = row.get(CPUS), row.get(WORLD_SIZE)
+    try:
+        cpus, world = int(cpus), int(world)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # not recorded (None, NaN in a frame)
+        return 1.0
+    return min(1.0, cpus / world) if cpus > 0 and world > 0 else 1.0
+
+
+def starved_below(row: Mapping[str, Any]) -> float:
+    """The CPU share under which the row's timed steps count as starved."""
+    return STARVED_CPU_SHARE * fair_share(row)
+
+
 def starved(row: Mapping[str, Any]) -> bool:
     """Whether the row's (a rank's or a case's) timed steps were starved of CPU (module docstring)."""
     share = cpu_share(row)
-    return share is not None and share < STARVED_CPU_SHARE
+    return share is not None and share < starved_below(row)
 
 
 def starved_note(row: Mapping[str, Any]) -> str:

@@ -429,7 +429,7 @@ def verdict_lines(cases: pd.DataFrame) -> list[str]:
         if hungry:
             parts.append(
                 f"not compared on step time, their steps starved of CPU: {', '.join(hungry)} "
-                f"(CPU time under {STARVED_CPU_SHARE:.0%} of wall)"
+                f"(CPU time under {STARVED_CPU_SHARE:.0%} of their fair share of the cores)"
             )
         if parts:
             lines.append(f"{title} — " + "; ".join(parts))
