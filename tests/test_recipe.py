@@ -63,7 +63,18 @@ def test_a_bad_recipe_field_names_the_field(text: str, message: str) -> None:
             {"strategy": "zero2", "strategy_args": {"reshard_after_forward": "except_last"}},
             "unknown to zero2",
         ),
-        ({"strategy": "zero3", "strategy_args": {"reshard_after_forward": 2}}, "int form"),
+        (
+            {"strategy": "zero3", "world_size": 4, "strategy_args": {"reshard_after_forward": 3}},
+            "factor of the 4",
+        ),
+        (
+            {"strategy": "zero3", "world_size": 4, "strategy_args": {"reshard_after_forward": 4}},
+            "that is true",
+        ),
+        (
+            {"strategy": "zero3", "world_size": 4, "strategy_args": {"reshard_after_forward": "x"}},
+            "a group size",
+        ),
     ],
 )
 def test_combinations_not_run_are_skipped_with_the_reason(fields: dict, reason: str) -> None:

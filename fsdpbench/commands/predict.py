@@ -30,8 +30,8 @@ from rich.table import Table
 from fsdpbench.commands import running
 from fsdpbench.core.markup import escape
 from fsdpbench.core.schema import MODEL_COMM, MODEL_COMPUTE, MODEL_EXPOSED_COMM, MODEL_LINK, MODEL_STEP_TIME
-from fsdpbench.predictors.memory_model import NO_ACTIVATION_MODEL
-from fsdpbench.strategies import FULL_SHARD_STRATEGY
+from fsdpbench.predictors.memory_model import NO_ACTIVATION_MODEL, NO_PEAK_TERM
+from fsdpbench.strategies import FULL_SHARD_STRATEGY, get_strategy
 
 ROWS = (  # (key, label) in print order; keys index MemoryPrediction terms or its peak breakdown
     ("params", "params (resident shard or replica)"),
@@ -84,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     what.add_argument("--params", type=float, help="only a parameter count Ψ (model states only), e.g. 7.5e9")
     running.add_model_args_argument(parser)
+    running.add_strategy_args_argument(parser)
     parser.add_argument("--world-size", type=int, required=True, help="ranks (GPUs)")
     running.add_strategies_argument(parser, "--strategy", FULL_SHARD_STRATEGY)
     parser.add_argument("--shard-size", type=int, help="HSDP ranks per shard group (default: 2)")
@@ -370,6 +371,7 @@ def _build_cases(args: argparse.Namespace) -> list:
     strategies = _check_args(args)
     # validated only when given: the schema it is checked by (pydantic) is not what an instant answer loads
     model_args = running.parse_model_args(args.model_args, args.model) if args.model_args else {}
+    strategy_args = running.parse_strategy_args(args.strategy_args) if args.strategy_args else {}
     try:
         ac_on, ac_policy = resolve_activation_checkpointing(args.activation_checkpointing)
     except ValueError as exc:
@@ -383,6 +385,7 @@ def _build_cases(args: argparse.Namespace) -> list:
             model=args.model or "decoder",
             model_args=model_args,
             strategy=name,
+            strategy_args=strategy_args,
             backend="nccl" if args.device == "cuda" else "gloo",
             checkpoint=args.checkpoint,
             checkpoint_optimizer=not args.checkpoint_model_only,
@@ -432,8 +435,9 @@ def _predict_one(
     if "analytic" in methods:
         out["analytic"] = pred = predict(case)
         out["json"].append(_analytic_record(pred, fit))
-        if _no_activation_model(pred, case) and "traced" not in methods:
-            out["fallback"] = TRACED_INSTEAD.format(model=case.model)
+        fallback = _traced_instead(pred, case)
+        if fallback and "traced" not in methods:
+            out["fallback"] = fallback
             methods = (*methods, "traced")
     if "emulated" in methods:
         _require_model("emulated", facts)
@@ -458,21 +462,30 @@ def _add_traced(out: dict[str, Any], case: Any, rank: int) -> None:
     except Exception as exc:  # noqa: BLE001 — asked for: the error is the answer; a fallback: a note
         if "fallback" not in out:
             raise
-        out["fallback"] = TRACE_FAILED.format(model=case.model, error=f"{type(exc).__name__}: {exc}")
+        why = out["fallback"].removesuffix(": traced instead")
+        out["fallback"] = TRACE_FAILED.format(why=why, error=f"{type(exc).__name__}: {exc}")
         out["json"][-1]["notes"] = [*out["json"][-1].get("notes", ()), out["fallback"]]
 
 
 # the line the output carries when the analytic column has no peak and the traced method stands in
 TRACED_INSTEAD = "analytic activation model not available for {model}: traced instead"
-TRACE_FAILED = (
-    "analytic activation model not available for {model}, and tracing it failed on this machine ({error}): "
-    "no peak"
-)
+NO_TERM_TRACED = "analytic model has no term for {gap}: traced instead"
+TRACE_FAILED = "{why}, and tracing it failed on this machine ({error}): no peak"
 
 
-def _no_activation_model(pred: Any, case: Any) -> bool:
-    """The analytic prediction has no peak because fsdpbench has no activation model for the model."""
-    return NO_ACTIVATION_MODEL.format(model=case.model) in pred.notes
+def _traced_instead(pred: Any, case: Any) -> str | None:
+    """The fallback line where the analytic prediction has no peak because fsdpbench has no activation
+    model for the model or no term for the strategy's setting; None where it has one."""
+    if NO_ACTIVATION_MODEL.format(model=case.model) in pred.notes:
+        return TRACED_INSTEAD.format(model=case.model)
+    gap = get_strategy(case.strategy).analytic_gap(case)
+    return NO_TERM_TRACED.format(gap=gap) if gap is not None else None
+
+
+def _analytic_gap_note(case: Any) -> str:
+    """The analytic note that the fallback line says again (no activation model, or no term)."""
+    gap = get_strategy(case.strategy).analytic_gap(case)
+    return NO_ACTIVATION_MODEL.format(model=case.model) if gap is None else NO_PEAK_TERM.format(gap=gap)
 
 
 _NEEDS_MODEL = {
@@ -694,11 +707,11 @@ def _print_method_notes(
     console: Console, res: dict[str, Any], skipped: list[str], shown_notes: set[str]
 ) -> None:
     """The fallback line, then the analytic and traced methods' notes not shown for an earlier case."""
-    pred, est, model = res.get("analytic"), res.get("traced"), res["case"].model
+    pred, est = res.get("analytic"), res.get("traced")
     if res.get("fallback"):
         console.print(f"  {escape(res['fallback'])}", highlight=False)
     for note in (pred.notes if pred else ()) + (est.notes if est else ()):
-        if res.get("fallback") and note == NO_ACTIVATION_MODEL.format(model=model):
+        if res.get("fallback") and note == _analytic_gap_note(res["case"]):
             continue  # the fallback line above says what happened instead
         if not (skipped and "need a model" in note) and note not in shown_notes:
             shown_notes.add(note)

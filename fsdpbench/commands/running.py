@@ -110,6 +110,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 
 
 MODEL_ARGS_FLAG = "--model-args"
+STRATEGY_ARGS_FLAG = "--strategy-args"
 
 
 def add_model_args_argument(parser: argparse.ArgumentParser) -> None:
@@ -121,13 +122,21 @@ def add_model_args_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_model_args(text: str | None, model: str) -> dict[str, Any]:
-    """``--model-args NAME=VALUE,…`` for ``model``, checked as a scenario's ``model_args`` are (the case
-    schema's type check, then the model's own): a ScenarioError names the flag and the argument."""
+def add_strategy_args_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        STRATEGY_ARGS_FLAG,
+        metavar="NAME=VALUE,…",
+        help="the strategy's arguments, as a scenario's strategy_args, e.g. reshard_after_forward=2 "
+        "(values read as YAML scalars; what each strategy reads: docs/scenarios.md)",
+    )
+
+
+def _case_mapping(text: str | None, flag: str, field: str) -> dict[str, Any]:
+    """``flag NAME=VALUE,…`` as the case's mapping ``field``, checked by the case schema's type check: a
+    ScenarioError names the flag and the argument."""
     from pydantic import ValidationError
 
     from fsdpbench.core.safe_yaml import YamlInputError, load_yaml
-    from fsdpbench.models import check_model_args
     from fsdpbench.pipeline.scenario import CaseFields, ScenarioError
 
     out: dict[str, Any] = {}
@@ -137,23 +146,37 @@ def parse_model_args(text: str | None, model: str) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise ScenarioError(f"{MODEL_ARGS_FLAG} {item.strip()!r}: expected NAME=VALUE")
+            raise ScenarioError(f"{flag} {item.strip()!r}: expected NAME=VALUE")
         try:
             out[key] = load_yaml(value.strip())
         except YamlInputError as exc:
-            raise ScenarioError(f"{MODEL_ARGS_FLAG} {key}: {exc}") from None
+            raise ScenarioError(f"{flag} {key}: {exc}") from None
     try:
-        CaseFields.model_validate({"model_args": out})
+        CaseFields.model_validate({field: out})
     except ValidationError as exc:
         err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"][1:]) or "model_args"
-        raise ScenarioError(
-            f"{MODEL_ARGS_FLAG} {where}: {err['msg'].removeprefix('Value error, ')}"
-        ) from None
+        where = ".".join(str(p) for p in err["loc"][1:]) or field
+        raise ScenarioError(f"{flag} {where}: {err['msg'].removeprefix('Value error, ')}") from None
+    return out
+
+
+def parse_model_args(text: str | None, model: str) -> dict[str, Any]:
+    """``--model-args NAME=VALUE,…`` for ``model``, checked as a scenario's ``model_args`` are (the case
+    schema's type check, then the model's own): a ScenarioError names the flag and the argument."""
+    from fsdpbench.models import check_model_args
+    from fsdpbench.pipeline.scenario import ScenarioError
+
+    out = _case_mapping(text, MODEL_ARGS_FLAG, "model_args")
     problem = check_model_args(model, out)
     if problem:
         raise ScenarioError(f"{MODEL_ARGS_FLAG}: {problem}")
     return out
+
+
+def parse_strategy_args(text: str | None) -> dict[str, Any]:
+    """``--strategy-args NAME=VALUE,…``, checked as a scenario's ``strategy_args`` are by the case schema
+    (each strategy checks its own when the case is built)."""
+    return _case_mapping(text, STRATEGY_ARGS_FLAG, "strategy_args")
 
 
 def validate_overrides(overrides: dict[str, Any]) -> None:

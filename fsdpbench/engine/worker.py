@@ -392,7 +392,9 @@ def profile_phase(run: RankRun) -> None:
         for _ in range(run.case.profile_steps):
             run.steps.instrumented()
     parallel = run.parallel
-    profiled = analyze_profile(trace_path, run.case, parallel.strategy.sharding, parallel.params)
+    strategy = parallel.strategy
+    gap = strategy.analytic_gap(run.case)
+    profiled = analyze_profile(trace_path, run.case, strategy.sharding, parallel.params, analytic_gap=gap)
     run.rec.update(profiled=without_overlap(profiled) if run.case.emulate else profiled)
 
 

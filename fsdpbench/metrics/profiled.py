@@ -139,8 +139,11 @@ def export_gzipped_trace(prof: Any, trace_path: Path) -> None:
         remove_tree(fresh, trace_path.parent)
 
 
-def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: int) -> dict[str, Any]:
-    """comm_<kind>_{count,bytes} per step (measured and analytic) and overlap_* from the trace."""
+def analyze_profile(
+    trace_path: Path, case: Case, sharding: Sharding, n_params: int, *, analytic_gap: str | None = None
+) -> dict[str, Any]:
+    """comm_<kind>_{count,bytes} per step (measured and analytic: none where the strategy says the
+    analytic models have no term for the case, ``analytic_gap``) and overlap_* from the trace."""
     from fsdpbench.metrics.bandwidth import bandwidth_by_kind
     from fsdpbench.metrics.comm import analytic_comm_bytes, collective_records, collectives_from_trace
     from fsdpbench.metrics.overlap import analyze_trace
@@ -159,6 +162,8 @@ def analyze_profile(trace_path: Path, case: Case, sharding: Sharding, n_params: 
     out.update(bandwidth_by_kind(records, trace, backend=case.backend, steps=max(1, case.profile_steps)))
     p_bytes, g_bytes = _comm_dtype_bytes(case.precision_spec, sharding)
     try:
+        if analytic_gap is not None:
+            raise ValueError(f"no term for {analytic_gap}")
         pred = analytic_comm_bytes(
             sharding,
             n_params * p_bytes,

@@ -307,6 +307,12 @@ class Strategy:
     def apply(self, model: nn.Module, ctx: ApplyContext) -> nn.Module:
         raise NotImplementedError
 
+    def analytic_gap(self, case: Case) -> str | None:
+        """What of ``case`` the analytic models have no term for: the memory model then gives no peak (the
+        traced predictor runs the strategy itself and stands in) and the communication model no volume;
+        None where they have every term."""
+        return None
+
     def kept_after_forward(self, case: Case) -> str:
         """Which wrap units stay unsharded from their forward to their backward (``KEPT_AFTER_FORWARD``):
         ``all`` (FSDP's SHARD_GRAD_OP), ``last`` (every unit but the last reshards: torchtitan's rule) or

@@ -33,10 +33,19 @@ def mp_policy_for(precision: Precision) -> MixedPrecisionPolicy:
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
-# strategy_args.reshard_after_forward of a strategy that reshards: every unit (true, FSDP2's default) or
-# every unit but the last in forward order (torchtitan's rule: the last is needed again at once in backward)
+# strategy_args.reshard_after_forward of a strategy that reshards: every unit (true, FSDP2's default),
+# every unit but the last in forward order (torchtitan's rule: the last is needed again at once in
+# backward), or an int n, FSDP2's int form: after its forward each unit keeps its parameters sharded over
+# groups of n ranks (a 1/n slice in the compute dtype) and gathers them back over that group in backward
 RESHARD_ARG = "reshard_after_forward"
 RESHARD_VALUES = (True, "except_last")
+
+
+def reshard_group(case: Case) -> int | None:
+    """The group size a case's units reshard to after forward: FSDP2's int ``reshard_after_forward``
+    (None: true, except_last or not given)."""
+    value = case.strategy_args.get(RESHARD_ARG)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def apply_fsdp2(
@@ -59,10 +68,10 @@ def apply_fsdp2(
         mp_policy=mp_policy_for(case.precision_spec),
         offload_policy=CPUOffloadPolicy(pin_memory=pin) if case.cpu_offload else OffloadPolicy(),
     )
-    last = len(ctx.units) - 1
+    last, group = len(ctx.units) - 1, reshard_group(case)
     for i, unit in enumerate(ctx.units):
         kept = kept_after_forward == KEPT_ALL or (kept_after_forward == KEPT_LAST and i == last)
-        fully_shard(unit, reshard_after_forward=not kept, **kwargs)
+        fully_shard(unit, reshard_after_forward=group or not kept, **kwargs)
     fully_shard(model, reshard_after_forward=kept_after_forward != KEPT_ALL, **kwargs)
     apply_prefetch(ctx.units, case.prefetch)
     if ctx.device.type == "cpu" and case.prefetch > 0:
@@ -106,16 +115,31 @@ class _FSDP2(Strategy):
         allowed = {RESHARD_ARG} if resharding else set()
         unknown = set(case.strategy_args) - allowed
         if unknown:
-            known = f"{RESHARD_ARG} (true or except_last)" if resharding else "none"
+            known = f"{RESHARD_ARG} (true, except_last or an int)" if resharding else "none"
             return f"strategy_args {sorted(unknown)} unknown to {self.name}; allowed: {known}"
         value = case.strategy_args.get(RESHARD_ARG, True)
-        if value not in RESHARD_VALUES or (value is not True and not isinstance(value, str)):
+        group = reshard_group(case)
+        shard = self.sharding.degrees(case.world_size, case.shard_group_size)[0]
+        if group is not None and not (1 < group < shard and shard % group == 0):
             return (
-                f"strategy_args.{RESHARD_ARG}: {value!r} is not true or except_last; FSDP2's int form "
-                "(reshard to a smaller group after forward) is not run: the analytic and allocator models "
-                "have no term for the slice of each unit's unsharded parameters it keeps to backward"
+                f"strategy_args.{RESHARD_ARG}: {group} is not a group size to reshard to: FSDP2's int form "
+                f"needs a factor of the {shard} ranks the parameters are sharded over, above 1 (1 is "
+                "false: zero2) and below it (that is true)"
             )
+        if group is None and (
+            value not in RESHARD_VALUES or (value is not True and not isinstance(value, str))
+        ):
+            return f"strategy_args.{RESHARD_ARG}: {value!r} is not true, except_last or an int (a group size)"
         return super().check(case)
+
+    def analytic_gap(self, case: Case) -> str | None:
+        group = reshard_group(case)
+        if group is None:
+            return None
+        return (
+            f"{RESHARD_ARG}={group} (FSDP2's int form: each unit keeps a 1/{group} slice of its unsharded "
+            f"parameters from its forward to its backward and gathers them back over groups of {group})"
+        )
 
     def kept_after_forward(self, case: Case) -> str:
         if case.strategy_args.get(RESHARD_ARG) == "except_last":

@@ -56,6 +56,7 @@ HOST_CATEGORIES = ("params", "padding", "grads", "optim")
 CUDA_CONTEXT_BYTES = 1 * GIB
 # the analytic note of a model without an activation model (``fsdpbench predict`` then traces instead)
 NO_ACTIVATION_MODEL = "no activation model for {model!r}: peak not estimated (use --method traced)"
+NO_PEAK_TERM = "no term for {gap}: peak not estimated (use --method traced)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -345,6 +346,10 @@ def predict_memory(
     if profile is None:
         notes.append(NO_ACTIVATION_MODEL.format(model=case.model))
         return replace(pred, notes=tuple(notes), **terms)
+    gap = setup.strategy.analytic_gap(case)
+    if gap is not None:
+        notes.append(NO_PEAK_TERM.format(gap=gap))
+        return replace(pred, notes=tuple(notes), **terms)
     if profile.kernel_note:
         notes.append(profile.kernel_note)
     if prec.name == "mixed":
@@ -495,6 +500,7 @@ __all__ = [
     "MemoryPrediction",
     "ModelFacts",
     "NO_ACTIVATION_MODEL",
+    "NO_PEAK_TERM",
     "PRECISIONS",
     "Precision",
     "RankStates",
