@@ -16,6 +16,7 @@ from fsdpbench.core import schema
 from fsdpbench.core.case import Case
 from fsdpbench.core.formats import BOUNDARIES, CALIBRATION, FORMAT_VERSION
 from fsdpbench.predictors.consistency import layer_figures, violations
+from fsdpbench.predictors.device_fit import TRACED_MAX_BATCH
 from fsdpbench.predictors.memory_model.nvml import REFERENCE_H100, Calibration
 from tests.gpu_reference_rows import DATA
 
@@ -178,6 +179,8 @@ def test_predict_takes_the_calibration(tmp_path, capsys):
     assert answer["nvml_peak_bytes"] == answer["reserved_peak_bytes"] + sum(
         answer["nvml_terms_bytes"].values()
     )
+    # decoder-tiny fits batches far past the search's limit, which the search traces and stops at
+    assert answer["largest_batch"] == answer["largest_batch_limit"] == TRACED_MAX_BATCH
     assert json.loads(path.read_text())[FORMAT_VERSION] == CALIBRATION.version
     bad = dict(cal.to_json(), cudnn_bytes=-1)
     path.write_text(json.dumps(bad))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from fsdpbench.core.case import Case
-from fsdpbench.predictors.device_fit import DeviceFit, DeviceModel
+from fsdpbench.predictors.device_fit import TRACED_MAX_BATCH, DeviceFit, DeviceModel, batch_text
 from fsdpbench.predictors.memory_model.nvml import JobLoads, nvml_terms
 
 DEVICE = 80 * 2**30
@@ -47,7 +47,7 @@ def test_an_affine_need_is_found_with_two_traces(monkeypatch: pytest.MonkeyPatch
     # the allocator adds a fixed 2 GiB to the analytic need: the guess from the case asked is the edge
     need = lambda b: 32 * 2**30 + b * 7_340_033  # noqa: E731 — states + batch × activations
     tried = stand_in(monkeypatch, need, analytic=lambda b: need(b) - 2 * 2**30)
-    best = DeviceModel().largest_batch(CASE, DEVICE)
+    best = DeviceModel().largest_batch(CASE, DEVICE, max_batch=1 << 20)  # the search, not its limit
     assert need(best) <= DEVICE < need(best + 1)  # the exact edge
     assert best == (DEVICE - 32 * 2**30) // 7_340_033
     assert tried == [best, best + 1]  # the guess fits, one more does not
@@ -57,7 +57,7 @@ def test_an_overhead_growing_with_the_batch_walks_down_to_the_edge(monkeypatch: 
     # fragmentation grows with the batch: the guess from batch 1's overhead is too large
     need = lambda b: 30 * 2**30 + b * 8_000_000  # noqa: E731
     tried = stand_in(monkeypatch, need, analytic=lambda b: 30 * 2**30 + b * 7_000_000)
-    best = DeviceModel().largest_batch(CASE, DEVICE)
+    best = DeviceModel().largest_batch(CASE, DEVICE, max_batch=1 << 20)  # the search, not its limit
     assert need(best) <= DEVICE < need(best + 1)
     assert len(tried) <= 24 and len(set(tried)) == len(tried)  # never asked twice
 
@@ -69,7 +69,7 @@ def test_a_need_that_is_not_affine_still_ends_on_an_edge(monkeypatch: pytest.Mon
         return stairs + (2**30 if b % 64 == 63 else 0)  # every 64th batch opens a segment the next closes
 
     tried = stand_in(monkeypatch, need, analytic=lambda b: 30 * 2**30 + b * 8_000_000)
-    best = DeviceModel().largest_batch(CASE, DEVICE)
+    best = DeviceModel().largest_batch(CASE, DEVICE, max_batch=1 << 20)  # the search, not its limit
     assert need(best) <= DEVICE < need(best + 1)
     assert len(tried) <= 24 and len(set(tried)) == len(tried)  # never asked twice
 
@@ -78,3 +78,14 @@ def test_nothing_fits_when_batch_one_does_not(monkeypatch: pytest.MonkeyPatch) -
     tried = stand_in(monkeypatch, lambda b: DEVICE + b, analytic=lambda b: DEVICE // 2 + b)
     assert DeviceModel().largest_batch(CASE, DEVICE) is None
     assert tried[-1] == 1 and len(set(tried)) == len(tried)
+
+
+def test_the_search_traces_no_batch_past_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An edge past TRACED_MAX_BATCH: the answer is the limit (read "or more"), no larger batch traced."""
+    need = lambda b: 32 * 2**30 + b * 7_340_033  # noqa: E731 — fits up to ~7,000 sequences
+    tried = stand_in(monkeypatch, need, need)
+    assert need(TRACED_MAX_BATCH + 1) <= DEVICE
+    assert DeviceModel().largest_batch(CASE, DEVICE) == TRACED_MAX_BATCH
+    assert max(tried) == TRACED_MAX_BATCH
+    assert batch_text(TRACED_MAX_BATCH) == "4096 or more (the search traces no larger batch)"
+    assert batch_text(12) == "12" and batch_text(None) == "none"

@@ -91,6 +91,12 @@ class DeviceFit:
         return f"does NOT fit in {mem}: {self.decided_by}, short by {fmt(-self.margin_bytes)}"
 
 
+# the largest per-rank batch the allocator model's search traces: a trace makes the rank's batch sample by
+# sample, as a data loader hands them (models.make_samples), so its cost grows with the batch (decoder-tiny
+# at 80 GiB would search past a million sequences, minutes a trace); an answer at the limit reads "or more"
+TRACED_MAX_BATCH = 4096
+
+
 @dataclass(frozen=True, slots=True)
 class AllocatorAnswer:
     """``predict --device-memory`` on CUDA: one rank's device memory layer by layer, fits?, and the
@@ -122,6 +128,7 @@ class AllocatorAnswer:
             "oom_where": fit.oom.where if fit and fit.oom else None,
             "alloc_retries": fit.retries if fit else None,
             "largest_batch": self.largest_batch,
+            "largest_batch_limit": TRACED_MAX_BATCH,  # the search traces no larger batch
             "smallest_world_size": self.smallest_world_size,
         }
 
@@ -169,12 +176,19 @@ class AllocatorAnswer:
             return out + _wrapped(text, width) + _wrapped("no search: it would rest on them", width)
         out += _wrapped(self.fit.describe(fmt), width)
         out += _wrapped(
-            f"largest per-rank batch that fits: {self.largest_batch or 'none'}; smallest world size that "
+            f"largest per-rank batch that fits: {batch_text(self.largest_batch)}; smallest world size that "
             f"fits (powers of two ≤ {self.max_world_size}): {self.smallest_world_size or 'none'} "
             "(allocator model)",
             width,
         )
         return out
+
+
+def batch_text(batch: int | None) -> str:
+    """The allocator model's largest batch as a person reads it: at the search's limit, "or more"."""
+    if batch is None:
+        return "none"
+    return f"{batch} or more (the search traces no larger batch)" if batch >= TRACED_MAX_BATCH else str(batch)
 
 
 def _wrapped(text: str, width: int, *, indent: str = "") -> list[str]:
@@ -328,7 +342,9 @@ class DeviceModel:
             case, lambda c: predict_memory(c, rank=rank, context_bytes=total), limit, max_batch=max_batch
         )
 
-    def largest_batch(self, case: Case, device_memory: int, *, max_batch: int = 1 << 20) -> int | None:
+    def largest_batch(
+        self, case: Case, device_memory: int, *, max_batch: int = TRACED_MAX_BATCH
+    ) -> int | None:
         """The largest per-rank batch that fits, traced only near its edge. The analytic answer bounds it
         from above (the allocator holds at least the live tensors). The first guess is the analytic answer
         under the device memory less what the allocator model added to the analytic need of the case
