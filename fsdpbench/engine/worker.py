@@ -42,7 +42,7 @@ from fsdpbench.engine.emulate import (
     without_overlap,
 )
 from fsdpbench.engine.fake_pg import init_fake_process_group
-from fsdpbench.engine.gloo_settle import collectives_settled
+from fsdpbench.engine.gloo_settle import SETTLED_TRACKERS, collectives_settled
 from fsdpbench.engine.intra_op import rank_threads
 from fsdpbench.engine.knobs import state_placement_bytes
 from fsdpbench.engine.parallel import Build, Parallel, Parallelize, build_parallel
@@ -232,7 +232,11 @@ class RankSteps:
             memory.states_tracker = snapshot_by_category(tracker, "current", self.device)
             memory.states_local = local_state_bytes(model, optimizer, self.parallel.strategy)
 
-        settled = self.case.backend == "gloo" and not self.case.emulate  # emulation's group is fake
+        settled = (
+            self.case.backend == "gloo"
+            and not self.case.emulate  # emulation's group is fake
+            and self.parallel.strategy.memory_tracker in SETTLED_TRACKERS
+        )
         with tracker, collectives_settled(tracker) if settled else contextlib.nullcontext():
             self.instrumented(after_optim=record_states)
         memory.peak = snapshot_by_category(tracker, "peak", self.device)
