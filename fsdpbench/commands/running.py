@@ -114,21 +114,25 @@ STRATEGY_ARGS_FLAG = "--strategy-args"
 
 
 def add_model_args_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    _add_mapping_argument(
+        parser,
         MODEL_ARGS_FLAG,
-        metavar="NAME=VALUE,…",
-        help="the model's arguments, as a scenario's model_args, e.g. d_model=4096,n_layers=32,n_kv_heads=8 "
+        "the model's arguments, as a scenario's model_args, e.g. d_model=4096,n_layers=32,n_kv_heads=8 "
         "(values read as YAML scalars; the names each model takes: docs/scenarios.md)",
     )
 
 
 def add_strategy_args_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
+    _add_mapping_argument(
+        parser,
         STRATEGY_ARGS_FLAG,
-        metavar="NAME=VALUE,…",
-        help="the strategy's arguments, as a scenario's strategy_args, e.g. reshard_after_forward=2 "
+        "the strategy's arguments, as a scenario's strategy_args, e.g. reshard_after_forward=2 "
         "(values read as YAML scalars; what each strategy reads: docs/scenarios.md)",
     )
+
+
+def _add_mapping_argument(parser: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    parser.add_argument(flag, metavar="NAME=VALUE,…", help=help_text)
 
 
 def _case_mapping(text: str | None, flag: str, field: str) -> dict[str, Any]:

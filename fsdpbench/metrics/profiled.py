@@ -145,7 +145,7 @@ def analyze_profile(
     """comm_<kind>_{count,bytes} per step (measured and analytic: none where the strategy says the
     analytic models have no term for the case, ``analytic_gap``) and overlap_* from the trace."""
     from fsdpbench.metrics.bandwidth import bandwidth_by_kind
-    from fsdpbench.metrics.comm import analytic_comm_bytes, collective_records, collectives_from_trace
+    from fsdpbench.metrics.comm import collective_records, collectives_from_trace
     from fsdpbench.metrics.overlap import analyze_trace
     from fsdpbench.metrics.trace import Trace
 
@@ -160,21 +160,7 @@ def analyze_profile(
     out[COMM_TOTAL] = float(comm["sent_bytes"].sum())
     records = collective_records(trace, group_size=group)
     out.update(bandwidth_by_kind(records, trace, backend=case.backend, steps=max(1, case.profile_steps)))
-    p_bytes, g_bytes = _comm_dtype_bytes(case.precision_spec, sharding)
-    try:
-        if analytic_gap is not None:
-            raise ValueError(f"no term for {analytic_gap}")
-        pred = analytic_comm_bytes(
-            sharding,
-            n_params * p_bytes,
-            case.world_size,
-            grad_bytes_total=n_params * g_bytes,
-            shard_size=shard,
-        )
-        out.update({COMM_PRED.of(k): v for k, v in pred.items()})
-        out[COMM_PRED_TOTAL] = float(sum(pred.values()))
-    except ValueError as exc:
-        out[COMM_PRED_NOTE] = str(exc)
+    out.update(_analytic_comm_columns(case, sharding, n_params, shard, analytic_gap))
     out[COMM_PATTERN] = sharding.comm_pattern()
     stats = analyze_trace(trace, case.backend)
     out[OVERLAP_COMM] = stats["comm_us"] / 1e3
@@ -187,6 +173,28 @@ def analyze_profile(
         out[OVERLAP_RATIO] = None
         out[OVERLAP_NOTE] = "world_size 1: no communication between ranks"
     return out
+
+
+def _analytic_comm_columns(
+    case: Case, sharding: Sharding, n_params: int, shard: int | None, analytic_gap: str | None
+) -> dict[str, Any]:
+    """comm_pred_<kind>_bytes and comm_pred_total_bytes, or comm_pred_note saying why there are none."""
+    from fsdpbench.metrics.comm import analytic_comm_bytes
+
+    if analytic_gap is not None:
+        return {COMM_PRED_NOTE: f"no term for {analytic_gap}"}
+    p_bytes, g_bytes = _comm_dtype_bytes(case.precision_spec, sharding)
+    try:
+        pred = analytic_comm_bytes(
+            sharding,
+            n_params * p_bytes,
+            case.world_size,
+            grad_bytes_total=n_params * g_bytes,
+            shard_size=shard,
+        )
+    except ValueError as exc:
+        return {COMM_PRED_NOTE: str(exc)}
+    return {**{COMM_PRED.of(k): v for k, v in pred.items()}, COMM_PRED_TOTAL: float(sum(pred.values()))}
 
 
 def shard_group_sizes(case: Case, sharding: Sharding) -> tuple[int | None, int | None]:

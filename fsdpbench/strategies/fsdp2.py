@@ -126,9 +126,7 @@ class _FSDP2(Strategy):
                 f"needs a factor of the {shard} ranks the parameters are sharded over, above 1 (1 is "
                 "false: zero2) and below it (that is true)"
             )
-        if group is None and (
-            value not in RESHARD_VALUES or (value is not True and not isinstance(value, str))
-        ):
+        if group is None and value not in RESHARD_VALUES:
             return f"strategy_args.{RESHARD_ARG}: {value!r} is not true, except_last or an int (a group size)"
         return super().check(case)
 
