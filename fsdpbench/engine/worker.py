@@ -243,6 +243,13 @@ class RankSteps:
         return memory
 
 
+def _allowed_cpus() -> int:
+    """The logical CPUs this process may run on: its affinity where the OS has one (Linux), else all."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 0
+
+
 def _run_phases(
     case: Case,
     rank: int,
@@ -327,7 +334,7 @@ def setup(
         setup_s=time.perf_counter() - t_start,
         samplers=samplers.status,
         cores=",".join(map(str, cores)),
-        cpus=len(os.sched_getaffinity(0)),
+        cpus=_allowed_cpus(),
         gloo_loops_idle=idle_loops,
         gloo_threads_bound=bound,
     )
