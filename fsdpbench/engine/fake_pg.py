@@ -70,6 +70,26 @@ def fake_pg_compat(backend: str) -> Iterator[None]:
         setattr(dist, rs_name, reduce_scatter)
 
 
+class BucketsSeen:
+    """The storages of the gradient buckets DDP's reducer handed to the all-reduce hook: on fake tensors the
+    reducer keeps the one bucket it was built with (no rebuild), and a trace must know that storage for
+    what it is (``traced_stream.py``)."""
+
+    def __init__(self) -> None:
+        self.storages: list[torch.UntypedStorage] = []
+
+    def seen(self, buffer: torch.Tensor) -> None:
+        storage = buffer.untyped_storage()
+        if not any(s is storage or s._cdata == storage._cdata for s in self.storages):
+            self.storages.append(storage)
+
+
+def buckets_seen(model: torch.nn.Module) -> list[torch.UntypedStorage]:
+    """The bucket storages ``patch_ddp``'s hook has seen on ``model`` (none for another hook)."""
+    hooks = getattr(model, "_comm_hooks", None) or []
+    return [s for _, state in hooks if isinstance(state, BucketsSeen) for s in state.storages]
+
+
 class _ReducerWithoutRebuild:
     """DDP's reducer, except that its first-step bucket rebuild (which reads tensor data) is off."""
 
@@ -94,11 +114,12 @@ def patch_ddp(model: torch.nn.Module, world_size: int, *, rebuild_buckets: bool 
 
         def allreduce_in_place(state, bucket):  # noqa: ANN001 — DDP checks these annotations at runtime
             buffer = bucket.buffer().div_(world_size)  # what DDP's built-in hook does, minus the wire
+            state.seen(buffer)
             fut: torch.futures.Future = torch.futures.Future()
             fut.set_result(buffer)
             return fut
 
-        model.register_comm_hook(None, allreduce_in_place)
+        model.register_comm_hook(BucketsSeen(), allreduce_in_place)
     if not rebuild_buckets:  # fake tensors have no data to rebuild from; real ones (emulation) do
         model.reducer = _ReducerWithoutRebuild(model.reducer)
     return model

@@ -21,15 +21,18 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from fsdpbench.predictors.memory_model.alloc_stream import (
+    DDP_BUCKET,
     DEFAULT_STREAM,
     MATMUL_BACKWARD,
     MATMUL_FORWARD,
     OPTIMIZER_STEP,
+    UNREBUILT_BUCKET,
     AllocStream,
 )
 from fsdpbench.predictors.memory_model.allocator import AllocEvent, Free, Malloc, Mark
@@ -201,13 +204,34 @@ class StreamRecorder:
 
     def stream(self, notes: tuple[str, ...] = ()) -> AllocStream:
         """The recorded step; anything it allocated and did not free (none in a steady state) is freed at
-        its end, as the next step would find it."""
+        its end, as the next step would find it. DDP's bucket as the trace keeps it (``unrebuilt_buckets``)
+        is the tracker's, not the allocator's."""
+        unrebuilt = self._unrebuilt_bucket_keys()
         alive = dict.fromkeys(e.key for e in self.step if isinstance(e, Malloc))
         for e in self.step:
             if isinstance(e, Free):
                 alive.pop(e.key, None)
-        step = [*self.step, *(Free(k) for k in alive)]
+        step = [
+            replace(e, category=UNREBUILT_BUCKET) if isinstance(e, Malloc) and e.key in unrebuilt else e
+            for e in (*self.step, *(Free(k) for k in alive))
+        ]
         return AllocStream(tuple(self.resident), tuple(step), tuple(self.lazy), source="traced", notes=notes)
+
+    def _unrebuilt_bucket_keys(self) -> set[str]:
+        """The keys of the storages of DDP's one bucket, which the trace's reducer keeps because it cannot
+        rebuild on fake tensors (``engine/fake_pg.py``). The tracker first sees it when backward writes a
+        gradient into it and counts it from there, as it counts a run's rebuilt buckets from their first
+        write; the allocator holds the rebuilt buckets from before the step instead
+        (``ddp_bucket_mallocs``), so this storage is no allocation of the step."""
+        from fsdpbench.engine.fake_pg import buckets_seen
+
+        keys = set()
+        for storage in buckets_seen(self.model):
+            winfo, _ = self.tracker._WINFO.get(storage, (None, None))
+            key = self.keys.get(id(winfo)) if winfo is not None else None
+            if key is not None:
+                keys.add(key)
+        return keys
 
 
 def ddp_bucket_mallocs(model: Any, device_type: str) -> list[Malloc]:
@@ -237,7 +261,7 @@ def ddp_bucket_mallocs(model: Any, device_type: str) -> list[Malloc]:
     out = []
     for n, indices in enumerate(buckets):
         nbytes = sum(ready_order[i].numel() * ready_order[i].element_size() for i in indices)
-        out.append(Malloc(f"ddp bucket {n}", nbytes, DEFAULT_STREAM, "ddp_bucket", "DDP()"))
+        out.append(Malloc(f"ddp bucket {n}", nbytes, DEFAULT_STREAM, DDP_BUCKET, "DDP()"))
     return out
 
 

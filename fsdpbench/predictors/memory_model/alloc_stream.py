@@ -51,6 +51,12 @@ MATMUL_BACKWARD = "first matmul: backward"
 OPTIMIZER_STEP = "optimizer step"
 MEASURED_STEP = "step"  # allocator.replay's mark: peaks restart here
 DEFAULT_STREAM = "default"
+# DDP's gradient buckets as its reducer holds them from the second step on: allocated by C++, which no
+# tracker sees (``traced_stream.ddp_bucket_mallocs``)
+DDP_BUCKET = "ddp_bucket"
+# DDP's one bucket as a trace keeps it (the reducer cannot rebuild on fake tensors): the tracker counts it
+# from its first write, the allocator holds the rebuilt ones instead, so a replay skips it
+UNREBUILT_BUCKET = "ddp_bucket_unrebuilt"
 
 # cuBLAS's workspace per (handle, stream), by GPU generation (CublasHandlePool.cpp, parseChosenWorkspaceSize)
 CUBLAS_WORKSPACE_HOPPER = 32 * MiB  # ":4096:8", compute capability 9.x–12.x
@@ -106,14 +112,19 @@ class AllocStream:
         before the last."""
         yield from self.resident
         kept = frozenset(m.key for m in (*self.resident, *self.lazy))  # freed by no step
+        skipped = frozenset(
+            e.key for e in self.step if isinstance(e, Malloc) and e.category == UNREBUILT_BUCKET
+        )
         for n in range(1, steps + 1):
             if n == steps:
                 yield Mark(MEASURED_STEP)
             for ev in self.step:
                 if isinstance(ev, Malloc):
-                    yield Malloc(f"{n}:{ev.key}", ev.nbytes, ev.stream, ev.category, ev.where)
+                    if ev.key not in skipped:
+                        yield Malloc(f"{n}:{ev.key}", ev.nbytes, ev.stream, ev.category, ev.where)
                 elif isinstance(ev, Free):
-                    yield Free(ev.key if ev.key in kept else f"{n}:{ev.key}", ev.recorded_on)
+                    if ev.key not in skipped:
+                        yield Free(ev.key if ev.key in kept else f"{n}:{ev.key}", ev.recorded_on)
                 elif n == 1:
                     yield from self._first_step_allocations(ev, runtime)
 
