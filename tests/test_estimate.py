@@ -9,6 +9,7 @@ from torch.torch_version import TorchVersion
 
 from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model import predict_memory
+from fsdpbench.predictors.memory_model.allocator import Free, Malloc
 from fsdpbench.predictors.traced import estimate
 
 
@@ -77,7 +78,8 @@ def test_rank_outside_the_world_is_refused():
         estimate(Case(model="decoder-tiny", strategy="zero3", world_size=2), rank=2)
 
 
-FIRST_STEP_CASES = [  # FSDP2 strategies × precision, optimizer state, offload, checkpointing, CUDA rules
+# FSDP2 and DDP strategies × precision, optimizer state, offload, checkpointing, CUDA rules
+FIRST_STEP_CASES = [
     Case(
         model="decoder-tiny", strategy="zero3", world_size=4, precision="bf16", optimizer="adamw", prefetch=1
     ),
@@ -95,6 +97,23 @@ FIRST_STEP_CASES = [  # FSDP2 strategies × precision, optimizer state, offload,
     ),
     Case(
         model="decoder-tiny", strategy="zero3", world_size=8, precision="bf16", device="cuda", backend="nccl"
+    ),
+    # DistributedDataParallel's: the optimizer's state on zero gradients, no forward or backward
+    Case(
+        model="llama3-tiny",
+        strategy="ddp",
+        world_size=4,
+        batch_size=2,
+        seq_len=64,
+        precision="bf16",
+        optimizer_impl="foreach",
+        max_norm=1.0,
+        device="cuda",
+        backend="nccl",
+    ),
+    Case(model="decoder-tiny", strategy="zero1", world_size=4, optimizer="adamw"),
+    Case(
+        model="decoder-tiny", strategy="zero1", world_size=8, precision="bf16", device="cuda", backend="nccl"
     ),
     Case(  # torchtitan's recipe: foreach update, clipping, the op policy
         model="llama3-tiny",
@@ -144,11 +163,11 @@ def test_a_trace_is_the_same_whether_or_not_it_is_the_processs_first():
 
 @pytest.mark.parametrize("case", FIRST_STEP_CASES, ids=lambda c: c.case_id)
 def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
-    """What makes a trace fast changes no byte of what the tracked step sees, on the last rank too
-    (uneven shards): the FSDP2 first-step shortcut (lazy init and the optimizer's state on zero
-    gradients, no forward or backward), the lazy chunks (rank_chunks.py), the sharding propagation's
-    _StridedShard scan made once per op, the tracker's quick device queries
-    (tracker.fsdp2_tracker_class) and the collector's larger young generation."""
+    """What makes a trace fast changes no byte of what the tracked step sees, nor its allocation stream,
+    on the last rank too (uneven shards): the first-step shortcut of FSDP2 and DDP (FSDP2's lazy init
+    and the optimizer's state on zero gradients, no forward or backward), the lazy chunks
+    (rank_chunks.py), the sharding propagation's _StridedShard scan made once per op, the tracker's
+    quick device queries (tracker.fsdp2_tracker_class) and the collector's larger young generation."""
     import contextlib
 
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -162,13 +181,23 @@ def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
         assert tracker.fsdp2_tracker_class() is not FSDPMemTracker
 
     def figures(rank: int) -> tuple:
-        e = estimate(case, rank=rank)
-        return e.peak_bytes, e.peak_by_category, e.states_by_category, e.model_states_bytes
+        e = estimate(case, rank=rank, record_stream=True)
+        stream = e.alloc_stream
+        names: dict[str, int] = {}  # keys renamed in order of allocation: what the allocator sees
+        events = [
+            (names.setdefault(ev.key, len(names)), ev.nbytes, ev.stream, ev.category)
+            if isinstance(ev, Malloc)
+            else ("free", names.get(ev.key), ev.recorded_on)
+            if isinstance(ev, Free)
+            else ev.label
+            for ev in (*stream.resident, *stream.lazy, *stream.step)
+        ]
+        return e.peak_bytes, e.peak_by_category, e.states_by_category, e.model_states_bytes, events
 
     for rank in (0, case.world_size - 1):
         shortcut = figures(rank)
         with monkeypatch.context() as without:
-            without.setattr(traced, "FSDP2_FIRST_STEP_SHORTCUT", False)
+            without.setattr(traced, "FIRST_STEP_SHORTCUT", False)
             without.setattr(traced, "rank_chunks_only", contextlib.nullcontext)
             without.setattr(traced, "_strided_shard_flag_checked_once", contextlib.nullcontext)
             without.setattr(tracker, "fsdp2_tracker_class", lambda: FSDPMemTracker)

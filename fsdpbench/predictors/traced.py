@@ -73,9 +73,9 @@ if TYPE_CHECKING:
     from fsdpbench.models import ModelDef
 
 
-# an FSDP2 trace's warm-up creates the states without a forward and backward (_create_fsdp2_states);
+# an FSDP2 or DDP trace's warm-up creates the states without a forward and backward (_create_first_states);
 # tests/test_estimate.py turns it off to check that the tracked step's bytes are those of a full warm-up
-FSDP2_FIRST_STEP_SHORTCUT = True
+FIRST_STEP_SHORTCUT = True
 # the garbage collector's young generation during a trace (Python's default: 700 objects); _fewer_collections
 YOUNG_GENERATION_OBJECTS = 10_000
 
@@ -146,7 +146,6 @@ def _fewer_collections() -> Iterator[None]:
 def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> TracedEstimate:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fsdpbench.engine.emulate import shards_on_meta
     from fsdpbench.engine.parallel import build_parallel
     from fsdpbench.engine.step import rank_batch, train_step
     from fsdpbench.metrics.tracker import build_tracker, snapshot_by_category
@@ -188,8 +187,8 @@ def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> 
                     "autocast traced with the CPU's autocast op lists (CUDA's may cast some ops differently)"
                 )
             for step in range(warmup_steps):
-                if step == 0 and FSDP2_FIRST_STEP_SHORTCUT and shards_on_meta(parallel.strategy):
-                    _create_fsdp2_states(parallel)
+                if step == 0 and FIRST_STEP_SHORTCUT and _first_states_creatable(parallel):
+                    _create_first_states(parallel)
                 else:
                     train_step(parallel, rank_batch(case, rank, step, device))
             model, optimizer = parallel.model, parallel.optimizer
@@ -230,15 +229,30 @@ def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> 
     )
 
 
-def _create_fsdp2_states(parallel: Any) -> None:
-    """What an FSDP2 model's first step leaves behind, without its forward and backward (on fake tensors
-    a 70B model's forward and backward are seconds of dispatch): the root's lazy initialisation, which its
-    first forward would run, and the optimizer's state, created by a step on zero gradients (a real
-    gradient is a DTensor of the parameter's placement, like these; the state's values are not traced).
-    Then the gradients are dropped, as ``train_step`` drops them."""
+def _first_states_creatable(parallel: Any) -> bool:
+    """Whether the first step's states can be made without its forward and backward: FSDP2's (sharded on
+    meta) and DistributedDataParallel's (DDP, ZeRO-1), whose first forward and backward leave nothing
+    behind but the gradients on fake tensors (DDP's bucket rebuild is off there: ``fake_pg.patch_ddp``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fsdpbench.engine.emulate import shards_on_meta
+
+    return shards_on_meta(parallel.strategy) or isinstance(parallel.model, DistributedDataParallel)
+
+
+def _create_first_states(parallel: Any) -> None:
+    """What a model's first step leaves behind, without its forward and backward (on fake tensors a 70B
+    model's forward and backward are seconds of dispatch): an FSDP2 root's lazy initialisation, which its
+    first forward would run, and the optimizer's state, created by a step on zero gradients (for FSDP2 a
+    DTensor of the parameter's placement, as a real gradient is; the state's values are not traced), after
+    clipping where the case clips (its first call allocates for good). Then the gradients are dropped, as
+    ``train_step`` drops them."""
     import torch
 
-    parallel.strategy.fsdp_root(parallel.model)._get_fsdp_state()._lazy_init()
+    from fsdpbench.engine.emulate import shards_on_meta
+
+    if shards_on_meta(parallel.strategy):
+        parallel.strategy.fsdp_root(parallel.model)._get_fsdp_state()._lazy_init()
     for param in parallel.model.parameters():
         if param.requires_grad:
             param.grad = torch.zeros_like(param)
