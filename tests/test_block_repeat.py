@@ -55,13 +55,19 @@ def _trace(case: Case):  # noqa: ANN202 — a TracedEstimate
         ({"strategy": "zero3", "activation_checkpointing_policy": "every:2"}, 10),  # a period of 2
         ({"strategy": "hsdp", "shard_size": 4, "activation_checkpointing": False}, 7),
         ({"strategy": "zero3", "strategy_args": {"reshard_after_forward": "except_last"}}, 7),
+        # gradients kept unsharded until the optimizer and freed among each other's: runs slid into place
+        ({"strategy": "zero2"}, 7),
+        # DDP's one bucket as traced (its size grows with the blocks) and its rebuilt buckets, a block's
+        # worth each period where a block's tensors fill buckets of their own (not llama3-tiny's)
+        ({"strategy": "ddp", "model": "llama-7b", "precision": "fp32", "max_norm": None}, 9),
     ],
 )
 def test_repeated_blocks_are_the_whole_trace(fields: dict, blocks: int) -> None:
     case = Case(**{**RECIPE, **fields, "model_args": {"n_layers": blocks}})
-    repeated = repeat_blocks(case, _trace)
+    built = repeat_blocks(case, _trace)
     whole = _trace(case)
-    assert repeated is not None
+    assert built is not None
+    repeated = built[0]
     assert _allocator_view(repeated.alloc_stream) == _allocator_view(whole.alloc_stream)
     assert repeated.peak_bytes == whole.peak_bytes == stream_peak(whole.alloc_stream)
     assert repeated.peak_by_category == whole.peak_by_category
@@ -89,3 +95,65 @@ def test_a_construction_that_misses_its_own_deeper_traces_is_not_used() -> None:
     repeated, whole = DeviceModel().estimate(case), DeviceModel(repeat_blocks=False).estimate(case)
     assert "repeated" in repeated.notes[-1] and not any("repeated" in n for n in whole.notes)
     assert repeated.peak_bytes == whole.peak_bytes
+
+
+def test_ddp_buckets_of_blocks_packed_together_are_traced_whole() -> None:
+    """llama3-tiny's blocks share DDP buckets (1 MiB, then 25 MiB): the buckets do not repeat per block, so
+    the construction answers None and the case is traced whole."""
+    case = Case(
+        **{**RECIPE, "strategy": "ddp", "activation_checkpointing": False, "model_args": {"n_layers": 7}}
+    )
+    assert repeat_blocks(case, _trace) is None
+
+
+@pytest.mark.parametrize(
+    ("fields", "searched"),
+    [
+        ({"strategy": "zero3"}, {"world_size": 2}),  # the smallest-world-size search's cases
+        ({"strategy": "zero3", "activation_checkpointing": False}, {"world_size": 16}),
+        ({"strategy": "zero2", "activation_checkpointing": False}, {"world_size": 4}),
+    ],
+)
+def test_a_search_case_follows_the_construction_of_the_case_asked(fields: dict, searched: dict) -> None:
+    """A case that differs from the case asked only in its world size is built from three depths,
+    following the runs and rules read off the asked case's four: still the whole trace."""
+    asked = Case(**{**RECIPE, **fields, "model_args": {"n_layers": 7}})
+    _, learnt = repeat_blocks(asked, _trace)
+    case = asked.replace(**searched)
+    built = repeat_blocks(case, _trace, depths=3, learnt=learnt)
+    whole = _trace(case)
+    assert built is not None and "2, 3, 4 blocks" in built[0].notes[-1]
+    repeated = built[0]
+    assert _allocator_view(repeated.alloc_stream) == _allocator_view(whole.alloc_stream)
+    assert repeated.peak_bytes == whole.peak_bytes
+    assert repeated.peak_by_category == whole.peak_by_category
+    assert repeated.states_by_category == whole.states_by_category
+
+
+def test_a_search_case_with_other_events_reads_its_own_construction() -> None:
+    """zero3 with a batch of 3 has two more events than with 2 (its inputs): not the asked case's
+    events, so the fourth depth is traced and the case's own construction read off: the whole trace."""
+    asked = Case(**{**RECIPE, "strategy": "zero3", "model_args": {"n_layers": 7}})
+    _, learnt = repeat_blocks(asked, _trace)
+    case = asked.replace(batch_size=3)
+    built = repeat_blocks(case, _trace, depths=3, learnt=learnt)
+    assert built is not None and built[1] is not learnt and "2, 3, 4, 5 blocks" in built[0].notes[-1]
+    assert _allocator_view(built[0].alloc_stream) == _allocator_view(_trace(case).alloc_stream)
+
+
+def test_the_device_model_traces_its_search_cases_one_depth_shallower(monkeypatch) -> None:  # noqa: ANN001
+    import fsdpbench.predictors.traced as traced_module
+
+    traced: list[int] = []
+    original = traced_module.estimate
+
+    def counting(c: Case, **kwargs):  # noqa: ANN003, ANN202 — estimate's keywords; a TracedEstimate
+        traced.append(c.model_args["n_layers"])
+        return original(c, **kwargs)
+
+    monkeypatch.setattr(traced_module, "estimate", counting)
+    model = DeviceModel()
+    case = Case(**{**RECIPE, "strategy": "zero3", "model_args": {"n_layers": 8}})
+    model.estimate(case)
+    model.estimate(case.replace(world_size=4))
+    assert traced == [2, 3, 4, 5, 2, 3, 4]

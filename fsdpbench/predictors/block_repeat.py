@@ -11,11 +11,17 @@ as the kind it frees); the stream of ``a + k·p`` blocks is then the ``a + p`` s
 ``k`` times, which the ``a + 2p`` and ``a + 3p`` streams must be, event for event. Which allocation each
 free of a copy releases — its own copy's, the neighbouring copy's (FSDP's all-gather of the next block),
 the mirror copy's (backward runs the blocks in reverse), or one outside the runs once the copies run
-out — is a rule read off the three deeper traces per free and required to hold in all of them. The
-tracked peak is the stream's (checked equal to the tracker's on every shallow trace); parameter counts
-and model states grow by a block's worth per period (checked on all four). Anything that does not hold
-answers None, and the case is traced whole. ``tests/test_block_repeat.py`` compares the result with
-whole traces.
+out — is a rule read off the three deeper traces per free and required to hold in all of them. Where the
+inserted run sits among events equal to it (the gradients freed one after another at the end), each run
+is also tried slid as far as it goes either way (``_placed``). An allocation of the whole model at once
+(DDP's one bucket as a trace keeps it) is one event at every depth whose size grows by the same amount
+per period (``SIZED_BY_DEPTH``). The tracked peak is the stream's (checked equal to the tracker's on
+every shallow trace; DDP's rebuilt buckets, which no tracker sees, left out); parameter counts and model
+states grow by a block's worth per period (checked on all four). Anything that does not hold
+answers None, and the case is traced whole; so does a strategy that declares a rank's share of a block
+not the same for every block (``Strategy.blocks_repeat``: ZeRO-1's greedy partition, which shallow
+traces could show repeating while the deep model's differs). ``tests/test_block_repeat.py``
+compares the result with whole traces.
 """
 
 from __future__ import annotations
@@ -23,20 +29,24 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fsdpbench.core.case import Case, ac_every
-from fsdpbench.predictors.memory_model.alloc_stream import AllocStream
+from fsdpbench.predictors.memory_model.alloc_stream import DDP_BUCKET, UNREBUILT_BUCKET, AllocStream
 from fsdpbench.predictors.memory_model.allocator import AllocEvent, Free, Malloc
 from fsdpbench.predictors.traced import TracedEstimate
 
 PARTS = ("resident", "lazy", "step")
 LAYER_INDEX = re.compile(r"(layers\.)(\d+)")
 SHALLOWEST = 2  # blocks of the shallowest trace: a first and a last block that differ from the rest
+DEPTHS = 4  # shallow traces: the construction is read off the first two and checked on all
 COPY_SHIFTS = (0, -1, 1)  # a free's copy: its own, the previous one's, the next one's (or mirrored)
 
 Slot = tuple[str, int, int]  # (part, index in the a + p stream, copy)
+# allocations of the whole model at once (DDP's bucket as a trace keeps it): one event at every depth, its
+# size growing by the same amount per period
+SIZED_BY_DEPTH = (UNREBUILT_BUCKET,)
 
 
 def blocks_and_period(case: Case) -> tuple[int, int] | None:
@@ -55,51 +65,129 @@ def blocks_and_period(case: Case) -> tuple[int, int] | None:
     return blocks, every or 1
 
 
-def shallow_depths(blocks: int, period: int) -> list[int] | None:
-    """The four depths traced (``a`` … ``a + 3p``); None where they are not fewer than the blocks."""
+def shallow_depths(blocks: int, period: int, count: int = DEPTHS) -> list[int] | None:
+    """The ``count`` depths traced (``a`` … ``a + 3p`` for four); None where they are not fewer than the
+    blocks."""
     a = SHALLOWEST + (blocks - SHALLOWEST) % period
-    depths = [a + k * period for k in range(4)]
+    depths = [a + k * period for k in range(count)]
     return depths if depths[-1] < blocks else None
 
 
-def repeat_blocks(case: Case, trace: Callable[[Case], TracedEstimate]) -> TracedEstimate | None:
-    """The traced estimate of ``case`` from ``trace`` of four shallow copies of it, or None (see above)."""
+@dataclass(frozen=True)
+class Construction:
+    """What a case's shallow traces taught: the runs each extra period inserts into the ``a + p`` stream,
+    the rule of each free, the block index of each labelled allocation, and the ``a + p`` stream's events
+    with their sizes left out (``_shape``), which a case built from it must have."""
+
+    runs: dict[str, list[tuple[int, int]]]
+    rules: dict[tuple[str, int], tuple]
+    indices: dict[tuple[str, int], tuple[int, int, int]]
+    shape: dict[str, list[tuple]]
+
+
+def repeat_blocks(
+    case: Case,
+    trace: Callable[[Case], TracedEstimate],
+    *,
+    depths: int = DEPTHS,
+    learnt: Construction | None = None,
+) -> tuple[TracedEstimate, Construction] | None:
+    """The traced estimate of ``case`` from ``trace`` of four shallow copies of it, and the construction
+    read off them; None (see above). With ``learnt`` (the construction of a case that differs from this
+    one only in what the searches vary: its batch, its world size) and ``depths=3``: the deepest copy is
+    not traced, and ``learnt``'s runs and rules are used where this case's ``a + p`` stream has
+    ``learnt``'s events (sizes aside) and its three traces follow them event for event and free for free:
+    which events repeat and which allocation each free releases is the step's code path, which batch
+    and world size do not change; where the events differ (the batch's own inputs can add some), the
+    fourth depth is traced and the case's own construction read off."""
+    from fsdpbench.strategies import get_strategy
+
     shape = blocks_and_period(case)
-    depths = shallow_depths(*shape) if shape else None
-    if shape is None or depths is None:
+    traced = shallow_depths(*shape, depths) if shape else None
+    if shape is None or traced is None or not get_strategy(case.strategy).blocks_repeat:
         return None
     blocks, period = shape
-    copies = (blocks - depths[0]) // period
-    shallow = [trace(case.replace(model_args={**case.model_args, "n_layers": d})) for d in depths]
-    streams = [e.alloc_stream for e in shallow]
-    if any(s is None or stream_peak(s) != e.peak_bytes for s, e in zip(streams, shallow, strict=True)):
+    shallow = [_tracked(trace, case, d) for d in traced]
+    construction = _followed(learnt, _streams(shallow)) if learnt is not None and all(shallow) else None
+    if construction is None and learnt is not None:  # not the same events: read its own, one depth more
+        deeper = traced[-1] + period
+        if deeper >= blocks:
+            return None
+        traced = [*traced, deeper]
+        shallow.append(_tracked(trace, case, deeper))
+    if not all(shallow):
         return None
-    extended = extend(streams, copies)
+    construction = construction or learn(_streams(shallow))
+    built = _built(shallow, construction, (blocks - traced[0]) // period) if construction else None
+    if construction is None or built is None:
+        return None
+    note = repeated_note(traced, blocks, construction is learnt)
+    return replace(built, case_id=case.case_id, notes=(*built.notes, note)), construction
+
+
+def _tracked(trace: Callable[[Case], TracedEstimate], case: Case, blocks: int) -> TracedEstimate | None:
+    """The case traced with ``blocks`` blocks; None unless its stream holds what its tracker counts."""
+    est = trace(case.replace(model_args={**case.model_args, "n_layers": blocks}))
+    stream = est.alloc_stream
+    return est if stream is not None and stream_peak(stream) == est.peak_bytes else None
+
+
+def _streams(shallow: Sequence[TracedEstimate | None]) -> list[AllocStream]:
+    return [e.alloc_stream for e in shallow if e is not None]
+
+
+def _built(shallow: Sequence[Any], construction: Construction, copies: int) -> TracedEstimate | None:
+    """The estimate ``copies`` periods past the shallowest trace: the stream built, its peak the tracker's
+    peak by category grown over the traces; None where they disagree."""
+    streams = _streams(shallow)
+    built = _build(streams[1], construction.runs, construction.rules, construction.indices, copies)
+    extended = _sized_by_depth(streams, built, copies)
     grown = _grown(shallow, copies) if extended is not None else None
     if extended is None or grown is None:
         return None
     peak = stream_peak(extended)
     if sum(grown["peak"].values()) != peak:
         return None
-    last = shallow[-1]
     return replace(
-        last,
-        case_id=case.case_id,
+        shallow[-1],
         params=grown["params"],
         peak_bytes=peak,
         peak_by_category=grown["peak"],
         states_by_category=grown["states"],
         model_states_bytes=grown["model_states"],
         wall_s=sum(e.wall_s for e in shallow),
-        notes=(*last.notes, repeated_note(depths, blocks)),
         alloc_stream=extended,
     )
 
 
-def repeated_note(depths: Sequence[int], blocks: int) -> str:
+def _sized_by_depth(streams: Sequence[AllocStream], extended: AllocStream, copies: int) -> AllocStream | None:
+    """``extended`` with each allocation of the whole model (``SIZED_BY_DEPTH``) at the size it has
+    ``copies`` periods past the shallowest trace; None unless every trace has the same such allocations,
+    each growing by the same amount per period."""
+
+    def sizes(stream: AllocStream) -> list[int]:
+        return [e.nbytes for e in stream.step if isinstance(e, Malloc) and e.category in SIZED_BY_DEPTH]
+
+    by_trace = [sizes(s) for s in streams]
+    if len({len(x) for x in by_trace}) != 1:
+        return None
+    grown = [_linear(column, copies) for column in zip(*by_trace, strict=True)]
+    if any(g is None for g in grown):
+        return None
+    pending = iter(int(g or 0) for g in grown)
+    step = tuple(
+        replace(e, nbytes=next(pending)) if isinstance(e, Malloc) and e.category in SIZED_BY_DEPTH else e
+        for e in extended.step
+    )
+    return replace(extended, step=step)
+
+
+def repeated_note(depths: Sequence[int], blocks: int, learnt: bool = False) -> str:
+    checked = " and followed the runs and frees read off a case differing only in batch or world size"
     return (
         f"traced with {', '.join(map(str, depths))} blocks and each block's events repeated to {blocks} "
-        "(identical blocks; the construction reproduced the deeper traces event for event)"
+        "(identical blocks; the construction reproduced the deeper traces event for event"
+        f"{checked if learnt else ''})"
     )
 
 
@@ -114,8 +202,9 @@ def _linear(values: Sequence[int], periods: int) -> int | None:
 
 def _grown(shallow: Sequence[TracedEstimate], copies: int) -> dict[str, Any] | None:
     """Parameter count, model states and states by category ``copies`` periods past the shallowest
-    trace, each growing by the same amount per period over all four traces; the tracker's peak by
-    category likewise over the three deeper ones (the shallowest peaks elsewhere in the step)."""
+    trace, each growing by the same amount per period over all traces; the tracker's peak by category
+    likewise over the deeper ones (the shallowest peaks elsewhere in the step; their sum is checked
+    against the built stream's peak)."""
     params = _linear([e.params for e in shallow], copies)
     states_total = _linear([e.model_states_bytes for e in shallow], copies)
     out: dict[str, Any] = {"params": params, "model_states": states_total}
@@ -140,7 +229,8 @@ def _tokens(stream: AllocStream) -> dict[str, list[tuple]]:
         t: tuple
         for ev in getattr(stream, part):
             if isinstance(ev, Malloc):
-                kind[ev.key] = t = ("malloc", ev.nbytes, ev.stream, ev.category)
+                nbytes = None if ev.category in SIZED_BY_DEPTH else ev.nbytes
+                kind[ev.key] = t = ("malloc", nbytes, ev.stream, ev.category)
             elif isinstance(ev, Free):
                 t = ("free", kind.get(ev.key), ev.recorded_on)
             else:
@@ -218,10 +308,11 @@ def _rule_target(rule: tuple, c: int, copies: int) -> Slot:
 
 def _learn_rules(
     template: AllocStream, runs: dict[str, list[tuple[int, int]]], deeper: Sequence[AllocStream], in_run: set
-) -> tuple[dict[tuple[str, int], tuple], dict[tuple[str, int], tuple[int, int, int]]] | None:
+) -> tuple[dict[tuple[str, int], tuple], dict[tuple[str, int], tuple[int, int, int]]] | int | None:
     """Per free of the template, the rule that gives its allocation's slot for any number of copies,
-    consistent with every deeper trace (1, 2, 3 copies), None where no rule of the family fits; and per
-    allocation labelled with a block, the block's index as a function of its copy and of the copies."""
+    consistent with every deeper trace (1, 2, 3 copies); and per allocation labelled with a block, the
+    block's index as a function of its copy and of the copies. Where no rule of the family fits some
+    frees, how many; None where the deeper traces are not this layout's events."""
     observed: dict[tuple[str, int], list[tuple[Slot, int, Slot]]] = {}
     blocks: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     template_tokens = _tokens(template)
@@ -242,7 +333,7 @@ def _learn_rules(
                 blocks.setdefault(slot[:2], []).append((slot[2], copies, index))
     rules = {free: _find_rule(seen, in_run) for free, seen in observed.items()}
     if any(r is None for r in rules.values()):
-        return None
+        return len([r for r in rules.values() if r is None])
     # labels only (where the step was): one whose block index follows no such rule keeps the label of
     # the a + p trace (the module tracker's backward labels can lag behind the block that runs)
     indices = {slot: rule for slot, seen in blocks.items() if (rule := _block_rule(seen)) is not None}
@@ -282,23 +373,123 @@ def _find_rule(seen: list[tuple[Slot, int, Slot]], in_run: set) -> tuple | None:
     return None
 
 
-def extend(streams: Sequence[AllocStream], copies: int) -> AllocStream | None:
-    """The stream of ``a + copies·p`` blocks from the streams of ``a`` … ``a + 3p`` blocks; None where
-    the construction does not reproduce the deeper traces."""
+def learn(streams: Sequence[AllocStream]) -> Construction | None:
+    """The construction read off the streams of ``a``, ``a + p`` … blocks; None where it does not
+    reproduce the deeper traces."""
     shallow, template = streams[0], streams[1]
+    tokens = _tokens(template)
     for from_end in (False, True):
         runs = _runs(shallow, template, from_end=from_end)
         if runs is None:
             continue
-        in_run = {(part, i) for part in PARTS for j1, j2 in runs[part] for i in range(j1, j2)}
-        learnt = _learn_rules(template, runs, streams[1:], in_run)
-        if learnt is not None:
-            return _build(template, runs, copies, *learnt)
+        placed = _placed(template, runs, streams[1:], tokens)
+        if placed is not None:
+            return Construction(*placed, shape=_shape(tokens))
     return None
 
 
+def extend(streams: Sequence[AllocStream], copies: int) -> AllocStream | None:
+    """The stream of ``a + copies·p`` blocks from the streams of ``a``, ``a + p`` … blocks; None where
+    the construction does not reproduce the deeper traces."""
+    construction = learn(streams)
+    if construction is None:
+        return None
+    return _build(streams[1], construction.runs, construction.rules, construction.indices, copies)
+
+
+def _shape(tokens: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
+    """The events without their sizes (a free's kind included)."""
+
+    def bare(t: tuple) -> tuple:
+        if t[0] == "malloc":
+            return (t[0], *t[2:])
+        if t[0] == "free":
+            return (t[0], bare(t[1]) if t[1] is not None else None, *t[2:])
+        return t
+
+    return {part: [bare(t) for t in seq] for part, seq in tokens.items()}
+
+
+def _followed(learnt: Construction, streams: Sequence[AllocStream]) -> Construction | None:
+    """``learnt`` for these streams, where the ``a + p`` stream has its events (sizes aside), the ``a``
+    stream is it without the runs, and each deeper stream is it with the runs repeated and every free
+    releasing the allocation ``learnt``'s rule says; None otherwise."""
+    template = streams[1]
+    tokens = _tokens(template)
+    if _shape(tokens) != learnt.shape:
+        return None
+    shallow = _tokens(streams[0])
+    if [t for part in PARTS for t in shallow[part]] != [
+        tokens[p][i] for p, i, _ in _layout(template, learnt.runs, 0)
+    ]:
+        return None
+    for copies, stream in enumerate(streams[1:], start=1):
+        layout = _layout(template, learnt.runs, copies)
+        seen = _tokens(stream)
+        if [t for part in PARTS for t in seen[part]] != [tokens[p][i] for p, i, _ in layout]:
+            return None
+        targets = _targets(stream, layout)
+        if targets is None:
+            return None
+        for slot, target in targets.items():
+            rule = learnt.rules.get(slot[:2])
+            if rule is None or not _rule_fits(rule, slot, copies, target):
+                return None
+    return learnt
+
+
+def _placed(
+    template: AllocStream,
+    runs: dict[str, list[tuple[int, int]]],
+    deeper: Sequence[AllocStream],
+    tokens: dict[str, list[tuple]],
+) -> tuple[dict[str, list[tuple[int, int]]], dict, dict] | None:
+    """The runs, each where its frees follow one rule for any number of copies, with those rules; None
+    where no place found does. A run inserted among events equal to it (a block's gradient freed among
+    the others') is the same insertion anywhere among them, but which frees belong to a copy is decided
+    by one of those places only: each run is tried as found and slid as far as it goes either way, one
+    run at a time, keeping a move that leaves fewer frees without a rule."""
+
+    def learn(r: dict[str, list[tuple[int, int]]]) -> Any:
+        in_run = {(part, i) for part in PARTS for j1, j2 in r[part] for i in range(j1, j2)}
+        return _learn_rules(template, r, deeper, in_run)
+
+    def failing(result: Any) -> float:
+        return float("inf") if result is None else result if isinstance(result, int) else 0
+
+    best = learn(runs)
+    for part in PARTS:
+        for k in range(len(runs[part])):
+            if failing(best) == 0:
+                break
+            for direction in (-1, 1):
+                moved = _slid(runs[part], k, tokens[part], direction)
+                if moved == runs[part][k]:
+                    continue
+                candidate = {**runs, part: [*runs[part][:k], moved, *runs[part][k + 1 :]]}
+                result = learn(candidate)
+                if failing(result) < failing(best):
+                    runs, best = candidate, result
+    return (runs, *best) if isinstance(best, tuple) else None
+
+
+def _slid(runs: list[tuple[int, int]], k: int, seq: list[tuple], direction: int) -> tuple[int, int]:
+    """Run ``k`` of ``runs`` (sorted, of ``seq``) moved one event at a time in ``direction`` while the
+    sequence stays the same (the event it leaves equals the one it takes in) and it meets no other run."""
+    j1, j2 = runs[k]
+    low = runs[k - 1][1] if k > 0 else 0
+    high = runs[k + 1][0] if k + 1 < len(runs) else len(seq)
+    if direction < 0:
+        while j1 - 1 >= low and seq[j1 - 1] == seq[j2 - 1]:
+            j1, j2 = j1 - 1, j2 - 1
+    else:
+        while j2 + 1 <= high and seq[j2] == seq[j1]:
+            j1, j2 = j1 + 1, j2 + 1
+    return j1, j2
+
+
 def _build(
-    template: AllocStream, runs: dict[str, list[tuple[int, int]]], copies: int, rules: dict, indices: dict
+    template: AllocStream, runs: dict[str, list[tuple[int, int]]], rules: dict, indices: dict, copies: int
 ) -> AllocStream:
     events = {part: getattr(template, part) for part in PARTS}
     key_of: dict[Slot, str] = {}
@@ -329,8 +520,9 @@ def _build(
 # ---- the tracker's peak, from the stream --------------------------------------------------------------
 def stream_peak(stream: AllocStream) -> int:
     """The live bytes at the step's highest moment, what exists before the step included: the tracker's
-    peak, where the stream holds every storage the tracker counts."""
-    size = {m.key: m.nbytes for m in (*stream.resident, *stream.lazy)}
+    peak, where the stream holds every storage the tracker counts (DDP's rebuilt buckets, which no tracker
+    sees, left out)."""
+    size = {m.key: m.nbytes for m in (*stream.resident, *stream.lazy) if m.category != DDP_BUCKET}
     total = best = sum(size.values())
     for ev in stream.step:
         if isinstance(ev, Malloc):

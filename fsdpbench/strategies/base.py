@@ -272,6 +272,10 @@ class Strategy:
     optimizer_impls: ClassVar[tuple[str, ...]] = OPTIMIZER_IMPLS
     # gradient clipping (Case.max_norm) by torch.nn.utils over the model's gradients gives the global norm
     clips_with_torch: ClassVar[bool] = True
+    # what a rank holds of a block is the same for every block, so a deep decoder's step can be built
+    # from traces of shallow copies of it (predictors/block_repeat.py); False where a rank's share
+    # depends on every parameter at once (a greedy partition of the whole model across the ranks)
+    blocks_repeat: ClassVar[bool] = True
     # ``fsdpbench check`` measures it beside its predictions on a GPU (one strategy of each family)
     checked_on_gpu: ClassVar[bool] = False
 

@@ -205,6 +205,8 @@ class _DeepSpeedZero(Strategy):
         super().__init_subclass__(**kwargs)
         if "stage" in vars(cls):  # one of DeepSpeed's stages: declared in STAGES
             cls.name, cls.sharding, cls.color = STAGES[cls.stage]
+            # stages 1 and 2 give each rank one contiguous part of the whole model's flat fp32 copy
+            cls.blocks_repeat = cls.stage == 3
 
     def check(self, case: Case) -> str | None:
         missing = deepspeed_missing()

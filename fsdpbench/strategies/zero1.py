@@ -25,6 +25,10 @@ class Zero1(DDP):
     # sharded state dict): the full checkpoint, rank 0 writing it, every rank loading it
     checkpoint_methods: ClassVar[tuple[str, ...]] = ("full",)
     checkpointing = Checkpointing(optimizer_consolidation="to_rank0")
+    # ZeroRedundancyOptimizer gives each parameter, largest first, to the rank with the fewest elements so
+    # far: which blocks' parameters a rank updates depends on the whole model, not on one block (a rank
+    # of a 32-rank job holds only the embedding at 2–5 blocks and attention weights too at 32)
+    blocks_repeat = False
 
     def build_optimizer(self, model: nn.Module, case: Case) -> torch.optim.Optimizer:
         from torch.distributed.optim import ZeroRedundancyOptimizer
