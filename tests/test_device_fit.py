@@ -1,4 +1,4 @@
-"""The largest-batch search of the allocator model (predictors/device_fit.py), on a stand-in fit whose
+"""The searches of the allocator model (predictors/device_fit.py), on a stand-in fit whose
 answer is known, so that the search itself is checked, not the traces (tests/test_predict_cli.py runs it
 for real): it ends on the edge, and traces few batches, none twice."""
 
@@ -89,3 +89,45 @@ def test_the_search_traces_no_batch_past_its_limit(monkeypatch: pytest.MonkeyPat
     assert max(tried) == TRACED_MAX_BATCH
     assert batch_text(TRACED_MAX_BATCH) == "4096 or more (the search traces no larger batch)"
     assert batch_text(12) == "12" and batch_text(None) == "none"
+
+
+def world_stand_in(
+    monkeypatch: pytest.MonkeyPatch, first_fitting: int | None, analytic_answer: int
+) -> list[int]:
+    """A DeviceModel on which world sizes from ``first_fitting`` up fit (none: none does) and whose
+    analytic search answers ``analytic_answer``; returns the world sizes traced, in order."""
+    import fsdpbench.predictors.memory_model.search as search
+
+    tried: list[int] = []
+
+    def fit(self: DeviceModel, case: Case, device_memory: int) -> DeviceFit:
+        tried.append(case.world_size)
+        fits = first_fitting is not None and case.world_size >= first_fitting
+        return DeviceFit(device_memory, fits, "stand-in", 1 if fits else -1, None)
+
+    monkeypatch.setattr(DeviceModel, "fit", fit)
+    monkeypatch.setattr(search, "smallest_world_size", lambda *a, **k: analytic_answer)
+    return tried
+
+
+@pytest.mark.parametrize("first_fitting", [32, 64, 1024, 65536])
+def test_the_smallest_world_size_is_bisected_between_the_analytic_answer_and_the_largest(
+    monkeypatch: pytest.MonkeyPatch, first_fitting: int
+) -> None:
+    tried = world_stand_in(monkeypatch, first_fitting, analytic_answer=32)
+    assert DeviceModel().smallest_world_size(CASE, DEVICE, max_world_size=65536) == first_fitting
+    # 12 candidates (32 … 65536): the analytic answer, the largest, then bisection — never all twelve
+    assert tried[:2] == ([32] if first_fitting == 32 else [32, 65536])
+    assert len(tried) <= 2 + 4 and len(set(tried)) == len(tried)
+
+
+def test_no_world_size_when_the_largest_does_not_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = world_stand_in(monkeypatch, None, analytic_answer=32)
+    assert DeviceModel().smallest_world_size(CASE, DEVICE, max_world_size=65536) is None
+    assert tried == [32, 65536]
+
+
+def test_world_sizes_keep_the_shard_multiple(monkeypatch: pytest.MonkeyPatch) -> None:
+    tried = world_stand_in(monkeypatch, 64, analytic_answer=2)
+    assert DeviceModel().smallest_world_size(CASE, DEVICE, max_world_size=256, multiple=8) == 64
+    assert all(n % 8 == 0 for n in tried)

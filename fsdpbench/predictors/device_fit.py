@@ -25,6 +25,7 @@ from fsdpbench.predictors.memory_model.allocator import AllocConf, OutOfMemory
 from fsdpbench.predictors.memory_model.nvml import Calibration, NvmlTerms, job_loads, nvml_terms
 
 if TYPE_CHECKING:
+    from fsdpbench.predictors.block_repeat import Construction
     from fsdpbench.predictors.traced import TracedEstimate
 
 
@@ -95,6 +96,7 @@ class DeviceFit:
 # sample, as a data loader hands them (models.make_samples), so its cost grows with the batch (decoder-tiny
 # at 80 GiB would search past a million sequences, minutes a trace); an answer at the limit reads "or more"
 TRACED_MAX_BATCH = 4096
+SEARCHED = ("batch_size", "world_size")  # the case fields the searches vary
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +232,9 @@ class DeviceModel:
         self.calibration = calibration  # None: the reference H100's measured terms
         self.fsdpbench_run = fsdpbench_run  # NVML of one of fsdpbench's ranks (profiler, samplers)
         self.repeat_blocks = repeat_blocks  # a deep decoder from shallow traces (block_repeat.py)
+        # per case but for batch and world size: how its blocks repeated (block_repeat.Construction; its
+        # searches' cases follow it with one depth fewer) or None where they did not (traced whole)
+        self._constructions: dict[str, Construction | None] = {}
 
     @classmethod
     def for_case(cls, case: Case, **kwargs) -> DeviceModel:  # noqa: ANN003 — DeviceModel's keywords
@@ -250,7 +255,7 @@ class DeviceModel:
         """The case's trace (tracker peak, states and allocation stream), made once per distinct case."""
         key = repr(sorted(case.to_dict().items()))
         if key not in self._estimates:
-            from fsdpbench.predictors.block_repeat import repeat_blocks
+            from fsdpbench.predictors.block_repeat import DEPTHS, repeat_blocks
             from fsdpbench.predictors.traced import estimate
 
             if self.on_trace is not None:
@@ -261,9 +266,19 @@ class DeviceModel:
             def trace(c: Case) -> TracedEstimate:
                 return estimate(c, rank=rank, record_stream=True)
 
-            # a decoder's identical blocks traced once (block_repeat.py), else the case whole
-            repeated = repeat_blocks(case, trace) if self.repeat_blocks else None
-            self._estimates[key] = repeated or trace(case)
+            # a decoder's identical blocks traced once (block_repeat.py), else the case whole. A search's
+            # case differs from the case asked only in its batch or world size: where the asked case's
+            # blocks repeated it is traced one depth shallower (block_repeat.repeat_blocks), where they
+            # did not it is traced whole at once (its shallow traces would most likely be spent for nothing)
+            family = repr(sorted((k, v) for k, v in case.to_dict().items() if k not in SEARCHED))
+            repeated = None
+            if self.repeat_blocks and self._constructions.get(family, True) is not None:
+                learnt = self._constructions.get(family)
+                depths = DEPTHS if learnt is None else DEPTHS - 1
+                repeated = repeat_blocks(case, trace, depths=depths, learnt=learnt)
+                if learnt is None:
+                    self._constructions[family] = repeated[1] if repeated else None
+            self._estimates[key] = repeated[0] if repeated else trace(case)
         return self._estimates[key]
 
     def stream(self, case: Case) -> tuple[AllocStream, int]:
@@ -385,9 +400,11 @@ class DeviceModel:
     def smallest_world_size(
         self, case: Case, device_memory: int, *, max_world_size: int = 65536, multiple: int = 1
     ) -> int | None:
-        """Powers of two from the analytic answer up (the allocator needs at least what the tracker does):
-        each candidate traced only when the analytic need lets it fit, so usually one trace, none when
-        the answer is the world size asked."""
+        """The smallest power of two from the analytic answer up (the allocator needs at least what the
+        tracker does) that fits. A rank of a larger world holds no more (its shards only shrink), so the
+        candidates are searched as an ordered list: the analytic answer first (usually the answer: one
+        trace, none when it is the world size asked), then the largest (none fits if it does not), then
+        by bisection between — a few traces where walking up would trace every power of two."""
         from fsdpbench.predictors.memory_model import predict_memory
         from fsdpbench.predictors.memory_model.search import smallest_world_size
 
@@ -397,8 +414,21 @@ class DeviceModel:
         n = smallest_world_size(
             case, analytic, device_memory, max_world_size=max_world_size, multiple=multiple
         )
+        candidates = []
         while n is not None and n <= max_world_size:
-            if n % multiple == 0 and self.fit(case.replace(world_size=n), device_memory).fits:
-                return n
+            if n % multiple == 0:
+                candidates.append(n)
             n *= 2
-        return None
+
+        def fits(k: int) -> bool:
+            return self.fit(case.replace(world_size=candidates[k]), device_memory).fits
+
+        if not candidates or fits(0):
+            return candidates[0] if candidates else None
+        lo, hi = 0, len(candidates) - 1  # lo does not fit; hi: the first that fits, once known
+        if hi == lo or not fits(hi):
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fits(mid) else (mid, hi)
+        return candidates[hi]
