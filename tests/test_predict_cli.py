@@ -106,10 +106,11 @@ def test_does_not_fit(capsys):
     )
     assert code == 0
     assert "does NOT fit in 80.0 GiB" in out  # in the units asked
-    # ddp's analytic and allocator layers disagree on allocated memory: the verdict rests on the live
-    # tensors both agree on, and no batch or world-size search is run on either
-    assert "short by 48.4 GiB (both methods agree on the live tensors)" in out
-    assert "no search" in out and "largest per-rank batch" not in out
+    # ddp's analytic and allocator layers agree (the traced stream counts DDP's bucket once): a verdict,
+    # and searches that find nothing (a replicated model fits on no number of ranks)
+    assert "contradict" not in out
+    assert "the tracked peak alone (analytic) + context + NCCL, short by 48.4 GiB" in " ".join(out.split())
+    assert "largest per-rank batch that fits: none; smallest world size that fits" in " ".join(out.split())
 
 
 def test_traced_and_analytic_side_by_side(capsys):
@@ -238,6 +239,7 @@ def test_device_memory_traces_each_stream_once_and_fits_80_columns(capsys, monke
         *("--model", "decoder-small", "--world-size", "4", "--strategy", "zero2,zero3"),
         *("--precision", "bf16", "--seq-len", "128", "--batch-size", "4"),
         *("--device-memory", "3GiB", "--nccl-channels", "2", "--method", "both"),
+        *("--jobs", "1"),  # the traces counted in this process
     )
     assert code == 0
     # one trace per distinct stream: the case asked once (the allocator model's and the traced column's),
@@ -335,3 +337,48 @@ def test_where_the_methods_disagree_the_live_tensors_they_agree_on_still_decide_
     assert code == 0 and "this case's predictions contradict each other" in text
     assert "does NOT fit in 1.0 GiB: the tracked peak alone (analytic) + context + NCCL" in text
     assert "(both methods agree on the live tensors) no search" in text and "largest per-rank" not in text
+
+
+def _predict_process(*argv: str):  # noqa: ANN202 — a CompletedProcess
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80"}
+    return subprocess.run(
+        [sys.executable, "-m", "fsdpbench", "predict", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+
+
+def test_strategies_predicted_at_once_answer_as_one_after_the_other():
+    """--jobs 2 predicts each strategy in a process of its own: the same output, byte for byte, as one
+    after the other; the progress lines of both on stderr."""
+    argv = (
+        "--model",
+        "decoder-tiny",
+        "--world-size",
+        "4",
+        "--strategy",
+        "ddp,zero3",
+        "--device-memory",
+        "64MiB",
+    )
+    apart, together = _predict_process(*argv, "--jobs", "2"), _predict_process(*argv, "--jobs", "1")
+    assert apart.returncode == together.returncode == 0, apart.stderr[-2000:]
+    assert apart.stdout == together.stdout and "fits" in apart.stdout
+    assert {"(ddp)", "(zero3)"} <= {
+        line.split()[-2] for line in apart.stderr.splitlines() if "tracing" in line
+    }
+
+
+def test_an_error_in_a_process_of_its_own_is_one_line():
+    """A case that cannot be traced, predicted in a process of its own: its error comes back as one line
+    naming the strategy (torch's exception, holding C++ objects, is not pickled), exit 2."""
+    argv = ("--model", "decoder-tiny", "--world-size", "4", "--shard-size", "2", "--method", "traced")
+    proc = _predict_process(*argv, "--strategy", "ddp,fsdp1_hybrid", "--jobs", "2")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == "error: fsdp1_hybrid: aten._local_scalar_dense.default"

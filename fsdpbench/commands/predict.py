@@ -20,8 +20,10 @@ Sizes print in GB (1e9 bytes, as the ZeRO paper) unless ``--units GiB``. See doc
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+from collections.abc import Callable, Generator
 from typing import Any
 
 from rich.console import Console
@@ -178,6 +180,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "nvlink4, nvlink5, ib-ndr400, roce-200, pcie4, or alpha_us=A,busbw_GBps=B): the emulated "
         "rank's compute + α–β time of its collectives (docs/step-time-model.md)",
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="strategies predicted at once when they trace, each in a process of its own (default: the "
+        "CPUs this process may use; 1: one after the other); the answers do not depend on it",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
     from fsdpbench.core.case import CHECKPOINT_METHODS
 
@@ -211,12 +220,16 @@ def main(args: argparse.Namespace) -> int:
         err.print(f"[red]error:[/] {escape(str(exc.args[0] if exc.args else exc))}", highlight=False)
         return 2
     results = []
-    for case in cases:
-        try:
-            results.append(_predict_one(args, case, device_memory, context))
-        except (KeyError, ValueError, NotImplementedError, RuntimeError) as exc:
-            err.print(f"[red]error:[/] {escape(case.strategy)}: {escape(str(exc))}", highlight=False)
-            return 2
+    answers = _predicted(args, cases, device_memory, context)
+    try:
+        for case, answer in zip(cases, answers, strict=True):
+            try:
+                results.append(answer())
+            except PREDICT_ERRORS as exc:
+                err.print(f"[red]error:[/] {escape(case.strategy)}: {escape(str(exc))}", highlight=False)
+                return 2
+    finally:
+        answers.close()  # the cases not yet started are not started
     if args.checkpoint != "none":
         if args.params is not None:
             err.print(
@@ -235,6 +248,62 @@ def main(args: argparse.Namespace) -> int:
             if "checkpoint" in res:
                 _print_checkpoint(res["checkpoint"], args.units)
     return 0
+
+
+def _predicted(
+    args: argparse.Namespace, cases: list[Any], device_memory: int | None, context: int
+) -> Generator[Callable[[], dict[str, Any]], None, None]:
+    """Each case's prediction, as a call that returns it or raises its error, in the order of ``cases``.
+    Cases that trace (the allocator model's searches, the traced method) are independent of each other,
+    so up to ``--jobs`` of them are predicted at once, each in a process of its own (spawned: the traces
+    keep no state between cases, and a process starts with none); the answers are the same either way."""
+    jobs = min(args.jobs or len(_usable_cpus()), len(cases))
+    traces = "traced" in METHODS[args.method] or (device_memory is not None and args.params is None)
+    if jobs <= 1 or not traces or "emulated" in METHODS[args.method]:  # emulation runs real ranks
+        for case in cases:
+            yield functools.partial(_predict_one, args, case, device_memory, context)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(_predict_apart, args, case, device_memory, context) for case in cases]
+        try:
+            for future in futures:
+                yield functools.partial(_answer, future)
+        finally:
+            pool.shutdown(cancel_futures=True)
+
+
+def _predict_apart(
+    args: argparse.Namespace, case: Any, device_memory: int | None, context: int
+) -> dict[str, Any] | PredictError:
+    """``_predict_one`` in a process of its own: an error the command reports comes back as its message
+    (an exception need not survive pickling: torch's often hold C++ objects)."""
+    try:
+        return _predict_one(args, case, device_memory, context)
+    except PREDICT_ERRORS as exc:
+        return PredictError(str(exc))
+
+
+class PredictError(RuntimeError):
+    """An error of one case's prediction, made in another process."""
+
+
+def _answer(future: Any) -> dict[str, Any]:
+    result = future.result()
+    if isinstance(result, PredictError):
+        raise result
+    return result
+
+
+def _usable_cpus() -> set[int]:
+    """The CPUs this process may run on (all of them where the OS has no affinity)."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
 
 
 def _checkpoint_record(case: Any, host_memory: int | None) -> dict[str, Any]:
@@ -313,6 +382,9 @@ MAX_PARAMS = 1e15  # a thousand times the largest models trained today: a typo, 
 
 MAX_PREDICT_RANKS = 1 << 20  # a million ranks: the largest jobs are a tenth of it
 MAX_NCCL_CHANNELS = 64  # NCCL's own maximum (NCCL_MAX_NCHANNELS)
+MAX_JOBS = 256  # processes predicting at once
+# what a case's prediction raises for bad input or what cannot be predicted: one line, exit 2
+PREDICT_ERRORS = (KeyError, ValueError, NotImplementedError, RuntimeError)
 
 
 def _check_numbers(args: argparse.Namespace) -> None:
@@ -329,6 +401,7 @@ def _check_numbers(args: argparse.Namespace) -> None:
         ("--shard-size", args.shard_size, 1, MAX_PREDICT_RANKS),
         ("--max-world-size", args.max_world_size, 1, MAX_PREDICT_RANKS),
         ("--nccl-channels", args.nccl_channels, 0, MAX_NCCL_CHANNELS),
+        ("--jobs", args.jobs, 0, MAX_JOBS),
     ):
         check_count(flag, value, low, high)
 
