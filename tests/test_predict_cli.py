@@ -382,3 +382,76 @@ def test_an_error_in_a_process_of_its_own_is_one_line():
     proc = _predict_process(*argv, "--strategy", "ddp,fsdp1_hybrid", "--jobs", "2")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1] == "error: fsdp1_hybrid: aten._local_scalar_dense.default"
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    from pathlib import Path
+
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _gone(pids: set[int], limit_s: float = 30.0) -> bool:
+    """Whether every one of ``pids`` has exited, waiting up to ``limit_s`` (a bound, not a measurement)."""
+    import os
+    import time
+
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        alive = set()
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.add(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("how", ["ctrl-c", "killed"])
+def test_the_predicting_processes_end_with_the_command(how):
+    """Ctrl-C to the command's process group ends the command (exit 130) and its predicting processes
+    at once, not after their cases; a command killed outright (SIGKILL) takes them along."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    argv = ("--model", "llama-7b", "--world-size", "8", "--strategy", "ddp,zero1,zero2,zero3")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fsdpbench", "predict", *argv, "--device-memory", "80GiB", "--jobs", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        seen = 0
+        for line in proc.stderr:  # both processes at work
+            seen += "tracing the case asked" in line
+            if seen == 2:
+                break
+        children = _children(proc.pid)
+        assert len(children) >= 2
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=120) == 130
+        else:
+            proc.kill()
+            proc.wait(timeout=120)
+        assert _gone(children)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -23,6 +23,7 @@ import argparse
 import functools
 import json
 import math
+import os
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -264,15 +265,33 @@ def _predicted(
             yield functools.partial(_predict_one, args, case, device_memory, context)
         return
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(_predict_apart, args, case, device_memory, context) for case in cases]
-        try:
-            for future in futures:
-                yield functools.partial(_answer, future)
-        finally:
-            pool.shutdown(cancel_futures=True)
+    pool = multiprocessing.get_context("spawn").Pool(jobs, _predicting_process, (os.getpid(),))
+    finished = False
+    try:
+        pending = [pool.apply_async(_predict_apart, (args, case, device_memory, context)) for case in cases]
+        for result in pending:
+            yield functools.partial(_answer, result)
+        finished = True
+    finally:
+        if finished:
+            pool.close()
+        else:  # interrupted, or an error ended the command: the other cases are not waited for
+            pool.terminate()
+        pool.join()
+
+
+def _predicting_process(command_pid: int) -> None:
+    """A predicting process dies with the command (SIGKILL included, on Linux) and leaves Ctrl-C to it,
+    which ends the processes (no traceback from each)."""
+    import signal
+
+    from fsdpbench.pipeline.lifeline import die_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    if os.getppid() != command_pid:  # the command died before it could be told
+        os._exit(1)
 
 
 def _predict_apart(
@@ -290,8 +309,8 @@ class PredictError(RuntimeError):
     """An error of one case's prediction, made in another process."""
 
 
-def _answer(future: Any) -> dict[str, Any]:
-    result = future.result()
+def _answer(pending: Any) -> dict[str, Any]:
+    result = pending.get()
     if isinstance(result, PredictError):
         raise result
     return result
@@ -299,8 +318,6 @@ def _answer(future: Any) -> dict[str, Any]:
 
 def _usable_cpus() -> set[int]:
     """The CPUs this process may run on (all of them where the OS has no affinity)."""
-    import os
-
     if hasattr(os, "sched_getaffinity"):
         return os.sched_getaffinity(0)
     return set(range(os.cpu_count() or 1))
