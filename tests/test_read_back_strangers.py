@@ -246,6 +246,7 @@ def test_regress_repeat_is_bounded(capsys, tmp_path, baseline, argv, named):
         ("--shard-size", "10000000", "--shard-size 10000000: must be from 1 to 1,048,576"),
         ("--max-world-size", "10000000000000", "--max-world-size 10000000000000: must be from 1 to"),
         ("--nccl-channels", "100000", "--nccl-channels 100000: must be from 0 to 64"),
+        ("--jobs", "100000", "--jobs 100000: must be from 0 to 256"),
     ],
 )
 def test_predict_counts_are_bounded(capsys, flag, value, named):
