@@ -54,3 +54,24 @@ def test_replicated_layers_agree_with_the_analytic_model(monkeypatch, strategy):
     monkeypatch.setattr(traced_stream.StreamRecorder, "_unrebuilt_bucket_keys", lambda self: set())
     found = disagreements(analytic, layer_figures(case, "traced"))
     assert len(found) == 1 and found[0].startswith("allocated peak: analytic")
+
+
+@pytest.mark.parametrize("rebuild", [False, True])
+def test_only_a_trace_names_the_bucket(rebuild):
+    """The all-reduce hook names DDP's bucket for a trace (fake tensors: the bucket is never rebuilt); an
+    emulated rank's real buckets are rebuilt after the first step, and a reference to the first one would
+    keep its memory alive: there the hook keeps none."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from fsdpbench.engine.fake_pg import buckets_seen, fake_pg_compat, init_fake_process_group, patch_ddp
+
+    init_fake_process_group(0, 2)
+    try:
+        with fake_pg_compat("gloo"):
+            model = patch_ddp(DistributedDataParallel(torch.nn.Linear(8, 8)), 2, rebuild_buckets=rebuild)
+            model(torch.ones(2, 8)).sum().backward()
+        assert len(buckets_seen(model)) == (0 if rebuild else 1)
+    finally:
+        dist.destroy_process_group()

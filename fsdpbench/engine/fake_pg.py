@@ -114,12 +114,15 @@ def patch_ddp(model: torch.nn.Module, world_size: int, *, rebuild_buckets: bool 
 
         def allreduce_in_place(state, bucket):  # noqa: ANN001 — DDP checks these annotations at runtime
             buffer = bucket.buffer().div_(world_size)  # what DDP's built-in hook does, minus the wire
-            state.seen(buffer)
+            if state is not None:
+                state.seen(buffer)
             fut: torch.futures.Future = torch.futures.Future()
             fut.set_result(buffer)
             return fut
 
-        model.register_comm_hook(BucketsSeen(), allreduce_in_place)
+        # on fake tensors the one bucket is kept, and named for the trace; real ones (emulation) rebuild,
+        # and a reference to the first bucket would keep its memory past the rebuild
+        model.register_comm_hook(None if rebuild_buckets else BucketsSeen(), allreduce_in_place)
     if not rebuild_buckets:  # fake tensors have no data to rebuild from; real ones (emulation) do
         model.reducer = _ReducerWithoutRebuild(model.reducer)
     return model
