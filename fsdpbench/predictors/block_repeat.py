@@ -275,6 +275,17 @@ def _layout(template: AllocStream, runs: dict[str, list[tuple[int, int]]], copie
     return out
 
 
+def _laid_out(
+    stream: AllocStream, layout: list[Slot], template_tokens: dict[str, list[tuple]]
+) -> dict[Slot, Slot] | None:
+    """Which slot each free of ``stream`` releases, where its events are the template's laid out as
+    ``layout`` (what the allocator sees of each); None where they are not."""
+    tokens = _tokens(stream)
+    if [t for part in PARTS for t in tokens[part]] != [template_tokens[p][i] for p, i, _ in layout]:
+        return None
+    return _targets(stream, layout)
+
+
 def _targets(stream: AllocStream, layout: list[Slot]) -> dict[Slot, Slot] | None:
     """For a traced stream laid out as ``layout`` (its events in the same order), which slot each free's
     allocation has; None where the stream is not that layout's events."""
@@ -318,10 +329,7 @@ def _learn_rules(
     template_tokens = _tokens(template)
     for copies, stream in enumerate(deeper, start=1):
         layout = _layout(template, runs, copies)
-        tokens = _tokens(stream)
-        if [t for part in PARTS for t in tokens[part]] != [template_tokens[p][i] for p, i, _ in layout]:
-            return None
-        targets = _targets(stream, layout)
+        targets = _laid_out(stream, layout, template_tokens)
         if targets is None:
             return None
         for slot, target in targets.items():
@@ -418,19 +426,12 @@ def _followed(learnt: Construction, streams: Sequence[AllocStream]) -> Construct
     tokens = _tokens(template)
     if _shape(tokens) != learnt.shape:
         return None
-    shallow = _tokens(streams[0])
-    if [t for part in PARTS for t in shallow[part]] != [
-        tokens[p][i] for p, i, _ in _layout(template, learnt.runs, 0)
-    ]:
-        return None
-    for copies, stream in enumerate(streams[1:], start=1):
-        layout = _layout(template, learnt.runs, copies)
-        seen = _tokens(stream)
-        if [t for part in PARTS for t in seen[part]] != [tokens[p][i] for p, i, _ in layout]:
-            return None
-        targets = _targets(stream, layout)
+    for copies, stream in enumerate(streams):
+        targets = _laid_out(stream, _layout(template, learnt.runs, copies), tokens)
         if targets is None:
             return None
+        if copies == 0:  # the a stream: no copy, so no rule to follow (its layout checked above)
+            continue
         for slot, target in targets.items():
             rule = learnt.rules.get(slot[:2])
             if rule is None or not _rule_fits(rule, slot, copies, target):
