@@ -92,10 +92,15 @@ def test_the_search_traces_no_batch_past_its_limit(monkeypatch: pytest.MonkeyPat
 
 
 def world_stand_in(
-    monkeypatch: pytest.MonkeyPatch, first_fitting: int | None, analytic_answer: int
+    monkeypatch: pytest.MonkeyPatch,
+    first_fitting: int | None,
+    analytic_answer: int,
+    *,
+    answer_under_overhead: int | None = 32,
 ) -> list[int]:
-    """A DeviceModel on which world sizes from ``first_fitting`` up fit (none: none does) and whose
-    analytic search answers ``analytic_answer``; returns the world sizes traced, in order."""
+    """A DeviceModel on which world sizes from ``first_fitting`` up fit (none: none does), whose analytic
+    search answers ``analytic_answer`` under the device memory and ``answer_under_overhead`` under it less
+    the allocator model's overhead on the case asked (1 GiB); returns the world sizes traced, in order."""
     import fsdpbench.predictors.memory_model.search as search
 
     tried: list[int] = []
@@ -105,8 +110,13 @@ def world_stand_in(
         fits = first_fitting is not None and case.world_size >= first_fitting
         return DeviceFit(device_memory, fits, "stand-in", 1 if fits else -1, None)
 
+    def analytic_search(case: Case, predict: object, limit: int, **_: object) -> int | None:
+        return analytic_answer if limit == DEVICE else answer_under_overhead
+
     monkeypatch.setattr(DeviceModel, "fit", fit)
-    monkeypatch.setattr(search, "smallest_world_size", lambda *a, **k: analytic_answer)
+    monkeypatch.setattr(DeviceModel, "analytic_needed", lambda self, case: DEVICE + 2**30)
+    monkeypatch.setattr(DeviceModel, "allocator_needed", lambda self, case: DEVICE + 2 * 2**30)
+    monkeypatch.setattr(search, "smallest_world_size", analytic_search)
     return tried
 
 
@@ -131,3 +141,17 @@ def test_world_sizes_keep_the_shard_multiple(monkeypatch: pytest.MonkeyPatch) ->
     tried = world_stand_in(monkeypatch, 64, analytic_answer=2)
     assert DeviceModel().smallest_world_size(CASE, DEVICE, max_world_size=256, multiple=8) == 64
     assert all(n % 8 == 0 for n in tried)
+
+
+@pytest.mark.parametrize("first_fitting", [None, 64, 65536])
+def test_the_largest_world_size_first_where_the_allocator_overhead_leaves_none(
+    monkeypatch: pytest.MonkeyPatch, first_fitting: int | None
+) -> None:
+    # what ZeRO-1 keeps whole does not shrink with the world: under the overhead the allocator model
+    # added to the case asked no world size fits analytically, so the largest is traced first
+    tried = world_stand_in(monkeypatch, first_fitting, analytic_answer=32, answer_under_overhead=None)
+    assert DeviceModel().smallest_world_size(CASE, DEVICE, max_world_size=65536) == first_fitting
+    assert tried[0] == 65536
+    if first_fitting is None:
+        assert tried == [65536]  # one trace where the analytic answer first would take two
+    assert len(tried) <= 1 + 4 and len(set(tried)) == len(tried)

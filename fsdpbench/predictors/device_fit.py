@@ -404,31 +404,57 @@ class DeviceModel:
         tracker does) that fits. A rank of a larger world holds no more (its shards only shrink), so the
         candidates are searched as an ordered list: the analytic answer first (usually the answer: one
         trace, none when it is the world size asked), then the largest (none fits if it does not), then
-        by bisection between — a few traces where walking up would trace every power of two."""
+        by bisection between — a few traces where walking up would trace every power of two. Where no
+        candidate fits analytically under the device memory less what the allocator model added to the
+        analytic need of the case asked (its own trace; the guess ``largest_batch`` makes too), the largest
+        is tried first: what a rank keeps whole (ZeRO-1's and DDP's parameters and gradients) does not
+        shrink with the world, and the answer is most likely none, known from one trace."""
         from fsdpbench.predictors.memory_model import predict_memory
         from fsdpbench.predictors.memory_model.search import smallest_world_size
 
         def analytic(c: Case):  # noqa: ANN202 — a MemoryPrediction
             return predict_memory(c, rank=min(self.rank, c.world_size - 1), context_bytes=self.terms(c).total)
 
-        n = smallest_world_size(
-            case, analytic, device_memory, max_world_size=max_world_size, multiple=multiple
-        )
+        def analytic_answer(limit: int) -> int | None:
+            return smallest_world_size(
+                case, analytic, limit, max_world_size=max_world_size, multiple=multiple
+            )
+
+        n = analytic_answer(device_memory)
         candidates = []
         while n is not None and n <= max_world_size:
             if n % multiple == 0:
                 candidates.append(n)
             n *= 2
+        if not candidates:
+            return None
 
         def fits(k: int) -> bool:
             return self.fit(case.replace(world_size=candidates[k]), device_memory).fits
 
-        if not candidates or fits(0):
-            return candidates[0] if candidates else None
-        lo, hi = 0, len(candidates) - 1  # lo does not fit; hi: the first that fits, once known
-        if hi == lo or not fits(hi):
-            return None
+        last = len(candidates) - 1
+        lo, hi = 0, last  # lo: does not fit (-1: none known); hi: the first that fits, once known
+        if self._likely_none_fits(case, device_memory, analytic_answer):
+            if not fits(last):
+                return None
+            lo = -1
+        else:
+            if fits(0):
+                return candidates[0]
+            if last == 0 or not fits(last):
+                return None
         while hi - lo > 1:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if fits(mid) else (mid, hi)
         return candidates[hi]
+
+    def _likely_none_fits(
+        self, case: Case, device_memory: int, analytic_answer: Callable[[int], int | None]
+    ) -> bool:
+        """Whether no world size fits analytically once the allocator model's overhead on the case asked
+        (its need beyond the analytic one) is set aside."""
+        analytic = self.analytic_needed(case)
+        if analytic is None:
+            return False
+        overhead = max(0, self.allocator_needed(case) - analytic)
+        return overhead > 0 and analytic_answer(device_memory - overhead) is None
