@@ -498,3 +498,32 @@ def test_a_cuda_case_is_traced_in_a_process_that_ends_before_the_next_case(tmp_p
         assert True not in tracer._pools
     finally:
         tracer.close()
+
+
+@pytest.mark.parametrize("world", [3, 64])
+def test_zero1_fast_partition_is_torchs(world):
+    """ZeRO-1's optimizer finds the least-loaded rank with ``min`` (strategies/zero1.py): the same partition
+    as torch's loop, ties to the lowest rank, and as the analytic model's."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from fsdpbench.engine.fake_pg import init_fake_process_group
+    from fsdpbench.strategies.zero1 import zero_redundancy_optimizer
+
+    sizes = [(64, 8), (8,), (64, 8), (3, 5), (15,), (8,), (1,), (40,)]  # ties among them
+    model = torch.nn.ParameterList(torch.nn.Parameter(torch.zeros(s)) for s in sizes)
+    names = {id(p): str(i) for i, p in enumerate(model)}
+    init_fake_process_group(0, world)
+    try:
+        partitions = []
+        for cls in (ZeroRedundancyOptimizer, zero_redundancy_optimizer()):
+            opt = cls(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+            assert opt.world_size == world
+            per_rank = opt._partition_parameters()
+            partitions.append([{names[id(p)] for p in groups[0]["params"]} for groups in per_rank])
+    finally:
+        dist.destroy_process_group()
+    facts = tuple(ParamFact(str(i), s, 0) for i, s in enumerate(sizes))
+    assert partitions[0] == partitions[1] == _zero1_partition(facts, world)
+    assert sum(bool(p) for p in partitions[0]) == min(world, len(sizes))
