@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from torch.torch_version import TorchVersion
 
 from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model import predict_memory
@@ -167,18 +166,19 @@ def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
     on the last rank too (uneven shards): the first-step shortcut of FSDP2 and DDP (FSDP2's lazy init
     and the optimizer's state on zero gradients, no forward or backward), the lazy chunks
     (rank_chunks.py), the sharding propagation's _StridedShard scan made once per op, the tracker's
-    quick device queries (tracker.fsdp2_tracker_class) and the collector's larger young generation."""
+    quick device queries (tracker.quick_device_queries: FSDP2's and the module tracker's) and the
+    collector's larger young generation."""
     import contextlib
 
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     import fsdpbench.metrics.tracker as tracker
     import fsdpbench.predictors.traced as traced
 
-    # the set-up's torch (2.13) takes the quick path; an older one's tracker (2.11 on the GPU machines) has
-    # no test to share, and only the other shortcuts are compared
-    if TorchVersion(torch.__version__) >= "2.13":
-        assert tracker.fsdp2_tracker_class() is not FSDPMemTracker
+    assert issubclass(tracker.fsdp2_tracker_class(), FSDPMemTracker)
+    assert tracker.fsdp2_tracker_class() is not FSDPMemTracker
+    assert tracker.module_tracker_class() is not MemTracker
 
     def figures(rank: int) -> tuple:
         e = estimate(case, rank=rank, record_stream=True)
@@ -201,6 +201,7 @@ def test_the_traces_shortcuts_change_no_byte(case, monkeypatch):
             without.setattr(traced, "rank_chunks_only", contextlib.nullcontext)
             without.setattr(traced, "_strided_shard_flag_checked_once", contextlib.nullcontext)
             without.setattr(tracker, "fsdp2_tracker_class", lambda: FSDPMemTracker)
+            without.setattr(tracker, "module_tracker_class", lambda: MemTracker)
             without.setattr(traced, "YOUNG_GENERATION_OBJECTS", 700)
             full = figures(rank)
         assert shortcut == full

@@ -88,9 +88,7 @@ def build_tracker(model: nn.Module, optimizer: torch.optim.Optimizer, strategy: 
 
 
 def _module_tracker(model: nn.Module, optimizer: torch.optim.Optimizer) -> Any:
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    tracker = MemTracker()
+    tracker = module_tracker_class()()
     inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps the real one in .optim
     tracker.track_external(model, inner)
     return tracker
@@ -124,36 +122,50 @@ TRACKERS: dict[str, Callable[[nn.Module, torch.optim.Optimizer], Any]] = {
 
 @functools.cache
 def fsdp2_tracker_class() -> type:
-    """``FSDPMemTracker``, answering a device query (``prim.device``) with just what its dispatch does then.
+    """``FSDPMemTracker`` answering device queries quickly (``quick_device_queries``)."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState
+
+    return quick_device_queries(FSDPMemTracker, _FSDPModState.PEAK_FW, _FSDPModState.PEAK_BW)
+
+
+@functools.cache
+def module_tracker_class() -> type:
+    """``MemTracker`` answering device queries quickly (``quick_device_queries``)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _ModState
+
+    return quick_device_queries(MemTracker, _ModState.PEAK_FW, _ModState.PEAK_BW)
+
+
+def quick_device_queries(tracker_class: type, peak_fw: Any, peak_bw: Any) -> type:
+    """``tracker_class``, answering a device query (``prim.device``) with just what its dispatch does then.
 
     On fake tensors every ``tensor.device`` that C++ asks for is an op dispatched through the tracker:
     half of a traced step's dispatches (llama-70b on 1,024 ranks: 40,599 of 79,004; the autograd engine
-    asks for every gradient's device). For such an op ``FSDPMemTracker.__torch_dispatch__`` runs it, finds
-    no tensor in its result (a ``torch.device``) to track, and updates the peaks, unless it is DTensor's
-    op or a nested fake mode's. The subclass does those steps and skips the search, where this torch's
-    tracker decides by the same test (otherwise it is ``FSDPMemTracker`` itself)."""
+    asks for every gradient's device). For such an op the tracker's ``__torch_dispatch__`` (``MemTracker``'s
+    and ``FSDPMemTracker``'s alike) runs it, finds no tensor in its result (a ``torch.device``) to track,
+    and updates the peaks, unless it is DTensor's op or (where this torch's tracker decides so) a nested
+    fake mode's. The subclass does those steps and skips the search."""
     import inspect
 
     import torch
     from torch._guards import active_fake_mode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPModState
     from torch.distributed.tensor import DTensor
 
-    if "_fake_mode_on_entry" not in inspect.unwrap(FSDPMemTracker.__torch_dispatch__).__code__.co_names:
-        return FSDPMemTracker
+    # torch 2.13's trackers skip an op run under another fake mode than the one active on entering them
+    base: Any = tracker_class  # a TorchDispatchMode subclass
+    by_fake_mode = "_fake_mode_on_entry" in inspect.unwrap(base.__torch_dispatch__).__code__.co_names
     device_query = torch.ops.prim.device.default
 
-    class QuickDeviceQueriesFSDPMemTracker(FSDPMemTracker):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func is not device_query or any(t == DTensor for t in types):
-                return super().__torch_dispatch__(func, types, args, kwargs)
-            res = func(*args, **(kwargs or {}))
-            if active_fake_mode() is self._fake_mode_on_entry:
-                bw = self._mod_tracker.is_bw
-                self._update_peak_stats(_FSDPModState.PEAK_BW if bw else _FSDPModState.PEAK_FW)
-            return res
+    def dispatch(self: Any, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is not device_query or any(t == DTensor for t in types):
+            return base.__torch_dispatch__(self, func, types, args, kwargs)
+        res = func(*args, **(kwargs or {}))
+        if not by_fake_mode or active_fake_mode() is self._fake_mode_on_entry:
+            self._update_peak_stats(peak_bw if self._mod_tracker.is_bw else peak_fw)
+        return res
 
-    return QuickDeviceQueriesFSDPMemTracker
+    name = f"QuickDeviceQueries{tracker_class.__name__}"
+    return type(name, (tracker_class,), {"__torch_dispatch__": dispatch})
 
 
 _SHARDING_PROPAGATION = threading.local()  # .depth: calls of DTensor's tensor-meta propagation in progress
