@@ -130,14 +130,30 @@ def test_a_search_case_follows_the_construction_of_the_case_asked(fields: dict, 
     assert repeated.states_by_category == whole.states_by_category
 
 
-def test_a_search_case_with_other_events_reads_its_own_construction() -> None:
-    """zero3 with a batch of 3 has two more events than with 2 (its inputs): not the asked case's
-    events, so the fourth depth is traced and the case's own construction read off: the whole trace."""
+def test_a_search_case_with_inputs_of_its_own_follows_the_construction() -> None:
+    """zero3 with a batch of 3 has two more events than with 2 before the first block (its inputs staged
+    and freed): the asked case's construction moved past them, from three depths: the whole trace."""
     asked = Case(**{**RECIPE, "strategy": "zero3", "model_args": {"n_layers": 7}})
     _, learnt = repeat_blocks(asked, _trace)
     case = asked.replace(batch_size=3)
     built = repeat_blocks(case, _trace, depths=3, learnt=learnt)
+    assert built is not None and "2, 3, 4 blocks" in built[0].notes[-1] and "followed" in built[0].notes[-1]
+    assert sum(map(len, built[1].shape.values())) == sum(map(len, learnt.shape.values())) + 2
+    whole = _trace(case)
+    assert _allocator_view(built[0].alloc_stream) == _allocator_view(whole.alloc_stream)
+    assert built[0].peak_bytes == whole.peak_bytes
+    assert built[0].peak_by_category == whole.peak_by_category
+
+
+def test_a_search_case_with_other_events_reads_its_own_construction() -> None:
+    """A construction whose events the case does not have (zero2's, for a zero3 case): the fourth depth
+    is traced and the case's own construction read off: the whole trace."""
+    zero2 = Case(**{**RECIPE, "strategy": "zero2", "model_args": {"n_layers": 7}})
+    _, learnt = repeat_blocks(zero2, _trace)
+    case = zero2.replace(strategy="zero3")
+    built = repeat_blocks(case, _trace, depths=3, learnt=learnt)
     assert built is not None and built[1] is not learnt and "2, 3, 4, 5 blocks" in built[0].notes[-1]
+    assert "followed" not in built[0].notes[-1]
     assert _allocator_view(built[0].alloc_stream) == _allocator_view(_trace(case).alloc_stream)
 
 

@@ -27,8 +27,11 @@ compares the result with whole traces.
 from __future__ import annotations
 
 import difflib
+import itertools
+import math
 import re
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -98,8 +101,10 @@ def repeat_blocks(
     not traced, and ``learnt``'s runs and rules are used where this case's ``a + p`` stream has
     ``learnt``'s events (sizes aside) and its three traces follow them event for event and free for free:
     which events repeat and which allocation each free releases is the step's code path, which batch
-    and world size do not change; where the events differ (the batch's own inputs can add some), the
-    fourth depth is traced and the case's own construction read off."""
+    and world size do not change. Events of its own outside the runs (a larger batch's inputs staged
+    before the first block) are taken as they are, each free of them releasing the same allocation of
+    them at every depth; where the events differ otherwise, the fourth depth is traced and the case's
+    own construction read off."""
     from fsdpbench.strategies import get_strategy
 
     shape = blocks_and_period(case)
@@ -109,6 +114,7 @@ def repeat_blocks(
     blocks, period = shape
     shallow = [_tracked(trace, case, d) for d in traced]
     construction = _followed(learnt, _streams(shallow)) if learnt is not None and all(shallow) else None
+    followed = construction is not None
     if construction is None and learnt is not None:  # not the same events: read its own, one depth more
         deeper = traced[-1] + period
         if deeper >= blocks:
@@ -121,7 +127,7 @@ def repeat_blocks(
     built = _built(shallow, construction, (blocks - traced[0]) // period) if construction else None
     if construction is None or built is None:
         return None
-    note = repeated_note(traced, blocks, construction is learnt)
+    note = repeated_note(traced, blocks, followed)
     return replace(built, case_id=case.case_id, notes=(*built.notes, note)), construction
 
 
@@ -419,24 +425,105 @@ def _shape(tokens: dict[str, list[tuple]]) -> dict[str, list[tuple]]:
 
 
 def _followed(learnt: Construction, streams: Sequence[AllocStream]) -> Construction | None:
-    """``learnt`` for these streams, where the ``a + p`` stream has its events (sizes aside), the ``a``
-    stream is it without the runs, and each deeper stream is it with the runs repeated and every free
-    releasing the allocation ``learnt``'s rule says; None otherwise."""
+    """``learnt`` for these streams, where the ``a + p`` stream has its events (sizes aside) with, at
+    most, events of its own outside the runs (``_translations``), the ``a`` stream is it without the
+    runs, and each deeper stream is it with the runs repeated and every free releasing the allocation
+    ``learnt``'s rule says (a free of its own: the same allocation of its own, outside the runs, at every
+    depth); None otherwise."""
+    tokens = _tokens(streams[1])
+    for construction in _translations(learnt, _shape(tokens)):
+        if _follows(construction, streams, tokens):
+            return construction
+    return None
+
+
+def _follows(construction: Construction, streams: Sequence[AllocStream], tokens: dict) -> bool:
     template = streams[1]
-    tokens = _tokens(template)
-    if _shape(tokens) != learnt.shape:
-        return None
-    for copies, stream in enumerate(streams):
-        targets = _laid_out(stream, _layout(template, learnt.runs, copies), tokens)
+    in_run = {(part, i) for part in PARTS for j1, j2 in construction.runs[part] for i in range(j1, j2)}
+    own: dict[tuple[str, int], Slot] = {}  # a free of this case's own -> the allocation it releases
+    for copies in (1, 2, 0):  # the template first: most translations that are wrong fail there
+        targets = _laid_out(streams[copies], _layout(template, construction.runs, copies), tokens)
         if targets is None:
-            return None
+            return False
         if copies == 0:  # the a stream: no copy, so no rule to follow (its layout checked above)
             continue
         for slot, target in targets.items():
-            rule = learnt.rules.get(slot[:2])
-            if rule is None or not _rule_fits(rule, slot, copies, target):
-                return None
-    return learnt
+            rule = construction.rules.get(slot[:2])
+            if rule is not None:
+                if not _rule_fits(rule, slot, copies, target):
+                    return False
+            elif slot[:2] in in_run or target[:2] in in_run or own.setdefault(slot[:2], target) != target:
+                return False
+    return True
+
+
+TRANSLATIONS = 256  # places of a case's own events tried at most (equal events make them ambiguous)
+
+
+def _translations(learnt: Construction, shape: dict[str, list[tuple]]) -> Iterator[Construction]:
+    """``learnt`` moved to an ``a + p`` stream of ``shape``: ``learnt``'s events in order with events of
+    its own inserted outside the runs (a larger batch's inputs staged and freed before the first block);
+    its runs, rules and block indices at their events' new places. An event of its own among events equal
+    to it could be any one of them (which one, only the frees tell): each way is given, up to
+    ``TRANSLATIONS``; none where events are missing or changed, or inserted within a run."""
+    if shape == learnt.shape:
+        yield learnt
+        return
+    places: list[list[tuple[str, set[int]]]] = []  # per group of equal events: the ways to pick its own
+    for part in PARTS:
+        old, new = learnt.shape[part], shape[part]
+        ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+        if any(tag not in ("equal", "insert") for tag, *_ in ops):
+            return
+        inserted = [j for tag, _, _, j1, j2 in ops if tag == "insert" for j in range(j1, j2)]
+        for (a, b), count in Counter(_equal_run(new, j) for j in inserted).items():
+            places.append([(part, set(pick)) for pick in itertools.combinations(range(a, b), count)])
+    if math.prod(len(p) for p in places) > TRANSLATIONS:
+        return
+    for picks in itertools.product(*places):
+        own: dict[str, set[int]] = {part: set() for part in PARTS}
+        for part, pick in picks:
+            own[part] |= pick
+        moved = {part: [j for j in range(len(shape[part])) if j not in own[part]] for part in PARTS}
+        if any([shape[part][j] for j in moved[part]] != learnt.shape[part] for part in PARTS):
+            continue
+        translated = _moved(learnt, moved, shape)
+        if translated is not None:
+            yield translated
+
+
+def _equal_run(seq: list[tuple], j: int) -> tuple[int, int]:
+    """The events around ``seq[j]`` equal to it: [a, b)."""
+    a, b = j, j + 1
+    while a > 0 and seq[a - 1] == seq[j]:
+        a -= 1
+    while b < len(seq) and seq[b] == seq[j]:
+        b += 1
+    return a, b
+
+
+def _moved(
+    learnt: Construction, moved: dict[str, list[int]], shape: dict[str, list[tuple]]
+) -> Construction | None:
+    """``learnt`` with its event ``i`` of each part at ``moved[part][i]``; None where a run does not stay
+    whole (an event of the case's own inside it)."""
+    runs = {
+        part: [(moved[part][j1], moved[part][j2 - 1] + 1) for j1, j2 in found]
+        for part, found in learnt.runs.items()
+    }
+    if any(
+        b - a != j2 - j1
+        for part in PARTS
+        for (a, b), (j1, j2) in zip(runs[part], learnt.runs[part], strict=True)
+    ):
+        return None
+
+    def at(event: Any) -> Any:  # (part, index) or a slot (part, index, copy), or None
+        return None if event is None else (event[0], moved[event[0]][event[1]], *event[2:])
+
+    rules = {at(free): (*rule[:2], *map(at, rule[2:])) for free, rule in learnt.rules.items()}
+    indices = {at(event): index for event, index in learnt.indices.items()}
+    return Construction(runs, rules, indices, shape)
 
 
 def _placed(
