@@ -155,3 +155,21 @@ def test_the_largest_world_size_first_where_the_allocator_overhead_leaves_none(
     if first_fitting is None:
         assert tried == [65536]  # one trace where the analytic answer first would take two
     assert len(tried) <= 1 + 4 and len(set(tried)) == len(tried)
+
+
+def test_a_limit_the_stream_never_reaches_changes_no_figure() -> None:
+    """fit() takes the replay with no limit (made once per case) where its reserved peak stays under the
+    budget: the replay under the limit gives the same figures."""
+    model = DeviceModel()
+    case = Case(model="decoder-tiny", strategy="zero3", world_size=4, device="cuda", backend="nccl")
+    stream, _ = model.stream(case)
+    terms = model.terms(case)
+    unlimited = stream.replay(model.conf, runtime=model.runtime)
+    for spare in (0, 2**20, 2**30):  # the budget at the reserved peak, a MiB and a GiB above it
+        device = terms.total + unlimited.peak_reserved + spare
+        fit = model.fit(case, device)
+        limited = stream.replay(model.conf, runtime=model.runtime, limit=device - terms.total)
+        assert limited == unlimited and limited.oom is None and limited.num_alloc_retries == 0
+        assert fit.fits and fit.needed_bytes == terms.nvml_bytes(limited.peak_reserved)
+        assert fit.margin_bytes == spare and fit.retries == 0
+    assert not model.fit(case, terms.total + unlimited.peak_allocated - 1).fits  # under it: replayed there

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, CudaRuntime
-from fsdpbench.predictors.memory_model.allocator import AllocConf, OutOfMemory
+from fsdpbench.predictors.memory_model.allocator import AllocatorStats, AllocConf, OutOfMemory
 from fsdpbench.predictors.memory_model.nvml import Calibration, NvmlTerms, job_loads, nvml_terms
 
 if TYPE_CHECKING:
@@ -229,6 +229,7 @@ class DeviceModel:
         self.on_trace = on_trace  # told before each trace (a progress line)
         self.traced: list[Case] = []
         self._estimates: dict[str, TracedEstimate] = {}
+        self._replays: dict[str, AllocatorStats] = {}  # per case, its stream replayed with no limit
         self.calibration = calibration  # None: the reference H100's measured terms
         self.fsdpbench_run = fsdpbench_run  # NVML of one of fsdpbench's ranks (profiler, samplers)
         self.repeat_blocks = repeat_blocks  # a deep decoder from shallow traces (block_repeat.py)
@@ -253,7 +254,7 @@ class DeviceModel:
 
     def estimate(self, case: Case) -> TracedEstimate:
         """The case's trace (tracker peak, states and allocation stream), made once per distinct case."""
-        key = repr(sorted(case.to_dict().items()))
+        key = _case_key(case)
         if key not in self._estimates:
             from fsdpbench.predictors.block_repeat import DEPTHS, repeat_blocks
             from fsdpbench.predictors.traced import estimate
@@ -293,7 +294,7 @@ class DeviceModel:
 
     def replayed(self, case: Case, stream: AllocStream, tracked: int) -> DeviceMemory:
         """The device memory of a stream already traced (``tracked``: its tracker peak)."""
-        stats = stream.replay(self.conf, runtime=self.runtime)
+        stats = self._unlimited(case, stream)
         return DeviceMemory(
             tracked_peak=tracked,
             allocated_peak=stats.peak_allocated,
@@ -305,6 +306,14 @@ class DeviceModel:
             peak_where=stats.peak_allocated_where,
             notes=stream.notes,
         )
+
+    def _unlimited(self, case: Case, stream: AllocStream) -> AllocatorStats:
+        """The stream replayed with no limit, once per case. Under a limit it never reaches, a replay takes
+        the same steps (the limit is read only where a segment would pass it): the same figures."""
+        key = _case_key(case)
+        if key not in self._replays:
+            self._replays[key] = stream.replay(self.conf, runtime=self.runtime)
+        return self._replays[key]
 
     def analytic_needed(self, case: Case) -> int | None:
         """The analytic tracked peak + NVML's terms: what the device needs at least (allocator ≥ tracker)."""
@@ -332,7 +341,9 @@ class DeviceModel:
                 None,
             )
         stream, _ = self.stream(case)
-        stats = stream.replay(self.conf, runtime=self.runtime, limit=max(0, budget))
+        stats = self._unlimited(case, stream)
+        if stats.peak_reserved > budget:  # the limit decides: replayed under it (where it runs out)
+            stats = stream.replay(self.conf, runtime=self.runtime, limit=max(0, budget))
         if stats.oom is not None:
             return DeviceFit(device_memory, False, "the allocator model", -1, None, stats.oom)
         needed = terms.nvml_bytes(stats.peak_reserved)
@@ -458,3 +469,8 @@ class DeviceModel:
             return False
         overhead = max(0, self.allocator_needed(case) - analytic)
         return overhead > 0 and analytic_answer(device_memory - overhead) is None
+
+
+def _case_key(case: Case) -> str:
+    """What makes a case distinct for its trace and its replay: every field."""
+    return repr(sorted(case.to_dict().items()))
