@@ -455,3 +455,21 @@ def test_the_predicting_processes_end_with_the_command(how):
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("asked", "cpus", "cases", "jobs"),
+    [
+        (0, 1, 4, 1),  # one CPU: one after the other, in the command's process
+        (0, 2, 4, 4),  # a process per case: the OS shares the CPUs until the last ends
+        (0, 2, 6, 4),  # up to two per CPU
+        (0, 16, 3, 3),
+        (2, 16, 4, 2),  # as asked
+        (8, 16, 3, 3),  # never more than the cases
+    ],
+)
+def test_processes_predicting_at_once(monkeypatch, asked, cpus, cases, jobs):
+    from fsdpbench.commands import predict
+
+    monkeypatch.setattr(predict, "_usable_cpus", lambda: set(range(cpus)))
+    assert predict._jobs(asked, cases) == jobs

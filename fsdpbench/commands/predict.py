@@ -185,8 +185,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--jobs",
         type=int,
         default=0,
-        help="strategies predicted at once when they trace, each in a process of its own (default: the "
-        "CPUs this process may use; 1: one after the other); the answers do not depend on it",
+        help="strategies predicted at once when they trace, each in a process of its own (default: one "
+        "per strategy, up to two per CPU this process may use; 1: one after the other); the answers do "
+        "not depend on it",
     )
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of tables")
     from fsdpbench.core.case import CHECKPOINT_METHODS
@@ -256,9 +257,9 @@ def _predicted(
 ) -> Generator[Callable[[], dict[str, Any]], None, None]:
     """Each case's prediction, as a call that returns it or raises its error, in the order of ``cases``.
     Cases that trace (the allocator model's searches, the traced method) are independent of each other,
-    so up to ``--jobs`` of them are predicted at once, each in a process of its own (spawned: the traces
-    keep no state between cases, and a process starts with none); the answers are the same either way."""
-    jobs = min(args.jobs or len(_usable_cpus()), len(cases))
+    so up to ``--jobs`` of them are predicted at once, each in a process of its own; the answers are the
+    same either way (the traces keep no state between cases)."""
+    jobs = _jobs(args.jobs, len(cases))
     traces = "traced" in METHODS[args.method] or (device_memory is not None and args.params is None)
     if jobs <= 1 or not traces or "emulated" in METHODS[args.method]:  # emulation runs real ranks
         for case in cases:
@@ -266,7 +267,12 @@ def _predicted(
         return
     import multiprocessing
 
-    pool = multiprocessing.get_context("spawn").Pool(jobs, _predicting_process, (os.getpid(),))
+    from fsdpbench.predictors.traced import import_trace_modules
+
+    # forked after the imports a trace needs (~1 s of a 2-core CPU's time, once instead of per process)
+    import_trace_modules()
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    pool = multiprocessing.get_context(method).Pool(jobs, _predicting_process, (os.getpid(),))
     finished = False
     try:
         pending = [pool.apply_async(_predict_apart, (args, case, device_memory, context)) for case in cases]
@@ -281,10 +287,24 @@ def _predicted(
         pool.join()
 
 
+def _jobs(asked: int, cases: int) -> int:
+    """Processes predicting at once: as asked, else one per case where the command may use more than one
+    CPU, up to two per CPU. Cases take unequal times (a strategy traced whole, one with searches), so a
+    process per case lets the OS share the CPUs until the last one ends, where as many processes as CPUs
+    would leave a CPU idle behind the longest (llama-7b, four strategies, 2 CPUs: 16.5 s against 19.3 s)."""
+    if asked:
+        return min(asked, cases)
+    cpus = len(_usable_cpus())
+    return 1 if cpus <= 1 else min(cases, 2 * cpus)
+
+
 def _predicting_process(command_pid: int) -> None:
     """A predicting process dies with the command (SIGKILL included, on Linux) and leaves Ctrl-C to it,
-    which ends the processes (no traceback from each)."""
+    which ends the processes (no traceback from each). It computes nothing (fake tensors), so torch's
+    intra-op threads, which a forked process must not inherit in use, stay at one."""
     import signal
+
+    import torch
 
     from fsdpbench.pipeline.lifeline import die_with_parent
 
@@ -292,6 +312,7 @@ def _predicting_process(command_pid: int) -> None:
     die_with_parent()
     if os.getppid() != command_pid:  # the command died before it could be told
         os._exit(1)
+    torch.set_num_threads(1)
 
 
 def _predict_apart(

@@ -18,7 +18,7 @@ What makes a large trace fast, none of it changing a byte (tests/test_estimate.p
 the FSDP2 first step shortened to what it leaves behind (the root's lazy init, the optimizer's state from
 a step on zero gradients); FSDP2 splitting each parameter into only the chunks it reads
 (``rank_chunks.py``); the tracker answering device queries, half of a fake step's dispatches, directly
-(``metrics/tracker.fsdp2_tracker_class``); the garbage collector run less often (``_fewer_collections``).
+(``metrics/tracker.quick_device_queries``); the garbage collector run less often (``_fewer_collections``).
 llama-70b on 1,024 ranks, in-process: 6.5–6.9 s, 7.4–8.2 s without the last three
 (docs/results/self-speed.md).
 
@@ -141,6 +141,33 @@ def _fewer_collections() -> Iterator[None]:
         yield
     finally:
         gc.set_threshold(*thresholds)
+
+
+# what a trace imports on its first call (its strategies', trackers' and fake tensors' torch modules):
+# imported before predict forks its processes, which then start with them
+TRACE_MODULES = (
+    "torch._dynamo",
+    "torch._subclasses.fake_tensor",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+    "torch.distributed.optim",
+    "torch.distributed._tools.mem_tracker",
+    "torch.distributed._tools.fsdp2_mem_tracker",
+    "torch.nn.parallel",
+    "fsdpbench.engine.parallel",
+    "fsdpbench.engine.step",
+    "fsdpbench.metrics.tracker",
+    "fsdpbench.models.decoder",
+    "fsdpbench.predictors.block_repeat",
+    "fsdpbench.predictors.traced_stream",
+)
+
+
+def import_trace_modules() -> None:
+    import importlib
+
+    for name in TRACE_MODULES:
+        importlib.import_module(name)
 
 
 def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> TracedEstimate:
