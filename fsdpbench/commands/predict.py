@@ -75,6 +75,10 @@ METHODS = {
 }
 
 
+# cli.py ends the command without the interpreter's teardown: it writes nothing but its output
+EXIT_AT_ONCE = True
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fsdpbench.core.case import OPTIMIZER_IMPLS, OPTIMIZERS, WRAPS
     from fsdpbench.predictors.memory_model import PRECISIONS

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fsdpbench.core.case import Case
 from fsdpbench.predictors.memory_model.alloc_stream import AllocStream, CudaRuntime
@@ -423,8 +423,13 @@ class DeviceModel:
         from fsdpbench.predictors.memory_model import predict_memory
         from fsdpbench.predictors.memory_model.search import smallest_world_size
 
+        predicted: dict[int, Any] = {}  # world size -> its MemoryPrediction (both searches ask)
+
         def analytic(c: Case):  # noqa: ANN202 — a MemoryPrediction
-            return predict_memory(c, rank=min(self.rank, c.world_size - 1), context_bytes=self.terms(c).total)
+            if c.world_size not in predicted:
+                rank = min(self.rank, c.world_size - 1)
+                predicted[c.world_size] = predict_memory(c, rank=rank, context_bytes=self.terms(c).total)
+            return predicted[c.world_size]
 
         def analytic_answer(limit: int) -> int | None:
             return smallest_world_size(
