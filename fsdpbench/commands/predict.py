@@ -24,6 +24,7 @@ import functools
 import json
 import math
 import os
+import sys
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -275,7 +276,7 @@ def _predicted(
 
     # forked after the imports a trace needs (~1 s of a 2-core CPU's time, once instead of per process)
     import_trace_modules()
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    method = "fork" if sys.platform.startswith("linux") else "spawn"  # macOS's frameworks break on fork
     pool = multiprocessing.get_context(method).Pool(jobs, _predicting_process, (os.getpid(),))
     finished = False
     try:

@@ -469,16 +469,8 @@ def _translations(learnt: Construction, shape: dict[str, list[tuple]]) -> Iterat
     if shape == learnt.shape:
         yield learnt
         return
-    places: list[list[tuple[str, set[int]]]] = []  # per group of equal events: the ways to pick its own
-    for part in PARTS:
-        old, new = learnt.shape[part], shape[part]
-        ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
-        if any(tag not in ("equal", "insert") for tag, *_ in ops):
-            return
-        inserted = [j for tag, _, _, j1, j2 in ops if tag == "insert" for j in range(j1, j2)]
-        for (a, b), count in Counter(_equal_run(new, j) for j in inserted).items():
-            places.append([(part, set(pick)) for pick in itertools.combinations(range(a, b), count)])
-    if math.prod(len(p) for p in places) > TRANSLATIONS:
+    places = _own_places(learnt.shape, shape)
+    if places is None or math.prod(len(p) for p in places) > TRANSLATIONS:
         return
     for picks in itertools.product(*places):
         own: dict[str, set[int]] = {part: set() for part in PARTS}
@@ -490,6 +482,22 @@ def _translations(learnt: Construction, shape: dict[str, list[tuple]]) -> Iterat
         translated = _moved(learnt, moved, shape)
         if translated is not None:
             yield translated
+
+
+def _own_places(
+    old: dict[str, list[tuple]], new: dict[str, list[tuple]]
+) -> list[list[tuple[str, set[int]]]] | None:
+    """Per group of equal events of ``new`` holding events ``old`` does not have: the ways to pick which
+    of the group are those; None unless ``new`` is ``old`` with events inserted."""
+    places = []
+    for part in PARTS:
+        ops = difflib.SequenceMatcher(None, old[part], new[part], autojunk=False).get_opcodes()
+        if any(tag not in ("equal", "insert") for tag, *_ in ops):
+            return None
+        inserted = [j for tag, _, _, j1, j2 in ops if tag == "insert" for j in range(j1, j2)]
+        for (a, b), count in Counter(_equal_run(new[part], j) for j in inserted).items():
+            places.append([(part, set(pick)) for pick in itertools.combinations(range(a, b), count)])
+    return places
 
 
 def _equal_run(seq: list[tuple], j: int) -> tuple[int, int]:
