@@ -1,6 +1,7 @@
 """``with_active_module_peaks`` (fsdpbench/metrics/tracker.py) makes the trackers' per-op peak update look
 only at the running modules instead of walking every tracked module: the same numbers, module by module
-and in total, as PyTorch's own method, on a real step and on a traced one."""
+and in total, as PyTorch's own method, on a real step and on a traced one. ``with_total_peak_only`` (what
+a trace uses) keeps the same total peak."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from fsdpbench.models import build_model
 from fsdpbench.predictors.traced import estimate
 
 
-def _tracked_step(fast: bool) -> tuple[dict, dict]:
+def _tracked_step(fast: bool | str) -> tuple[dict, dict]:
     from torch.distributed._tools.mem_tracker import MemTracker
 
     torch.manual_seed(0)
@@ -23,7 +24,9 @@ def _tracked_step(fast: bool) -> tuple[dict, dict]:
     optimizer = torch.optim.AdamW(model.parameters(), foreach=False)
     tracker = MemTracker()
     tracker.track_external(model, optimizer)
-    if fast:
+    if fast == "total":
+        tracker_module.with_total_peak_only(tracker)
+    elif fast:
         tracker_module.with_active_module_peaks(tracker)
     tokens = torch.randint(0, 256, (2, 32))
     model(tokens).float().mean().backward()  # the optimizer state exists before the tracked step
@@ -45,6 +48,8 @@ def test_per_module_and_total_peaks_equal_pytorchs_own_update():
     assert len(fast_modules) > 10  # every block and layer was tracked
     assert fast_peak == slow_peak
     assert fast_modules == slow_modules
+    _, total_only_peak = _tracked_step(fast="total")
+    assert total_only_peak == slow_peak and sum(next(iter(slow_peak.values())).values()) > 0
 
 
 @pytest.mark.parametrize("strategy", ["zero3", "ddp"])
@@ -52,6 +57,7 @@ def test_a_traced_prediction_is_the_same_with_and_without_it(strategy, monkeypat
     case = Case(model="decoder-tiny", strategy=strategy, world_size=8, batch_size=2, seq_len=64, device="cpu")
     fast = estimate(case).to_dict()
     monkeypatch.setattr(tracker_module, "with_active_module_peaks", lambda tracker: tracker)
+    monkeypatch.setattr(tracker_module, "with_total_peak_only", lambda tracker: tracker)
     slow = estimate(case).to_dict()
     for timing in ("wall_s", "peak_rss_bytes"):  # how long and how much host memory the trace took
         fast.pop(timing, None), slow.pop(timing, None)

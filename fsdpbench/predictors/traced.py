@@ -219,7 +219,7 @@ def _estimate(case: Case, rank: int, warmup_steps: int, record_stream: bool) -> 
                 else:
                     train_step(parallel, rank_batch(case, rank, step, device))
             model, optimizer = parallel.model, parallel.optimizer
-            tracker = build_tracker(model, optimizer, parallel.strategy)
+            tracker = build_tracker(model, optimizer, parallel.strategy, module_peaks=False)
             states: dict[str, int] = {}
             recorder = _recorder(record_stream, tracker, model, optimizer, device.type)
             with recorder.attached() if recorder else contextlib.nullcontext(), tracker:
