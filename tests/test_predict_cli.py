@@ -473,3 +473,26 @@ def test_processes_predicting_at_once(monkeypatch, asked, cpus, cases, jobs):
 
     monkeypatch.setattr(predict, "_usable_cpus", lambda: set(range(cpus)))
     assert predict._jobs(asked, cases) == jobs
+
+
+@pytest.mark.parametrize("argv", [["--strategy", "zero3"], ["--strategy", "nope"]])
+def test_the_command_ends_at_once_after_its_exit_handlers_with_its_output(argv):
+    """predict ends without the interpreter's teardown (cli._exit_at_once): the exit handlers still run,
+    everything written to a pipe arrives, and the exit status is the command's."""
+    import subprocess
+    import sys
+
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('exit handler ran'))\n"
+        f"sys.argv = ['fsdpbench', 'predict', '--model', 'llama-7b', '--world-size', '8', *{argv!r}]\n"
+        "from fsdpbench.cli import main\n"
+        "main()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == (0 if argv[1] == "zero3" else 2), proc.stderr[-2000:]
+    assert proc.stdout.endswith("exit handler ran\n")
+    if argv[1] == "zero3":
+        assert "zero3 — llama-7b, 8 ranks" in proc.stdout
+    else:
+        assert proc.stderr.startswith("error:")
