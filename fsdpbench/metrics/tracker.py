@@ -264,10 +264,7 @@ def with_active_module_peaks(tracker: Any) -> Any:
                         if mod_stats.local_peak.get(dev, 0) < dev_snap[_TOTAL_KEY]:
                             mod_stats.local_peak[dev] = dev_snap[_TOTAL_KEY]
                             mod_stats.snapshots[peak_state][-1][dev] = deepcopy(dev_snap)
-        for dev, dev_snap in curr_snap.items():
-            if tracker._peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                tracker._peak_mem[dev] = dev_snap[_TOTAL_KEY]
-                tracker._peak_mem_snap[dev] = deepcopy(dev_snap)
+        _raise_total_peak(tracker)
 
     tracker._update_peak_stats = update_peak_stats
     return tracker
@@ -279,17 +276,24 @@ def with_total_peak_only(tracker: Any) -> Any:
     peaks keep what the tracker's module hooks record: a traced step (predict) reads none of them, and
     on the module tracker (DDP, ZeRO-1), whose running modules each took a snapshot whenever the memory
     rose, their updates were ~9% of a whole llama-7b trace."""
-    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
 
     def update_peak_stats(peak_state: Any) -> None:
-        peak_mem, peak_snap = tracker._peak_mem, tracker._peak_mem_snap
-        for dev, dev_snap in tracker._curr_mem_snap.items():
-            if peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
-                peak_mem[dev] = dev_snap[_TOTAL_KEY]
-                peak_snap[dev] = dict(dev_snap)  # byte counts: a copy of the dict is a deep one
+        _raise_total_peak(tracker)
 
     tracker._update_peak_stats = update_peak_stats
     return tracker
+
+
+def _raise_total_peak(tracker: Any) -> None:
+    """The tracker's total peak and its snapshot, per device, where the current total passes it (what
+    ``MemTracker._update_peak_stats`` does last)."""
+    from torch.distributed._tools.mem_tracker import _TOTAL_KEY
+
+    peak_mem, peak_snap = tracker._peak_mem, tracker._peak_mem_snap
+    for dev, dev_snap in tracker._curr_mem_snap.items():
+        if peak_mem.get(dev, 0) < dev_snap[_TOTAL_KEY]:
+            peak_mem[dev] = dev_snap[_TOTAL_KEY]
+            peak_snap[dev] = dict(dev_snap)  # byte counts: a copy of the dict is a deep one
 
 
 def snapshot_by_category(tracker: Any, kind: str, device: torch.device) -> dict[str, int]:
